@@ -1,0 +1,135 @@
+-- idemhook schema. Applied on every start; every statement is idempotent.
+--
+-- Conventions:
+--   * every *_at column is an integer in unix MILLISECONDS (the JSON output
+--     and the SQL action parameter :received_at convert to seconds);
+--   * (source, event_id) is the idempotency key of an event; source is the
+--     config name of the webhook source, event_id the provider's event id or
+--     the derived key (see README, "How keys are derived");
+--   * rows move forward only: a state or status never goes back, except
+--     that an operator's replay re-opens a failed job (recorded in replays).
+
+-- Schema version, key rules and small bits of state, as key/value pairs.
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- The key rule each source used when it last started. A changed rule for a
+-- source that already has events means old events could be claimed again
+-- under new keys; serve warns loudly when it sees one.
+CREATE TABLE IF NOT EXISTS source_rules (
+    source     TEXT PRIMARY KEY,
+    key_rule   TEXT NOT NULL,
+    hash_rule  TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+
+-- One row per logical event. The PRIMARY KEY is the final duplicate
+-- barrier: a delivery claims the event with INSERT OR IGNORE and owns it
+-- only when changes() = 1. Never read-then-insert.
+CREATE TABLE IF NOT EXISTS events (
+    source        TEXT NOT NULL,
+    event_id      TEXT NOT NULL,
+    type          TEXT,
+    state         TEXT NOT NULL
+                  CHECK (state IN ('accepted', 'processing', 'completed', 'failed')),
+    received_at   INTEGER NOT NULL,
+    completed_at  INTEGER,
+    payload       BLOB,            -- the raw body, byte for byte; NULL once erased or pruned
+    content_type  TEXT,
+    headers       TEXT,            -- JSON object of the headers that matter; NULL once erased
+    payload_hash  TEXT NOT NULL,   -- hex SHA-256 of the source's `hash` fields
+    verified_with INTEGER,         -- 0-based index of the secret that matched; NULL for kind none
+    signed_at     INTEGER,         -- the timestamp the signature covered, when the scheme has one
+    erased_at     INTEGER,         -- when the body and headers were dropped (erase or payload_retention)
+    PRIMARY KEY (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS events_received ON events (received_at);
+CREATE INDEX IF NOT EXISTS events_source_received ON events (source, received_at);
+
+-- One row per (event, action): the action's job. SQL actions get a row in
+-- the claim transaction with their final status; forward actions get a
+-- 'pending' row there too (the outbox), which a worker later leases.
+CREATE TABLE IF NOT EXISTS jobs (
+    id              INTEGER PRIMARY KEY,
+    source          TEXT NOT NULL,
+    event_id        TEXT NOT NULL,
+    action          TEXT NOT NULL,
+    kind            TEXT NOT NULL CHECK (kind IN ('sql', 'forward')),
+    status          TEXT NOT NULL
+                    CHECK (status IN ('pending', 'processing', 'done', 'failed', 'paused')),
+    n_attempts      INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER,        -- when a pending job is due
+    lease_owner     TEXT,           -- the worker holding a processing job
+    lease_until     INTEGER,        -- after this, another worker may take the job over
+    last_error      TEXT,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    UNIQUE (source, event_id, action)
+);
+CREATE INDEX IF NOT EXISTS jobs_due ON jobs (status, next_attempt_at);
+CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
+CREATE INDEX IF NOT EXISTS jobs_action ON jobs (source, action, status);
+
+-- Every run of a job's action, numbered from 1 per job. Never rewritten
+-- except to fill in the end of the attempt it belongs to.
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id        INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    n             INTEGER NOT NULL,
+    started_at    INTEGER NOT NULL,
+    finished_at   INTEGER,
+    outcome       TEXT CHECK (outcome IN ('ok', 'retry', 'failed')),
+    http_status   INTEGER,
+    error         TEXT,
+    error_kind    TEXT,             -- connect, timeout, status, protocol, sql
+    request_id    TEXT,             -- the downstream's request id header
+    response_head TEXT,             -- the first KiB of the downstream's answer
+    worker        TEXT,
+    PRIMARY KEY (job_id, n)
+);
+
+-- Every delivery that reached a route, accepted or not. event_id is NULL
+-- when the request was refused before its key was known. No body is kept.
+CREATE TABLE IF NOT EXISTS deliveries (
+    id          INTEGER PRIMARY KEY,
+    source      TEXT NOT NULL,
+    event_id    TEXT,
+    received_at INTEGER NOT NULL,
+    outcome     TEXT NOT NULL,      -- the words of idemhook_deliveries_total's outcome label
+    remote      TEXT,
+    detail      TEXT
+);
+CREATE INDEX IF NOT EXISTS deliveries_event ON deliveries (source, event_id);
+CREATE INDEX IF NOT EXISTS deliveries_received ON deliveries (received_at);
+
+-- Integrity incidents, such as a duplicate whose payload hash differs from
+-- the stored one. The stored event is never changed by them.
+CREATE TABLE IF NOT EXISTS incidents (
+    id           INTEGER PRIMARY KEY,
+    source       TEXT NOT NULL,
+    event_id     TEXT NOT NULL,
+    kind         TEXT NOT NULL,     -- payload_mismatch
+    created_at   INTEGER NOT NULL,
+    payload_hash TEXT,              -- the hash of the body that did not match
+    detail       TEXT
+);
+CREATE INDEX IF NOT EXISTS incidents_event ON incidents (source, event_id);
+
+-- Actions an operator paused; their jobs wait as 'paused' until resumed.
+CREATE TABLE IF NOT EXISTS paused_actions (
+    source    TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    paused_at INTEGER NOT NULL,
+    PRIMARY KEY (source, action)
+);
+
+-- Every operator replay: which job was re-opened, from what, and when.
+CREATE TABLE IF NOT EXISTS replays (
+    id          INTEGER PRIMARY KEY,
+    job_id      INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    replayed_at INTEGER NOT NULL,
+    from_status TEXT NOT NULL,
+    forced      INTEGER NOT NULL DEFAULT 0,
+    origin      TEXT NOT NULL       -- cli or api
+);

@@ -1,0 +1,135 @@
+//! The running service's shared state: the resolved config, the writer,
+//! the read pool and the metrics, plus the few operations the HTTP layer
+//! asks of them. Built once by `serve` and shared by reference.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::OpenFlags;
+
+use crate::config::{Config, Source};
+use crate::ingest::{self, Claim, Outcome};
+use crate::metrics::{Delivery, JobGauges, Metrics, StorageGauges};
+use crate::store::{StoreError, Writer};
+
+pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
+
+pub struct App {
+    pub config: Arc<Config>,
+    pub writer: Writer,
+    pub readers: ReadPool,
+    pub metrics: Arc<Metrics>,
+    /// Wakes the forward workers when new jobs were committed.
+    pub wake_outbox: Box<dyn Fn() + Send + Sync>,
+}
+
+impl App {
+    pub fn source(&self, name: &str) -> Option<(usize, &Source)> {
+        self.config
+            .sources
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.name == name)
+    }
+
+    /// Claims an event through the writer; returns once it is committed.
+    pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Outcome, StoreError> {
+        let config = self.config.clone();
+        let outcome = self.writer.call(move |conn| {
+            let source = config
+                .sources
+                .get(source_index)
+                .ok_or_else(|| StoreError::other("source index out of range"))?;
+            ingest::claim(conn, source, &claim)
+        })?;
+        if matches!(outcome, Outcome::Accepted { forward_jobs, .. } if forward_jobs > 0) {
+            (self.wake_outbox)();
+        }
+        Ok(outcome)
+    }
+
+    /// Records a refused delivery without waiting for it to commit.
+    pub fn record_refusal(
+        &self,
+        source: &str,
+        outcome: Delivery,
+        remote: &str,
+        detail: &str,
+        at: i64,
+    ) {
+        let (source, remote, detail) = (source.to_string(), remote.to_string(), detail.to_string());
+        let queued = self.writer.submit(move |conn| {
+            ingest::record_delivery(conn, &source, None, at, outcome, &remote, Some(&detail))
+        });
+        if !queued {
+            self.metrics.dropped_records.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Ready when the database takes a write: a recent good commit is proof
+    /// enough; otherwise a real probe write.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        if self.writer.healthy() && self.writer.recently_committed(Duration::from_secs(2)) {
+            return Ok(());
+        }
+        self.writer.probe()
+    }
+
+    pub fn render_metrics(&self) -> String {
+        let jobs = self
+            .metrics
+            .job_gauges(Duration::from_secs(5), || self.load_job_gauges().ok());
+        let db = &self.config.database;
+        let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let mut wal = db.as_os_str().to_owned();
+        wal.push("-wal");
+        let (commits, grouped) = self.writer.group_stats();
+        let storage = StorageGauges {
+            database_bytes: size(db),
+            wal_bytes: size(std::path::Path::new(&wal)),
+            writer_commits: commits,
+            writer_grouped: grouped,
+        };
+        self.metrics.render(jobs.as_ref(), &storage)
+    }
+
+    fn load_job_gauges(&self) -> Result<JobGauges, StoreError> {
+        let conn = self
+            .readers
+            .get()
+            .map_err(|e| StoreError::other(e.to_string()))?;
+        let mut g = JobGauges::default();
+        let mut stmt = conn.prepare_cached("SELECT count(*) FROM jobs WHERE status = ?1")?;
+        for (status, slot) in [
+            ("pending", &mut g.pending),
+            ("processing", &mut g.processing),
+            ("done", &mut g.done),
+            ("failed", &mut g.failed),
+            ("paused", &mut g.paused),
+        ] {
+            *slot = stmt.query_row([status], |r| r.get(0))?;
+        }
+        let oldest: Option<i64> = conn
+            .prepare_cached("SELECT min(created_at) FROM jobs WHERE status = 'pending'")?
+            .query_row([], |r| r.get(0))?;
+        g.oldest_pending_age_secs = oldest
+            .map(|at| ((crate::store::now_ms() - at).max(0) as f64) / 1000.0)
+            .unwrap_or(0.0);
+        Ok(g)
+    }
+}
+
+/// A pool of read-only connections for the admin API and metrics.
+pub fn read_pool(config: &Config) -> Result<ReadPool, StoreError> {
+    let busy = config.busy_timeout;
+    let manager = SqliteConnectionManager::file(&config.database)
+        .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .with_init(move |c| c.busy_timeout(busy));
+    r2d2::Pool::builder()
+        .max_size(4)
+        .min_idle(Some(0))
+        .build(manager)
+        .map_err(|e| StoreError::other(format!("cannot open the read pool: {e}")))
+}

@@ -1,0 +1,977 @@
+//! The configuration file: parsed once, validated, resolved (secrets read,
+//! durations parsed, relative paths anchored at the file's folder) and then
+//! passed down as plain structs. Nothing else reads the TOML or the
+//! environment for settings.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::key::{Part, Rule};
+use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Secret, Verifier};
+
+/// A configuration problem, with the file it came from when there was one.
+#[derive(Debug, thiserror::Error)]
+#[error("{origin}: {message}")]
+pub struct ConfigError {
+    origin: String,
+    message: String,
+}
+
+impl ConfigError {
+    fn new(origin: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            origin: origin.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// synchronous=FULL: every acknowledged event has been fsynced.
+    Full,
+    /// synchronous=NORMAL: survives a crash of the process, not of the machine.
+    Normal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMismatch {
+    Ack,
+    Reject,
+}
+
+/// The kinds of source, each with its signature scheme and key rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Stripe,
+    Github,
+    Shopify,
+    Slack,
+    Paddle,
+    Linear,
+    Standard,
+    Hmac,
+    None,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 9] = [
+        Kind::Stripe,
+        Kind::Github,
+        Kind::Shopify,
+        Kind::Slack,
+        Kind::Paddle,
+        Kind::Linear,
+        Kind::Standard,
+        Kind::Hmac,
+        Kind::None,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Stripe => "stripe",
+            Kind::Github => "github",
+            Kind::Shopify => "shopify",
+            Kind::Slack => "slack",
+            Kind::Paddle => "paddle",
+            Kind::Linear => "linear",
+            Kind::Standard => "standard",
+            Kind::Hmac => "hmac",
+            Kind::None => "none",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// How long keys are kept by default: the provider's documented retry or
+    /// redelivery horizon plus a margin, never under 7 days. The README's
+    /// retention table gives the reason for each.
+    pub fn default_retention(self) -> Duration {
+        let days = match self {
+            // retries for up to 3 days
+            Kind::Stripe | Kind::Paddle => 7,
+            // manual redelivery for 3 days (7 on Enterprise Server)
+            Kind::Github => 14,
+            // retries 8 times over 4 hours
+            Kind::Shopify => 7,
+            // Svix ~28 h, the spec's example schedule ~76 h
+            Kind::Standard => 7,
+            // Slack retries 3 times within an hour, Linear within hours
+            Kind::Slack | Kind::Linear => 7,
+            // unknown senders: a conservative month
+            Kind::Hmac | Kind::None => 30,
+        };
+        Duration::from_secs(days * 86_400)
+    }
+
+    /// The key rule each kind uses unless the source overrides `key`.
+    fn default_key(self) -> Option<Vec<Part>> {
+        let rule = match self {
+            Kind::Stripe => "json:/id",
+            Kind::Github => "header:X-GitHub-Delivery",
+            Kind::Shopify => "header:X-Shopify-Event-Id|header:X-Shopify-Webhook-Id",
+            Kind::Slack => "json:/event_id",
+            Kind::Paddle => "json:/event_id",
+            Kind::Linear => "header:Linear-Delivery",
+            Kind::Standard => "header:webhook-id|header:svix-id",
+            Kind::Hmac | Kind::None => return None,
+        };
+        Part::parse(rule).ok().map(|p| vec![p])
+    }
+
+    fn default_type(self) -> Option<Part> {
+        let rule = match self {
+            Kind::Stripe => "json:/type",
+            Kind::Github => "header:X-GitHub-Event",
+            Kind::Shopify => "header:X-Shopify-Topic",
+            Kind::Slack => "json:/event/type|json:/type",
+            Kind::Paddle => "json:/event_type",
+            Kind::Linear => "header:Linear-Event",
+            Kind::Standard => "json:/type",
+            Kind::Hmac | Kind::None => return None,
+        };
+        Part::parse(rule).ok()
+    }
+
+    /// Headers worth keeping with the stored event (besides Content-Type):
+    /// the ones the key and type come from and the signature headers, so an
+    /// operator can see what was verified.
+    pub fn kept_headers(self) -> &'static [&'static str] {
+        match self {
+            Kind::Stripe => &["stripe-signature"],
+            Kind::Github => &[
+                "x-github-delivery",
+                "x-github-event",
+                "x-github-hook-id",
+                "x-hub-signature-256",
+            ],
+            Kind::Shopify => &[
+                "x-shopify-event-id",
+                "x-shopify-webhook-id",
+                "x-shopify-topic",
+                "x-shopify-shop-domain",
+                "x-shopify-hmac-sha256",
+            ],
+            Kind::Slack => &["x-slack-request-timestamp", "x-slack-signature"],
+            Kind::Paddle => &["paddle-signature"],
+            Kind::Linear => &["linear-delivery", "linear-event", "linear-signature"],
+            Kind::Standard => &[
+                "webhook-id",
+                "webhook-timestamp",
+                "webhook-signature",
+                "svix-id",
+                "svix-timestamp",
+                "svix-signature",
+            ],
+            Kind::Hmac | Kind::None => &[],
+        }
+    }
+}
+
+/// The resolved configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// The file it came from; None for the development default.
+    pub file: Option<PathBuf>,
+    pub listen: String,
+    pub database: PathBuf,
+    pub durability: Durability,
+    pub admin_token: Option<Secret>,
+    pub max_body_bytes: usize,
+    pub http_workers: usize,
+    pub forward_workers: usize,
+    pub prune_interval: Duration,
+    /// How long a write waits for a lock held by another process before the
+    /// delivery is answered 503.
+    pub busy_timeout: Duration,
+    pub setup_sql: Option<String>,
+    pub sources: Vec<Source>,
+}
+
+#[derive(Debug)]
+pub struct Source {
+    pub name: String,
+    pub kind: Kind,
+    pub verifier: Verifier,
+    pub secret_count: usize,
+    pub allow_unsigned: bool,
+    pub tolerance: Duration,
+    pub retention: Duration,
+    pub payload_retention: Duration,
+    pub key: Rule,
+    pub event_type: Option<Part>,
+    /// What a duplicate must match; empty means the whole body.
+    pub hash: Vec<Part>,
+    pub on_mismatch: OnMismatch,
+    pub actions: Vec<Action>,
+}
+
+impl Source {
+    /// True when anything about this source reads the body as JSON, so the
+    /// body must parse.
+    pub fn needs_json(&self) -> bool {
+        let in_actions = self.actions.iter().any(|a| match &a.kind {
+            ActionKind::Sql { params, .. } => params.iter().any(|(_, p)| p.reads_json()),
+            ActionKind::Forward(_) => false,
+        });
+        self.kind == Kind::Linear
+            || self.key.parts.iter().any(Part::reads_json)
+            || self.event_type.as_ref().is_some_and(Part::reads_json)
+            || self.hash.iter().any(Part::reads_json)
+            || in_actions
+    }
+
+    pub fn action(&self, name: &str) -> Option<&Action> {
+        self.actions.iter().find(|a| a.name == name)
+    }
+
+    /// The hash rule as text, recorded with the key rule.
+    pub fn hash_rule(&self) -> String {
+        if self.hash.is_empty() {
+            "body".to_string()
+        } else {
+            self.hash
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Action {
+    pub name: String,
+    /// Event types this action takes; empty means all.
+    pub types: Vec<String>,
+    pub kind: ActionKind,
+}
+
+impl Action {
+    pub fn takes(&self, event_type: Option<&str>) -> bool {
+        self.types.is_empty() || event_type.is_some_and(|t| self.types.iter().any(|want| want == t))
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            ActionKind::Sql { .. } => "sql",
+            ActionKind::Forward(_) => "forward",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum ActionKind {
+    /// A database-only effect, run in the claim transaction.
+    Sql {
+        sql: String,
+        params: Vec<(String, Part)>,
+    },
+    /// An external effect, delivered through the outbox.
+    Forward(Forward),
+}
+
+#[derive(Debug, Clone)]
+pub struct Forward {
+    pub url: String,
+    pub timeout: Duration,
+    pub max_attempts: u32,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    pub lease: Duration,
+    pub sign_secret: Option<Secret>,
+    /// The downstream header recorded as the attempt's request id.
+    pub request_id_header: String,
+}
+
+// ---------------------------------------------------------------------------
+// The file as written.
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    database: Option<String>,
+    durability: Option<String>,
+    admin_token: Option<String>,
+    max_body_bytes: Option<u64>,
+    http_workers: Option<usize>,
+    forward_workers: Option<usize>,
+    prune_interval: Option<String>,
+    busy_timeout: Option<String>,
+    setup_sql: Option<String>,
+    #[serde(default)]
+    sources: BTreeMap<String, RawSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSource {
+    kind: String,
+    #[serde(default)]
+    secrets: Vec<String>,
+    tolerance: Option<String>,
+    retention: Option<String>,
+    payload_retention: Option<String>,
+    key: Option<Vec<String>>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    hash: Option<Vec<String>>,
+    on_mismatch: Option<String>,
+    allow_unsigned: Option<bool>,
+    // kind = "hmac"
+    header: Option<String>,
+    algorithm: Option<String>,
+    encoding: Option<String>,
+    prefix: Option<String>,
+    #[serde(default)]
+    actions: Vec<RawAction>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAction {
+    name: String,
+    types: Option<Vec<String>>,
+    sql: Option<String>,
+    params: Option<BTreeMap<String, String>>,
+    forward: Option<String>,
+    timeout: Option<String>,
+    max_attempts: Option<u32>,
+    retry_initial: Option<String>,
+    retry_max: Option<String>,
+    lease: Option<String>,
+    sign_secret: Option<String>,
+    request_id_header: Option<String>,
+}
+
+/// The development default that `serve` runs when there is no config file.
+pub const DEV_DEFAULT_SECRET: &str = "whsec_ZGV2LXNlY3JldC1mb3ItaWRlbWhvb2stZGVtbw==";
+
+impl Config {
+    /// Reads and resolves the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(&origin, format!("cannot read: {e}")))?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Config::parse(&text, &origin, &base, Some(path.to_path_buf()))
+    }
+
+    /// The documented development default: database ./idemhook.db, listen
+    /// 127.0.0.1:8080, one source `demo` of kind standard.
+    pub fn dev_default() -> Config {
+        let text =
+            format!("[sources.demo]\nkind = \"standard\"\nsecrets = [\"{DEV_DEFAULT_SECRET}\"]\n");
+        match Config::parse(&text, "development default", Path::new("."), None) {
+            Ok(config) => config,
+            // The text above is a constant; a failure here is a bug in this file.
+            Err(e) => panic!("the development default config is invalid: {e}"),
+        }
+    }
+
+    /// Parses and resolves config text. `base` anchors relative paths.
+    pub fn parse(
+        text: &str,
+        origin: &str,
+        base: &Path,
+        file: Option<PathBuf>,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| ConfigError::new(origin, e.to_string()))?;
+        let err = |msg: String| ConfigError::new(origin, msg);
+
+        let durability = match raw.durability.as_deref().unwrap_or("full") {
+            "full" => Durability::Full,
+            "normal" => Durability::Normal,
+            other => {
+                return Err(err(format!(
+                    "durability: expected \"full\" or \"normal\", got {other:?}"
+                )));
+            }
+        };
+        let admin_token = match &raw.admin_token {
+            Some(spec) => {
+                let token =
+                    resolve_secret(spec, base).map_err(|e| err(format!("admin_token: {e}")))?;
+                if token.expose().is_empty() {
+                    return Err(err("admin_token: the token is empty".into()));
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(1_048_576);
+        if max_body_bytes == 0 || max_body_bytes > 64 * 1024 * 1024 {
+            return Err(err(format!(
+                "max_body_bytes: must be between 1 and 67108864, got {max_body_bytes}"
+            )));
+        }
+        let http_workers = raw.http_workers.unwrap_or(8);
+        if !(1..=256).contains(&http_workers) {
+            return Err(err(format!(
+                "http_workers: must be 1 to 256, got {http_workers}"
+            )));
+        }
+        let forward_workers = raw.forward_workers.unwrap_or(4);
+        if forward_workers > 256 {
+            return Err(err(format!(
+                "forward_workers: must be 0 to 256, got {forward_workers}"
+            )));
+        }
+        let prune_interval =
+            opt_duration(&raw.prune_interval, "prune_interval", "1h").map_err(err)?;
+        let busy_timeout = opt_duration(&raw.busy_timeout, "busy_timeout", "5s").map_err(err)?;
+
+        if raw.sources.is_empty() && file.is_some() {
+            return Err(err(
+                "no [sources.NAME] table: at least one source is needed".into(),
+            ));
+        }
+        let mut sources = Vec::new();
+        for (name, rs) in raw.sources {
+            let source =
+                resolve_source(&name, rs, base).map_err(|m| err(format!("sources.{name}.{m}")))?;
+            sources.push(source);
+        }
+
+        Ok(Config {
+            file,
+            listen: raw.listen.unwrap_or_else(|| "127.0.0.1:8080".to_string()),
+            database: base.join(raw.database.unwrap_or_else(|| "idemhook.db".to_string())),
+            durability,
+            admin_token,
+            max_body_bytes: max_body_bytes as usize,
+            http_workers,
+            forward_workers,
+            prune_interval,
+            busy_timeout,
+            setup_sql: raw.setup_sql,
+            sources,
+        })
+    }
+
+    pub fn source(&self, name: &str) -> Option<&Source> {
+        self.sources.iter().find(|s| s.name == name)
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, String> {
+    if !valid_name(name) {
+        return Err(
+            "name: a source name is 1 to 64 of A-Z a-z 0-9 _ - . (it is a URL path segment)"
+                .to_string(),
+        );
+    }
+    let kind = Kind::parse(&rs.kind).ok_or_else(|| {
+        let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        format!(
+            "kind: unknown kind {:?}, expected one of {}",
+            rs.kind,
+            names.join(", ")
+        )
+    })?;
+
+    let hmac_keys = [
+        ("header", rs.header.is_some()),
+        ("algorithm", rs.algorithm.is_some()),
+        ("encoding", rs.encoding.is_some()),
+        ("prefix", rs.prefix.is_some()),
+    ];
+    if kind != Kind::Hmac {
+        if let Some((key, _)) = hmac_keys.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "{key}: only sources of kind \"hmac\" take this key"
+            ));
+        }
+    }
+    let scheme = match kind {
+        Kind::Stripe => Scheme::Stripe,
+        Kind::Github => Scheme::Github,
+        Kind::Shopify => Scheme::Shopify,
+        Kind::Slack => Scheme::Slack,
+        Kind::Paddle => Scheme::Paddle,
+        Kind::Linear => Scheme::Linear,
+        Kind::Standard => Scheme::Standard,
+        Kind::None => Scheme::None,
+        Kind::Hmac => {
+            let header = rs
+                .header
+                .clone()
+                .filter(|h| !h.trim().is_empty())
+                .ok_or("header: kind \"hmac\" needs the name of the signature header")?;
+            let algorithm = match rs.algorithm.as_deref().unwrap_or("sha256") {
+                "sha1" => HmacAlgorithm::Sha1,
+                "sha256" => HmacAlgorithm::Sha256,
+                "sha512" => HmacAlgorithm::Sha512,
+                other => {
+                    return Err(format!(
+                        "algorithm: expected sha1, sha256 or sha512, got {other:?}"
+                    ));
+                }
+            };
+            let encoding = match rs.encoding.as_deref().unwrap_or("hex") {
+                "hex" => Encoding::Hex,
+                "base64" => Encoding::Base64,
+                other => return Err(format!("encoding: expected hex or base64, got {other:?}")),
+            };
+            Scheme::Hmac(HmacParams {
+                header,
+                algorithm,
+                encoding,
+                prefix: rs.prefix.clone().unwrap_or_default(),
+            })
+        }
+    };
+
+    let allow_unsigned = rs.allow_unsigned.unwrap_or(false);
+    if kind == Kind::None {
+        if !allow_unsigned {
+            return Err(
+                "allow_unsigned: kind \"none\" accepts unsigned requests only with allow_unsigned = true"
+                    .to_string(),
+            );
+        }
+        if !rs.secrets.is_empty() {
+            return Err("secrets: kind \"none\" takes no secrets".to_string());
+        }
+    } else if rs.secrets.is_empty() {
+        return Err("secrets: at least one secret is needed".to_string());
+    }
+    let mut secrets = Vec::new();
+    for (i, spec) in rs.secrets.iter().enumerate() {
+        secrets.push(resolve_secret(spec, base).map_err(|e| format!("secrets[{i}]: {e}"))?);
+    }
+    let secret_count = secrets.len();
+    let tolerance = opt_duration(&rs.tolerance, "tolerance", "5m")?;
+    let verifier =
+        Verifier::new(scheme, secrets, tolerance).map_err(|e| format!("secrets: {e}"))?;
+
+    let retention = match &rs.retention {
+        Some(s) => parse_duration(s).map_err(|e| format!("retention: {e}"))?,
+        None => kind.default_retention(),
+    };
+    let payload_retention = match &rs.payload_retention {
+        Some(s) => parse_duration(s).map_err(|e| format!("payload_retention: {e}"))?,
+        None => retention.min(Duration::from_secs(7 * 86_400)),
+    };
+    if payload_retention > retention {
+        return Err(
+            "payload_retention: cannot exceed retention (the body is kept with its key)"
+                .to_string(),
+        );
+    }
+
+    let key_parts = match &rs.key {
+        Some(parts) => {
+            if parts.is_empty() {
+                return Err("key: needs at least one part".to_string());
+            }
+            parse_parts(parts).map_err(|e| format!("key: {e}"))?
+        }
+        None => kind.default_key().ok_or_else(|| {
+            format!(
+                "key: kind \"{}\" has no event id of its own; set key = [\"json:/id\"] or [\"header:Name\"]",
+                kind.name()
+            )
+        })?,
+    };
+    let event_type = match &rs.event_type {
+        Some(t) => Some(Part::parse(t).map_err(|e| format!("type: {e}"))?),
+        None => kind.default_type(),
+    };
+    let hash = match &rs.hash {
+        Some(parts) => parse_parts(parts).map_err(|e| format!("hash: {e}"))?,
+        None => Vec::new(),
+    };
+    let on_mismatch = match rs.on_mismatch.as_deref().unwrap_or("ack") {
+        "ack" => OnMismatch::Ack,
+        "reject" => OnMismatch::Reject,
+        other => {
+            return Err(format!(
+                "on_mismatch: expected ack or reject, got {other:?}"
+            ));
+        }
+    };
+
+    let mut actions: Vec<Action> = Vec::new();
+    for (i, ra) in rs.actions.into_iter().enumerate() {
+        let action_name = ra.name.clone();
+        if actions.iter().any(|a| a.name == action_name) {
+            return Err(format!("actions[{i}].name: {action_name:?} is used twice"));
+        }
+        actions.push(
+            resolve_action(ra, base).map_err(|e| format!("actions[{i}] ({action_name}).{e}"))?,
+        );
+    }
+
+    Ok(Source {
+        name: name.to_string(),
+        kind,
+        verifier,
+        secret_count,
+        allow_unsigned,
+        tolerance,
+        retention,
+        payload_retention,
+        key: Rule { parts: key_parts },
+        event_type,
+        hash,
+        on_mismatch,
+        actions,
+    })
+}
+
+fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, String> {
+    if !valid_name(&ra.name) {
+        return Err("name: an action name is 1 to 64 of A-Z a-z 0-9 _ - .".to_string());
+    }
+    let types = ra.types.unwrap_or_default();
+    let forward_only = [
+        ("timeout", ra.timeout.is_some()),
+        ("max_attempts", ra.max_attempts.is_some()),
+        ("retry_initial", ra.retry_initial.is_some()),
+        ("retry_max", ra.retry_max.is_some()),
+        ("lease", ra.lease.is_some()),
+        ("sign_secret", ra.sign_secret.is_some()),
+        ("request_id_header", ra.request_id_header.is_some()),
+    ];
+    let kind = match (ra.sql, ra.forward) {
+        (Some(_), Some(_)) => {
+            return Err("sql: an action has either sql or forward, not both".to_string());
+        }
+        (None, None) => {
+            return Err(
+                "sql: an action needs sql = \"...\" or forward = \"http://...\"".to_string(),
+            );
+        }
+        (Some(sql), None) => {
+            if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
+                return Err(format!("{key}: only forward actions take this key"));
+            }
+            if sql.trim().is_empty() {
+                return Err("sql: the statement is empty".to_string());
+            }
+            let mut params = Vec::new();
+            for (name, spec) in ra.params.unwrap_or_default() {
+                if is_builtin_param(&name) {
+                    return Err(format!(
+                        "params.{name}: :{name} is a built-in parameter and cannot be redefined"
+                    ));
+                }
+                params.push((
+                    name.clone(),
+                    Part::parse(&spec).map_err(|e| format!("params.{name}: {e}"))?,
+                ));
+            }
+            ActionKind::Sql { sql, params }
+        }
+        (None, Some(url)) => {
+            if ra.params.is_some() {
+                return Err("params: only sql actions take params".to_string());
+            }
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "forward: expected an http:// or https:// URL, got {url:?}"
+                ));
+            }
+            let timeout = opt_duration(&ra.timeout, "timeout", "10s")?;
+            let lease = match &ra.lease {
+                Some(s) => parse_duration(s).map_err(|e| format!("lease: {e}"))?,
+                None => (timeout * 6).max(Duration::from_secs(60)),
+            };
+            if lease <= timeout {
+                return Err(format!(
+                    "lease: must be longer than timeout ({} <= {}), or a slow attempt could run twice",
+                    format_duration(lease),
+                    format_duration(timeout)
+                ));
+            }
+            let retry_initial = opt_duration(&ra.retry_initial, "retry_initial", "1s")?;
+            let retry_max = opt_duration(&ra.retry_max, "retry_max", "1h")?;
+            if retry_max < retry_initial {
+                return Err("retry_max: must not be shorter than retry_initial".to_string());
+            }
+            let max_attempts = ra.max_attempts.unwrap_or(12);
+            if max_attempts == 0 {
+                return Err("max_attempts: must be at least 1".to_string());
+            }
+            let sign_secret = match &ra.sign_secret {
+                Some(spec) => {
+                    Some(resolve_secret(spec, base).map_err(|e| format!("sign_secret: {e}"))?)
+                }
+                None => None,
+            };
+            ActionKind::Forward(Forward {
+                url,
+                timeout,
+                max_attempts,
+                retry_initial,
+                retry_max,
+                lease,
+                sign_secret,
+                request_id_header: ra
+                    .request_id_header
+                    .unwrap_or_else(|| "X-Request-Id".to_string()),
+            })
+        }
+    };
+    Ok(Action {
+        name: ra.name,
+        types,
+        kind,
+    })
+}
+
+/// Built-in SQL action parameters.
+pub const BUILTIN_PARAMS: [&str; 5] = ["source", "event_id", "type", "payload", "received_at"];
+
+fn is_builtin_param(name: &str) -> bool {
+    BUILTIN_PARAMS.contains(&name)
+}
+
+fn parse_parts(specs: &[String]) -> Result<Vec<Part>, String> {
+    specs.iter().map(|s| Part::parse(s)).collect()
+}
+
+fn opt_duration(value: &Option<String>, key: &str, default: &str) -> Result<Duration, String> {
+    parse_duration(value.as_deref().unwrap_or(default)).map_err(|e| format!("{key}: {e}"))
+}
+
+/// Resolves a secret spec: a literal, `env:NAME` or `file:PATH` (relative to
+/// `base`, trailing newline trimmed). Errors never contain the secret.
+pub fn resolve_secret(spec: &str, base: &Path) -> Result<Secret, String> {
+    let value = if let Some(name) = spec.strip_prefix("env:") {
+        std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))?
+    } else if let Some(path) = spec.strip_prefix("file:") {
+        let path = base.join(path);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        text.strip_suffix("\r\n")
+            .or_else(|| text.strip_suffix('\n'))
+            .unwrap_or(&text)
+            .to_string()
+    } else {
+        spec.to_string()
+    };
+    if value.is_empty() {
+        return Err("the secret is empty".to_string());
+    }
+    Ok(Secret::new(value))
+}
+
+/// Parses `300ms`, `5s`, `5m`, `2h`, `7d`, or a sum like `1h30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err("empty duration: expected e.g. 300ms, 5s, 5m, 2h, 7d".to_string());
+    }
+    let mut total: u128 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 12 {
+            return Err(format!(
+                "invalid duration {text:?}: expected e.g. 300ms, 5s, 5m, 2h, 7d"
+            ));
+        }
+        let number: u128 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit_ms: u128 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "" => {
+                return Err(format!(
+                    "invalid duration {text:?}: a unit is needed (ms, s, m, h, d)"
+                ));
+            }
+            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?}")),
+        };
+        rest = &rest[unit_len..];
+        total = total.saturating_add(number.saturating_mul(unit_ms));
+    }
+    let ms = u64::try_from(total).map_err(|_| format!("duration {text:?} is too long"))?;
+    Ok(Duration::from_millis(ms))
+}
+
+/// The shortest exact text for a duration, e.g. `90s` -> `90s`, `3600s` -> `1h`.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(
+            text,
+            "test.toml",
+            Path::new("/tmp"),
+            Some("test.toml".into()),
+        )
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        for bad in ["", "5", "m", "5x", "-1s", "1.5s", "99999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+        assert_eq!(format_duration(Duration::from_secs(3600)), "1h");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_file() {
+        let e = parse("listen = \"x\"\nlisten_port = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("test.toml:"), "{e}");
+        assert!(e.contains("listen_port"), "{e}");
+        let e = parse("[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\nsecret = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let cases = [
+            (
+                "durability = \"fast\"\n[sources.a]\nkind=\"github\"\nsecrets=[\"s\"]",
+                "durability",
+            ),
+            (
+                "[sources.a]\nkind = \"gitlab\"\nsecrets = [\"s\"]",
+                "sources.a.kind",
+            ),
+            ("[sources.a]\nkind = \"github\"", "sources.a.secrets"),
+            (
+                "[sources.a]\nkind = \"github\"\nsecrets = [\"\"]",
+                "sources.a.secrets[0]",
+            ),
+            ("[sources.a]\nkind = \"none\"", "sources.a.allow_unsigned"),
+            (
+                "[sources.a]\nkind = \"hmac\"\nsecrets=[\"s\"]\nkey=[\"json:/id\"]",
+                "sources.a.header",
+            ),
+            (
+                "[sources.a]\nkind = \"stripe\"\nsecrets=[\"s\"]\ntolerance=\"5\"",
+                "sources.a.tolerance",
+            ),
+            (
+                "[sources.a]\nkind = \"stripe\"\nsecrets=[\"s\"]\nkey=[\"id\"]",
+                "sources.a.key",
+            ),
+            (
+                "[sources.a]\nkind = \"stripe\"\nsecrets=[\"s\"]\n[[sources.a.actions]]\nname=\"f\"\nforward=\"http://x\"\ntimeout=\"10s\"\nlease=\"10s\"",
+                "lease",
+            ),
+            (
+                "[sources.a]\nkind = \"stripe\"\nsecrets=[\"env:IDEMHOOK_TEST_SURELY_UNSET\"]",
+                "IDEMHOOK_TEST_SURELY_UNSET",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "expected {want:?} in {e:?}");
+        }
+    }
+
+    #[test]
+    fn full_example_resolves() {
+        let text = r#"
+listen = "127.0.0.1:9999"
+database = "data/x.db"
+durability = "normal"
+[sources.stripe]
+kind = "stripe"
+secrets = ["whsec_a", "whsec_b"]
+tolerance = "5m"
+retention = "30d"
+payload_retention = "7d"
+[[sources.stripe.actions]]
+name = "credit"
+types = ["charge.succeeded"]
+sql = "INSERT INTO ledger(c) VALUES (:customer)"
+params = { customer = "json:/data/object/customer" }
+[[sources.stripe.actions]]
+name = "notify"
+forward = "http://127.0.0.1:9000/x"
+timeout = "2s"
+lease = "5s"
+"#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.database, Path::new("/tmp/data/x.db"));
+        assert_eq!(c.durability, Durability::Normal);
+        let s = c.source("stripe").unwrap();
+        assert_eq!(s.key.to_string(), "json:/id");
+        assert_eq!(s.retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(s.actions.len(), 2);
+        assert!(s.actions[0].takes(Some("charge.succeeded")));
+        assert!(!s.actions[0].takes(Some("charge.failed")));
+        assert!(!s.actions[0].takes(None));
+        assert!(s.actions[1].takes(None));
+    }
+
+    #[test]
+    fn file_secret_is_trimmed_and_relative() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("s.txt"), "sekrit\n").unwrap();
+        let s = resolve_secret("file:s.txt", dir.path()).unwrap();
+        assert_eq!(s.expose(), "sekrit");
+    }
+
+    #[test]
+    fn dev_default_is_valid() {
+        let c = Config::dev_default();
+        assert_eq!(c.listen, "127.0.0.1:8080");
+        assert_eq!(c.sources[0].name, "demo");
+        assert_eq!(c.sources[0].kind, Kind::Standard);
+    }
+}

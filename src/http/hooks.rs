@@ -1,0 +1,386 @@
+//! `POST /hooks/{source}`: read the body (bounded), verify the signature
+//! over the raw bytes, extract the key, claim through the writer, answer.
+//! Nothing in the body is trusted before the signature has been checked,
+//! and nothing is acknowledged before the commit that stores it.
+
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::reply::Reply;
+use super::{BodyError, Incoming, read_body};
+use crate::app::App;
+use crate::config::{Kind, OnMismatch, Source};
+use crate::ingest::{Claim, Outcome};
+use crate::key::{Input, payload_hash};
+use crate::metrics::Delivery;
+use crate::store::now_ms;
+
+/// JSON nested deeper than this is refused (serde_json stops at 128 too).
+const MAX_JSON_DEPTH: usize = 64;
+
+pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
+    let received_at = now_ms();
+    let started = Instant::now();
+    let Some((index, source)) = app.source(source_name) else {
+        return refuse(
+            app,
+            None,
+            source_name,
+            rq,
+            Delivery::UnknownSource,
+            404,
+            "unknown source",
+            received_at,
+        );
+    };
+    if rq.method != "POST" {
+        return refuse(
+            app,
+            Some(index),
+            source_name,
+            rq,
+            Delivery::BadRequest,
+            405,
+            "method not allowed: use POST",
+            received_at,
+        )
+        .with_header("Allow", "POST");
+    }
+    if let Some(name) = rq
+        .headers
+        .iter()
+        .find_map(|(n, v)| v.contains('\0').then_some(n))
+    {
+        let msg = format!("header {name} contains a NUL byte");
+        return refuse(
+            app,
+            Some(index),
+            source_name,
+            rq,
+            Delivery::BadRequest,
+            400,
+            &msg,
+            received_at,
+        );
+    }
+    let limit = app.config.max_body_bytes;
+    if rq.content_length.is_some_and(|n| n > limit) {
+        let msg = format!("body larger than max_body_bytes ({limit})");
+        return refuse(
+            app,
+            Some(index),
+            source_name,
+            rq,
+            Delivery::TooLarge,
+            413,
+            &msg,
+            received_at,
+        )
+        .with_header("Connection", "close");
+    }
+    let body = match read_body(rq.body, rq.content_length, limit) {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => {
+            let msg = format!("body larger than max_body_bytes ({limit})");
+            return refuse(
+                app,
+                Some(index),
+                source_name,
+                rq,
+                Delivery::TooLarge,
+                413,
+                &msg,
+                received_at,
+            )
+            .with_header("Connection", "close");
+        }
+        Err(BodyError::Short { expected, got }) => {
+            let msg = format!("body shorter than its Content-Length ({got} of {expected} bytes)");
+            return refuse(
+                app,
+                Some(index),
+                source_name,
+                rq,
+                Delivery::BadRequest,
+                400,
+                &msg,
+                received_at,
+            );
+        }
+        Err(BodyError::Io(e)) => {
+            let msg = format!("could not read the body: {e}");
+            return refuse(
+                app,
+                Some(index),
+                source_name,
+                rq,
+                Delivery::BadRequest,
+                400,
+                &msg,
+                received_at,
+            );
+        }
+    };
+
+    let r = |d, status, msg: &str| {
+        refuse(
+            app,
+            Some(index),
+            source_name,
+            rq,
+            d,
+            status,
+            msg,
+            received_at,
+        )
+    };
+
+    // 1. The signature, over the raw bytes.
+    let verdict = match source
+        .verifier
+        .verify(&rq.headers, &body, received_at / 1000)
+    {
+        Ok(v) => v,
+        Err(e) if e.is_bad_request() => {
+            return r(Delivery::BadRequest, 400, &e.to_string());
+        }
+        Err(e) => return r(Delivery::BadSignature, 401, &e.to_string()),
+    };
+
+    // 2. Only now, the body.
+    let json = if source.needs_json() {
+        match parse_json(&body) {
+            Ok(v) => Some(v),
+            Err(msg) => return r(Delivery::BadRequest, 400, &msg),
+        }
+    } else {
+        None
+    };
+    if source.kind == Kind::Slack {
+        if let Some(reply) = slack_challenge(json.as_ref()) {
+            return reply;
+        }
+    }
+    let input = Input {
+        headers: &rq.headers,
+        json: json.as_ref(),
+    };
+    let event_id = match source.key.extract(&input) {
+        Ok(id) => id,
+        Err(e) => return r(Delivery::BadRequest, 400, &e.to_string()),
+    };
+    let event_type = source.event_type.as_ref().and_then(|p| p.text(&input));
+    let hash = payload_hash(&source.hash, &body, &input);
+    let kept_headers = kept_headers(source, &rq.headers);
+    let content_type = rq.header("content-type").map(str::to_string);
+
+    let claim = Claim {
+        event_id,
+        event_type,
+        body,
+        json,
+        content_type,
+        headers: std::mem::take(&mut rq.headers),
+        kept_headers,
+        payload_hash: hash,
+        verified_with: verdict.secret_index,
+        signed_at: verdict.timestamp,
+        received_at,
+        remote: rq.remote.clone(),
+    };
+    let event_id = claim.event_id.clone();
+
+    // 3. The claim, committed before we answer.
+    let claim_started = Instant::now();
+    let result = app.claim(index, claim);
+    app.metrics.claim_duration.observe(claim_started.elapsed());
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => {
+            app.metrics.delivery(Some(index), Delivery::Unavailable);
+            crate::log::warn(
+                "delivery",
+                &[
+                    ("source", &source_name),
+                    ("event_id", &event_id),
+                    ("outcome", &"unavailable"),
+                    ("status", &503),
+                    ("error", &e.message),
+                ],
+            );
+            return Reply::unavailable("the event was not stored");
+        }
+    };
+    let delivery = outcome.delivery();
+    app.metrics.delivery(Some(index), delivery);
+    let (status, body) = match &outcome {
+        Outcome::Accepted { state, .. } => (
+            200,
+            json!({"status": "accepted", "source": source_name, "event_id": event_id, "state": state}),
+        ),
+        Outcome::Duplicate { state } => (
+            200,
+            json!({"status": "duplicate", "source": source_name, "event_id": event_id, "state": state}),
+        ),
+        Outcome::Mismatch { state } => match source.on_mismatch {
+            OnMismatch::Ack => (
+                200,
+                json!({"status": "duplicate", "source": source_name, "event_id": event_id, "state": state,
+                       "mismatch": true,
+                       "detail": "an event with this id was stored with a different payload; the stored one is kept and an incident recorded"}),
+            ),
+            OnMismatch::Reject => (
+                409,
+                json!({"error": "an event with this id was stored with a different payload; the stored one is kept and an incident recorded",
+                       "status": "mismatch", "source": source_name, "event_id": event_id, "state": state}),
+            ),
+        },
+    };
+    crate::log::info(
+        "delivery",
+        &[
+            ("source", &source_name),
+            ("event_id", &event_id),
+            ("outcome", &delivery.name()),
+            ("status", &status),
+            (
+                "ms",
+                &format_args!("{:.2}", started.elapsed().as_secs_f64() * 1000.0),
+            ),
+        ],
+    );
+    Reply::json(status, &body).with_failpoint("claim.after_commit")
+}
+
+/// Answers a refused delivery: counts it, records it (without the body,
+/// and without waiting for the disk), logs it.
+#[allow(clippy::too_many_arguments)]
+fn refuse(
+    app: &App,
+    index: Option<usize>,
+    source_name: &str,
+    rq: &Incoming<'_>,
+    outcome: Delivery,
+    status: u16,
+    message: &str,
+    received_at: i64,
+) -> Reply {
+    app.metrics.delivery(index, outcome);
+    // Request data never becomes a metric label; the database row keeps
+    // the name asked for (bounded by the URL limit), for the operator.
+    app.record_refusal(source_name, outcome, &rq.remote, message, received_at);
+    crate::log::info(
+        "delivery",
+        &[
+            ("source", &source_name),
+            ("outcome", &outcome.name()),
+            ("status", &status),
+            ("reason", &message),
+            ("remote", &rq.remote),
+        ],
+    );
+    Reply::error(status, message)
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, String> {
+    let text = std::str::from_utf8(body).map_err(|_| "body is not valid UTF-8 JSON".to_string())?;
+    if nesting_depth(text.as_bytes()) > MAX_JSON_DEPTH {
+        return Err(format!(
+            "body JSON is nested deeper than {MAX_JSON_DEPTH} levels"
+        ));
+    }
+    serde_json::from_str(text).map_err(|e| format!("body is not valid JSON: {e}"))
+}
+
+/// The deepest nesting of arrays and objects, skipping strings; a cheap
+/// scan that refuses hostile nesting before the parser recurses.
+fn nesting_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Slack's url_verification handshake, answered with its challenge as plain
+/// text and stored nowhere. Only reached after the signature verified.
+fn slack_challenge(json: Option<&Value>) -> Option<Reply> {
+    let v = json?;
+    if v.get("type").and_then(Value::as_str) != Some("url_verification") {
+        return None;
+    }
+    let challenge = v
+        .get("challenge")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Some(Reply::text(
+        200,
+        "text/plain; charset=utf-8",
+        challenge.to_string(),
+    ))
+}
+
+/// The headers stored with the event: Content-Type, the kind's own, and
+/// the headers the key and type rules read.
+fn kept_headers(source: &Source, headers: &[(String, String)]) -> String {
+    let mut kept = serde_json::Map::new();
+    let rule_headers = source
+        .key
+        .parts
+        .iter()
+        .chain(source.event_type.iter())
+        .flat_map(|p| p.alternatives.iter())
+        .filter_map(|a| match a {
+            crate::key::Atom::Header(h) => Some(h.to_ascii_lowercase()),
+            crate::key::Atom::Json(_) => None,
+        })
+        .collect::<Vec<_>>();
+    for (name, value) in headers {
+        let lower = name.to_ascii_lowercase();
+        let keep = lower == "content-type"
+            || lower == "user-agent"
+            || source.kind.kept_headers().contains(&lower.as_str())
+            || rule_headers.contains(&lower);
+        if keep {
+            kept.insert(lower, Value::String(value.clone()));
+        }
+    }
+    Value::Object(kept).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_scan_skips_strings() {
+        assert_eq!(nesting_depth(br#"{"a":[1,{"b":"[[[["}]}"#), 3);
+        assert_eq!(nesting_depth(br#""\"[""#), 0);
+        assert_eq!(nesting_depth(&[b'['; 1000]), 1000);
+    }
+
+    #[test]
+    fn deep_json_is_refused_not_parsed() {
+        let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+        assert!(parse_json(deep.as_bytes()).unwrap_err().contains("nested"));
+        assert!(parse_json(b"\xff").unwrap_err().contains("UTF-8"));
+    }
+}

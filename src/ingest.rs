@@ -1,0 +1,471 @@
+//! The claim: the one transaction step that turns a verified delivery into
+//! a stored event, exactly once.
+//!
+//! `INSERT OR IGNORE` into `events` and `changes()` decide who owns the
+//! event; there is never a read before the insert. The owner, in the same
+//! transaction, runs each matching SQL action in its own savepoint together
+//! with its job row (a failing action rolls back only itself and leaves a
+//! failed job), and writes a pending job row for each forward action (the
+//! outbox). A loser reads the stored state and hash to answer "duplicate"
+//! or records a mismatch incident. Every delivery gets a row.
+//!
+//! [`claim`] runs on the writer thread inside the group transaction; it
+//! does no IO besides SQL and never commits.
+
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+
+use crate::config::{Action, ActionKind, Source};
+use crate::key::{Input, Part};
+use crate::metrics::Delivery;
+use crate::store::{StoreError, in_savepoint};
+
+/// A verified delivery, ready to claim.
+pub struct Claim {
+    pub event_id: String,
+    pub event_type: Option<String>,
+    pub body: Vec<u8>,
+    /// The parsed body, when the source reads JSON.
+    pub json: Option<Value>,
+    pub content_type: Option<String>,
+    /// Every request header, for SQL action parameters.
+    pub headers: Vec<(String, String)>,
+    /// The headers kept with the event, as a JSON object.
+    pub kept_headers: String,
+    pub payload_hash: String,
+    pub verified_with: Option<usize>,
+    pub signed_at: Option<i64>,
+    /// Unix milliseconds.
+    pub received_at: i64,
+    pub remote: String,
+}
+
+/// What the claim decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// This delivery stored the event. `forward_jobs` new outbox rows.
+    Accepted { state: String, forward_jobs: usize },
+    /// The event was already stored, with the same payload hash.
+    Duplicate { state: String },
+    /// The event was already stored with a different payload hash; an
+    /// incident was recorded and the stored event left alone.
+    Mismatch { state: String },
+}
+
+impl Outcome {
+    pub fn delivery(&self) -> Delivery {
+        match self {
+            Outcome::Accepted { .. } => Delivery::Accepted,
+            Outcome::Duplicate { .. } => Delivery::Duplicate,
+            Outcome::Mismatch { .. } => Delivery::Mismatch,
+        }
+    }
+}
+
+/// Claims the event for `source`. Runs inside the caller's transaction.
+pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
+    let matching: Vec<&Action> = source
+        .actions
+        .iter()
+        .filter(|a| a.takes(c.event_type.as_deref()))
+        .collect();
+    let initial_state = if matching.is_empty() {
+        "completed"
+    } else {
+        "accepted"
+    };
+    let completed_at = matching.is_empty().then_some(c.received_at);
+    let inserted = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO events (source, event_id, type, state, received_at, completed_at,
+                 payload, content_type, headers, payload_hash, verified_with, signed_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        )?
+        .execute(params![
+            source.name,
+            c.event_id,
+            c.event_type,
+            initial_state,
+            c.received_at,
+            completed_at,
+            c.body,
+            c.content_type,
+            c.kept_headers,
+            c.payload_hash,
+            c.verified_with.map(|i| i as i64),
+            c.signed_at,
+        ])?;
+
+    let outcome = if inserted == 1 {
+        let mut forward_jobs = 0;
+        for action in &matching {
+            match &action.kind {
+                ActionKind::Sql { sql, params } => {
+                    run_sql_job(conn, source, action, sql, params, c)?
+                }
+                ActionKind::Forward(_) => {
+                    insert_forward_job(conn, source, action, c)?;
+                    forward_jobs += 1;
+                }
+            }
+        }
+        let state = if matching.is_empty() {
+            initial_state.to_string()
+        } else {
+            refresh_event_state(conn, &source.name, &c.event_id, c.received_at)?
+        };
+        Outcome::Accepted {
+            state,
+            forward_jobs,
+        }
+    } else {
+        let (state, stored_hash): (String, String) = conn
+            .prepare_cached(
+                "SELECT state, payload_hash FROM events WHERE source = ?1 AND event_id = ?2",
+            )?
+            .query_row(params![source.name, c.event_id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?;
+        if stored_hash == c.payload_hash {
+            Outcome::Duplicate { state }
+        } else {
+            conn.prepare_cached(
+                "INSERT INTO incidents (source, event_id, kind, created_at, payload_hash, detail)
+                 VALUES (?1, ?2, 'payload_mismatch', ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                source.name,
+                c.event_id,
+                c.received_at,
+                c.payload_hash,
+                format!(
+                    "duplicate delivery with a different payload hash (stored {}, received {}) from {}",
+                    short(&stored_hash),
+                    short(&c.payload_hash),
+                    c.remote
+                ),
+            ])?;
+            Outcome::Mismatch { state }
+        }
+    };
+    record_delivery(
+        conn,
+        &source.name,
+        Some(&c.event_id),
+        c.received_at,
+        outcome.delivery(),
+        &c.remote,
+        None,
+    )?;
+    Ok(outcome)
+}
+
+fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+/// Records one delivery. `event_id` is None when the request was refused
+/// before its key was known.
+pub fn record_delivery(
+    conn: &Connection,
+    source: &str,
+    event_id: Option<&str>,
+    received_at: i64,
+    outcome: Delivery,
+    remote: &str,
+    detail: Option<&str>,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO deliveries (source, event_id, received_at, outcome, remote, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        source,
+        event_id,
+        received_at,
+        outcome.name(),
+        remote,
+        detail
+    ])?;
+    Ok(())
+}
+
+/// Runs one SQL action with its job row in a savepoint. A failing statement
+/// rolls back only itself; the job is then written as failed, with the
+/// error, outside that savepoint.
+fn run_sql_job(
+    conn: &Connection,
+    source: &Source,
+    action: &Action,
+    sql: &str,
+    sql_params: &[(String, Part)],
+    c: &Claim,
+) -> Result<(), StoreError> {
+    let started = crate::store::now_ms();
+    let result = in_savepoint(conn, "action", |conn| -> Result<(), ActionError> {
+        execute_action(conn, source, sql, sql_params, c)?;
+        let job_id = insert_job(conn, source, action, c, "done", None)?;
+        insert_sql_attempt(conn, job_id, started, "ok", None)?;
+        Ok(())
+    });
+    match result {
+        Ok(()) => Ok(()),
+        Err(ActionError::Store(e)) if e.kind != crate::store::StoreErrorKind::Other => Err(e),
+        Err(e) => {
+            let message = e.to_string();
+            let job_id = insert_job(conn, source, action, c, "failed", Some(&message))?;
+            insert_sql_attempt(conn, job_id, started, "failed", Some(&message))?;
+            crate::log::warn(
+                "action failed",
+                &[
+                    ("source", &source.name),
+                    ("event_id", &c.event_id),
+                    ("action", &action.name),
+                    ("error", &message),
+                ],
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Why an SQL action failed: its own statement (the action's bug, recorded
+/// on its job) or storage (the whole claim fails and is answered 503).
+#[derive(Debug, thiserror::Error)]
+enum ActionError {
+    #[error("{0}")]
+    Statement(String),
+    #[error("{0}")]
+    Store(StoreError),
+}
+
+impl From<rusqlite::Error> for ActionError {
+    fn from(e: rusqlite::Error) -> ActionError {
+        ActionError::Store(StoreError::from(e))
+    }
+}
+
+impl From<StoreError> for ActionError {
+    fn from(e: StoreError) -> ActionError {
+        ActionError::Store(e)
+    }
+}
+
+fn execute_action(
+    conn: &Connection,
+    source: &Source,
+    sql: &str,
+    sql_params: &[(String, Part)],
+    c: &Claim,
+) -> Result<(), ActionError> {
+    let statement_error = |e: rusqlite::Error| {
+        let store = StoreError::from(e);
+        if store.kind == crate::store::StoreErrorKind::Other {
+            ActionError::Statement(store.message)
+        } else {
+            ActionError::Store(store)
+        }
+    };
+    let mut stmt = conn.prepare_cached(sql).map_err(statement_error)?;
+    let input = Input {
+        headers: &c.headers,
+        json: c.json.as_ref(),
+    };
+    for i in 1..=stmt.parameter_count() {
+        let name = stmt
+            .parameter_name(i)
+            .map(|n| n.trim_start_matches([':', '@', '$']).to_string())
+            .ok_or_else(|| {
+                ActionError::Statement(format!("parameter {i} has no name: use :name"))
+            })?;
+        let value = bind_value(&name, sql_params, source, &input, c)
+            .ok_or_else(|| ActionError::Statement(format!("unknown parameter :{name}")))?;
+        stmt.raw_bind_parameter(i, value).map_err(statement_error)?;
+    }
+    stmt.raw_execute().map_err(statement_error)?;
+    Ok(())
+}
+
+/// The value of a named parameter: the action's `params` first, then the
+/// built-ins.
+fn bind_value(
+    name: &str,
+    sql_params: &[(String, Part)],
+    source: &Source,
+    input: &Input<'_>,
+    c: &Claim,
+) -> Option<SqlValue> {
+    if let Some((_, part)) = sql_params.iter().find(|(n, _)| n == name) {
+        return Some(match part.lookup(input) {
+            Some(crate::key::Found::Json(v)) => json_to_sql(v),
+            Some(crate::key::Found::Header(h)) => SqlValue::Text(h.to_string()),
+            None => SqlValue::Null,
+        });
+    }
+    Some(match name {
+        "source" => SqlValue::Text(source.name.clone()),
+        "event_id" => SqlValue::Text(c.event_id.clone()),
+        "type" => c.event_type.clone().map_or(SqlValue::Null, SqlValue::Text),
+        "payload" => SqlValue::Text(String::from_utf8_lossy(&c.body).into_owned()),
+        "received_at" => SqlValue::Integer(crate::store::ms_to_secs(c.received_at)),
+        _ => return None,
+    })
+}
+
+/// JSON values bind as their SQLite types; objects and arrays as JSON text.
+pub fn json_to_sql(v: &Value) -> SqlValue {
+    match v {
+        Value::Null => SqlValue::Null,
+        Value::Bool(b) => SqlValue::Integer(i64::from(*b)),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => SqlValue::Integer(i),
+            None => n
+                .as_f64()
+                .map_or(SqlValue::Text(n.to_string()), SqlValue::Real),
+        },
+        Value::String(s) => SqlValue::Text(s.clone()),
+        other => SqlValue::Text(other.to_string()),
+    }
+}
+
+fn insert_job(
+    conn: &Connection,
+    source: &Source,
+    action: &Action,
+    c: &Claim,
+    status: &str,
+    error: Option<&str>,
+) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
+                           last_error, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+    )?
+    .execute(params![
+        source.name,
+        c.event_id,
+        action.name,
+        action.kind_name(),
+        status,
+        i64::from(action.kind_name() == "sql"),
+        (status == "pending").then_some(c.received_at),
+        error,
+        c.received_at,
+    ])?;
+    Ok(conn.last_insert_rowid())
+}
+
+fn insert_sql_attempt(
+    conn: &Connection,
+    job_id: i64,
+    started: i64,
+    outcome: &str,
+    error: Option<&str>,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
+         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        job_id,
+        started,
+        crate::store::now_ms(),
+        outcome,
+        error,
+        error.map(|_| "sql"),
+    ])?;
+    Ok(())
+}
+
+fn insert_forward_job(
+    conn: &Connection,
+    source: &Source,
+    action: &Action,
+    c: &Claim,
+) -> Result<(), StoreError> {
+    let paused: Option<i64> = conn
+        .prepare_cached("SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2")?
+        .query_row(params![source.name, action.name], |r| r.get(0))
+        .optional()?;
+    let status = if paused.is_some() {
+        "paused"
+    } else {
+        "pending"
+    };
+    insert_job(conn, source, action, c, status, None)?;
+    Ok(())
+}
+
+/// Sets an event's state from its jobs: failed when one has failed,
+/// completed when all are done, processing once any attempt has started,
+/// accepted before that. Returns the new state.
+pub fn refresh_event_state(
+    conn: &Connection,
+    source: &str,
+    event_id: &str,
+    now: i64,
+) -> Result<String, StoreError> {
+    let (failed, open, started): (i64, i64, i64) = conn
+        .prepare_cached(
+            "SELECT
+                 coalesce(sum(status = 'failed'), 0),
+                 coalesce(sum(status IN ('pending', 'processing', 'paused')), 0),
+                 coalesce(sum(status = 'processing' OR n_attempts > 0), 0)
+             FROM jobs WHERE source = ?1 AND event_id = ?2",
+        )?
+        .query_row(params![source, event_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    let state = if failed > 0 {
+        "failed"
+    } else if open == 0 {
+        "completed"
+    } else if started > 0 {
+        "processing"
+    } else {
+        "accepted"
+    };
+    conn.prepare_cached(
+        "UPDATE events SET state = ?3,
+                completed_at = CASE WHEN ?3 = 'completed' THEN coalesce(completed_at, ?4) ELSE NULL END
+         WHERE source = ?1 AND event_id = ?2",
+    )?
+    .execute(params![source, event_id, state, now])?;
+    Ok(state.to_string())
+}
+
+/// Checks at start that every SQL action prepares against the database (its
+/// tables exist after `setup_sql`) and names only known parameters.
+pub fn validate_sql_actions(conn: &Connection, sources: &[Source]) -> Result<(), String> {
+    for source in sources {
+        for action in &source.actions {
+            let ActionKind::Sql { sql, params } = &action.kind else {
+                continue;
+            };
+            let where_ = format!("sources.{}.actions ({})", source.name, action.name);
+            let stmt = conn
+                .prepare(sql)
+                .map_err(|e| format!("{where_}.sql: {e}"))?;
+            for i in 1..=stmt.parameter_count() {
+                let Some(name) = stmt.parameter_name(i) else {
+                    return Err(format!(
+                        "{where_}.sql: parameter {i} has no name; use :name parameters"
+                    ));
+                };
+                let bare = name.trim_start_matches([':', '@', '$']);
+                let known = params.iter().any(|(n, _)| n == bare)
+                    || crate::config::BUILTIN_PARAMS.contains(&bare);
+                if !known {
+                    return Err(format!(
+                        "{where_}.sql: parameter {name} is neither in params nor built in ({})",
+                        crate::config::BUILTIN_PARAMS
+                            .map(|p| format!(":{p}"))
+                            .join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! idemhook: receive webhooks, verify them, and turn at-least-once delivery
+//! into exactly-once effects, on one SQLite file in WAL mode.
+//!
+//! See ARCHITECTURE.md for the map of modules and how a request flows.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod failpoint;
+pub mod http;
+pub mod ingest;
+pub mod key;
+pub mod log;
+pub mod metrics;
+pub mod ops;
+pub mod outbox;
+pub mod send;
+pub mod serve;
+pub mod store;
+pub mod verify;

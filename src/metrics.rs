@@ -1,0 +1,376 @@
+//! Prometheus metrics. Counters and histograms live in memory as atomics,
+//! indexed by positions fixed from the config (sources, actions), so label
+//! values never come from request data and cardinality stays bounded.
+//! Gauges that need the database are read at scrape time through indexed
+//! queries, cached for a few seconds.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+
+/// The outcome label of `idemhook_deliveries_total`, in contract order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    Accepted,
+    Duplicate,
+    Mismatch,
+    BadSignature,
+    BadRequest,
+    UnknownSource,
+    TooLarge,
+    Unavailable,
+}
+
+impl Delivery {
+    pub const ALL: [Delivery; 8] = [
+        Delivery::Accepted,
+        Delivery::Duplicate,
+        Delivery::Mismatch,
+        Delivery::BadSignature,
+        Delivery::BadRequest,
+        Delivery::UnknownSource,
+        Delivery::TooLarge,
+        Delivery::Unavailable,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Delivery::Accepted => "accepted",
+            Delivery::Duplicate => "duplicate",
+            Delivery::Mismatch => "mismatch",
+            Delivery::BadSignature => "bad_signature",
+            Delivery::BadRequest => "bad_request",
+            Delivery::UnknownSource => "unknown_source",
+            Delivery::TooLarge => "too_large",
+            Delivery::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// The outcome of one attempt of an action, in contract order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Ok,
+    Retry,
+    Failed,
+}
+
+impl AttemptOutcome {
+    pub const ALL: [AttemptOutcome; 3] = [
+        AttemptOutcome::Ok,
+        AttemptOutcome::Retry,
+        AttemptOutcome::Failed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttemptOutcome::Ok => "ok",
+            AttemptOutcome::Retry => "retry",
+            AttemptOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// The label used for deliveries to a path that names no configured source.
+pub const UNKNOWN_SOURCE_LABEL: &str = "unknown";
+
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A fixed-bucket histogram of seconds.
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new() -> Histogram {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            d.as_micros().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {count}");
+    }
+}
+
+/// Job counts and the oldest pending job, read from the database.
+#[derive(Debug, Default, Clone)]
+pub struct JobGauges {
+    pub pending: i64,
+    pub processing: i64,
+    pub done: i64,
+    pub failed: i64,
+    pub paused: i64,
+    pub oldest_pending_age_secs: f64,
+}
+
+/// Sizes of the database files, in bytes.
+#[derive(Debug, Default, Clone)]
+pub struct StorageGauges {
+    pub database_bytes: u64,
+    pub wal_bytes: u64,
+    pub writer_commits: u64,
+    pub writer_grouped: u64,
+}
+
+pub struct Metrics {
+    started: Instant,
+    sources: Vec<String>,
+    /// (source, action) pairs in config order.
+    actions: Vec<(String, String)>,
+    /// [source index (last = unknown)][outcome]
+    deliveries: Vec<[AtomicU64; 8]>,
+    attempts: Vec<[AtomicU64; 3]>,
+    pub claim_duration: Histogram,
+    pub downstream_duration: Histogram,
+    /// Log lines or records dropped because a queue was full.
+    pub dropped_records: AtomicU64,
+    job_cache: Mutex<Option<(Instant, JobGauges)>>,
+}
+
+impl Metrics {
+    pub fn new(config: &Config) -> Metrics {
+        let sources: Vec<String> = config.sources.iter().map(|s| s.name.clone()).collect();
+        let actions: Vec<(String, String)> = config
+            .sources
+            .iter()
+            .flat_map(|s| s.actions.iter().map(|a| (s.name.clone(), a.name.clone())))
+            .collect();
+        Metrics {
+            started: Instant::now(),
+            deliveries: (0..=sources.len())
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            attempts: actions
+                .iter()
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            sources,
+            actions,
+            claim_duration: Histogram::new(),
+            downstream_duration: Histogram::new(),
+            dropped_records: AtomicU64::new(0),
+            job_cache: Mutex::new(None),
+        }
+    }
+
+    /// Counts one delivery. `source` is None for an unknown source.
+    pub fn delivery(&self, source: Option<usize>, outcome: Delivery) {
+        let i = source.unwrap_or(self.sources.len()).min(self.sources.len());
+        let o = Delivery::ALL
+            .iter()
+            .position(|d| *d == outcome)
+            .unwrap_or(0);
+        self.deliveries[i][o].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn delivery_count(&self, source: Option<usize>, outcome: Delivery) -> u64 {
+        let i = source.unwrap_or(self.sources.len()).min(self.sources.len());
+        let o = Delivery::ALL
+            .iter()
+            .position(|d| *d == outcome)
+            .unwrap_or(0);
+        self.deliveries[i][o].load(Ordering::Relaxed)
+    }
+
+    /// Counts one attempt of an action.
+    pub fn attempt(&self, source: &str, action: &str, outcome: AttemptOutcome) {
+        if let Some(i) = self
+            .actions
+            .iter()
+            .position(|(s, a)| s == source && a == action)
+        {
+            let o = AttemptOutcome::ALL
+                .iter()
+                .position(|x| *x == outcome)
+                .unwrap_or(0);
+            self.attempts[i][o].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Job gauges, read through `load` at most every `max_age`.
+    pub fn job_gauges(
+        &self,
+        max_age: Duration,
+        load: impl FnOnce() -> Option<JobGauges>,
+    ) -> Option<JobGauges> {
+        let mut cache = self.job_cache.lock().ok()?;
+        if let Some((at, g)) = cache.as_ref() {
+            if at.elapsed() < max_age {
+                return Some(g.clone());
+            }
+        }
+        let fresh = load()?;
+        *cache = Some((Instant::now(), fresh.clone()));
+        Some(fresh)
+    }
+
+    /// The whole exposition, Prometheus text format 0.0.4.
+    pub fn render(&self, jobs: Option<&JobGauges>, storage: &StorageGauges) -> String {
+        let mut out = String::with_capacity(8192);
+        out.push_str(
+            "# HELP idemhook_deliveries_total Deliveries received, by source and outcome.\n",
+        );
+        out.push_str("# TYPE idemhook_deliveries_total counter\n");
+        for (i, row) in self.deliveries.iter().enumerate() {
+            let source = self
+                .sources
+                .get(i)
+                .map_or(UNKNOWN_SOURCE_LABEL, String::as_str);
+            for (o, d) in Delivery::ALL.iter().enumerate() {
+                let n = row[o].load(Ordering::Relaxed);
+                // The unknown row only has unknown_source deliveries.
+                if i == self.sources.len() && *d != Delivery::UnknownSource {
+                    continue;
+                }
+                let _ = writeln!(
+                    out,
+                    "idemhook_deliveries_total{{source=\"{}\",outcome=\"{}\"}} {n}",
+                    escape(source),
+                    d.name()
+                );
+            }
+        }
+        out.push_str("# HELP idemhook_claim_duration_seconds Time from a verified request to its committed claim.\n");
+        out.push_str("# TYPE idemhook_claim_duration_seconds histogram\n");
+        self.claim_duration
+            .render(&mut out, "idemhook_claim_duration_seconds", "");
+
+        out.push_str("# HELP idemhook_action_attempts_total Attempts of actions, by outcome.\n");
+        out.push_str("# TYPE idemhook_action_attempts_total counter\n");
+        for (i, (s, a)) in self.actions.iter().enumerate() {
+            for (o, outcome) in AttemptOutcome::ALL.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "idemhook_action_attempts_total{{source=\"{}\",action=\"{}\",outcome=\"{}\"}} {}",
+                    escape(s),
+                    escape(a),
+                    outcome.name(),
+                    self.attempts[i][o].load(Ordering::Relaxed)
+                );
+            }
+        }
+        out.push_str(
+            "# HELP idemhook_downstream_duration_seconds Duration of forwarded requests.\n",
+        );
+        out.push_str("# TYPE idemhook_downstream_duration_seconds histogram\n");
+        self.downstream_duration
+            .render(&mut out, "idemhook_downstream_duration_seconds", "");
+
+        if let Some(j) = jobs {
+            out.push_str("# HELP idemhook_jobs Jobs by status.\n");
+            out.push_str("# TYPE idemhook_jobs gauge\n");
+            for (status, n) in [
+                ("pending", j.pending),
+                ("processing", j.processing),
+                ("done", j.done),
+                ("failed", j.failed),
+                ("paused", j.paused),
+            ] {
+                let _ = writeln!(out, "idemhook_jobs{{status=\"{status}\"}} {n}");
+            }
+            out.push_str(
+                "# HELP idemhook_oldest_pending_age_seconds Age of the oldest pending job.\n",
+            );
+            out.push_str("# TYPE idemhook_oldest_pending_age_seconds gauge\n");
+            let _ = writeln!(
+                out,
+                "idemhook_oldest_pending_age_seconds {}",
+                j.oldest_pending_age_secs
+            );
+        }
+        out.push_str("# HELP idemhook_uptime_seconds Seconds since this process started.\n");
+        out.push_str("# TYPE idemhook_uptime_seconds gauge\n");
+        let _ = writeln!(
+            out,
+            "idemhook_uptime_seconds {}",
+            self.started.elapsed().as_secs_f64()
+        );
+        out.push_str("# HELP idemhook_database_bytes Size of the database file.\n");
+        out.push_str("# TYPE idemhook_database_bytes gauge\n");
+        let _ = writeln!(out, "idemhook_database_bytes {}", storage.database_bytes);
+        out.push_str("# HELP idemhook_wal_bytes Size of the write-ahead log file.\n");
+        out.push_str("# TYPE idemhook_wal_bytes gauge\n");
+        let _ = writeln!(out, "idemhook_wal_bytes {}", storage.wal_bytes);
+        out.push_str("# HELP idemhook_commits_total Group commits of the writer.\n");
+        out.push_str("# TYPE idemhook_commits_total counter\n");
+        let _ = writeln!(out, "idemhook_commits_total {}", storage.writer_commits);
+        out.push_str("# HELP idemhook_committed_operations_total Operations committed by the writer (their ratio to commits is the group size).\n");
+        out.push_str("# TYPE idemhook_committed_operations_total counter\n");
+        let _ = writeln!(
+            out,
+            "idemhook_committed_operations_total {}",
+            storage.writer_grouped
+        );
+        out.push_str("# HELP idemhook_dropped_records_total Records of refused deliveries dropped because the writer queue was full.\n");
+        out.push_str("# TYPE idemhook_dropped_records_total counter\n");
+        let _ = writeln!(
+            out,
+            "idemhook_dropped_records_total {}",
+            self.dropped_records.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let h = Histogram::new();
+        h.observe(Duration::from_micros(300));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(60));
+        let mut out = String::new();
+        h.render(&mut out, "x", "");
+        assert!(out.contains("x_bucket{le=\"0.0005\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.005\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"10\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("x_count 3\n"), "{out}");
+    }
+}

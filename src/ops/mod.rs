@@ -1,0 +1,11 @@
+//! Operator commands: they work on the database directly and are safe
+//! while `serve` runs (WAL, busy timeout; the claim's PRIMARY KEY stays the
+//! final barrier). The admin API calls the same functions.
+
+pub mod backup;
+pub mod erase;
+pub mod inspect;
+pub mod pause;
+pub mod prune;
+pub mod reconcile;
+pub mod replay;

@@ -1,0 +1,260 @@
+//! `idemhook serve`: open and migrate the database, run `setup_sql`, check
+//! the SQL actions and key rules, start the writer, the forward workers and
+//! the HTTP server, and stop them in order on SIGTERM or SIGINT.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::app::{self, App};
+use crate::config::{ActionKind, Config, format_duration};
+use crate::http::HttpServer;
+use crate::metrics::Metrics;
+use crate::store::{self, Writer, now_ms};
+
+pub fn run(config: Config) -> Result<()> {
+    let dev_default = config.file.is_none();
+    let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
+        .with_context(|| format!("cannot open the database {}", config.database.display()))?;
+    store::migrate(&mut conn).context("cannot apply schema.sql")?;
+    if let Some(sql) = &config.setup_sql {
+        conn.execute_batch(sql).context("setup_sql failed")?;
+    }
+    crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|e| anyhow!(e))?;
+    record_key_rules(&conn, &config)?;
+
+    let config = Arc::new(config);
+    let (writer, writer_threads) = Writer::start(
+        conn,
+        config.database.clone(),
+        config.durability,
+        config.busy_timeout,
+    )
+    .context("cannot start the writer")?;
+    let metrics = Arc::new(Metrics::new(&config));
+    let outbox = crate::outbox::Outbox::start(config.clone(), writer.clone(), metrics.clone())
+        .context("cannot start the forward workers")?;
+    let waker = outbox.waker();
+    let app = Arc::new(App {
+        config: config.clone(),
+        writer: writer.clone(),
+        readers: app::read_pool(&config)?,
+        metrics: metrics.clone(),
+        wake_outbox: Box::new(move || waker.wake()),
+    });
+    let pruner = crate::ops::prune::Background::start(config.clone(), writer.clone());
+    let http = HttpServer::start(app.clone(), &config.listen, config.http_workers)
+        .map_err(|e| anyhow!(e))?;
+
+    let mode = match config.durability {
+        crate::config::Durability::Full => "full",
+        crate::config::Durability::Normal => "normal",
+    };
+    crate::log::info(
+        "started",
+        &[
+            ("listen", &http.addr),
+            ("database", &config.database.display()),
+            ("durability", &mode),
+            ("sources", &config.sources.len()),
+        ],
+    );
+    println!("idemhook listening on http://{}", http.addr);
+    if dev_default {
+        println!(
+            "no config file found: running the development default (database {}, one source \"demo\" of kind standard)",
+            config.database.display()
+        );
+        println!(
+            "try it:  idemhook send demo --url http://{}/hooks/demo",
+            http.addr
+        );
+    }
+
+    wait_for_signal()?;
+    crate::log::info("stopping", &[("reason", &"signal")]);
+    http.stop();
+    pruner.stop();
+    outbox.stop();
+    drop(app);
+    drop(writer);
+    writer_threads.stop();
+    crate::log::info("stopped", &[]);
+    Ok(())
+}
+
+fn wait_for_signal() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .context("cannot install signal handlers")?;
+    let _ = signals.forever().next();
+    Ok(())
+}
+
+/// Records each source's key rule. A changed rule for a source that already
+/// has events is warned about loudly: events stored under the old rule will
+/// not be recognised as duplicates of deliveries keyed by the new one.
+fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
+    for source in &config.sources {
+        let rule = source.key.to_string();
+        let hash_rule = source.hash_rule();
+        let stored: Option<(String, String)> = conn
+            .query_row(
+                "SELECT key_rule, hash_rule FROM source_rules WHERE source = ?1",
+                [&source.name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        if let Some((old_rule, old_hash)) = &stored {
+            let has_events: bool = conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM events WHERE source = ?1)",
+                [&source.name],
+                |r| r.get(0),
+            )?;
+            if old_rule != &rule && has_events {
+                crate::log::warn(
+                    "KEY RULE CHANGED",
+                    &[
+                        ("source", &source.name),
+                        ("was", old_rule),
+                        ("now", &rule),
+                        (
+                            "risk",
+                            &"events stored under the old rule will not match redeliveries keyed by the new one: old events could be processed again",
+                        ),
+                    ],
+                );
+            }
+            if old_hash != &hash_rule && has_events {
+                crate::log::warn(
+                    "hash rule changed",
+                    &[
+                        ("source", &source.name),
+                        ("was", old_hash),
+                        ("now", &hash_rule),
+                        (
+                            "risk",
+                            &"redeliveries of stored events will be reported as payload mismatches",
+                        ),
+                    ],
+                );
+            }
+        }
+        if stored.as_ref() != Some(&(rule.clone(), hash_rule.clone())) {
+            conn.execute(
+                "INSERT INTO source_rules (source, key_rule, hash_rule, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(source) DO UPDATE SET key_rule = excluded.key_rule,
+                     hash_rule = excluded.hash_rule, updated_at = excluded.updated_at",
+                params![source.name, rule, hash_rule, now_ms()],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// What `idemhook check` prints: the resolved config, without secrets.
+pub fn describe(config: &Config) -> String {
+    let mut out = String::new();
+    let origin = config
+        .file
+        .as_ref()
+        .map_or("development default".to_string(), |p| {
+            p.display().to_string()
+        });
+    let _ = writeln!(out, "config {origin}: ok");
+    let _ = writeln!(out, "listen      {}", config.listen);
+    let _ = writeln!(out, "database    {}", config.database.display());
+    let _ = writeln!(
+        out,
+        "durability  {}",
+        match config.durability {
+            crate::config::Durability::Full => "full (fsync before every 2xx)",
+            crate::config::Durability::Normal => "normal (survives a crash of the process only)",
+        }
+    );
+    let _ = writeln!(
+        out,
+        "admin API   {}",
+        if config.admin_token.is_some() {
+            "on (token set)"
+        } else {
+            "off (no admin_token)"
+        }
+    );
+    let _ = writeln!(
+        out,
+        "workers     {} http, {} forward; max body {} bytes",
+        config.http_workers, config.forward_workers, config.max_body_bytes
+    );
+    for s in &config.sources {
+        let _ = writeln!(
+            out,
+            "\nsource {} (kind {}) POST /hooks/{}",
+            s.name, s.kind, s.name
+        );
+        let _ = writeln!(out, "  key        {}", s.key);
+        let _ = writeln!(
+            out,
+            "  type       {}",
+            s.event_type
+                .as_ref()
+                .map_or("(none)".to_string(), ToString::to_string)
+        );
+        let _ = writeln!(out, "  hash       {}", s.hash_rule());
+        let _ = writeln!(
+            out,
+            "  secrets    {}; tolerance {}",
+            s.secret_count,
+            format_duration(s.tolerance)
+        );
+        let _ = writeln!(
+            out,
+            "  retention  keys {}, bodies {}",
+            format_duration(s.retention),
+            format_duration(s.payload_retention)
+        );
+        let _ = writeln!(
+            out,
+            "  mismatch   {}",
+            match s.on_mismatch {
+                crate::config::OnMismatch::Ack => "ack (200 + incident)",
+                crate::config::OnMismatch::Reject => "reject (409 + incident)",
+            }
+        );
+        for a in &s.actions {
+            let types = if a.types.is_empty() {
+                "all types".to_string()
+            } else {
+                a.types.join(", ")
+            };
+            match &a.kind {
+                ActionKind::Sql { params, .. } => {
+                    let names: Vec<String> =
+                        params.iter().map(|(n, p)| format!(":{n}={p}")).collect();
+                    let _ = writeln!(
+                        out,
+                        "  action {} (sql) on {types}; params {}",
+                        a.name,
+                        names.join(" ")
+                    );
+                }
+                ActionKind::Forward(f) => {
+                    let _ = writeln!(
+                        out,
+                        "  action {} (forward) on {types} -> {}; timeout {}, lease {}, {} attempts, retry {}..{}",
+                        a.name,
+                        f.url,
+                        format_duration(f.timeout),
+                        format_duration(f.lease),
+                        f.max_attempts,
+                        format_duration(f.retry_initial),
+                        format_duration(f.retry_max)
+                    );
+                }
+            }
+        }
+    }
+    out
+}

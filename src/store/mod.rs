@@ -1,0 +1,207 @@
+//! SQLite: opening connections with the right pragmas, applying
+//! `schema.sql`, classifying errors. Only `store/`, `ingest.rs` and the
+//! modules that own a table's queries run SQL; nothing here knows HTTP.
+
+pub mod writer;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use crate::config::Durability;
+
+pub use writer::Writer;
+
+/// The whole schema, applied on every start (every statement is idempotent).
+pub const SCHEMA: &str = include_str!("../../schema.sql");
+
+/// The schema version this build writes. A database with a higher version
+/// was written by a newer idemhook and is refused.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Why storage failed, sorted by what the caller should do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    /// Locked by another connection past the busy timeout.
+    Busy,
+    /// Disk or database full.
+    Full,
+    /// The file or its folder cannot be written.
+    ReadOnly,
+    /// The writer has stopped (shutdown).
+    Closed,
+    /// Anything else: a bug, corruption, a constraint we did not expect.
+    Other,
+}
+
+/// A storage failure. Transient kinds (busy, full, read-only) are answered
+/// 503 with Retry-After; the message is for the operator's log.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    pub kind: StoreErrorKind,
+    pub message: String,
+}
+
+impl StoreError {
+    pub fn closed() -> StoreError {
+        StoreError {
+            kind: StoreErrorKind::Closed,
+            message: "the database writer has stopped".to_string(),
+        }
+    }
+
+    pub fn other(message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind: StoreErrorKind::Other,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> StoreError {
+        use rusqlite::ErrorCode;
+        let kind = match e.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreErrorKind::Busy,
+            Some(ErrorCode::DiskFull) => StoreErrorKind::Full,
+            Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied) => {
+                StoreErrorKind::ReadOnly
+            }
+            Some(ErrorCode::SystemIoFailure) => StoreErrorKind::Full,
+            _ => StoreErrorKind::Other,
+        };
+        StoreError {
+            kind,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Opens a read-write connection: WAL, the durability's synchronous level,
+/// a busy timeout, foreign keys on.
+pub fn open(
+    path: &Path,
+    durability: Durability,
+    busy_timeout: Duration,
+) -> Result<Connection, StoreError> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError {
+                kind: StoreErrorKind::ReadOnly,
+                message: format!("cannot create {}: {e}", dir.display()),
+            })?;
+        }
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )?;
+    conn.busy_timeout(busy_timeout)?;
+    let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !journal.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::other(format!(
+            "{}: cannot switch to WAL mode (journal_mode is {journal})",
+            path.display()
+        )));
+    }
+    let sync = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {sync};
+         PRAGMA foreign_keys = ON;
+         PRAGMA journal_size_limit = 67108864;
+         PRAGMA temp_store = MEMORY;"
+    ))?;
+    Ok(conn)
+}
+
+/// Opens a connection for reading (operator commands that only look).
+pub fn open_read(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return Err(StoreError {
+            kind: StoreErrorKind::ReadOnly,
+            message: format!("{}: no such database (has serve run yet?)", path.display()),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(busy_timeout)?;
+    Ok(conn)
+}
+
+/// Applies the schema and checks the version, in one transaction.
+pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(SCHEMA)?;
+    let stored: Option<String> = tx
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let stored: i64 = match stored {
+        Some(v) => v.parse().map_err(|_| {
+            StoreError::other(format!("meta.schema_version is not a number: {v:?}"))
+        })?,
+        None => 0,
+    };
+    if stored > SCHEMA_VERSION {
+        return Err(StoreError::other(format!(
+            "the database has schema version {stored}, newer than this idemhook's {SCHEMA_VERSION}: \
+             refusing to downgrade; run the newer idemhook"
+        )));
+    }
+    if stored < SCHEMA_VERSION {
+        tx.execute(
+            "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?1)",
+            [SCHEMA_VERSION.to_string()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Runs `body` inside a savepoint: released on Ok, rolled back on Err, so a
+/// failure undoes only what `body` did.
+pub fn in_savepoint<T, E: From<rusqlite::Error>>(
+    conn: &Connection,
+    name: &str,
+    body: impl FnOnce(&Connection) -> Result<T, E>,
+) -> Result<T, E> {
+    conn.execute_batch(&format!("SAVEPOINT {name}"))?;
+    match body(conn) {
+        Ok(v) => {
+            conn.execute_batch(&format!("RELEASE {name}"))?;
+            Ok(v)
+        }
+        Err(e) => {
+            // If SQLite already rolled the whole transaction back (disk full,
+            // I/O error), there is no savepoint left; the writer notices.
+            let _ = conn.execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"));
+            Err(e)
+        }
+    }
+}
+
+/// Unix time in milliseconds: the unit of every *_at column.
+pub fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Milliseconds to the integer unix seconds of the JSON output.
+pub fn ms_to_secs(ms: i64) -> i64 {
+    ms.div_euclid(1000)
+}

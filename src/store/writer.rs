@@ -1,0 +1,395 @@
+//! The one writer: every write of the server goes through one thread that
+//! owns the read-write connection and commits in groups.
+//!
+//! A caller hands the writer a closure with [`Writer::call`] and blocks.
+//! The writer takes whatever closures are waiting when it is free (no
+//! timer: a lone call commits at once), runs each inside its own savepoint
+//! in one `BEGIN IMMEDIATE` transaction, commits once, and only then
+//! releases every caller with its own result. So one fsync covers the whole
+//! group, a failing closure rolls back only itself, and no caller hears
+//! "done" before the commit that holds its write has returned.
+//!
+//! Checkpoints run on a second thread with its own connection
+//! ([`Checkpointer`]), never inside a commit, so the latency tail does not
+//! carry them; it also keeps the WAL bounded.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use super::{StoreError, in_savepoint, now_ms};
+use crate::config::Durability;
+
+/// The most closures in one transaction. Bounded so that one commit's
+/// latency stays bounded too.
+const MAX_GROUP: usize = 512;
+/// How many calls may wait for the writer before callers block.
+const QUEUE: usize = 4096;
+
+type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// An operation gets the connection inside the group transaction, or the
+/// reason there is none (the transaction could not start or was lost).
+type Op = Box<dyn FnOnce(Result<&Connection, &StoreError>) -> Done + Send>;
+
+enum Msg {
+    Op(Op),
+    Stop,
+}
+
+/// A handle on the writer thread; cheap to clone.
+#[derive(Clone)]
+pub struct Writer {
+    tx: SyncSender<Msg>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// False from a failed commit until the next good one.
+    healthy: AtomicBool,
+    /// When the last commit (good or bad) finished, in ms.
+    last_commit_at: AtomicI64,
+    commits: AtomicU64,
+    grouped_ops: AtomicU64,
+    /// Frames in the WAL at the last checkpoint.
+    wal_frames: Arc<AtomicI64>,
+}
+
+/// Joins the writer and checkpointer threads on shutdown.
+pub struct WriterThreads {
+    writer: Option<JoinHandle<()>>,
+    checkpointer: Checkpointer,
+    tx: SyncSender<Msg>,
+}
+
+impl Writer {
+    /// Starts the writer on `conn` (already migrated) and a checkpointer on
+    /// a second connection to the same file.
+    pub fn start(
+        conn: Connection,
+        path: PathBuf,
+        durability: Durability,
+        busy_timeout: Duration,
+    ) -> Result<(Writer, WriterThreads), StoreError> {
+        // Checkpoints belong to the checkpointer, not to request commits.
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let shared = Arc::new(Shared {
+            healthy: AtomicBool::new(true),
+            last_commit_at: AtomicI64::new(0),
+            commits: AtomicU64::new(0),
+            grouped_ops: AtomicU64::new(0),
+            wal_frames: Arc::new(AtomicI64::new(0)),
+        });
+        let checkpointer =
+            Checkpointer::start(path, durability, busy_timeout, shared.wal_frames.clone())?;
+        let kick = checkpointer.kick.clone();
+        let thread_shared = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("idemhook-writer".into())
+            .spawn(move || run(conn, rx, thread_shared, kick))
+            .map_err(|e| StoreError::other(format!("cannot start the writer thread: {e}")))?;
+        Ok((
+            Writer {
+                tx: tx.clone(),
+                shared,
+            },
+            WriterThreads {
+                writer: Some(writer),
+                checkpointer,
+                tx,
+            },
+        ))
+    }
+
+    /// Runs `f` in the next group transaction and returns its result once
+    /// that transaction has committed. If `f` fails, only its own writes are
+    /// rolled back; if the commit fails, every caller in the group gets the
+    /// commit's error.
+    pub fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply_tx, reply_rx) = mpsc::sync_channel::<Result<T, StoreError>>(1);
+        let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
+            let result = match conn {
+                Ok(conn) => in_savepoint(conn, "op", f),
+                Err(e) => Err(e.clone()),
+            };
+            Box::new(move |commit: Result<(), StoreError>| {
+                let _ = reply_tx.send(commit.and(result));
+            })
+        });
+        self.tx
+            .send(Msg::Op(op))
+            .map_err(|_| StoreError::closed())?;
+        reply_rx.recv().map_err(|_| StoreError::closed())?
+    }
+
+    /// Like [`Writer::call`] but does not wait; for bookkeeping that must
+    /// not hold up a response (the record of a refused delivery). Dropped,
+    /// and reported false, when the queue is full.
+    pub fn submit<F>(&self, f: F) -> bool
+    where
+        F: FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+    {
+        let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
+            if let Ok(conn) = conn {
+                let _ = in_savepoint(conn, "op", f);
+            }
+            Box::new(|_| {})
+        });
+        match self.tx.try_send(Msg::Op(op)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Whether the last commit succeeded.
+    pub fn healthy(&self) -> bool {
+        self.shared.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether a commit finished within `within`.
+    pub fn recently_committed(&self, within: Duration) -> bool {
+        let at = self.shared.last_commit_at.load(Ordering::Relaxed);
+        at > 0 && now_ms() - at <= within.as_millis() as i64
+    }
+
+    /// Proves the database takes a write right now: a tiny real write that
+    /// rides along with whatever group is committing.
+    pub fn probe(&self) -> Result<(), StoreError> {
+        self.call(|conn| {
+            conn.prepare_cached(
+                "INSERT INTO meta(key, value) VALUES ('last_probe_at', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([now_ms().to_string()])?;
+            Ok(())
+        })
+    }
+
+    /// Frames in the WAL when the checkpointer last looked.
+    pub fn wal_frames(&self) -> i64 {
+        self.shared.wal_frames.load(Ordering::Relaxed)
+    }
+
+    /// (commits, operations committed) since start: their ratio is the
+    /// average group size.
+    pub fn group_stats(&self) -> (u64, u64) {
+        (
+            self.shared.commits.load(Ordering::Relaxed),
+            self.shared.grouped_ops.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl WriterThreads {
+    /// Lets the writer finish what is queued, then stops both threads.
+    pub fn stop(mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(h) = self.writer.take() {
+            let _ = h.join();
+        }
+        self.checkpointer.stop();
+    }
+}
+
+fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>) {
+    let mut group: Vec<Op> = Vec::with_capacity(MAX_GROUP);
+    let mut stopping = false;
+    while !stopping {
+        match rx.recv() {
+            Ok(Msg::Op(op)) => group.push(op),
+            Ok(Msg::Stop) | Err(_) => break,
+        }
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(Msg::Op(op)) => group.push(op),
+                Ok(Msg::Stop) => {
+                    stopping = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        commit_group(&conn, &mut group, &shared);
+        kick.notify();
+    }
+    // Drain what was queued before the stop so no caller waits forever.
+    while let Ok(msg) = rx.try_recv() {
+        if let Msg::Op(op) = msg {
+            group.push(op);
+            if group.len() == MAX_GROUP {
+                commit_group(&conn, &mut group, &shared);
+            }
+        }
+    }
+    if !group.is_empty() {
+        commit_group(&conn, &mut group, &shared);
+    }
+}
+
+fn commit_group(conn: &Connection, group: &mut Vec<Op>, shared: &Shared) {
+    let n = group.len() as u64;
+    let result = match conn.execute_batch("BEGIN IMMEDIATE") {
+        Err(e) => {
+            let err = StoreError::from(e);
+            for op in group.drain(..) {
+                // The op does not run; it is told why.
+                op(Err(&err))(Err(err.clone()));
+            }
+            Err(err)
+        }
+        Ok(()) => {
+            let mut dones: Vec<Done> = Vec::with_capacity(group.len());
+            let lost = StoreError::other("the group transaction was rolled back by SQLite");
+            let mut lost_transaction = false;
+            for op in group.drain(..) {
+                // If SQLite rolled the whole transaction back (disk full, I/O
+                // error), later ops would run in autocommit mode and commit
+                // on their own: stop running them.
+                lost_transaction = lost_transaction || conn.is_autocommit();
+                dones.push(if lost_transaction {
+                    op(Err(&lost))
+                } else {
+                    op(Ok(conn))
+                });
+            }
+            let commit = if lost_transaction {
+                Err(lost)
+            } else {
+                conn.execute_batch("COMMIT").map_err(StoreError::from)
+            };
+            if commit.is_err() && !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            for done in dones {
+                done(commit.clone());
+            }
+            commit
+        }
+    };
+    shared.healthy.store(result.is_ok(), Ordering::Relaxed);
+    shared.last_commit_at.store(now_ms(), Ordering::Relaxed);
+    if result.is_ok() {
+        shared.commits.fetch_add(1, Ordering::Relaxed);
+        shared.grouped_ops.fetch_add(n, Ordering::Relaxed);
+    } else if let Err(e) = result {
+        crate::log::warn("storage", &[("error", &e.message)]);
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+/// Wakes the checkpointer after commits.
+struct Kick {
+    pending: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Kick {
+    fn notify(&self) {
+        if let Ok(mut p) = self.pending.lock() {
+            *p = true;
+            self.cv.notify_one();
+        }
+    }
+}
+
+/// Runs WAL checkpoints on its own thread and connection.
+///
+/// PASSIVE checkpoints copy what they can without blocking anyone; once a
+/// checkpoint has copied the whole WAL, the writer's next transaction
+/// starts the WAL over from its beginning, so the file stops growing. If
+/// readers keep it from ever completing (checkpoint starvation) and the WAL
+/// passes `STARVED_FRAMES`, a RESTART checkpoint waits for them.
+struct Checkpointer {
+    kick: Arc<Kick>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// Frames (pages) in the WAL after which a blocking checkpoint is forced:
+/// 16,384 frames of 4 KiB is 64 MiB.
+const STARVED_FRAMES: i64 = 16_384;
+/// Frames worth a passive checkpoint.
+const CHECKPOINT_FRAMES: i64 = 1_000;
+
+impl Checkpointer {
+    fn start(
+        path: PathBuf,
+        durability: Durability,
+        busy_timeout: Duration,
+        wal_frames: Arc<AtomicI64>,
+    ) -> Result<Checkpointer, StoreError> {
+        let conn = super::open(&path, durability, busy_timeout)?;
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
+        let kick = Arc::new(Kick {
+            pending: Mutex::new(false),
+            cv: Condvar::new(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let (k, s, w) = (kick.clone(), stop.clone(), wal_frames.clone());
+        let handle = std::thread::Builder::new()
+            .name("idemhook-checkpoint".into())
+            .spawn(move || checkpoint_loop(conn, &k, &s, &w))
+            .map_err(|e| StoreError::other(format!("cannot start the checkpoint thread: {e}")))?;
+        Ok(Checkpointer {
+            kick,
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.kick.notify();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn checkpoint_loop(conn: Connection, kick: &Kick, stop: &AtomicBool, wal_gauge: &AtomicI64) {
+    let mut wal_frames: i64 = 0;
+    loop {
+        // Wait for commits, at most a second, so the WAL is tidied at idle.
+        if let Ok(mut pending) = kick.pending.lock() {
+            if !*pending {
+                pending = match kick.cv.wait_timeout(pending, Duration::from_secs(1)) {
+                    Ok((p, _)) => p,
+                    Err(_) => return,
+                };
+            }
+            *pending = false;
+        }
+        if stop.load(Ordering::Relaxed) {
+            let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+            return;
+        }
+        let mode = if wal_frames > STARVED_FRAMES {
+            "RESTART"
+        } else {
+            "PASSIVE"
+        };
+        let result = conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+            Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+        });
+        if let Ok((log, done)) = result {
+            wal_frames = log;
+            wal_gauge.store(log, Ordering::Relaxed);
+            if log - done < CHECKPOINT_FRAMES {
+                // Caught up: pace the loop so an idle server does not spin.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
