@@ -1,22 +1,665 @@
-//! (in progress)
-use anyhow::Result;
-use std::sync::Arc;
-pub struct Outbox;
+//! The outbox: forward workers that deliver `forward` jobs to downstreams.
+//!
+//! A job row is written by the claim transaction (status `pending`). A
+//! worker takes it with one conditional `UPDATE ... WHERE` (pending and
+//! due, or processing with an expired lease) decided by `changes()`, which
+//! records the lease (owner, expiry) and counts the attempt. It then POSTs
+//! the stored body with `Idempotency-Key: {source}:{event_id}:{action}`, and
+//! records the result with an update fenced by owner and attempt number: a
+//! worker whose lease expired and was taken over cannot overwrite the new
+//! owner's result. A crashed worker's job is taken over after its lease;
+//! the cut-short attempt is then recorded as a `retry` with error kind
+//! `lease`.
+//!
+//! Job life cycle:
+//! ```text
+//!   (claim) --> pending --take--> processing --2xx--> done
+//!               ^  |                |  |
+//!   pause/resume|  v   retryable &  |  +--4xx or attempts used up--> failed
+//!             paused   attempts left|                                  |
+//!               ^                   v                                  |
+//!               +------------- pending (next_attempt_at = backoff) <---+ replay
+//! ```
+//! Takes and completions go through the one writer; the HTTP call happens
+//! outside any transaction.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::config::{ActionKind, Config, Forward};
+use crate::ingest::refresh_event_state;
+use crate::metrics::{AttemptOutcome, Metrics};
+use crate::retry::{self, Verdict};
+use crate::store::{StoreError, Writer, now_ms};
+use crate::verify::{Scheme, Verifier};
+
+/// Jobs one worker takes at once. Small, so that a slow downstream does not
+/// sit on many leases.
+const TAKE_BATCH: usize = 8;
+/// The longest a worker sleeps without looking for due jobs (retries that
+/// came due, jobs re-queued by the CLI, leases that expired).
+const MAX_IDLE: Duration = Duration::from_millis(500);
+/// How much of a downstream's answer is kept with the attempt.
+const RESPONSE_HEAD_BYTES: usize = 1024;
+/// The most of an answer read (so the connection can be reused).
+const RESPONSE_READ_LIMIT: u64 = 64 * 1024;
+
+/// Wakes idle workers when jobs are committed.
 #[derive(Clone)]
-pub struct Waker;
-impl Waker {
-    pub fn wake(&self) {}
+pub struct Waker(Arc<WakeState>);
+
+struct WakeState {
+    generation: Mutex<u64>,
+    cv: Condvar,
 }
+
+impl Waker {
+    fn new() -> Waker {
+        Waker(Arc::new(WakeState {
+            generation: Mutex::new(0),
+            cv: Condvar::new(),
+        }))
+    }
+
+    pub fn wake(&self) {
+        if let Ok(mut g) = self.0.generation.lock() {
+            *g = g.wrapping_add(1);
+            self.0.cv.notify_all();
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.generation.lock().map(|g| *g).unwrap_or(0)
+    }
+
+    /// Sleeps until woken after `seen`, or `timeout`.
+    fn wait(&self, seen: u64, timeout: Duration) {
+        if let Ok(g) = self.0.generation.lock() {
+            if *g == seen {
+                let _ = self.0.cv.wait_timeout(g, timeout);
+            }
+        }
+    }
+}
+
+pub struct Outbox {
+    waker: Waker,
+    stop: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<()>>,
+}
+
 impl Outbox {
-    pub fn start(
-        _c: Arc<crate::config::Config>,
-        _w: crate::store::Writer,
-        _m: Arc<crate::metrics::Metrics>,
-    ) -> Result<Outbox> {
-        Ok(Outbox)
+    /// Starts `forward_workers` threads (none when no source forwards).
+    pub fn start(config: Arc<Config>, writer: Writer, metrics: Arc<Metrics>) -> Result<Outbox> {
+        let waker = Waker::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let any_forward = config.sources.iter().any(|s| {
+            s.actions
+                .iter()
+                .any(|a| matches!(a.kind, ActionKind::Forward(_)))
+        });
+        let n = if any_forward {
+            config.forward_workers
+        } else {
+            0
+        };
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .max_idle_connections(64.max(n * 2))
+            .max_idle_connections_per_host(n.max(1) * 2)
+            .user_agent(concat!("idemhook/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        let signers = Arc::new(signers(&config)?);
+        let nonce = fastrand::u32(..);
+        let mut workers = Vec::with_capacity(n);
+        for i in 0..n {
+            let worker = Worker {
+                owner: format!("{}-{nonce:08x}-w{i}", std::process::id()),
+                config: config.clone(),
+                writer: writer.clone(),
+                metrics: metrics.clone(),
+                agent: agent.clone(),
+                signers: signers.clone(),
+                waker: waker.clone(),
+                stop: stop.clone(),
+            };
+            let handle = std::thread::Builder::new()
+                .name(format!("idemhook-forward-{i}"))
+                .spawn(move || worker.run())
+                .context("cannot start a forward worker")?;
+            workers.push(handle);
+        }
+        Ok(Outbox {
+            waker,
+            stop,
+            workers,
+        })
     }
+
     pub fn waker(&self) -> Waker {
-        Waker
+        self.waker.clone()
     }
-    pub fn stop(self) {}
+
+    /// Lets in-flight attempts finish (each is bounded by its action's
+    /// timeout), releases jobs taken but not started, and joins.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
+        for w in self.workers {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Standard Webhooks signers for actions with a `sign_secret`.
+fn signers(config: &Config) -> Result<HashMap<(String, String), Verifier>> {
+    let mut out = HashMap::new();
+    for s in &config.sources {
+        for a in &s.actions {
+            if let ActionKind::Forward(Forward {
+                sign_secret: Some(secret),
+                ..
+            }) = &a.kind
+            {
+                let v = Verifier::new(
+                    Scheme::Standard,
+                    vec![secret.clone()],
+                    Duration::from_secs(300),
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!("sources.{}.actions ({}).sign_secret: {e}", s.name, a.name)
+                })?;
+                out.insert((s.name.clone(), a.name.clone()), v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A job this worker holds the lease on.
+#[derive(Debug)]
+struct Leased {
+    job_id: i64,
+    source: String,
+    event_id: String,
+    action: String,
+    /// This attempt's number (1-based).
+    n: i64,
+    event_type: Option<String>,
+    body: Vec<u8>,
+    content_type: Option<String>,
+}
+
+/// What one attempt came to.
+struct Attempt {
+    started_at: i64,
+    finished_at: i64,
+    http_status: Option<u16>,
+    error_kind: Option<&'static str>,
+    error: Option<String>,
+    request_id: Option<String>,
+    response_head: Option<String>,
+    retry_after: Option<Duration>,
+    verdict: Verdict,
+}
+
+struct Worker {
+    owner: String,
+    config: Arc<Config>,
+    writer: Writer,
+    metrics: Arc<Metrics>,
+    agent: ureq::Agent,
+    signers: Arc<HashMap<(String, String), Verifier>>,
+    waker: Waker,
+    stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    fn run(self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let seen = self.waker.generation();
+            let config = self.config.clone();
+            let owner = self.owner.clone();
+            let taken = self
+                .writer
+                .call(move |conn| take(conn, &config, &owner, now_ms(), TAKE_BATCH));
+            let (jobs, next_due) = match taken {
+                Ok(t) => t,
+                Err(e) => {
+                    crate::log::warn("outbox", &[("worker", &self.owner), ("error", &e.message)]);
+                    self.waker.wait(seen, Duration::from_secs(1));
+                    continue;
+                }
+            };
+            if jobs.is_empty() {
+                let wait = next_due
+                    .map(|at| Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)))
+                    .unwrap_or(MAX_IDLE)
+                    .clamp(Duration::from_millis(1), MAX_IDLE);
+                self.waker.wait(seen, wait);
+                continue;
+            }
+            for job in jobs {
+                if self.stop.load(Ordering::Relaxed) {
+                    self.release(&job);
+                    continue;
+                }
+                self.deliver(job);
+            }
+        }
+    }
+
+    fn forward_of(&self, source: &str, action: &str) -> Option<&Forward> {
+        match &self.config.source(source)?.action(action)?.kind {
+            ActionKind::Forward(f) => Some(f),
+            ActionKind::Sql { .. } => None,
+        }
+    }
+
+    fn deliver(&self, job: Leased) {
+        let Some(fwd) = self.forward_of(&job.source, &job.action).cloned() else {
+            return;
+        };
+        crate::failpoint::hit("forward.before_call");
+        let clock = Instant::now();
+        let attempt = self.call(&job, &fwd);
+        self.metrics.downstream_duration.observe(clock.elapsed());
+        crate::failpoint::hit("forward.after_response");
+
+        let outcome = match attempt.verdict {
+            Verdict::Done => AttemptOutcome::Ok,
+            Verdict::Retry if job.n < i64::from(fwd.max_attempts) => AttemptOutcome::Retry,
+            Verdict::Retry | Verdict::Fail => AttemptOutcome::Failed,
+        };
+        self.metrics.attempt(&job.source, &job.action, outcome);
+        let ms = format!("{:.1}", clock.elapsed().as_secs_f64() * 1000.0);
+        let status = attempt
+            .http_status
+            .map_or("-".to_string(), |s| s.to_string());
+        let error = attempt.error.clone().unwrap_or_default();
+        crate::log::info(
+            "attempt",
+            &[
+                ("source", &job.source),
+                ("event_id", &job.event_id),
+                ("action", &job.action),
+                ("n", &job.n),
+                ("outcome", &outcome.name()),
+                ("http_status", &status),
+                ("ms", &ms),
+                ("error", &error),
+            ],
+        );
+        let next_attempt_at = (outcome == AttemptOutcome::Retry).then(|| {
+            let delay = retry::next_delay(
+                u32::try_from(job.n).unwrap_or(u32::MAX),
+                fwd.retry_initial,
+                fwd.retry_max,
+                attempt.retry_after,
+                fastrand::f64(),
+            );
+            attempt.finished_at + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2)
+        });
+        let owner = self.owner.clone();
+        let recorded = self
+            .writer
+            .send(move |conn| complete(conn, &job, &owner, outcome, next_attempt_at, &attempt));
+        if recorded.is_err() {
+            // The writer is gone (shutdown): the job stays leased and is
+            // retried after its lease, with the same Idempotency-Key.
+            crate::log::warn(
+                "outbox",
+                &[
+                    ("worker", &self.owner),
+                    ("error", &"completion not recorded"),
+                ],
+            );
+        }
+        if next_attempt_at.is_some() {
+            // Another worker may be asleep past this retry's due time.
+            self.waker.wake();
+        }
+    }
+
+    /// One HTTP attempt, classified.
+    fn call(&self, job: &Leased, fwd: &Forward) -> Attempt {
+        let started_at = now_ms();
+        let key = format!("{}:{}:{}", job.source, job.event_id, job.action);
+        let mut request = self
+            .agent
+            .post(&fwd.url)
+            .config()
+            .timeout_global(Some(fwd.timeout))
+            .timeout_connect(Some(fwd.timeout.min(Duration::from_secs(5))))
+            .build()
+            .header(
+                "Content-Type",
+                job.content_type
+                    .as_deref()
+                    .unwrap_or("application/octet-stream"),
+            )
+            .header("Idempotency-Key", key.as_str())
+            .header("X-Idemhook-Source", job.source.as_str())
+            .header("X-Idemhook-Event-Id", job.event_id.as_str())
+            .header(
+                "X-Idemhook-Event-Type",
+                job.event_type.as_deref().unwrap_or(""),
+            )
+            .header("X-Idemhook-Attempt", job.n.to_string());
+        if let Some(signer) = self.signers.get(&(job.source.clone(), job.action.clone())) {
+            if let Ok(headers) = signer.sign(&job.body, started_at / 1000, &key) {
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+            }
+        }
+        let mut attempt = Attempt {
+            started_at,
+            finished_at: started_at,
+            http_status: None,
+            error_kind: None,
+            error: None,
+            request_id: None,
+            response_head: None,
+            retry_after: None,
+            verdict: Verdict::Retry,
+        };
+        match request.send(&job.body[..]) {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                attempt.http_status = Some(status);
+                attempt.verdict = retry::classify_status(status);
+                let header = |name: &str| {
+                    response
+                        .headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string)
+                };
+                attempt.request_id = header(&fwd.request_id_header);
+                attempt.retry_after = header("retry-after")
+                    .and_then(|v| retry::parse_retry_after(&v, started_at / 1000));
+                let mut head = Vec::new();
+                let read = response
+                    .body_mut()
+                    .as_reader()
+                    .take(RESPONSE_READ_LIMIT)
+                    .read_to_end(&mut head);
+                head.truncate(RESPONSE_HEAD_BYTES);
+                attempt.response_head = Some(String::from_utf8_lossy(&head).into_owned());
+                if attempt.verdict != Verdict::Done {
+                    attempt.error_kind = Some("status");
+                    attempt.error = Some(format!("downstream answered {status}"));
+                } else if let Err(e) = read {
+                    // The answer was 2xx; a broken body does not undo that.
+                    crate::log::debug("outbox", &[("event_id", &job.event_id), ("body_error", &e)]);
+                }
+            }
+            Err(e) => {
+                let (kind, message) = classify_error(&e);
+                attempt.error_kind = Some(kind);
+                attempt.error = Some(message);
+            }
+        }
+        attempt.finished_at = now_ms();
+        attempt
+    }
+
+    /// Gives back a job taken but not started (shutdown).
+    fn release(&self, job: &Leased) {
+        let (id, n, owner) = (job.job_id, job.n, self.owner.clone());
+        let _ = self.writer.send(move |conn| {
+            conn.prepare_cached(
+                "UPDATE jobs SET status = 'pending', n_attempts = n_attempts - 1,
+                        lease_owner = NULL, lease_until = NULL
+                 WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
+            )?
+            .execute(params![id, owner, n])?;
+            Ok(())
+        });
+    }
+}
+
+fn classify_error(e: &ureq::Error) -> (&'static str, String) {
+    use std::io::ErrorKind;
+    match e {
+        ureq::Error::Timeout(t) => ("timeout", format!("timed out ({t})")),
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => ("connect", e.to_string()),
+        ureq::Error::Io(io) => match io.kind() {
+            ErrorKind::ConnectionRefused | ErrorKind::AddrNotAvailable | ErrorKind::NotFound => {
+                ("connect", io.to_string())
+            }
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => ("timeout", io.to_string()),
+            _ => ("protocol", io.to_string()),
+        },
+        other => ("protocol", other.to_string()),
+    }
+}
+
+/// Takes up to `limit` due jobs for `owner`: expired leases first, then
+/// pending jobs in due order. Returns them with the earliest time another
+/// job falls due, for the worker's sleep.
+fn take(
+    conn: &Connection,
+    config: &Config,
+    owner: &str,
+    now: i64,
+    limit: usize,
+) -> Result<(Vec<Leased>, Option<i64>), StoreError> {
+    let mut candidates: Vec<(i64, String, String, String, i64, i64)> = Vec::new();
+    {
+        let mut expired = conn.prepare_cached(
+            "SELECT id, source, event_id, action, n_attempts, updated_at FROM jobs
+             WHERE status = 'processing' AND kind = 'forward' AND lease_until < ?1
+             LIMIT ?2",
+        )?;
+        let rows = expired.query_map(params![now, limit as i64], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })?;
+        for row in rows {
+            candidates.push(row?);
+        }
+        let mut due = conn.prepare_cached(
+            "SELECT id, source, event_id, action, n_attempts, updated_at FROM jobs
+             WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'forward'
+             ORDER BY next_attempt_at LIMIT ?2",
+        )?;
+        let rows = due.query_map(params![now, limit as i64], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })?;
+        for row in rows {
+            candidates.push(row?);
+        }
+    }
+    let mut taken = Vec::new();
+    for (job_id, source, event_id, action, n_before, leased_at) in candidates {
+        if taken.len() >= limit {
+            break;
+        }
+        let Some(fwd) = config
+            .source(&source)
+            .and_then(|s| s.action(&action))
+            .and_then(|a| match &a.kind {
+                ActionKind::Forward(f) => Some(f),
+                ActionKind::Sql { .. } => None,
+            })
+        else {
+            // An action no longer in the config: left for the operator
+            // (reconcile lists it as overdue).
+            continue;
+        };
+        let lease_until = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
+        // The barrier: one conditional UPDATE, decided by changes().
+        let won = conn
+            .prepare_cached(
+                "UPDATE jobs SET status = 'processing', lease_owner = ?2, lease_until = ?3,
+                        n_attempts = n_attempts + 1, updated_at = ?4
+                 WHERE id = ?1 AND n_attempts = ?5
+                   AND ((status = 'pending' AND next_attempt_at <= ?4)
+                        OR (status = 'processing' AND lease_until < ?4))",
+            )?
+            .execute(params![job_id, owner, lease_until, now, n_before])?;
+        if won != 1 {
+            continue;
+        }
+        let took_over = conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)")?
+            .query_row(params![job_id, n_before], |r| r.get::<_, bool>(0))
+            .map(|recorded| n_before > 0 && !recorded)?;
+        if took_over {
+            // The previous owner's attempt never recorded an end: its lease
+            // ran out (crash, or a hang past the lease).
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
+                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease')",
+            )?
+            .execute(params![job_id, n_before, leased_at, now])?;
+            if n_before >= i64::from(fwd.max_attempts) {
+                fail_job(
+                    conn,
+                    job_id,
+                    now,
+                    "max_attempts reached (the last attempt was cut short)",
+                )?;
+                refresh_event_state(conn, &source, &event_id, now)?;
+                continue;
+            }
+        }
+        let event: Option<(Option<String>, Option<Vec<u8>>, Option<String>)> = conn
+            .prepare_cached("SELECT type, payload, content_type FROM events WHERE source = ?1 AND event_id = ?2")?
+            .query_row(params![source, event_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?;
+        let Some((event_type, Some(body), content_type)) = event else {
+            fail_job(
+                conn,
+                job_id,
+                now,
+                "the stored body was erased or pruned; nothing to forward",
+            )?;
+            refresh_event_state(conn, &source, &event_id, now)?;
+            continue;
+        };
+        refresh_event_state(conn, &source, &event_id, now)?;
+        taken.push(Leased {
+            job_id,
+            source,
+            event_id,
+            action,
+            n: n_before + 1,
+            event_type,
+            body,
+            content_type,
+        });
+    }
+    let next_due: Option<i64> = conn
+        .prepare_cached(
+            "SELECT min(t) FROM (
+                 SELECT min(next_attempt_at) AS t FROM jobs WHERE status = 'pending'
+                 UNION ALL
+                 SELECT min(lease_until) FROM jobs WHERE status = 'processing')",
+        )?
+        .query_row([], |r| r.get(0))?;
+    Ok((taken, next_due))
+}
+
+fn fail_job(conn: &Connection, job_id: i64, now: i64, error: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE jobs SET status = 'failed', lease_owner = NULL, lease_until = NULL,
+                last_error = ?3, updated_at = ?2
+         WHERE id = ?1",
+    )?
+    .execute(params![job_id, now, error])?;
+    Ok(())
+}
+
+/// Records an attempt's result, if this worker still owns the job.
+fn complete(
+    conn: &Connection,
+    job: &Leased,
+    owner: &str,
+    outcome: AttemptOutcome,
+    next_attempt_at: Option<i64>,
+    a: &Attempt,
+) -> Result<(), StoreError> {
+    let status = match outcome {
+        AttemptOutcome::Ok => "done",
+        AttemptOutcome::Retry => "pending",
+        AttemptOutcome::Failed => "failed",
+    };
+    // Fenced by owner and attempt number: a worker that lost its lease
+    // to another cannot overwrite the new owner's result.
+    let changed = conn
+        .prepare_cached(
+            "UPDATE jobs SET status = ?4, next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL,
+                    last_error = ?6, updated_at = ?7
+             WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
+        )?
+        .execute(params![
+            job.job_id,
+            owner,
+            job.n,
+            status,
+            next_attempt_at,
+            if outcome == AttemptOutcome::Ok { None } else { a.error.as_deref() },
+            a.finished_at,
+        ])?;
+    if changed != 1 {
+        crate::log::warn(
+            "lease lost",
+            &[
+                ("source", &job.source),
+                ("event_id", &job.event_id),
+                ("action", &job.action),
+                ("n", &job.n),
+                (
+                    "effect",
+                    &"result not recorded; the job's new owner decides",
+                ),
+            ],
+        );
+        return Ok(());
+    }
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
+                               error, error_kind, request_id, response_head, worker)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?
+    .execute(params![
+        job.job_id,
+        job.n,
+        a.started_at,
+        a.finished_at,
+        outcome.name(),
+        a.http_status,
+        a.error,
+        a.error_kind,
+        a.request_id,
+        a.response_head,
+        owner,
+    ])?;
+    refresh_event_state(conn, &job.source, &job.event_id, a.finished_at)?;
+    Ok(())
 }

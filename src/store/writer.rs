@@ -150,6 +150,26 @@ impl Writer {
         }
     }
 
+    /// Queues `f` for the next group and returns without waiting for the
+    /// commit (it blocks only while the queue is full). For records whose
+    /// loss in a crash is harmless because the work they record is redone,
+    /// such as a forward job's completion (the job is retried after its
+    /// lease, with the same Idempotency-Key).
+    pub fn send<F>(&self, f: F) -> Result<(), StoreError>
+    where
+        F: FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+    {
+        let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
+            if let Ok(conn) = conn {
+                if let Err(e) = in_savepoint(conn, "op", f) {
+                    crate::log::warn("storage", &[("error", &e.message)]);
+                }
+            }
+            Box::new(|_| {})
+        });
+        self.tx.send(Msg::Op(op)).map_err(|_| StoreError::closed())
+    }
+
     /// Whether the last commit succeeded.
     pub fn healthy(&self) -> bool {
         self.shared.healthy.load(Ordering::Relaxed)
