@@ -1,0 +1,639 @@
+//! A fake downstream for forwarded events: a real HTTP/1.1 server on
+//! 127.0.0.1:0 (std `TcpListener`, one thread per connection, keep-alive).
+//!
+//! It behaves like a careful downstream that honours `Idempotency-Key`: the
+//! first successful processing of a key is an *effect*; a repeat of a
+//! processed key answers 200 without a new effect. A request without the
+//! header is a new effect every time. Every request is recorded with its
+//! headers and exact body bytes. Per key, a test can script misbehaviour
+//! (fail with 500, process then drop the connection, hang, 400, 429).
+//!
+//! Owns no knowledge of idemhook beyond the header names in PRODUCT.md.
+
+#![allow(dead_code)] // not every test module uses every helper
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One scripted step for a key. Steps queue up in the order they were
+/// scripted; each request for the key consumes one unit of the front step.
+/// When the queue is empty the key is processed normally.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Behavior {
+    /// Answer 500 (no effect), this many times.
+    Fail500(u32),
+    /// Process the request (the effect counts, if it is the first) and close
+    /// the connection without answering, this many times.
+    ProcessThenDrop(u32),
+    /// Hold the request without answering for this long, then close the
+    /// connection without processing it (no effect). One request.
+    Hang(Duration),
+    /// Answer 400 (no effect) to every request from now on.
+    Reject400,
+    /// Answer 429 with `Retry-After: retry_after_secs` (no effect), this many times.
+    TooMany { retry_after_secs: u64, times: u32 },
+}
+
+/// What the downstream did with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// First processing of the key: 200 and an effect.
+    Effect,
+    /// Key already processed: 200, no new effect.
+    Repeat,
+    /// Processed (effect if first), connection dropped without an answer.
+    ProcessedThenDropped {
+        new_effect: bool,
+    },
+    Failed500,
+    Hung,
+    Rejected400,
+    TooMany {
+        retry_after_secs: u64,
+    },
+}
+
+/// One request as received.
+#[derive(Clone, Debug)]
+pub struct RecordedRequest {
+    pub method: String,
+    pub path: String,
+    /// Header names as sent (case kept), in order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// When the request was fully read, relative to `Downstream::start`.
+    pub at: Duration,
+    pub outcome: Outcome,
+}
+
+impl RecordedRequest {
+    /// First value of a header, case-insensitive.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.header("Idempotency-Key")
+    }
+}
+
+#[derive(Default)]
+struct State {
+    scripts: HashMap<String, VecDeque<Behavior>>,
+    /// Keys processed at least once, with the number of effects (always 1).
+    effects: HashMap<String, u64>,
+    /// Requests without an Idempotency-Key that were processed.
+    keyless_effects: u64,
+    requests: Vec<RecordedRequest>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    shutdown: AtomicBool,
+    started: Instant,
+}
+
+/// The running fake downstream. Stops accepting on drop.
+pub struct Downstream {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+/// A request parsed off the wire.
+struct WireRequest {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    keep_alive: bool,
+}
+
+impl Downstream {
+    pub fn start() -> Downstream {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind downstream");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            shutdown: AtomicBool::new(false),
+            started: Instant::now(),
+        });
+        let accept_shared = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if accept_shared.shutdown.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(stream) = stream else { continue };
+                let conn_shared = Arc::clone(&accept_shared);
+                std::thread::spawn(move || serve_connection(stream, conn_shared));
+            }
+        });
+        Downstream { addr, shared }
+    }
+
+    /// `http://127.0.0.1:PORT` (append any path: every path is served alike).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Queue a behaviour for requests carrying `Idempotency-Key: key`.
+    pub fn script(&self, key: &str, behavior: Behavior) {
+        let mut state = self.shared.state.lock().unwrap();
+        state
+            .scripts
+            .entry(key.to_string())
+            .or_default()
+            .push_back(behavior);
+    }
+
+    /// Effects for `key`: 0 or 1 (a repeat is not a new effect).
+    pub fn effects(&self, key: &str) -> u64 {
+        self.shared
+            .state
+            .lock()
+            .unwrap()
+            .effects
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// All effects: keyed ones plus every processed request without a key.
+    pub fn total_effects(&self) -> u64 {
+        let state = self.shared.state.lock().unwrap();
+        state.effects.values().sum::<u64>() + state.keyless_effects
+    }
+
+    /// Requests without an `Idempotency-Key` that were processed.
+    pub fn keyless_effects(&self) -> u64 {
+        self.shared.state.lock().unwrap().keyless_effects
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.state.lock().unwrap().requests.clone()
+    }
+
+    /// Requests carrying `Idempotency-Key: key`, in arrival order.
+    pub fn requests_for(&self, key: &str) -> Vec<RecordedRequest> {
+        self.shared
+            .state
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|r| r.idempotency_key() == Some(key))
+            .cloned()
+            .collect()
+    }
+
+    /// Number of requests so far.
+    pub fn request_count(&self) -> usize {
+        self.shared.state.lock().unwrap().requests.len()
+    }
+
+    /// Distinct keys that had an effect.
+    pub fn effect_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .shared
+            .state
+            .lock()
+            .unwrap()
+            .effects
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for Downstream {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    let mut writer = match stream.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    // Short read timeout so idle keep-alive connections notice shutdown.
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut reader = BufReader::new(stream);
+    loop {
+        let request = match read_request(&mut reader, &shared) {
+            Some(r) => r,
+            None => return,
+        };
+        let keep_alive = request.keep_alive;
+        let key = request
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("Idempotency-Key"))
+            .map(|(_, v)| v.clone());
+
+        // Decide and apply under one lock, so concurrent repeats of a key
+        // resolve to exactly one effect.
+        let (outcome, hang) = {
+            let mut state = shared.state.lock().unwrap();
+            let step = key.as_ref().and_then(|k| next_step(&mut state, k));
+            let (outcome, hang) = match step {
+                Some(Behavior::Fail500(_)) => (Outcome::Failed500, None),
+                Some(Behavior::Hang(d)) => (Outcome::Hung, Some(d)),
+                Some(Behavior::Reject400) => (Outcome::Rejected400, None),
+                Some(Behavior::TooMany {
+                    retry_after_secs, ..
+                }) => (Outcome::TooMany { retry_after_secs }, None),
+                Some(Behavior::ProcessThenDrop(_)) => {
+                    let new_effect = process(&mut state, key.as_deref());
+                    (Outcome::ProcessedThenDropped { new_effect }, None)
+                }
+                None => {
+                    if process(&mut state, key.as_deref()) {
+                        (Outcome::Effect, None)
+                    } else {
+                        (Outcome::Repeat, None)
+                    }
+                }
+            };
+            state.requests.push(RecordedRequest {
+                method: request.method.clone(),
+                path: request.path.clone(),
+                headers: request.headers.clone(),
+                body: request.body.clone(),
+                at: shared.started.elapsed(),
+                outcome: outcome.clone(),
+            });
+            (outcome, hang)
+        };
+
+        let written = match outcome {
+            Outcome::Effect => respond(&mut writer, 200, "OK", &[], br#"{"ok":true}"#, keep_alive),
+            Outcome::Repeat => respond(
+                &mut writer,
+                200,
+                "OK",
+                &[],
+                br#"{"ok":true,"repeat":true}"#,
+                keep_alive,
+            ),
+            Outcome::Failed500 => respond(
+                &mut writer,
+                500,
+                "Internal Server Error",
+                &[],
+                br#"{"error":"scripted 500"}"#,
+                keep_alive,
+            ),
+            Outcome::Rejected400 => respond(
+                &mut writer,
+                400,
+                "Bad Request",
+                &[],
+                br#"{"error":"scripted 400"}"#,
+                keep_alive,
+            ),
+            Outcome::TooMany { retry_after_secs } => {
+                let secs = retry_after_secs.to_string();
+                respond(
+                    &mut writer,
+                    429,
+                    "Too Many Requests",
+                    &[("Retry-After", secs.as_str())],
+                    br#"{"error":"scripted 429"}"#,
+                    keep_alive,
+                )
+            }
+            Outcome::ProcessedThenDropped { .. } => false,
+            Outcome::Hung => {
+                let until = Instant::now() + hang.unwrap_or_default();
+                while Instant::now() < until && !shared.shutdown.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                false
+            }
+        };
+        if !written || !keep_alive {
+            let _ = writer.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
+}
+
+/// Consume one unit of the front step for `key`, returning the behaviour to
+/// apply (None: process normally).
+fn next_step(state: &mut State, key: &str) -> Option<Behavior> {
+    let queue = state.scripts.get_mut(key)?;
+    loop {
+        let front = queue.front_mut()?;
+        let (apply, exhausted) = match front {
+            Behavior::Fail500(n)
+            | Behavior::ProcessThenDrop(n)
+            | Behavior::TooMany { times: n, .. } => {
+                if *n == 0 {
+                    (false, true)
+                } else {
+                    *n -= 1;
+                    (true, *n == 0)
+                }
+            }
+            Behavior::Hang(_) => (true, true),
+            Behavior::Reject400 => (true, false),
+        };
+        let step = front.clone();
+        if exhausted {
+            queue.pop_front();
+        }
+        if apply {
+            return Some(step);
+        }
+    }
+}
+
+/// Record processing; true when it is a new effect.
+fn process(state: &mut State, key: Option<&str>) -> bool {
+    match key {
+        None => {
+            state.keyless_effects += 1;
+            true
+        }
+        Some(k) => {
+            if state.effects.contains_key(k) {
+                false
+            } else {
+                state.effects.insert(k.to_string(), 1);
+                true
+            }
+        }
+    }
+}
+
+fn respond(
+    w: &mut TcpStream,
+    code: u16,
+    reason: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    keep_alive: bool,
+) -> bool {
+    let mut out = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str(if keep_alive {
+        "Connection: keep-alive\r\n\r\n"
+    } else {
+        "Connection: close\r\n\r\n"
+    });
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(body);
+    w.write_all(&bytes).and_then(|_| w.flush()).is_ok()
+}
+
+/// Read one request; None on EOF, error, shutdown or malformed input.
+fn read_request(reader: &mut BufReader<TcpStream>, shared: &Shared) -> Option<WireRequest> {
+    let request_line = read_line(reader, shared)?;
+    let mut parts = request_line.split_whitespace();
+    let method = parts.next()?.to_string();
+    let path = parts.next()?.to_string();
+    let version = parts.next().unwrap_or("HTTP/1.1").to_string();
+    let mut headers = Vec::new();
+    loop {
+        let line = read_line(reader, shared)?;
+        if line.is_empty() {
+            break;
+        }
+        let (k, v) = line.split_once(':')?;
+        headers.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _): &&(String, String)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let chunked =
+        get("Transfer-Encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let body = if chunked {
+        read_chunked(reader, shared)?
+    } else {
+        let len: usize = get("Content-Length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        read_exact(reader, len, shared)?
+    };
+    let connection = get("Connection").map(|v| v.to_ascii_lowercase());
+    let keep_alive = match connection.as_deref() {
+        Some(v) if v.contains("close") => false,
+        Some(v) if v.contains("keep-alive") => true,
+        _ => version != "HTTP/1.0",
+    };
+    Some(WireRequest {
+        method,
+        path,
+        headers,
+        body,
+        keep_alive,
+    })
+}
+
+fn read_line(reader: &mut BufReader<TcpStream>, shared: &Shared) -> Option<String> {
+    let mut line = Vec::new();
+    loop {
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return None,
+            Ok(_) => {
+                if line.ends_with(b"\n") {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if shared.shutdown.load(Ordering::SeqCst) {
+                    return None;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+        if line.len() > 64 * 1024 {
+            return None;
+        }
+    }
+    while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        line.pop();
+    }
+    Some(String::from_utf8_lossy(&line).into_owned())
+}
+
+fn read_exact(reader: &mut BufReader<TcpStream>, len: usize, shared: &Shared) -> Option<Vec<u8>> {
+    let mut body = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        match reader.read(&mut body[filled..]) {
+            Ok(0) => return None,
+            Ok(n) => filled += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if shared.shutdown.load(Ordering::SeqCst) {
+                    return None;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(body)
+}
+
+fn read_chunked(reader: &mut BufReader<TcpStream>, shared: &Shared) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let size_line = read_line(reader, shared)?;
+        let size_hex = size_line.split(';').next()?.trim();
+        let size = usize::from_str_radix(size_hex, 16).ok()?;
+        if size == 0 {
+            // Trailers until an empty line.
+            loop {
+                if read_line(reader, shared)?.is_empty() {
+                    return Some(body);
+                }
+            }
+        }
+        body.extend_from_slice(&read_exact(reader, size, shared)?);
+        let _crlf = read_line(reader, shared)?;
+    }
+}
+
+// Self-tests: these exercise the fake without the binary.
+#[cfg(test)]
+mod self_test {
+    use super::*;
+    use crate::harness::{Client, headers};
+
+    fn key_headers(key: &str) -> Vec<(String, String)> {
+        headers(&[
+            ("Idempotency-Key", key),
+            ("Content-Type", "application/json"),
+        ])
+    }
+
+    #[test]
+    fn repeats_of_a_key_are_one_effect_and_bodies_are_recorded_exactly() {
+        let ds = Downstream::start();
+        let client = Client::new(Duration::from_secs(5));
+        let body = b"{\"a\":1}\n\x00\xff";
+        for _ in 0..3 {
+            let r = client.post(&format!("{}/hook", ds.url()), &key_headers("k1"), body);
+            assert_eq!(r.status, 200, "expected 200, got {} {}", r.status, r.text());
+        }
+        client.post(&format!("{}/hook", ds.url()), &headers(&[]), b"x");
+        assert_eq!(ds.effects("k1"), 1);
+        assert_eq!(ds.total_effects(), 2, "one keyed effect plus one keyless");
+        let reqs = ds.requests_for("k1");
+        assert_eq!(reqs.len(), 3);
+        assert_eq!(reqs[0].body, body.to_vec());
+        assert_eq!(reqs[0].path, "/hook");
+        assert_eq!(reqs[0].outcome, Outcome::Effect);
+        assert_eq!(reqs[1].outcome, Outcome::Repeat);
+    }
+
+    #[test]
+    fn scripted_steps_run_in_order_then_normal_processing() {
+        let ds = Downstream::start();
+        ds.script("k", Behavior::Fail500(2));
+        ds.script(
+            "k",
+            Behavior::TooMany {
+                retry_after_secs: 7,
+                times: 1,
+            },
+        );
+        ds.script("k", Behavior::ProcessThenDrop(1));
+        let client = Client::new(Duration::from_secs(5));
+        let url = format!("{}/x", ds.url());
+        assert_eq!(client.post(&url, &key_headers("k"), b"1").status, 500);
+        assert_eq!(client.post(&url, &key_headers("k"), b"1").status, 500);
+        let r = client.post(&url, &key_headers("k"), b"1");
+        assert_eq!((r.status, r.header("retry-after")), (429, Some("7")));
+        assert_eq!(ds.effects("k"), 0, "no effect before the drop step");
+        assert!(
+            client.try_post(&url, &key_headers("k"), b"1").is_err(),
+            "expected a dropped connection"
+        );
+        assert_eq!(ds.effects("k"), 1, "the dropped request was processed");
+        let r = client.post(&url, &key_headers("k"), b"1");
+        assert_eq!(r.status, 200);
+        assert_eq!(ds.effects("k"), 1, "a repeat is not a new effect");
+        assert_eq!(ds.total_effects(), 1);
+        let outcomes: Vec<Outcome> = ds
+            .requests_for("k")
+            .into_iter()
+            .map(|r| r.outcome)
+            .collect();
+        assert_eq!(
+            outcomes,
+            vec![
+                Outcome::Failed500,
+                Outcome::Failed500,
+                Outcome::TooMany {
+                    retry_after_secs: 7
+                },
+                Outcome::ProcessedThenDropped { new_effect: true },
+                Outcome::Repeat
+            ]
+        );
+    }
+
+    #[test]
+    fn hang_outlasts_a_client_timeout_and_reject_is_permanent() {
+        let ds = Downstream::start();
+        ds.script("h", Behavior::Hang(Duration::from_secs(3)));
+        ds.script("r", Behavior::Reject400);
+        let client = Client::new(Duration::from_millis(500));
+        let url = format!("{}/x", ds.url());
+        let started = Instant::now();
+        assert!(
+            client.try_post(&url, &key_headers("h"), b"1").is_err(),
+            "expected a timeout"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(ds.effects("h"), 0);
+        assert_eq!(
+            client.post(&url, &key_headers("h"), b"1").status,
+            200,
+            "hang is one request"
+        );
+        for _ in 0..2 {
+            assert_eq!(client.post(&url, &key_headers("r"), b"1").status, 400);
+        }
+        assert_eq!(ds.effects("r"), 0);
+    }
+}

@@ -1,0 +1,10 @@
+//! The one integration test binary: it runs the real `idemhook` binary
+//! (found through `CARGO_BIN_EXE_idemhook`) and checks the external contract
+//! in PRODUCT.md by HTTP, the CLI and the SQLite file. One module per area;
+//! shared fixtures in `harness`, independent signers in `sign`, a fake
+//! downstream in `downstream`.
+
+mod downstream;
+mod harness;
+mod receiver;
+mod sign;

@@ -1,0 +1,1221 @@
+//! The receiving side: verification, the claim, duplicates, status codes,
+//! crash safety around the claim, and the zero-config start.
+//!
+//! Every test runs the real binary and asserts outcomes in the SQLite file
+//! (tables `events`, `jobs`, `attempts`, `deliveries`, `incidents`, and the
+//! tables the configured SQL actions write), not only the HTTP answers.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::harness::{
+    Client, HttpResponse, Server, ServerConfig, bytes_of, count, dump, headers, now_secs,
+    raw_exchange, raw_exchange_parts, raw_request, text_of, toml_str, wait_for, wait_until,
+};
+use crate::sign;
+
+const STRIPE_SECRET: &str = "whsec_it_stripe_current_0123456789";
+const STRIPE_SECRET_OLD: &str = "whsec_it_stripe_previous_9876543210";
+
+/// A `[sources.NAME]` table of kind stripe reading its secret from
+/// `STRIPE_SECRET`, with `extra` lines appended inside the table.
+fn stripe_source(name: &str, extra: &str) -> String {
+    format!("[sources.{name}]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n{extra}\n")
+}
+
+fn stripe_env() -> Vec<(&'static str, &'static str)> {
+    vec![("STRIPE_SECRET", STRIPE_SECRET)]
+}
+
+/// A Stripe-shaped event body.
+fn stripe_event(id: &str, amount: i64) -> Vec<u8> {
+    serde_json::json!({
+        "id": id,
+        "object": "event",
+        "type": "charge.succeeded",
+        "created": 1764460800,
+        "data": {"object": {"id": format!("ch_{id}"), "object": "charge", "amount": amount, "currency": "eur"}}
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// POST a body signed for Stripe now with `STRIPE_SECRET`.
+fn deliver(server: &Server, source: &str, body: &[u8]) -> HttpResponse {
+    server.post(
+        &format!("/hooks/{source}"),
+        &sign::stripe_now(STRIPE_SECRET, body),
+        body,
+    )
+}
+
+/// Status and JSON `status` field, for messages.
+fn describe(resp: &HttpResponse) -> String {
+    format!("{} {}", resp.status, resp.text())
+}
+
+fn assert_accepted(resp: &HttpResponse, event_id: &str, context: &str) {
+    let ok = resp.status == 200
+        && resp.json_status().as_deref() == Some("accepted")
+        && resp.json().get("event_id").and_then(|v| v.as_str()) == Some(event_id);
+    assert!(
+        ok,
+        "{context}\n  expected: 200 {{\"status\":\"accepted\",\"event_id\":\"{event_id}\"}}\n  got: {}",
+        describe(resp)
+    );
+}
+
+const EVENT_STATES: [&str; 4] = ["accepted", "processing", "completed", "failed"];
+
+fn assert_duplicate(resp: &HttpResponse, context: &str) {
+    let json: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+    let state = json.get("state").and_then(|v| v.as_str()).unwrap_or("");
+    let ok = resp.status == 200
+        && json.get("status").and_then(|v| v.as_str()) == Some("duplicate")
+        && EVENT_STATES.contains(&state);
+    assert!(
+        ok,
+        "{context}\n  expected: 200 {{\"status\":\"duplicate\",\"state\":<one of {EVENT_STATES:?}>}}\n  got: {}",
+        describe(resp)
+    );
+}
+
+/// An error answer: the status and a JSON body `{"error": "<non-empty>"}`.
+fn assert_error(resp: &HttpResponse, expected: u16, context: &str) {
+    let json: Option<serde_json::Value> = serde_json::from_slice(&resp.body).ok();
+    let has_error = json
+        .as_ref()
+        .and_then(|j| j.get("error"))
+        .and_then(|e| e.as_str())
+        .is_some_and(|e| !e.is_empty());
+    assert!(
+        resp.status == expected && has_error,
+        "{context}\n  expected: {expected} with JSON {{\"error\": \"...\"}}\n  got: {}",
+        describe(resp)
+    );
+}
+
+struct EventRow {
+    state: String,
+    payload: Option<Vec<u8>>,
+    payload_hash: Option<String>,
+    verified_with: Option<i64>,
+}
+
+fn event_row(conn: &Connection, source: &str, event_id: &str) -> Option<EventRow> {
+    conn.query_row(
+        "SELECT state, payload, payload_hash, verified_with FROM events WHERE source = ?1 AND event_id = ?2",
+        params![source, event_id],
+        |row| {
+            Ok(EventRow {
+                state: text_of(row, 0)?.unwrap_or_default(),
+                payload: bytes_of(row, 1)?,
+                payload_hash: text_of(row, 2)?,
+                verified_with: row.get::<_, Option<i64>>(3)?,
+            })
+        },
+    )
+    .optional()
+    .unwrap_or_else(|e| panic!("query events: {e}"))
+}
+
+fn events_count(conn: &Connection) -> i64 {
+    count(conn, "SELECT COUNT(*) FROM events", [])
+}
+
+fn delivery_outcomes(conn: &Connection, source: &str, event_id: &str) -> Vec<String> {
+    let mut stmt = conn
+        .prepare("SELECT outcome FROM deliveries WHERE source = ?1 AND event_id = ?2 ORDER BY id")
+        .unwrap();
+    stmt.query_map(params![source, event_id], |row| row.get::<_, String>(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// 1. Concurrency: duplicates racing each other
+// ---------------------------------------------------------------------------
+
+#[test]
+fn concurrent_duplicates_resolve_to_one_event_and_one_ledger_row_each() {
+    const EVENTS: usize = 100;
+    const COPIES: usize = 16;
+    const THREADS: usize = 32;
+    let config = ServerConfig::new()
+        .set(
+            "setup_sql",
+            &toml_str("CREATE TABLE IF NOT EXISTS ledger(event_id TEXT, amount INTEGER)"),
+        )
+        .tables(&stripe_source("stripe", ""))
+        .tables(
+            r#"[[sources.stripe.actions]]
+name = "ledger"
+sql = "INSERT INTO ledger(event_id, amount) VALUES (:event_id, :amount)"
+params = { amount = "json:/data/object/amount" }
+"#,
+        );
+    let server = Server::start(&config, &stripe_env());
+    let url = server.url("/hooks/stripe");
+
+    let event_id = |i: usize| format!("evt_conc_{i:03}");
+    let amount = |i: usize| 1000 + i as i64;
+    // Delivery j is a copy of event j / COPIES: the 16 copies of one event
+    // are next to each other, so up to 16 threads race on the same key.
+    let next = Arc::new(AtomicUsize::new(0));
+    type Outcome = (usize, Result<HttpResponse, String>, Duration);
+    let results: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let next = Arc::clone(&next);
+            let results = Arc::clone(&results);
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let client = Client::new(Duration::from_secs(10)); // keep-alive per thread
+                loop {
+                    let j = next.fetch_add(1, Ordering::SeqCst);
+                    if j >= EVENTS * COPIES {
+                        break;
+                    }
+                    let i = j / COPIES;
+                    let body = stripe_event(&event_id(i), amount(i));
+                    let t0 = Instant::now();
+                    let resp =
+                        client.try_post(&url, &sign::stripe_now(STRIPE_SECRET, &body), &body);
+                    results.lock().unwrap().push((i, resp, t0.elapsed()));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker thread panicked");
+    }
+    let elapsed = started.elapsed();
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    assert_eq!(results.len(), EVENTS * COPIES);
+
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(i, r, took)| match r {
+            Err(e) => Some(format!("event {i}: transport error after {took:?}: {e}")),
+            Ok(resp) if resp.status != 200 => Some(format!("event {i}: {}", describe(resp))),
+            Ok(_) => None,
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "expected: all {} deliveries answered 200 within 10 s\n  got {} failures, first ones:\n    {}",
+        EVENTS * COPIES,
+        failures.len(),
+        failures
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n    ")
+    );
+    let slowest = results.iter().map(|(_, _, d)| *d).max().unwrap();
+    eprintln!(
+        "{} deliveries in {elapsed:?}, slowest {slowest:?}",
+        results.len()
+    );
+
+    // Exactly one `accepted` answer per event, the rest `duplicate`.
+    let mut accepted: HashMap<usize, usize> = HashMap::new();
+    for (i, r, _) in &results {
+        let resp = r.as_ref().unwrap();
+        match resp.json_status().as_deref() {
+            Some("accepted") => {
+                assert_accepted(resp, &event_id(*i), "accepted answer names its event");
+                *accepted.entry(*i).or_default() += 1;
+            }
+            Some("duplicate") => assert_duplicate(resp, "duplicate answer shape"),
+            _ => panic!(
+                "expected: status accepted or duplicate\n  got: {}",
+                describe(resp)
+            ),
+        }
+    }
+    let wrong: Vec<String> = (0..EVENTS)
+        .filter(|i| accepted.get(i).copied().unwrap_or(0) != 1)
+        .map(|i| {
+            format!(
+                "{}: {} accepted",
+                event_id(i),
+                accepted.get(&i).copied().unwrap_or(0)
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "expected: exactly one `accepted` per event\n  got: {wrong:?}"
+    );
+
+    let db = server.db();
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM events WHERE source = 'stripe'",
+            []
+        ),
+        EVENTS as i64,
+        "events rows"
+    );
+    let mut ledger: HashMap<String, Vec<i64>> = HashMap::new();
+    {
+        let mut stmt = db.prepare("SELECT event_id, amount FROM ledger").unwrap();
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+            })
+            .unwrap();
+        for row in rows {
+            let (id, amt) = row.unwrap();
+            ledger.entry(id).or_default().push(amt);
+        }
+    }
+    let ledger_rows: usize = ledger.values().map(Vec::len).sum();
+    let bad: Vec<String> = (0..EVENTS)
+        .filter(|&i| ledger.get(&event_id(i)) != Some(&vec![amount(i)]))
+        .map(|i| format!("{}: {:?}", event_id(i), ledger.get(&event_id(i))))
+        .collect();
+    assert!(
+        ledger_rows == EVENTS && bad.is_empty(),
+        "expected: exactly {EVENTS} ledger rows, one per event with its amount\n  got: {ledger_rows} rows; wrong events: {:?}",
+        bad.iter().take(10).collect::<Vec<_>>()
+    );
+
+    // Every delivery is recorded (allow the server to record them async).
+    let total = (EVENTS * COPIES) as i64;
+    wait_for(
+        Duration::from_secs(10),
+        "a deliveries row for each of the 1600 deliveries",
+        || {
+            let n = count(
+                &db,
+                "SELECT COUNT(*) FROM deliveries WHERE source = 'stripe'",
+                [],
+            );
+            if n == total {
+                Ok(())
+            } else {
+                Err(format!("{n} rows"))
+            }
+        },
+    );
+    let accepted_rows = count(
+        &db,
+        "SELECT COUNT(*) FROM deliveries WHERE outcome = 'accepted'",
+        [],
+    );
+    let duplicate_rows = count(
+        &db,
+        "SELECT COUNT(*) FROM deliveries WHERE outcome = 'duplicate'",
+        [],
+    );
+    assert_eq!(
+        (accepted_rows, duplicate_rows),
+        (EVENTS as i64, total - EVENTS as i64),
+        "expected (accepted, duplicate) deliveries rows\n{}",
+        dump(
+            &db,
+            "SELECT outcome, COUNT(*) FROM deliveries GROUP BY outcome"
+        )
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 2. A failing SQL action
+// ---------------------------------------------------------------------------
+
+#[test]
+fn failing_sql_action_is_rolled_back_and_marked_failed_while_a_good_action_commits() {
+    // `INSERT OR FAIL` keeps the rows a statement wrote before the failing
+    // one, so the first VALUES row is a partial effect unless the server
+    // rolls the action back (a savepoint per action).
+    let config = ServerConfig::new()
+        .set(
+            "setup_sql",
+            &toml_str(
+                "CREATE TABLE IF NOT EXISTS ledger(event_id TEXT, amount INTEGER CHECK (amount >= 0));\n\
+                 CREATE TABLE IF NOT EXISTS audit(event_id TEXT);",
+            ),
+        )
+        .tables(&stripe_source("stripe", ""))
+        .tables(
+            r#"[[sources.stripe.actions]]
+name = "bad-ledger"
+sql = "INSERT OR FAIL INTO ledger(event_id, amount) VALUES (:event_id, 1), (:event_id, :amount)"
+params = { amount = "json:/data/object/amount" }
+
+[[sources.stripe.actions]]
+name = "audit"
+sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
+"#,
+        );
+    let server = Server::start(&config, &stripe_env());
+    let body = stripe_event("evt_negative", -500);
+    let resp = deliver(&server, "stripe", &body);
+    assert_accepted(
+        &resp,
+        "evt_negative",
+        "a buggy action never loses the event",
+    );
+
+    let db = server.db();
+    let row = event_row(&db, "stripe", "evt_negative")
+        .expect("expected: the event is stored; got: no events row");
+    assert_eq!(
+        row.payload.as_deref(),
+        Some(&body[..]),
+        "stored payload is the exact body"
+    );
+
+    let job = |action: &str| -> Option<(String, Option<String>)> {
+        db.query_row(
+            "SELECT status, last_error FROM jobs WHERE source = 'stripe' AND event_id = 'evt_negative' AND action = ?1",
+            params![action],
+            |row| Ok((text_of(row, 0)?.unwrap_or_default(), text_of(row, 1)?)),
+        )
+        .optional()
+        .unwrap()
+    };
+    let (status, last_error) = wait_for(
+        Duration::from_secs(5),
+        "job bad-ledger to be failed",
+        || match job("bad-ledger") {
+            Some((s, e)) if s == "failed" => Ok((s, e)),
+            other => Err(format!("{other:?}\n{}", dump(&db, "SELECT * FROM jobs"))),
+        },
+    );
+    assert_eq!(status, "failed");
+    assert!(
+        last_error.as_deref().is_some_and(|e| !e.trim().is_empty()),
+        "expected: a non-empty last_error on the failed job\n  got: {last_error:?}"
+    );
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM ledger", []),
+        0,
+        "expected: no partial effect of the failed action (its first VALUES row rolled back)\n{}",
+        dump(&db, "SELECT * FROM ledger")
+    );
+    wait_for(
+        Duration::from_secs(5),
+        "job audit to be done",
+        || match job("audit") {
+            Some((s, _)) if s == "done" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM audit WHERE event_id = 'evt_negative'",
+            []
+        ),
+        1,
+        "good action committed"
+    );
+
+    let failed_attempts = count(
+        &db,
+        "SELECT COUNT(*) FROM attempts a JOIN jobs j ON a.job_id = j.id \
+         WHERE j.source = 'stripe' AND j.event_id = 'evt_negative' AND j.action = 'bad-ledger' AND a.outcome = 'failed'",
+        [],
+    );
+    assert_eq!(
+        failed_attempts,
+        1,
+        "expected: one recorded attempt with outcome failed\n{}",
+        dump(&db, "SELECT * FROM attempts")
+    );
+    let state = event_row(&db, "stripe", "evt_negative").unwrap().state;
+    assert_eq!(state, "failed", "event state with a failed job");
+
+    // A re-delivery is a duplicate and runs no action again.
+    assert_duplicate(
+        &deliver(&server, "stripe", &body),
+        "re-delivery after a failed action",
+    );
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM audit", []),
+        1,
+        "duplicate must not re-run actions"
+    );
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM ledger", []), 0);
+}
+
+// ---------------------------------------------------------------------------
+// 3. Crash safety around the claim
+// ---------------------------------------------------------------------------
+
+#[test]
+fn kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate() {
+    let config = ServerConfig::new().tables(&stripe_source("stripe", ""));
+    let mut env = stripe_env();
+    env.push(("IDEMHOOK_FAILPOINTS", "claim.after_commit=kill"));
+    let mut server = Server::start(&config, &env);
+    let body = stripe_event("evt_crash_1", 4200);
+
+    let answer = crate::harness::try_post(
+        &server.url("/hooks/stripe"),
+        &sign::stripe_now(STRIPE_SECRET, &body),
+        &body,
+    );
+    if let Ok(resp) = &answer {
+        assert_ne!(
+            resp.status,
+            200,
+            "expected: no 2xx (killed before the response)\n  got: {}",
+            describe(resp)
+        );
+    }
+    let status = server.wait_exit(Duration::from_secs(10));
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "expected: the failpoint SIGKILLs the process\n  got: {status:?}"
+    );
+
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    let db = server.db();
+    let row = event_row(&db, "stripe", "evt_crash_1").unwrap_or_else(|| {
+        panic!(
+            "expected: the committed claim survives kill -9\n  got: no row\n{}",
+            dump(&db, "SELECT source, event_id, state FROM events")
+        )
+    });
+    assert_eq!(
+        row.payload.as_deref(),
+        Some(&body[..]),
+        "stored payload is the exact body"
+    );
+
+    let resp = deliver(&server, "stripe", &body);
+    assert_duplicate(&resp, "the provider's retry after the crash");
+    assert_eq!(events_count(&db), 1);
+}
+
+#[test]
+fn kill9_right_after_200_keeps_every_acknowledged_event() {
+    const N: usize = 20;
+    let config = ServerConfig::new().tables(&stripe_source("stripe", ""));
+    let mut server = Server::start(&config, &stripe_env());
+    let bodies: Vec<(String, Vec<u8>)> = (0..N)
+        .map(|i| {
+            let id = format!("evt_acked_{i:02}");
+            let body = stripe_event(&id, i as i64);
+            (id, body)
+        })
+        .collect();
+    for (id, body) in &bodies {
+        assert_accepted(
+            &deliver(&server, "stripe", body),
+            id,
+            "delivery before the crash",
+        );
+    }
+    let status = server.kill9(); // right after the last 200
+    assert_eq!(status.signal(), Some(9));
+
+    server.restart();
+    let db = server.db();
+    let missing: Vec<&str> = bodies
+        .iter()
+        .filter(|(id, body)| {
+            event_row(&db, "stripe", id)
+                .and_then(|r| r.payload)
+                .as_deref()
+                != Some(&body[..])
+        })
+        .map(|(id, _)| id.as_str())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "expected: every acknowledged event survives kill -9 with its payload\n  got missing or changed: {missing:?}"
+    );
+    for (_, body) in &bodies {
+        assert_duplicate(
+            &deliver(&server, "stripe", body),
+            "re-delivery after restart",
+        );
+    }
+    assert_eq!(events_count(&db), N as i64);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Mismatched duplicates
+// ---------------------------------------------------------------------------
+
+#[test]
+fn mismatched_duplicate_keeps_the_original_and_records_an_incident() {
+    let config = ServerConfig::new()
+        .tables(&stripe_source("stripe", ""))
+        .tables(&stripe_source("strict", "on_mismatch = \"reject\""));
+    let server = Server::start(&config, &stripe_env());
+    let db = server.db();
+
+    for (source, expected_status) in [("stripe", 200u16), ("strict", 409u16)] {
+        let id = format!("evt_mismatch_{source}");
+        let original = stripe_event(&id, 100);
+        let altered = stripe_event(&id, 999);
+        assert_accepted(
+            &deliver(&server, source, &original),
+            &id,
+            "original delivery",
+        );
+
+        let resp = deliver(&server, source, &altered);
+        if expected_status == 200 {
+            assert_eq!(
+                resp.status,
+                200,
+                "on_mismatch = ack (default)\n  expected: 200\n  got: {}",
+                describe(&resp)
+            );
+        } else {
+            assert_error(&resp, 409, "on_mismatch = \"reject\"");
+        }
+
+        let row = event_row(&db, source, &id).expect("event row");
+        assert_eq!(
+            row.payload.as_deref(),
+            Some(&original[..]),
+            "[{source}] original payload untouched"
+        );
+        assert_eq!(
+            row.payload_hash.as_deref(),
+            Some(sign::sha256_hex(&original).as_str()),
+            "[{source}] payload_hash is the hex SHA-256 of the original body"
+        );
+        let incidents = wait_for(Duration::from_secs(5), "one incidents row", || {
+            let mut stmt = db
+                .prepare("SELECT kind FROM incidents WHERE source = ?1 AND event_id = ?2")
+                .unwrap();
+            let kinds: Vec<String> = stmt
+                .query_map(params![source, id], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            if kinds.len() == 1 {
+                Ok(kinds)
+            } else {
+                Err(format!("{kinds:?}"))
+            }
+        });
+        assert_eq!(
+            incidents,
+            vec!["payload_mismatch".to_string()],
+            "[{source}] incident kind"
+        );
+
+        // The identical body again is a plain duplicate: no new incident.
+        assert_duplicate(
+            &deliver(&server, source, &original),
+            "identical re-delivery",
+        );
+        let outcomes = wait_for(Duration::from_secs(5), "three deliveries rows", || {
+            let o = delivery_outcomes(&db, source, &id);
+            if o.len() == 3 {
+                Ok(o)
+            } else {
+                Err(format!("{o:?}"))
+            }
+        });
+        assert_eq!(
+            outcomes,
+            vec!["accepted", "mismatch", "duplicate"],
+            "[{source}] deliveries outcomes"
+        );
+        assert_eq!(
+            count(
+                &db,
+                "SELECT COUNT(*) FROM incidents WHERE source = ?1 AND event_id = ?2",
+                params![source, id]
+            ),
+            1,
+            "[{source}] identical duplicate adds no incident"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 5. Status codes
+// ---------------------------------------------------------------------------
+
+#[test]
+fn status_200_accepted_then_200_duplicate_with_state() {
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+    let body = stripe_event("evt_status_1", 1);
+    assert_accepted(
+        &deliver(&server, "stripe", &body),
+        "evt_status_1",
+        "first delivery",
+    );
+    assert_duplicate(&deliver(&server, "stripe", &body), "second delivery");
+    assert_eq!(events_count(&server.db()), 1);
+}
+
+#[test]
+fn status_400_for_missing_id_invalid_json_and_duplicated_signature_header() {
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+
+    let no_id = br#"{"object":"event","type":"charge.succeeded","data":{"object":{}}}"#;
+    assert_error(
+        &deliver(&server, "stripe", no_id),
+        400,
+        "signed body without /id",
+    );
+
+    let invalid = br#"{"id":"evt_invalid","type":"charge.succeeded","#;
+    assert_error(
+        &deliver(&server, "stripe", invalid),
+        400,
+        "signed invalid JSON",
+    );
+
+    // Two Stripe-Signature headers, each valid on its own.
+    let body = stripe_event("evt_dup_header", 1);
+    let sig = sign::stripe_signature_header(STRIPE_SECRET, &body, now_secs());
+    let request = raw_request(
+        "POST",
+        "/hooks/stripe",
+        &[
+            sig.clone(),
+            sig,
+            ("Content-Type".to_string(), "application/json".to_string()),
+        ],
+        &body,
+    );
+    let answer = raw_exchange(server.addr(), &request, Duration::from_secs(5));
+    assert_eq!(
+        answer.status,
+        Some(400),
+        "duplicated Stripe-Signature header\n  expected: 400\n  got: {:?} ({})\n{}",
+        answer.status,
+        answer.ended_by,
+        answer.text()
+    );
+
+    assert_eq!(events_count(&server.db()), 0, "nothing stored for a 400");
+    assert_eq!(server.get("/healthz").status, 200, "server still up");
+}
+
+#[test]
+fn status_400_for_a_header_with_a_nul_byte() {
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+    let body = stripe_event("evt_nul", 1);
+    let mut hdrs = sign::stripe_now(STRIPE_SECRET, &body);
+    hdrs.push(("X-Note".to_string(), "a\u{0}b".to_string()));
+    let answer = raw_exchange(
+        server.addr(),
+        &raw_request("POST", "/hooks/stripe", &hdrs, &body),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        answer.status,
+        Some(400),
+        "header with NUL\n  expected: 400\n  got: {:?}\n{}",
+        answer.status,
+        answer.text()
+    );
+    assert_eq!(events_count(&server.db()), 0, "nothing stored");
+    assert_eq!(server.get("/healthz").status, 200, "server still up");
+}
+
+#[test]
+fn status_401_for_bad_missing_stale_or_future_signatures() {
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "tolerance = \"5m\"")),
+        &stripe_env(),
+    );
+    let url = "/hooks/stripe";
+    let body = stripe_event("evt_unauth", 1);
+    let json = headers(&[("Content-Type", "application/json")]);
+
+    // (what, headers, body)
+    let cases: Vec<(&str, sign::Headers, Vec<u8>)> = vec![
+        (
+            "wrong secret",
+            sign::stripe_now("whsec_not_the_secret", &body),
+            body.clone(),
+        ),
+        ("missing signature", json.clone(), body.clone()),
+        (
+            "stale timestamp (10 min old, tolerance 5m)",
+            sign::stripe(STRIPE_SECRET, &body, now_secs() - 600),
+            body.clone(),
+        ),
+        (
+            "future timestamp (10 min ahead)",
+            sign::stripe(STRIPE_SECRET, &body, now_secs() + 600),
+            body.clone(),
+        ),
+        (
+            "body changed after signing",
+            sign::stripe_now(STRIPE_SECRET, &body),
+            stripe_event("evt_unauth", 2),
+        ),
+    ];
+    for (what, hdrs, b) in cases {
+        assert_error(&server.post(url, &hdrs, &b), 401, what);
+    }
+    assert_eq!(events_count(&server.db()), 0, "nothing stored for a 401");
+    // The same body, correctly signed, is still new.
+    assert_accepted(
+        &deliver(&server, "stripe", &body),
+        "evt_unauth",
+        "correct signature after the rejects",
+    );
+}
+
+#[test]
+fn status_404_unknown_source_and_405_wrong_method() {
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+    let body = stripe_event("evt_404", 1);
+    assert_error(
+        &server.post(
+            "/hooks/no-such-source",
+            &sign::stripe_now(STRIPE_SECRET, &body),
+            &body,
+        ),
+        404,
+        "POST to an unknown source",
+    );
+    assert_error(&server.get("/hooks/stripe"), 405, "GET on a hook route");
+    assert_eq!(events_count(&server.db()), 0);
+}
+
+#[test]
+fn status_413_for_bodies_over_max_body_bytes_declared_or_chunked() {
+    const LIMIT: usize = 1024;
+    let config = ServerConfig::new()
+        .set("max_body_bytes", &LIMIT.to_string())
+        .tables(&stripe_source("stripe", ""));
+    let server = Server::start(&config, &stripe_env());
+
+    // A body of exactly the limit is fine.
+    let edge = padded_event("evt_edge", LIMIT);
+    assert_eq!(edge.len(), LIMIT);
+    assert_accepted(
+        &deliver(&server, "stripe", &edge),
+        "evt_edge",
+        "body of exactly max_body_bytes",
+    );
+
+    // One byte over, sent whole.
+    let over = padded_event("evt_over", LIMIT + 1);
+    assert_error(
+        &deliver(&server, "stripe", &over),
+        413,
+        "body of max_body_bytes + 1",
+    );
+
+    // Declared 50 MB, only 2 KiB sent: answered without reading it all.
+    let big = padded_event("evt_declared", 2048);
+    let mut hdrs = sign::stripe_now(STRIPE_SECRET, &big);
+    hdrs.push(("Content-Length".to_string(), (50 * 1024 * 1024).to_string()));
+    let answer = raw_exchange(
+        server.addr(),
+        &raw_request("POST", "/hooks/stripe", &hdrs, &big),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        answer.status,
+        Some(413),
+        "declared Content-Length 50 MiB with max_body_bytes {LIMIT}\n  expected: 413 without waiting for the body\n  got: {:?} after {:?} ({})",
+        answer.status,
+        answer.elapsed,
+        answer.ended_by
+    );
+
+    // Chunked, 8 KiB in 1 KiB chunks, no length declared.
+    let chunked_body = padded_event("evt_chunked", 8192);
+    let mut hdrs = sign::stripe_now(STRIPE_SECRET, &chunked_body);
+    hdrs.push(("Transfer-Encoding".to_string(), "chunked".to_string()));
+    let head = raw_request("POST", "/hooks/stripe", &hdrs, b"");
+    let mut parts: Vec<Vec<u8>> = vec![head];
+    for chunk in chunked_body.chunks(1024) {
+        let mut part = format!("{:x}\r\n", chunk.len()).into_bytes();
+        part.extend_from_slice(chunk);
+        part.extend_from_slice(b"\r\n");
+        parts.push(part);
+    }
+    parts.push(b"0\r\n\r\n".to_vec());
+    let part_refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    let answer = raw_exchange_parts(
+        server.addr(),
+        &part_refs,
+        Duration::from_millis(5),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        answer.status,
+        Some(413),
+        "chunked body of 8 KiB with max_body_bytes {LIMIT}\n  expected: 413\n  got: {:?} ({})\n{}",
+        answer.status,
+        answer.ended_by,
+        answer.text()
+    );
+
+    let db = server.db();
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM events WHERE event_id != 'evt_edge'",
+            []
+        ),
+        0,
+        "nothing stored for a 413\n{}",
+        dump(&db, "SELECT source, event_id FROM events")
+    );
+    assert_eq!(server.get("/healthz").status, 200, "server still up");
+}
+
+/// A Stripe-shaped event whose JSON is exactly `len` bytes (padding in a
+/// string field).
+fn padded_event(id: &str, len: usize) -> Vec<u8> {
+    let make = |pad: usize| {
+        format!(
+            r#"{{"id":"{id}","object":"event","type":"charge.succeeded","data":{{"object":{{"amount":1,"pad":"{}"}}}}}}"#,
+            "x".repeat(pad)
+        )
+        .into_bytes()
+    };
+    let base = make(0).len();
+    assert!(
+        len >= base,
+        "padded_event: {len} is shorter than the skeleton ({base})"
+    );
+    make(len - base)
+}
+
+#[test]
+fn status_503_with_retry_after_while_the_database_is_locked() {
+    // The config exposes no busy timeout, so hold an exclusive lock from a
+    // second connection for up to HOLD and expect the server to give up
+    // within it (its busy timeout plus slack).
+    const HOLD: Duration = Duration::from_secs(30);
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+    assert_eq!(server.get("/readyz").status, 200, "ready before the lock");
+    let body = stripe_event("evt_locked", 1);
+
+    let locker = server.db_rw();
+    locker
+        .execute_batch("BEGIN EXCLUSIVE")
+        .expect("take the write lock");
+    let client = Client::new(HOLD);
+    let started = Instant::now();
+    let resp = client.try_post(
+        &server.url("/hooks/stripe"),
+        &sign::stripe_now(STRIPE_SECRET, &body),
+        &body,
+    );
+    let took = started.elapsed();
+    let readyz_while_locked = Client::new(HOLD).try_get(&server.url("/readyz"));
+    locker.execute_batch("ROLLBACK").expect("release the lock");
+
+    let resp = resp.unwrap_or_else(|e| {
+        panic!("expected: 503 while the database is locked\n  got: {e} after {took:?}")
+    });
+    assert_error(
+        &resp,
+        503,
+        &format!(
+            "delivery while another connection holds BEGIN EXCLUSIVE (answered after {took:?})"
+        ),
+    );
+    let retry_after = resp.header("retry-after").map(str::to_string);
+    assert!(
+        retry_after
+            .as_deref()
+            .is_some_and(|v| v.trim().parse::<u64>().is_ok()),
+        "expected: a Retry-After header in seconds on the 503\n  got: {retry_after:?}"
+    );
+    match readyz_while_locked {
+        Ok(r) => assert_eq!(
+            r.status,
+            503,
+            "expected: /readyz 503 while the database is not writable\n  got: {}",
+            describe(&r)
+        ),
+        Err(e) => panic!("expected: /readyz 503 while locked\n  got: {e}"),
+    }
+
+    wait_until(
+        Duration::from_secs(10),
+        "/readyz 200 after the lock is released",
+        || server.get("/readyz").status == 200,
+    );
+    // The 503 stored nothing: the same event is new now.
+    assert_accepted(
+        &deliver(&server, "stripe", &body),
+        "evt_locked",
+        "retry after the lock cleared",
+    );
+    assert_eq!(events_count(&server.db()), 1);
+}
+
+#[test]
+fn idle_and_slow_connections_do_not_starve_deliveries() {
+    // PRODUCT.md "Hostile input" and NOTES.md (tiny_http's queued
+    // connections): 64 connections that send nothing or half a request must
+    // not delay a normal delivery past a bound.
+    const IDLE: usize = 48;
+    const HALF: usize = 16;
+    const BOUND: Duration = Duration::from_secs(2);
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+    let mut held = Vec::new();
+    for i in 0..IDLE + HALF {
+        let mut s = std::net::TcpStream::connect(server.addr()).expect("connect idle");
+        if i >= IDLE {
+            use std::io::Write as _;
+            let _ = s.write_all(
+                b"POST /hooks/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n",
+            );
+        }
+        held.push(s);
+    }
+    for i in 0..10 {
+        let id = format!("evt_starve_{i}");
+        let body = stripe_event(&id, i);
+        let client = Client::new(BOUND);
+        let started = Instant::now();
+        let resp = client
+            .try_post(&server.url("/hooks/stripe"), &sign::stripe_now(STRIPE_SECRET, &body), &body)
+            .unwrap_or_else(|e| {
+                panic!("expected: an answer within {BOUND:?} with {} idle/slow connections open\n  got: {e} after {:?}", held.len(), started.elapsed())
+            });
+        assert_accepted(&resp, &id, "delivery while idle connections are open");
+    }
+    drop(held);
+    assert_eq!(events_count(&server.db()), 10);
+}
+
+#[test]
+fn healthz_and_readyz_answer_200() {
+    let server = Server::start(
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+    for path in ["/healthz", "/readyz"] {
+        let resp = server.get(path);
+        assert_eq!(
+            resp.status,
+            200,
+            "GET {path}\n  expected: 200\n  got: {}",
+            describe(&resp)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 6. Secret rotation
+// ---------------------------------------------------------------------------
+
+#[test]
+fn rotated_secrets_accept_the_old_signature_and_record_which_matched() {
+    let svix_new = sign::whsec(b"standard-webhooks-new-key-000001");
+    let svix_old = sign::whsec(b"standard-webhooks-old-key-000002");
+    let config = ServerConfig::new().tables(
+        r#"[sources.stripe]
+kind = "stripe"
+secrets = ["env:STRIPE_SECRET", "env:STRIPE_SECRET_OLD"]
+
+[sources.svix]
+kind = "standard"
+secrets = ["env:SVIX_SECRET", "env:SVIX_SECRET_OLD"]
+
+[sources.filed]
+kind = "stripe"
+secrets = ["file:filed-secret.txt"]
+"#,
+    );
+    let server = Server::start_with_files(
+        &config,
+        &[
+            ("STRIPE_SECRET", STRIPE_SECRET),
+            ("STRIPE_SECRET_OLD", STRIPE_SECRET_OLD),
+            ("SVIX_SECRET", &svix_new),
+            ("SVIX_SECRET_OLD", &svix_old),
+        ],
+        // A `file:` secret, relative to the config's folder, newline trimmed.
+        &[("filed-secret.txt", b"filed_secret_value\n")],
+    );
+    let db = server.db();
+
+    let new_body = stripe_event("evt_rot_new", 1);
+    assert_accepted(
+        &deliver(&server, "stripe", &new_body),
+        "evt_rot_new",
+        "signed with the current secret",
+    );
+    let old_body = stripe_event("evt_rot_old", 2);
+    let resp = server.post(
+        "/hooks/stripe",
+        &sign::stripe_now(STRIPE_SECRET_OLD, &old_body),
+        &old_body,
+    );
+    assert_accepted(&resp, "evt_rot_old", "signed with the previous secret");
+    assert_eq!(
+        event_row(&db, "stripe", "evt_rot_new")
+            .unwrap()
+            .verified_with,
+        Some(0),
+        "verified_with for secrets[0]"
+    );
+    assert_eq!(
+        event_row(&db, "stripe", "evt_rot_old")
+            .unwrap()
+            .verified_with,
+        Some(1),
+        "verified_with for secrets[1]"
+    );
+
+    let svix_body = br#"{"type":"invoice.paid","data":{"id":"inv_1"}}"#;
+    let resp = server.post(
+        "/hooks/svix",
+        &sign::standard(&svix_old, "msg_rot_old", now_secs(), svix_body),
+        svix_body,
+    );
+    assert_accepted(
+        &resp,
+        "msg_rot_old",
+        "standard webhooks signed with the previous secret",
+    );
+    assert_eq!(
+        event_row(&db, "svix", "msg_rot_old").unwrap().verified_with,
+        Some(1),
+        "standard: verified_with"
+    );
+
+    let filed_body = stripe_event("evt_filed", 3);
+    let resp = server.post(
+        "/hooks/filed",
+        &sign::stripe_now("filed_secret_value", &filed_body),
+        &filed_body,
+    );
+    assert_accepted(
+        &resp,
+        "evt_filed",
+        "file: secret with its trailing newline trimmed",
+    );
+    assert_eq!(
+        event_row(&db, "filed", "evt_filed").unwrap().verified_with,
+        Some(0)
+    );
+
+    let stranger = stripe_event("evt_rot_stranger", 4);
+    assert_error(
+        &server.post(
+            "/hooks/stripe",
+            &sign::stripe_now("whsec_neither", &stranger),
+            &stranger,
+        ),
+        401,
+        "signed with a secret that is in neither slot",
+    );
+
+    // Secrets never reach logs (ARCHITECTURE invariant, STYLE.md).
+    let logs = format!("{}{}", server.stdout(), server.stderr());
+    for (name, secret) in [
+        ("STRIPE_SECRET", STRIPE_SECRET),
+        ("STRIPE_SECRET_OLD", STRIPE_SECRET_OLD),
+        ("SVIX_SECRET", svix_new.as_str()),
+        ("SVIX_SECRET_OLD", svix_old.as_str()),
+        ("filed secret", "filed_secret_value"),
+    ] {
+        assert!(
+            !logs.contains(secret),
+            "expected: {name} absent from the server's stdout and stderr\n  got: it is printed"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7. Zero config
+// ---------------------------------------------------------------------------
+
+#[test]
+fn zero_config_serve_prints_the_send_line_and_send_demo_stores_an_event() {
+    let server = Server::start_zero_config(&[]);
+    let line = wait_for(
+        Duration::from_secs(5),
+        "a line with `idemhook send demo` in serve's stdout",
+        || {
+            let stdout = server.stdout();
+            match stdout.lines().find(|l| l.contains("idemhook send demo")) {
+                Some(l) => Ok(l.to_string()),
+                None => Err(format!("stdout: {stdout:?}")),
+            }
+        },
+    );
+
+    // Run the printed command as a user would copy it (its `--url`, if any,
+    // is in whatever form `send` expects); without one, add this server's.
+    let printed = &line[line.find("idemhook send demo").unwrap()..];
+    let mut args: Vec<&str> = printed.split_whitespace().skip(1).collect();
+    if !args.contains(&"--url") {
+        args.extend(["--url", server.base_url()]);
+    }
+    let url_arg = args
+        .iter()
+        .position(|a| *a == "--url")
+        .and_then(|i| args.get(i + 1))
+        .copied()
+        .unwrap_or("");
+    assert!(
+        url_arg.starts_with(server.base_url()),
+        "expected: the printed --url points at this server ({})\n  got: {line:?}",
+        server.base_url()
+    );
+    let out = server.run_cli_raw(&args);
+    out.assert_success();
+
+    let db_path = server.dir().join("idemhook.db");
+    assert!(
+        db_path.exists(),
+        "expected: ./idemhook.db in serve's working directory"
+    );
+    let db = server.db();
+    wait_for(
+        Duration::from_secs(5),
+        "one demo event in ./idemhook.db",
+        || {
+            let n = count(&db, "SELECT COUNT(*) FROM events WHERE source = 'demo'", []);
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{n} events\n{}",
+                    dump(&db, "SELECT source, event_id, state FROM events")
+                ))
+            }
+        },
+    );
+}
