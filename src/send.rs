@@ -98,7 +98,14 @@ pub fn run(
     headers.retain(|(name, _)| !signature.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)));
     headers.extend(signature);
 
-    let url = url.unwrap_or_else(|| default_url(config, source));
+    let url = match url {
+        // A bare base URL means this source's hook route on it.
+        Some(u) if u.trim_end_matches('/').matches('/').count() <= 2 => {
+            format!("{}/hooks/{}", u.trim_end_matches('/'), source.name)
+        }
+        Some(u) => u,
+        None => default_url(config, source),
+    };
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(std::time::Duration::from_secs(30)))
