@@ -72,6 +72,27 @@ CREATE INDEX IF NOT EXISTS jobs_due ON jobs (status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
 CREATE INDEX IF NOT EXISTS jobs_action ON jobs (source, action, status);
 
+-- Jobs per status, kept exact by triggers (also for changes made by the
+-- operator commands in other processes), so the idemhook_jobs gauge is a
+-- five-row read however many jobs there are.
+CREATE TABLE IF NOT EXISTS job_counts (
+    status TEXT PRIMARY KEY,
+    n      INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS job_counts_insert AFTER INSERT ON jobs BEGIN
+    INSERT INTO job_counts (status, n) VALUES (NEW.status, 1)
+        ON CONFLICT (status) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS job_counts_update AFTER UPDATE OF status ON jobs
+    WHEN OLD.status <> NEW.status BEGIN
+    UPDATE job_counts SET n = n - 1 WHERE status = OLD.status;
+    INSERT INTO job_counts (status, n) VALUES (NEW.status, 1)
+        ON CONFLICT (status) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS job_counts_delete AFTER DELETE ON jobs BEGIN
+    UPDATE job_counts SET n = n - 1 WHERE status = OLD.status;
+END;
+
 -- Every run of a job's action, numbered from 1 per job. Never rewritten
 -- except to fill in the end of the attempt it belongs to.
 CREATE TABLE IF NOT EXISTS attempts (

@@ -1078,3 +1078,39 @@ pub fn now_millis() -> i64 {
         .unwrap()
         .as_millis() as i64
 }
+
+impl Server {
+    /// Like `start`, with extra arguments after `serve --config PATH`
+    /// (e.g. `--log-format json`).
+    pub fn start_with_args(config: &ServerConfig, env: &[(&str, &str)], args: &[&str]) -> Server {
+        let dir = tempdir();
+        let config_path = dir.path().join("idemhook.toml");
+        std::fs::write(&config_path, config.render()).expect("write config");
+        let args = args.iter().map(|a| a.to_string()).collect();
+        let mut server = Server::new_stopped(dir, Some(config_path), env, args);
+        server.spawn();
+        server
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Signals
+// ---------------------------------------------------------------------------
+
+impl Server {
+    /// The process id of the running `serve` (panics when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("pid: no running child").id()
+    }
+
+    /// Send SIGTERM (graceful shutdown) with `kill -TERM <pid>`; the process
+    /// keeps running until it exits on its own (see [`Server::wait_exit`]).
+    pub fn terminate(&self) {
+        let pid = self.pid().to_string();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap_or_else(|e| panic!("run kill -TERM {pid}: {e}"));
+        assert!(status.success(), "kill -TERM {pid} failed: {status}");
+    }
+}

@@ -6,5 +6,6 @@
 
 mod downstream;
 mod harness;
+mod metrics;
 mod receiver;
 mod sign;
