@@ -495,12 +495,12 @@ fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, Stri
         ("encoding", rs.encoding.is_some()),
         ("prefix", rs.prefix.is_some()),
     ];
-    if kind != Kind::Hmac {
-        if let Some((key, _)) = hmac_keys.iter().find(|(_, set)| *set) {
-            return Err(format!(
-                "{key}: only sources of kind \"hmac\" take this key"
-            ));
-        }
+    if kind != Kind::Hmac
+        && let Some((key, _)) = hmac_keys.iter().find(|(_, set)| *set)
+    {
+        return Err(format!(
+            "{key}: only sources of kind \"hmac\" take this key"
+        ));
     }
     let scheme = match kind {
         Kind::Stripe => Scheme::Stripe,
@@ -826,7 +826,7 @@ pub fn format_duration(d: Duration) -> String {
         ("m", 60_000),
         ("s", 1_000),
     ] {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }

@@ -469,3 +469,27 @@ pub fn validate_sql_actions(conn: &Connection, sources: &[Source]) -> Result<(),
     }
     Ok(())
 }
+
+/// Runs an SQL action's statement again on a stored event, for an
+/// operator's replay: in its own savepoint of the caller's transaction,
+/// with the parameters bound exactly as the claim binds them (`c` rebuilt
+/// from the stored body and headers). `Ok(Err(message))` when the statement
+/// failed (only its own writes are rolled back); `Err` when storage failed.
+/// The job and attempt rows are the caller's to write.
+pub fn rerun_sql_action(
+    conn: &Connection,
+    source: &Source,
+    action: &Action,
+    c: &Claim,
+) -> Result<Result<(), String>, StoreError> {
+    let ActionKind::Sql { sql, params } = &action.kind else {
+        return Ok(Err(format!("action {} is not an sql action", action.name)));
+    };
+    match in_savepoint(conn, "replay_action", |conn| {
+        execute_action(conn, source, sql, params, c)
+    }) {
+        Ok(()) => Ok(Ok(())),
+        Err(ActionError::Store(e)) if e.kind != crate::store::StoreErrorKind::Other => Err(e),
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}

@@ -231,10 +231,10 @@ impl Metrics {
         load: impl FnOnce() -> Option<JobGauges>,
     ) -> Option<JobGauges> {
         let mut cache = self.job_cache.lock().ok()?;
-        if let Some((at, g)) = cache.as_ref() {
-            if at.elapsed() < max_age {
-                return Some(g.clone());
-            }
+        if let Some((at, g)) = cache.as_ref()
+            && at.elapsed() < max_age
+        {
+            return Some(g.clone());
         }
         let fresh = load()?;
         *cache = Some((Instant::now(), fresh.clone()));

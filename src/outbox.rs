@@ -81,10 +81,10 @@ impl Waker {
 
     /// Sleeps until woken after `seen`, or `timeout`.
     fn wait(&self, seen: u64, timeout: Duration) {
-        if let Ok(g) = self.0.generation.lock() {
-            if *g == seen {
-                let _ = self.0.cv.wait_timeout(g, timeout);
-            }
+        if let Ok(g) = self.0.generation.lock()
+            && *g == seen
+        {
+            let _ = self.0.cv.wait_timeout(g, timeout);
         }
     }
 }
@@ -355,11 +355,11 @@ impl Worker {
                 job.event_type.as_deref().unwrap_or(""),
             )
             .header("X-Idemhook-Attempt", job.n.to_string());
-        if let Some(signer) = self.signers.get(&(job.source.clone(), job.action.clone())) {
-            if let Ok(headers) = signer.sign(&job.body, started_at / 1000, &key) {
-                for (name, value) in headers {
-                    request = request.header(name, value);
-                }
+        if let Some(signer) = self.signers.get(&(job.source.clone(), job.action.clone()))
+            && let Ok(headers) = signer.sign(&job.body, started_at / 1000, &key)
+        {
+            for (name, value) in headers {
+                request = request.header(name, value);
             }
         }
         let mut attempt = Attempt {
@@ -548,11 +548,22 @@ fn take(
                 continue;
             }
         }
-        let event: Option<(Option<String>, Option<Vec<u8>>, Option<String>)> = conn
+        let event = conn
             .prepare_cached("SELECT type, payload, content_type FROM events WHERE source = ?1 AND event_id = ?2")?
-            .query_row(params![source, event_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_row(params![source, event_id], |r| {
+                Ok(StoredEvent {
+                    event_type: r.get(0)?,
+                    body: r.get(1)?,
+                    content_type: r.get(2)?,
+                })
+            })
             .optional()?;
-        let Some((event_type, Some(body), content_type)) = event else {
+        let Some(StoredEvent {
+            event_type,
+            body: Some(body),
+            content_type,
+        }) = event
+        else {
             fail_job(
                 conn,
                 job_id,
@@ -583,6 +594,14 @@ fn take(
         )?
         .query_row([], |r| r.get(0))?;
     Ok((taken, next_due))
+}
+
+/// What a forward needs of its event.
+struct StoredEvent {
+    event_type: Option<String>,
+    /// None once erased or pruned.
+    body: Option<Vec<u8>>,
+    content_type: Option<String>,
 }
 
 fn fail_job(conn: &Connection, job_id: i64, now: i64, error: &str) -> Result<(), StoreError> {

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::reply::Reply;
-use super::{BodyError, Incoming, read_body};
+use super::{BodyError, BodyProblem, Incoming, read_body};
 use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
@@ -63,6 +63,47 @@ pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
             &msg,
             received_at,
         );
+    }
+    match &rq.body_problem {
+        Some(BodyProblem::TimedOut) => {
+            return refuse(
+                app,
+                Some(index),
+                source_name,
+                rq,
+                Delivery::BadRequest,
+                408,
+                "body not received in time",
+                received_at,
+            );
+        }
+        Some(BodyProblem::Short { expected, got }) => {
+            let msg = format!("body shorter than its Content-Length ({got} of {expected} bytes)");
+            return refuse(
+                app,
+                Some(index),
+                source_name,
+                rq,
+                Delivery::BadRequest,
+                400,
+                &msg,
+                received_at,
+            );
+        }
+        Some(BodyProblem::BadChunk(e)) => {
+            let msg = format!("malformed chunked body: {e}");
+            return refuse(
+                app,
+                Some(index),
+                source_name,
+                rq,
+                Delivery::BadRequest,
+                400,
+                &msg,
+                received_at,
+            );
+        }
+        None => {}
     }
     let limit = app.config.max_body_bytes;
     if rq.content_length.is_some_and(|n| n > limit) {
@@ -157,10 +198,10 @@ pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
     } else {
         None
     };
-    if source.kind == Kind::Slack {
-        if let Some(reply) = slack_challenge(json.as_ref()) {
-            return reply;
-        }
+    if source.kind == Kind::Slack
+        && let Some(reply) = slack_challenge(json.as_ref())
+    {
+        return reply;
     }
     let input = Input {
         headers: &rq.headers,

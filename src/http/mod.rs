@@ -1,22 +1,23 @@
-//! HTTP: the tiny_http server, its worker pool and the routes. Only this
-//! module knows tiny_http; handlers take a plain [`Incoming`] and return a
-//! [`Reply`].
+//! HTTP: our HTTP/1.1 server (`server.rs`), the routes, and the handlers.
+//! Handlers take a plain [`Incoming`] and return a [`Reply`]; only
+//! `server.rs` touches sockets.
 
+pub mod admin;
 pub mod hooks;
 pub mod reply;
+pub mod server;
 
 use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::app::App;
 use reply::Reply;
+pub use server::BodyProblem;
 
-/// Longest request target we route; longer ones are answered 414.
-const MAX_URL_BYTES: usize = 4096;
-
-/// A request as the handlers see it.
+/// A request as the handlers see it. The body has already been read (up to
+/// `max_body_bytes` + 1 bytes) by the connection thread.
 pub struct Incoming<'a> {
     pub method: &'a str,
     pub path: &'a str,
@@ -26,6 +27,8 @@ pub struct Incoming<'a> {
     /// The declared body length, if any.
     pub content_length: Option<usize>,
     pub body: &'a mut dyn Read,
+    /// Why the body could not be read whole, if it could not.
+    pub body_problem: Option<BodyProblem>,
 }
 
 impl Incoming<'_> {
@@ -34,112 +37,58 @@ impl Incoming<'_> {
     }
 }
 
-/// The running server: its address and its worker threads.
+/// The running server.
 pub struct HttpServer {
-    server: Arc<tiny_http::Server>,
-    workers: Vec<JoinHandle<()>>,
+    server: server::Server,
     pub addr: SocketAddr,
 }
 
 impl HttpServer {
-    /// Binds `listen` and starts `workers` threads answering requests.
+    /// Binds `listen` and starts serving with `workers` processing permits.
     pub fn start(app: Arc<App>, listen: &str, workers: usize) -> Result<HttpServer, String> {
-        let server = tiny_http::Server::http(listen)
+        let limits = server::Limits::new(workers, app.config.max_body_bytes);
+        let handler = Box::new(move |rq: &mut server::Request| handle(&app, rq));
+        let server = server::Server::bind(listen, limits, handler)
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| format!("{listen} is not an IP address"))?;
-        let server = Arc::new(server);
-        let mut handles = Vec::with_capacity(workers);
-        for i in 0..workers {
-            let (server, app) = (server.clone(), app.clone());
-            let handle = std::thread::Builder::new()
-                .name(format!("idemhook-http-{i}"))
-                .spawn(move || worker(&server, &app))
-                .map_err(|e| format!("cannot start an HTTP worker: {e}"))?;
-            handles.push(handle);
-        }
-        Ok(HttpServer {
-            server,
-            workers: handles,
-            addr,
-        })
+        let addr = server.addr();
+        Ok(HttpServer { server, addr })
     }
 
-    /// Stops accepting, lets each worker finish the request it holds, and
-    /// joins them.
+    /// Stops accepting, lets requests already read finish, and waits for
+    /// their connections (at most 10 s).
     pub fn stop(self) {
-        for _ in &self.workers {
-            self.server.unblock();
-        }
-        for w in self.workers {
-            let _ = w.join();
-        }
+        self.server.stop(Duration::from_secs(10));
     }
 }
 
-fn worker(server: &tiny_http::Server, app: &App) {
-    while let Ok(request) = server.recv() {
-        // A panic in a handler answers 500 (tiny_http does that when a
-        // request is dropped unanswered) and the worker keeps serving.
-        let outcome =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(app, request)));
-        if outcome.is_err() {
-            crate::log::error("handler panicked", &[("effect", &"answered 500")]);
-        }
-    }
-}
-
-fn handle(app: &App, mut request: tiny_http::Request) {
-    let url = request.url().to_string();
-    let method = request.method().as_str().to_string();
-    let remote = request
-        .remote_addr()
-        .map(ToString::to_string)
-        .unwrap_or_default();
-    let reply = if url.len() > MAX_URL_BYTES {
-        Reply::error(414, "request target too long")
-    } else {
-        let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-        let headers: Vec<(String, String)> = request
-            .headers()
-            .iter()
-            .map(|h| {
-                (
-                    h.field.as_str().as_str().to_string(),
-                    h.value.as_str().to_string(),
-                )
-            })
-            .collect();
-        let content_length = request.body_length();
-        let mut incoming = Incoming {
-            method: &method,
-            path,
-            query,
-            headers,
-            remote,
-            content_length,
-            body: request.as_reader(),
-        };
-        route(app, &mut incoming)
+fn handle(app: &App, rq: &mut server::Request) -> Reply {
+    let target = rq.target.clone();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let (bytes, problem) = match std::mem::replace(&mut rq.body, Ok(Vec::new())) {
+        Ok(b) => (b, None),
+        Err(p) => (Vec::new(), Some(p)),
     };
-    if let Some(fp) = reply.failpoint {
-        crate::failpoint::hit(fp);
-    }
-    let status = reply.status;
-    if let Err(e) = request.respond(reply.into_response()) {
-        crate::log::debug(
-            "response not delivered",
-            &[("error", &e), ("status", &status)],
-        );
-    }
+    let mut cursor = std::io::Cursor::new(bytes);
+    let mut incoming = Incoming {
+        method: &rq.method,
+        path,
+        query,
+        headers: std::mem::take(&mut rq.headers),
+        remote: rq.remote.to_string(),
+        content_length: rq.content_length,
+        body: &mut cursor,
+        body_problem: problem,
+    };
+    route(app, &mut incoming)
 }
 
 fn route(app: &App, rq: &mut Incoming<'_>) -> Reply {
     let path = rq.path;
     if let Some(source) = path.strip_prefix("/hooks/") {
         return hooks::receive(app, source, rq);
+    }
+    if path == "/api" || path.starts_with("/api/") {
+        return admin::handle(app, rq);
     }
     match path {
         "/healthz" => match rq.method {
@@ -179,13 +128,13 @@ pub fn read_body(
     if buf.len() > limit {
         return Err(BodyError::TooLarge);
     }
-    if let Some(n) = expected {
-        if buf.len() != n {
-            return Err(BodyError::Short {
-                expected: n,
-                got: buf.len(),
-            });
-        }
+    if let Some(n) = expected
+        && buf.len() != n
+    {
+        return Err(BodyError::Short {
+            expected: n,
+            got: buf.len(),
+        });
     }
     Ok(buf)
 }

@@ -1,5 +1,4 @@
-//! What a handler answers: status, headers and body, turned into a
-//! tiny_http response at the last moment.
+//! What a handler answers: status, headers and body; `server.rs` writes it.
 
 use serde_json::{Value, json};
 
@@ -64,17 +63,5 @@ impl Reply {
     pub fn with_failpoint(mut self, name: &'static str) -> Reply {
         self.failpoint = Some(name);
         self
-    }
-
-    pub fn into_response(self) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-        let mut response = tiny_http::Response::from_data(self.body).with_status_code(self.status);
-        let mut headers = vec![("Content-Type", self.content_type.to_string())];
-        headers.extend(self.headers.into_iter().map(|(n, v)| (n, v)));
-        for (name, value) in headers {
-            if let Ok(h) = tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()) {
-                response.add_header(h);
-            }
-        }
-        response
     }
 }

@@ -86,13 +86,14 @@ pub fn open(
     durability: Durability,
     busy_timeout: Duration,
 ) -> Result<Connection, StoreError> {
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() && !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError {
-                kind: StoreErrorKind::ReadOnly,
-                message: format!("cannot create {}: {e}", dir.display()),
-            })?;
-        }
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError {
+            kind: StoreErrorKind::ReadOnly,
+            message: format!("cannot create {}: {e}", dir.display()),
+        })?;
     }
     let conn = Connection::open_with_flags(
         path,

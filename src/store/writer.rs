@@ -160,10 +160,10 @@ impl Writer {
         F: FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
     {
         let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
-            if let Ok(conn) = conn {
-                if let Err(e) = in_savepoint(conn, "op", f) {
-                    crate::log::warn("storage", &[("error", &e.message)]);
-                }
+            if let Ok(conn) = conn
+                && let Err(e) = in_savepoint(conn, "op", f)
+            {
+                crate::log::warn("storage", &[("error", &e.message)]);
             }
             Box::new(|_| {})
         });

@@ -1,0 +1,458 @@
+//! The admin API under `/api/`: list, show, replay, pause, resume and
+//! reconcile over HTTP, answering the same JSON as the CLI's `--json` (the
+//! same `ops` functions build it).
+//!
+//! Off (404) when no `admin_token` is set; otherwise every request needs
+//! `Authorization: Bearer <token>`, compared in constant time (401 on a
+//! missing or wrong one). Reads use the read-only pool; writes go through
+//! the one writer, each in its own savepoint so a refused request leaves
+//! nothing behind.
+
+use rusqlite::Connection;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::reply::Reply;
+use super::{Incoming, read_body};
+use crate::app::App;
+use crate::ops::inspect::{self, ListFilter, OpError};
+use crate::ops::{pause, reconcile, replay};
+use crate::store::{StoreError, now_ms};
+
+/// The largest admin request body we read.
+const MAX_ADMIN_BODY: usize = 64 * 1024;
+/// The most events one list answers.
+const MAX_LIST: u32 = 10_000;
+
+pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
+    let Some(token) = &app.config.admin_token else {
+        return Reply::error(404, "the admin API is off: set admin_token to enable it");
+    };
+    if !authorized(rq, token.expose()) {
+        return Reply::error(
+            401,
+            "missing or wrong admin token: send Authorization: Bearer <admin_token>",
+        )
+        .with_header("WWW-Authenticate", "Bearer");
+    }
+    let Some(segments) = segments(rq.path) else {
+        return Reply::error(400, "the path is not valid percent-encoded UTF-8");
+    };
+    let parts: Vec<&str> = segments.iter().map(String::as_str).collect();
+    match parts.as_slice() {
+        ["api", "events"] => only(rq, "GET", |rq| list(app, rq)),
+        ["api", "events", source, event_id] => only(rq, "GET", |_| show(app, source, event_id)),
+        ["api", "events", source, event_id, "replay"] => {
+            only(rq, "POST", |rq| replay_event(app, rq, source, event_id))
+        }
+        ["api", "replay"] => only(rq, "POST", |rq| replay_batch(app, rq)),
+        [
+            "api",
+            "actions",
+            source,
+            action,
+            verb @ ("pause" | "resume"),
+        ] => {
+            let pausing = *verb == "pause";
+            only(rq, "POST", |_| {
+                pause_or_resume(app, source, action, pausing)
+            })
+        }
+        ["api", "reconcile"] => only(rq, "GET", |_| reconcile_route(app)),
+        _ => Reply::error(404, "no such admin route"),
+    }
+}
+
+/// Answers 405 unless the method is `method` (HEAD counts as GET).
+fn only(
+    rq: &mut Incoming<'_>,
+    method: &'static str,
+    f: impl FnOnce(&mut Incoming<'_>) -> Reply,
+) -> Reply {
+    if rq.method == method || (method == "GET" && rq.method == "HEAD") {
+        f(rq)
+    } else {
+        Reply::method_not_allowed(method)
+    }
+}
+
+/// Compares the bearer token with the configured one in constant time: both
+/// are hashed first, so neither the length nor a prefix leaks through
+/// timing.
+fn authorized(rq: &Incoming<'_>, token: &str) -> bool {
+    let mut values = crate::verify::header_values(&rq.headers, "authorization");
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return false;
+    };
+    let Some((scheme, given)) = value.trim().split_once(' ') else {
+        return false;
+    };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return false;
+    }
+    let a = Sha256::digest(given.trim().as_bytes());
+    let b = Sha256::digest(token.as_bytes());
+    let diff = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    diff == 0
+}
+
+/// The path's segments, percent-decoded; None when one does not decode.
+fn segments(path: &str) -> Option<Vec<String>> {
+    path.trim_start_matches('/')
+        .trim_end_matches('/')
+        .split('/')
+        .map(percent_decode)
+        .collect()
+}
+
+/// `%XX` decoded (and `+` as a space when `plus` for query strings).
+fn decode(s: &str, plus: bool) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                let text = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(text, 16).ok()?);
+                i += 3;
+            }
+            b'+' if plus => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    decode(s, false)
+}
+
+/// The query string as (name, value) pairs, decoded.
+fn query_pairs(query: &str) -> Result<Vec<(String, String)>, String> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            match (decode(k, true), decode(v, true)) {
+                (Some(k), Some(v)) => Ok((k, v)),
+                _ => Err("the query string is not valid percent-encoded UTF-8".to_string()),
+            }
+        })
+        .collect()
+}
+
+fn op_error(e: OpError) -> Reply {
+    match e {
+        OpError::NotFound(m) => Reply::error(404, &m),
+        OpError::Invalid(m) => Reply::error(400, &m),
+        OpError::Store(e) => store_error(&e),
+    }
+}
+
+fn store_error(e: &StoreError) -> Reply {
+    crate::log::warn("admin api storage error", &[("error", &e.message)]);
+    Reply::unavailable(&e.message)
+}
+
+/// Runs `f` on a pooled read-only connection.
+fn read<T>(app: &App, f: impl FnOnce(&Connection) -> Result<T, OpError>) -> Result<T, OpError> {
+    let conn = app
+        .readers
+        .get()
+        .map_err(|e| OpError::Store(StoreError::other(format!("no read connection: {e}"))))?;
+    f(&conn)
+}
+
+/// Runs `f` through the one writer, in its own savepoint: a refusal
+/// (not found, invalid) rolls back whatever `f` wrote and comes back as
+/// itself; a storage failure fails the call.
+fn write<T: Send + 'static>(
+    app: &App,
+    f: impl FnOnce(&Connection) -> Result<T, OpError> + Send + 'static,
+) -> Result<T, OpError> {
+    let result = app.writer.call(
+        move |conn| match crate::store::in_savepoint(conn, "admin", f) {
+            Ok(v) => Ok(Ok(v)),
+            Err(OpError::Store(e)) => Err(e),
+            Err(other) => Ok(Err(other)),
+        },
+    );
+    match result {
+        Ok(inner) => inner,
+        Err(e) => Err(OpError::Store(e)),
+    }
+}
+
+/// The request's JSON body as `T`; an empty body is `T::default()`.
+fn body<T: for<'de> Deserialize<'de> + Default>(rq: &mut Incoming<'_>) -> Result<T, Reply> {
+    if rq.body_problem.is_some() {
+        return Err(Reply::error(400, "the request body did not arrive whole"));
+    }
+    let bytes = read_body(rq.body, rq.content_length, MAX_ADMIN_BODY).map_err(|e| match e {
+        super::BodyError::TooLarge => Reply::error(413, "admin request body too large"),
+        _ => Reply::error(400, "could not read the request body"),
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Reply::error(400, &format!("invalid JSON body: {e}")))
+}
+
+fn list(app: &App, rq: &Incoming<'_>) -> Reply {
+    let pairs = match query_pairs(rq.query) {
+        Ok(p) => p,
+        Err(m) => return Reply::error(400, &m),
+    };
+    let (mut source, mut status, mut event_type, mut since, mut limit) =
+        (None, None, None, None, 50u32);
+    for (k, v) in pairs {
+        let v = Some(v).filter(|v| !v.is_empty());
+        match k.as_str() {
+            "source" => source = v,
+            "status" => status = v,
+            "type" => event_type = v,
+            "since" => since = v,
+            "limit" => match v.map(|v| v.parse::<u32>()) {
+                Some(Ok(n)) if (1..=MAX_LIST).contains(&n) => limit = n,
+                None => {}
+                _ => {
+                    return Reply::error(
+                        400,
+                        &format!("limit: expected a number from 1 to {MAX_LIST}"),
+                    );
+                }
+            },
+            other => {
+                return Reply::error(
+                    400,
+                    &format!(
+                        "unknown query parameter {other:?}: use source, status, type, since, limit"
+                    ),
+                );
+            }
+        }
+    }
+    let filter = match ListFilter::new(
+        source,
+        status,
+        event_type,
+        since.as_deref(),
+        limit,
+        now_ms(),
+    ) {
+        Ok(f) => f,
+        Err(e) => return op_error(e),
+    };
+    match read(app, |conn| inspect::list(conn, &filter)) {
+        Ok(v) => Reply::json(200, &v),
+        Err(e) => op_error(e),
+    }
+}
+
+fn show(app: &App, source: &str, event_id: &str) -> Reply {
+    match read(app, |conn| inspect::show(conn, source, event_id)) {
+        Ok(v) => Reply::json(200, &v),
+        Err(e) => op_error(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct EventReplayBody {
+    action: Option<String>,
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+fn replay_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) -> Reply {
+    let b: EventReplayBody = match body(rq) {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    let target = replay::Target::Event {
+        source: source.to_string(),
+        event_id: event_id.to_string(),
+        action: b.action,
+        force: b.force,
+    };
+    if b.dry_run {
+        return match read(app, |conn| replay::plan(conn, &app.config, &target)) {
+            Ok(plan) => Reply::json(200, &replay::report(&plan, None, None)),
+            Err(e) => op_error(e),
+        };
+    }
+    let config = app.config.clone();
+    let (source, event_id) = (source.to_string(), event_id.to_string());
+    let result = write(app, move |conn| {
+        let plan = replay::plan(conn, &config, &target)?;
+        let done = replay::apply(conn, &config, &plan.steps, replay::Origin::Api, now_ms())?;
+        let state = replay::event_state(conn, &source, &event_id)?;
+        Ok((plan, done, state))
+    });
+    match result {
+        Ok((plan, done, state)) => {
+            if replay::requeued_forward(&done) {
+                (app.wake_outbox)();
+            }
+            Reply::json(200, &replay::report(&plan, Some(&done), state))
+        }
+        Err(e) => op_error(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BatchReplayBody {
+    source: Option<String>,
+    status: Option<String>,
+    action: Option<String>,
+    since: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
+    let b: BatchReplayBody = match body(rq) {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    let target =
+        match replay::Target::batch(b.source, b.status, b.action, b.since.as_deref(), now_ms()) {
+            Ok(t) => t,
+            Err(e) => return op_error(e),
+        };
+    let plan = match read(app, |conn| replay::plan(conn, &app.config, &target)) {
+        Ok(p) => p,
+        Err(e) => return op_error(e),
+    };
+    if b.dry_run {
+        return Reply::json(200, &replay::report(&plan, None, None));
+    }
+    let mut all = Vec::with_capacity(plan.steps.len());
+    for chunk in plan.steps.chunks(replay::APPLY_CHUNK) {
+        let (config, steps) = (app.config.clone(), chunk.to_vec());
+        let done = app
+            .writer
+            .call(move |conn| replay::apply(conn, &config, &steps, replay::Origin::Api, now_ms()));
+        match done {
+            Ok(done) => all.extend(done),
+            Err(e) => return store_error(&e),
+        }
+    }
+    if replay::requeued_forward(&all) {
+        (app.wake_outbox)();
+    }
+    Reply::json(200, &replay::report(&plan, Some(&all), None))
+}
+
+fn pause_or_resume(app: &App, source: &str, action: &str, pausing: bool) -> Reply {
+    let config = app.config.clone();
+    let (source, action) = (source.to_string(), action.to_string());
+    let result = write(app, move |conn| {
+        if pausing {
+            pause::pause(conn, &config, &source, &action, now_ms())
+        } else {
+            pause::resume(conn, &config, &source, &action, now_ms())
+        }
+    });
+    match result {
+        Ok(v) => {
+            if !pausing && v["jobs_resumed"].as_u64().unwrap_or(0) > 0 {
+                (app.wake_outbox)();
+            }
+            Reply::json(200, &v)
+        }
+        Err(e) => op_error(e),
+    }
+}
+
+fn reconcile_route(app: &App) -> Reply {
+    match read(app, |conn| reconcile::reconcile(conn, now_ms())) {
+        Ok(v) => Reply::json(200, &v),
+        Err(e) => op_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_paths_and_queries() {
+        assert_eq!(
+            segments("/api/events/stripe/evt%2F1").unwrap(),
+            vec!["api", "events", "stripe", "evt/1"]
+        );
+        assert!(segments("/api/events/%ff").is_none());
+        assert!(segments("/api/events/%4").is_none());
+        assert_eq!(
+            query_pairs("source=a+b&limit=5&").unwrap(),
+            vec![
+                ("source".into(), "a b".into()),
+                ("limit".into(), "5".into())
+            ]
+        );
+    }
+
+    fn incoming_with<'a>(
+        headers: Vec<(String, String)>,
+        body: &'a mut &'static [u8],
+    ) -> Incoming<'a> {
+        Incoming {
+            method: "GET",
+            path: "/api/reconcile",
+            query: "",
+            headers,
+            remote: String::new(),
+            content_length: None,
+            body,
+            body_problem: None,
+        }
+    }
+
+    #[test]
+    fn bearer_token_must_match_exactly() {
+        let h = |v: &str| vec![("Authorization".to_string(), v.to_string())];
+        let mut empty: &'static [u8] = b"";
+        assert!(authorized(
+            &incoming_with(h("Bearer s3cret"), &mut empty),
+            "s3cret"
+        ));
+        assert!(authorized(
+            &incoming_with(h("bearer s3cret"), &mut empty),
+            "s3cret"
+        ));
+        assert!(!authorized(
+            &incoming_with(h("Bearer s3cre"), &mut empty),
+            "s3cret"
+        ));
+        assert!(!authorized(
+            &incoming_with(h("Basic s3cret"), &mut empty),
+            "s3cret"
+        ));
+        assert!(!authorized(
+            &incoming_with(Vec::new(), &mut empty),
+            "s3cret"
+        ));
+        let twice = vec![
+            ("Authorization".to_string(), "Bearer s3cret".to_string()),
+            ("Authorization".to_string(), "Bearer s3cret".to_string()),
+        ];
+        assert!(!authorized(&incoming_with(twice, &mut empty), "s3cret"));
+    }
+}

@@ -1,0 +1,770 @@
+//! The HTTP/1.1 server: one thread per connection, with timeouts, limits
+//! and a cap on connections, so slow or idle clients cannot starve
+//! deliveries (tiny_http 0.12 has no socket timeouts and can leave a new
+//! connection queued behind long-lived ones; see NOTES.md).
+//!
+//! A connection thread reads a request's head and whole body itself, under
+//! read timeouts, before it asks for one of `http_workers` processing
+//! permits; so a slow sender holds only its own thread, never a worker.
+//! Bodies are read up to `max_body_bytes` + 1 and no further: a larger
+//! declared or chunked body is answered 413 and the connection closed.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::reply::Reply;
+
+/// Limits of the HTTP server.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The most open connections; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Requests processed at once (verify, claim); reading is not counted.
+    pub workers: usize,
+    /// Time to receive a whole request head once its first byte arrived.
+    pub header_timeout: Duration,
+    /// Time a keep-alive connection may sit idle between requests.
+    pub idle_timeout: Duration,
+    /// Time to receive a whole body.
+    pub body_timeout: Duration,
+    pub max_head_bytes: usize,
+    pub max_headers: usize,
+    pub max_target_bytes: usize,
+    pub max_body_bytes: usize,
+}
+
+impl Limits {
+    pub fn new(workers: usize, max_body_bytes: usize) -> Limits {
+        Limits {
+            max_connections: 1024,
+            workers,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            max_head_bytes: 32 * 1024,
+            max_headers: 100,
+            max_target_bytes: 4096,
+            max_body_bytes,
+        }
+    }
+}
+
+/// A request read off the wire, body included.
+pub struct Request {
+    pub method: String,
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    pub remote: SocketAddr,
+    pub content_length: Option<usize>,
+    /// The body, at most `max_body_bytes` + 1 bytes (one more means "too
+    /// large"), or why it could not be read.
+    pub body: Result<Vec<u8>, BodyProblem>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyProblem {
+    /// The connection ended or stalled before the declared length arrived.
+    Short {
+        expected: usize,
+        got: usize,
+    },
+    /// Malformed chunked encoding.
+    BadChunk(String),
+    TimedOut,
+}
+
+/// What handles a request. Runs on the connection's thread, holding a
+/// processing permit.
+pub type Handler = dyn Fn(&mut Request) -> Reply + Send + Sync;
+
+pub struct Server {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    limits: Limits,
+    handler: Box<Handler>,
+    permits: Semaphore,
+    active: AtomicUsize,
+    next_id: AtomicU64,
+    /// Open connections, so shutdown can end their reads.
+    open: Mutex<HashMap<u64, TcpStream>>,
+    drained: Condvar,
+}
+
+impl Server {
+    pub fn bind(listen: &str, limits: Limits, handler: Box<Handler>) -> io::Result<Server> {
+        let listener = TcpListener::bind(listen)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            permits: Semaphore::new(limits.workers.max(1)),
+            limits,
+            handler,
+            active: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
+            open: Mutex::new(HashMap::new()),
+            drained: Condvar::new(),
+        });
+        let s = shared.clone();
+        let acceptor = std::thread::Builder::new()
+            .name("idemhook-accept".into())
+            .spawn(move || accept_loop(&listener, &s))?;
+        Ok(Server {
+            addr,
+            shared,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, lets requests already read finish and answer, ends
+    /// idle connections, and waits up to `grace` for them all.
+    pub fn stop(mut self, grace: Duration) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wake the acceptor with a connection of our own.
+        let wake = if self.addr.ip().is_unspecified() {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), self.addr.port())
+        } else {
+            self.addr
+        };
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        // Idle connections wait in a read: end it. A connection in the
+        // middle of a request finishes it (its write side stays open).
+        if let Ok(open) = self.shared.open.lock() {
+            for stream in open.values() {
+                let _ = stream.shutdown(Shutdown::Read);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        if let Ok(mut open) = self.shared.open.lock() {
+            while !open.is_empty() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                open = match self.shared.drained.wait_timeout(open, left) {
+                    Ok((o, _)) => o,
+                    Err(_) => break,
+                };
+            }
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                crate::log::warn("accept failed", &[("error", &e)]);
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if shared.active.load(Ordering::SeqCst) >= shared.limits.max_connections {
+            let mut stream = stream;
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let reply = Reply::error(503, "too many connections, retry later").retry_after();
+            let _ = stream.write_all(&serialize(reply, false, true));
+            continue;
+        }
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let Ok(registered) = stream.try_clone() else {
+            continue;
+        };
+        if let Ok(mut open) = shared.open.lock() {
+            open.insert(id, registered);
+        }
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("idemhook-conn".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                serve_connection(stream, &s);
+                finish(&s, id);
+            });
+        if spawned.is_err() {
+            finish(shared, id);
+        }
+    }
+}
+
+fn finish(shared: &Shared, id: u64) {
+    shared.active.fetch_sub(1, Ordering::SeqCst);
+    if let Ok(mut open) = shared.open.lock() {
+        open.remove(&id);
+        if open.is_empty() {
+            shared.drained.notify_all();
+        }
+    }
+}
+
+fn serve_connection(stream: TcpStream, shared: &Shared) {
+    let limits = &shared.limits;
+    let Ok(remote) = stream.peer_addr() else {
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(30)));
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::with_capacity(16 * 1024, read_half);
+    let mut writer = stream;
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        // Wait for the next request's first byte, then the whole head.
+        let _ = writer.set_read_timeout(Some(limits.idle_timeout));
+        match reader.fill_buf() {
+            Ok([]) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let head = match read_head(&mut reader, &writer, limits) {
+            Ok(h) => h,
+            Err(HeadError::Closed) => return,
+            Err(HeadError::Reply(reply)) => {
+                let _ = writer.write_all(&serialize(reply, false, true));
+                return;
+            }
+        };
+        // Expect: 100-continue, unless the answer is already known.
+        let declared_too_large = head
+            .content_length
+            .is_some_and(|n| n > limits.max_body_bytes);
+        if head.expect_continue && !declared_too_large {
+            let _ = writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        let body = if declared_too_large {
+            // Not read at all: the answer is 413 and the connection closes.
+            Ok(vec![0; limits.max_body_bytes + 1])
+        } else {
+            let _ = writer.set_read_timeout(Some(limits.body_timeout));
+            read_body(&mut reader, &head, limits)
+        };
+        let body_complete = matches!(&body, Ok(b) if b.len() <= limits.max_body_bytes);
+        let mut request = Request {
+            method: head.method,
+            target: head.target,
+            headers: head.headers,
+            remote,
+            content_length: head.content_length,
+            body,
+        };
+        let reply = {
+            let _permit = shared.permits.acquire();
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (shared.handler)(&mut request)
+            })) {
+                Ok(r) => r,
+                Err(_) => {
+                    crate::log::error("handler panicked", &[("effect", &"answered 500")]);
+                    Reply::error(500, "internal error")
+                }
+            }
+        };
+        if let Some(fp) = reply.failpoint {
+            crate::failpoint::hit(fp);
+        }
+        let close = !head.keep_alive || !body_complete || shared.stop.load(Ordering::SeqCst);
+        let is_head = request.method == "HEAD";
+        if writer.write_all(&serialize(reply, is_head, close)).is_err() || close {
+            let _ = writer.shutdown(Shutdown::Write);
+            return;
+        }
+    }
+}
+
+struct Head {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    content_length: Option<usize>,
+    chunked: bool,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+enum HeadError {
+    /// The client went away or stalled before a whole request line.
+    Closed,
+    /// Answer this and close.
+    Reply(Reply),
+}
+
+/// Reads and parses a request head, within the head size and time limits.
+fn read_head(
+    reader: &mut BufReader<TcpStream>,
+    socket: &TcpStream,
+    limits: &Limits,
+) -> Result<Head, HeadError> {
+    let deadline = Instant::now() + limits.header_timeout;
+    let mut raw: Vec<u8> = Vec::with_capacity(1024);
+    // Read lines until the empty line, bounded in bytes and time.
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(if raw.is_empty() {
+                HeadError::Closed
+            } else {
+                HeadError::Reply(Reply::error(408, "request head not received in time"))
+            });
+        }
+        let _ = socket.set_read_timeout(Some(left));
+        let before = raw.len();
+        let budget = (limits.max_head_bytes + 1).saturating_sub(raw.len()) as u64;
+        let n = match (&mut *reader).take(budget).read_until(b'\n', &mut raw) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(HeadError::Reply(Reply::error(
+                    408,
+                    "request head not received in time",
+                )));
+            }
+            Err(_) => return Err(HeadError::Closed),
+        };
+        if n == 0 {
+            return Err(HeadError::Closed);
+        }
+        if raw.len() > limits.max_head_bytes {
+            let first_line_done = raw[..before].contains(&b'\n');
+            return Err(HeadError::Reply(if first_line_done {
+                Reply::error(431, "request headers too large")
+            } else {
+                Reply::error(414, "request target too long")
+            }));
+        }
+        let line = &raw[before..];
+        if !line.ends_with(b"\n") {
+            continue;
+        }
+        let is_blank = line == b"\r\n" || line == b"\n";
+        if is_blank && before == 0 {
+            // Stray CRLF between requests (RFC 9112 2.2): skip.
+            raw.clear();
+            continue;
+        }
+        if is_blank {
+            break;
+        }
+    }
+    parse_head(&raw, limits).map_err(HeadError::Reply)
+}
+
+fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Reply> {
+    let bad = |m: &str| Reply::error(400, m);
+    let mut lines = raw
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let request_line = lines.next().unwrap_or_default();
+    let request_line =
+        std::str::from_utf8(request_line).map_err(|_| bad("request line is not UTF-8"))?;
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad("malformed request line"));
+    };
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(bad("malformed method"));
+    }
+    if target.len() > limits.max_target_bytes {
+        return Err(Reply::error(414, "request target too long"));
+    }
+    if !target.starts_with('/') || target.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(bad("malformed request target"));
+    }
+    let http11 = match version {
+        "HTTP/1.1" => true,
+        "HTTP/1.0" => false,
+        _ => {
+            return Err(Reply::error(
+                505,
+                "only HTTP/1.0 and HTTP/1.1 are supported",
+            ));
+        }
+    };
+    let mut headers: Vec<(String, String)> = Vec::new();
+    for line in lines {
+        if line.is_empty() {
+            break;
+        }
+        if headers.len() >= limits.max_headers {
+            return Err(Reply::error(431, "too many request headers"));
+        }
+        if line[0] == b' ' || line[0] == b'\t' {
+            return Err(bad("folded header lines are not accepted"));
+        }
+        let colon = line
+            .iter()
+            .position(|&b| b == b':')
+            .ok_or_else(|| bad("header line without a colon"))?;
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        if name.is_empty() || !name.iter().all(|&b| is_token(b)) {
+            return Err(bad("malformed header name"));
+        }
+        if value.contains(&0) {
+            let name = String::from_utf8_lossy(name);
+            return Err(bad(&format!("header {name} contains a NUL byte")));
+        }
+        let value = std::str::from_utf8(value).map_err(|_| {
+            bad(&format!(
+                "header {} is not valid UTF-8",
+                String::from_utf8_lossy(name)
+            ))
+        })?;
+        // Names are tokens, so ASCII.
+        headers.push((
+            String::from_utf8_lossy(name).into_owned(),
+            value.trim_matches([' ', '\t']).to_string(),
+        ));
+    }
+    fn all<'h>(headers: &'h [(String, String)], name: &'h str) -> impl Iterator<Item = &'h str> {
+        headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    let lengths: Vec<&str> = all(&headers, "content-length").collect();
+    let content_length = match lengths.first() {
+        None => None,
+        Some(v) => {
+            let n: usize = v.parse().map_err(|_| bad("malformed Content-Length"))?;
+            if lengths.iter().any(|other| other != v) {
+                return Err(bad("conflicting Content-Length headers"));
+            }
+            Some(n)
+        }
+    };
+    let te: Vec<&str> = all(&headers, "transfer-encoding").collect();
+    let chunked = match te.as_slice() {
+        [] => false,
+        [one] if one.eq_ignore_ascii_case("chunked") => true,
+        _ => {
+            return Err(Reply::error(
+                501,
+                "only Transfer-Encoding: chunked is supported",
+            ));
+        }
+    };
+    if chunked && content_length.is_some() {
+        return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    let connection = all(&headers, "connection")
+        .collect::<Vec<_>>()
+        .join(",")
+        .to_ascii_lowercase();
+    let keep_alive = if http11 {
+        !connection.split(',').any(|t| t.trim() == "close")
+    } else {
+        connection.split(',').any(|t| t.trim() == "keep-alive")
+    };
+    let expect_continue = all(&headers, "expect").any(|v| v.eq_ignore_ascii_case("100-continue"));
+    Ok(Head {
+        method: method.to_string(),
+        target: target.to_string(),
+        content_length,
+        chunked,
+        keep_alive,
+        expect_continue,
+        headers,
+    })
+}
+
+fn is_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Reads the body: up to `max_body_bytes` + 1 bytes, within the body timeout.
+fn read_body(
+    reader: &mut BufReader<TcpStream>,
+    head: &Head,
+    limits: &Limits,
+) -> Result<Vec<u8>, BodyProblem> {
+    let deadline = Instant::now() + limits.body_timeout;
+    let cap = limits.max_body_bytes + 1;
+    let timed_out = |e: &io::Error| {
+        matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        )
+    };
+    if head.chunked {
+        let mut body = Vec::new();
+        loop {
+            if Instant::now() > deadline {
+                return Err(BodyProblem::TimedOut);
+            }
+            let mut size_line = Vec::new();
+            match (&mut *reader).take(1024).read_until(b'\n', &mut size_line) {
+                Ok(0) => {
+                    return Err(BodyProblem::Short {
+                        expected: body.len() + 1,
+                        got: body.len(),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) if timed_out(&e) => return Err(BodyProblem::TimedOut),
+                Err(e) => return Err(BodyProblem::BadChunk(e.to_string())),
+            }
+            let text = String::from_utf8_lossy(&size_line);
+            let size_text = text.trim().split(';').next().unwrap_or("").trim();
+            let size = usize::from_str_radix(size_text, 16)
+                .map_err(|_| BodyProblem::BadChunk(format!("bad chunk size {size_text:?}")))?;
+            if size == 0 {
+                // Trailers, up to the empty line.
+                loop {
+                    let mut t = Vec::new();
+                    match (&mut *reader).take(8 * 1024).read_until(b'\n', &mut t) {
+                        Ok(0) => return Ok(body),
+                        Ok(_) if t == b"\r\n" || t == b"\n" => return Ok(body),
+                        Ok(_) => {}
+                        Err(e) if timed_out(&e) => return Err(BodyProblem::TimedOut),
+                        Err(e) => return Err(BodyProblem::BadChunk(e.to_string())),
+                    }
+                }
+            }
+            let want = size.min(cap - body.len().min(cap));
+            let start = body.len();
+            body.resize(start + want, 0);
+            if let Err(e) = reader.read_exact(&mut body[start..]) {
+                return Err(if timed_out(&e) {
+                    BodyProblem::TimedOut
+                } else {
+                    BodyProblem::Short {
+                        expected: start + want,
+                        got: start,
+                    }
+                });
+            }
+            if body.len() >= cap {
+                return Ok(body);
+            }
+            let mut crlf = [0u8; 2];
+            if reader.read_exact(&mut crlf).is_err() || &crlf != b"\r\n" {
+                return Err(BodyProblem::BadChunk("chunk not followed by CRLF".into()));
+            }
+        }
+    }
+    let Some(expected) = head.content_length else {
+        return Ok(Vec::new());
+    };
+    let want = expected.min(cap);
+    let mut body = vec![0u8; want];
+    let mut got = 0;
+    while got < want {
+        if Instant::now() > deadline {
+            return Err(BodyProblem::TimedOut);
+        }
+        match reader.read(&mut body[got..]) {
+            Ok(0) => return Err(BodyProblem::Short { expected, got }),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if timed_out(&e) => return Err(BodyProblem::TimedOut),
+            Err(_) => return Err(BodyProblem::Short { expected, got }),
+        }
+    }
+    Ok(body)
+}
+
+/// The response bytes: status line, headers, body.
+fn serialize(reply: Reply, head_only: bool, close: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + reply.body.len());
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n",
+        reply.status,
+        reason(reply.status),
+        reply.content_type,
+        reply.body.len()
+    );
+    for (name, value) in &reply.headers {
+        if name.eq_ignore_ascii_case("connection") {
+            continue;
+        }
+        if value.bytes().any(|b| b == b'\r' || b == b'\n') {
+            continue;
+        }
+        let _ = write!(out, "{name}: {value}\r\n");
+    }
+    out.extend_from_slice(if close {
+        b"Connection: close\r\n\r\n"
+    } else {
+        b"Connection: keep-alive\r\n\r\n"
+    });
+    if !head_only {
+        out.extend_from_slice(&reply.body);
+    }
+    out
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+/// A counting semaphore for processing permits.
+struct Semaphore {
+    free: Mutex<usize>,
+    cv: Condvar,
+}
+
+struct Permit<'a>(&'a Semaphore);
+
+impl Semaphore {
+    fn new(n: usize) -> Semaphore {
+        Semaphore {
+            free: Mutex::new(n),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn acquire(&self) -> Permit<'_> {
+        let mut free = match self.free.lock() {
+            Ok(f) => f,
+            Err(p) => p.into_inner(),
+        };
+        while *free == 0 {
+            free = match self.cv.wait(free) {
+                Ok(f) => f,
+                Err(p) => p.into_inner(),
+            };
+        }
+        *free -= 1;
+        Permit(self)
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let mut free = match self.0.free.lock() {
+            Ok(f) => f,
+            Err(p) => p.into_inner(),
+        };
+        *free += 1;
+        self.0.cv.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits::new(2, 1024)
+    }
+
+    fn parse(raw: &str) -> Result<Head, u16> {
+        parse_head(raw.as_bytes(), &limits()).map_err(|r| r.status)
+    }
+
+    #[test]
+    fn parses_a_plain_request() {
+        let h =
+            parse("POST /hooks/a?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n").unwrap();
+        assert_eq!(h.method, "POST");
+        assert_eq!(h.target, "/hooks/a?x=1");
+        assert_eq!(h.content_length, Some(5));
+        assert!(h.keep_alive);
+        assert!(!h.chunked);
+    }
+
+    #[test]
+    fn refuses_ambiguous_framing() {
+        assert_eq!(
+            parse("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n").err(),
+            Some(400)
+        );
+        assert_eq!(
+            parse("POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .err(),
+            Some(400)
+        );
+        assert_eq!(
+            parse("POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n").err(),
+            Some(501)
+        );
+        assert_eq!(
+            parse("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n").err(),
+            Some(400)
+        );
+    }
+
+    #[test]
+    fn refuses_bad_heads() {
+        assert_eq!(parse("POST / HTTP/2.0\r\n\r\n").err(), Some(505));
+        assert_eq!(parse("POST /\r\n\r\n").err(), Some(400));
+        assert_eq!(
+            parse("POST / HTTP/1.1\r\nBad Name: x\r\n\r\n").err(),
+            Some(400)
+        );
+        assert_eq!(parse("POST / HTTP/1.1\r\nX: a\0b\r\n\r\n").err(), Some(400));
+        assert_eq!(parse("POST / HTTP/1.1\r\n folded\r\n\r\n").err(), Some(400));
+        let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(5000));
+        assert_eq!(parse(&long).err(), Some(414));
+        let many: String = (0..200).map(|i| format!("X-{i}: v\r\n")).collect();
+        assert_eq!(
+            parse(&format!("GET / HTTP/1.1\r\n{many}\r\n")).err(),
+            Some(431)
+        );
+    }
+
+    #[test]
+    fn connection_semantics() {
+        assert!(
+            !parse("GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+                .unwrap()
+                .keep_alive
+        );
+        assert!(!parse("GET / HTTP/1.0\r\n\r\n").unwrap().keep_alive);
+        assert!(
+            parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                .unwrap()
+                .keep_alive
+        );
+    }
+}
