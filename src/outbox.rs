@@ -194,6 +194,8 @@ struct Leased {
     action: String,
     /// This attempt's number (1-based).
     n: i64,
+    /// When this worker's lease on the job ends.
+    lease_until: i64,
     event_type: Option<String>,
     body: Vec<u8>,
     content_type: Option<String>,
@@ -249,7 +251,13 @@ impl Worker {
                 continue;
             }
             for job in jobs {
-                if self.stop.load(Ordering::Relaxed) {
+                // A job whose lease could run out during the call is given
+                // back rather than sent: once the lease ends another worker
+                // may take it, and two workers would send it at once.
+                let timeout = self.forward_of(&job.source, &job.action).map_or(0, |f| {
+                    i64::try_from(f.timeout.as_millis()).unwrap_or(i64::MAX / 2)
+                });
+                if self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_until {
                     self.release(&job);
                     continue;
                 }
@@ -417,13 +425,19 @@ impl Worker {
     /// Gives back a job taken but not started (shutdown).
     fn release(&self, job: &Leased) {
         let (id, n, owner) = (job.job_id, job.n, self.owner.clone());
+        let (source, action) = (job.source.clone(), job.action.clone());
         let _ = self.writer.send(move |conn| {
+            let status = if is_paused(conn, &source, &action)? {
+                "paused"
+            } else {
+                "pending"
+            };
             conn.prepare_cached(
-                "UPDATE jobs SET status = 'pending', n_attempts = n_attempts - 1,
+                "UPDATE jobs SET status = ?4, n_attempts = n_attempts - 1,
                         lease_owner = NULL, lease_until = NULL
                  WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
             )?
-            .execute(params![id, owner, n])?;
+            .execute(params![id, owner, n, status])?;
             Ok(())
         });
     }
@@ -580,6 +594,7 @@ fn take(
             event_id,
             action,
             n: n_before + 1,
+            lease_until,
             event_type,
             body,
             content_type,
@@ -594,6 +609,14 @@ fn take(
         )?
         .query_row([], |r| r.get(0))?;
     Ok((taken, next_due))
+}
+
+fn is_paused(conn: &Connection, source: &str, action: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
+        )?
+        .query_row(params![source, action], |r| r.get(0))?)
 }
 
 /// What a forward needs of its event.
@@ -625,6 +648,8 @@ fn complete(
 ) -> Result<(), StoreError> {
     let status = match outcome {
         AttemptOutcome::Ok => "done",
+        // An action paused while this attempt was in flight waits for resume.
+        AttemptOutcome::Retry if is_paused(conn, &job.source, &job.action)? => "paused",
         AttemptOutcome::Retry => "pending",
         AttemptOutcome::Failed => "failed",
     };
