@@ -1,17 +1,678 @@
-//! (in progress)
-use crate::config::Config;
-use anyhow::{Result, bail};
-pub fn list_cmd(
-    _c: &Config,
-    _s: Option<String>,
-    _st: Option<String>,
-    _t: Option<String>,
-    _since: Option<String>,
-    _l: u32,
-    _j: bool,
-) -> Result<std::process::ExitCode> {
-    bail!("not built yet")
+//! `idemhook events list` and `idemhook events show`: the queries that read
+//! an event's whole story (state, payload, jobs, attempts, deliveries,
+//! incidents) and build the JSON that both the CLI's `--json` and the admin
+//! API answer, plus the human-readable rendering of the same values.
+//!
+//! Also owns the few helpers every operator command shares: [`OpError`]
+//! (what went wrong, sorted by who should fix it), opening the database for
+//! a command, and printing times and untrusted text to a terminal.
+//! Nothing here writes.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Value, json};
+
+use crate::config::{Config, parse_duration};
+use crate::store::{self, StoreError, ms_to_secs, now_ms};
+
+/// The event states, in the order they move.
+pub const EVENT_STATES: [&str; 4] = ["accepted", "processing", "completed", "failed"];
+
+/// Why an operator command could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// The event, source or action named does not exist (CLI exit 1, API 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The request does not make sense (CLI exit 1, API 400).
+    #[error("{0}")]
+    Invalid(String),
+    /// Storage failed (CLI exit 2, API 503).
+    #[error("{0}")]
+    Store(#[from] StoreError),
 }
-pub fn show_cmd(_c: &Config, _s: &str, _e: &str, _j: bool) -> Result<std::process::ExitCode> {
-    bail!("not built yet")
+
+impl From<rusqlite::Error> for OpError {
+    fn from(e: rusqlite::Error) -> OpError {
+        OpError::Store(StoreError::from(e))
+    }
+}
+
+/// Turns an operator command's result into the process's exit: a missing
+/// event or a bad argument is printed and exits 1; storage trouble goes up
+/// to `cli` with its context (exit 2).
+pub fn finish(result: Result<ExitCode, OpError>) -> Result<ExitCode> {
+    match result {
+        Ok(code) => Ok(code),
+        Err(OpError::NotFound(m) | OpError::Invalid(m)) => {
+            eprintln!("idemhook: {m}");
+            Ok(ExitCode::from(1))
+        }
+        Err(OpError::Store(e)) => Err(e).context("storage error"),
+    }
+}
+
+/// A read-only connection for a command that only looks; it never changes
+/// the database file.
+pub fn open_read(config: &Config) -> Result<Connection> {
+    store::open_read(&config.database, config.busy_timeout)
+        .with_context(|| format!("cannot open the database {}", config.database.display()))
+}
+
+/// A read-write connection for a command that changes something. Refuses a
+/// database that does not exist yet rather than creating an empty one.
+pub fn open_write(config: &Config) -> Result<Connection> {
+    if !config.database.exists() {
+        anyhow::bail!(
+            "{}: no such database (has serve run yet?)",
+            config.database.display()
+        );
+    }
+    store::open(&config.database, config.durability, config.busy_timeout)
+        .with_context(|| format!("cannot open the database {}", config.database.display()))
+}
+
+/// Unix seconds as `2025-11-30T10:00:00Z`.
+pub fn fmt_time(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = crate::log::civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// A JSON time (unix seconds or null) for a human: the time, or `-`.
+pub fn fmt_json_time(v: &Value) -> String {
+    v.as_i64().map_or_else(|| "-".to_string(), fmt_time)
+}
+
+/// Untrusted text (event ids, types, errors) made safe for a terminal:
+/// control characters are escaped so they cannot move the cursor or forge
+/// lines.
+pub fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A JSON value as table text: strings cleaned, null as `-`.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => clean(s),
+        other => clean(&other.to_string()),
+    }
+}
+
+/// Left-aligned columns, two spaces apart.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, c) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(c);
+            } else {
+                let pad = widths
+                    .get(i)
+                    .map_or(0, |w| w.saturating_sub(c.chars().count()));
+                text.push_str(c);
+                text.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+/// A nullable millisecond column as JSON unix seconds.
+fn secs(ms: Option<i64>) -> Value {
+    ms.map_or(Value::Null, |ms| json!(ms_to_secs(ms)))
+}
+
+// ---------------------------------------------------------------------------
+// events list
+
+/// What `events list` and `GET /api/events` select.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub source: Option<String>,
+    /// An event state.
+    pub state: Option<String>,
+    pub event_type: Option<String>,
+    /// Only events received at or after this time (ms).
+    pub since_ms: Option<i64>,
+    /// 0 means no limit.
+    pub limit: u32,
+}
+
+impl ListFilter {
+    /// Checks the state and parses `since` (a duration back from `now`).
+    pub fn new(
+        source: Option<String>,
+        state: Option<String>,
+        event_type: Option<String>,
+        since: Option<&str>,
+        limit: u32,
+        now: i64,
+    ) -> Result<ListFilter, OpError> {
+        if let Some(s) = &state
+            && !EVENT_STATES.contains(&s.as_str())
+        {
+            return Err(OpError::Invalid(format!(
+                "unknown status {s:?}: an event's status is one of {}",
+                EVENT_STATES.join(", ")
+            )));
+        }
+        let since_ms = match since {
+            Some(text) => {
+                let d =
+                    parse_duration(text).map_err(|e| OpError::Invalid(format!("since: {e}")))?;
+                Some(now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+            }
+            None => None,
+        };
+        Ok(ListFilter {
+            source,
+            state,
+            event_type,
+            since_ms,
+            limit,
+        })
+    }
+}
+
+/// Events, newest first, as `[{source, event_id, type, state, received_at}]`.
+pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Value, OpError> {
+    let mut sql =
+        String::from("SELECT source, event_id, type, state, received_at FROM events WHERE 1 = 1");
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    let mut add = |clause: &str, value: rusqlite::types::Value| {
+        args.push(value);
+        let _ = write!(sql, " AND {clause} ?{}", args.len());
+    };
+    if let Some(s) = &filter.source {
+        add("source =", s.clone().into());
+    }
+    if let Some(s) = &filter.state {
+        add("state =", s.clone().into());
+    }
+    if let Some(t) = &filter.event_type {
+        add("type =", t.clone().into());
+    }
+    if let Some(at) = filter.since_ms {
+        add("received_at >=", at.into());
+    }
+    let limit = if filter.limit == 0 {
+        -1
+    } else {
+        i64::from(filter.limit)
+    };
+    args.push(limit.into());
+    let _ = write!(
+        sql,
+        " ORDER BY received_at DESC, rowid DESC LIMIT ?{}",
+        args.len()
+    );
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+        Ok(json!({
+            "source": r.get::<_, String>(0)?,
+            "event_id": r.get::<_, String>(1)?,
+            "type": r.get::<_, Option<String>>(2)?,
+            "state": r.get::<_, String>(3)?,
+            "received_at": ms_to_secs(r.get::<_, i64>(4)?),
+        }))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(row?);
+    }
+    Ok(Value::Array(out))
+}
+
+pub fn list_cmd(
+    config: &Config,
+    source: Option<String>,
+    status: Option<String>,
+    event_type: Option<String>,
+    since: Option<String>,
+    limit: u32,
+    json: bool,
+) -> Result<ExitCode> {
+    let filter = match ListFilter::new(
+        source,
+        status,
+        event_type,
+        since.as_deref(),
+        limit,
+        now_ms(),
+    ) {
+        Ok(f) => f,
+        Err(e) => return finish(Err(e)),
+    };
+    let conn = open_read(config)?;
+    let events = match list(&conn, &filter) {
+        Ok(v) => v,
+        Err(e) => return finish(Err(e)),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&events)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = events
+        .as_array()
+        .map(|a| a.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            vec![
+                fmt_json_time(&e["received_at"]),
+                cell(&e["source"]),
+                cell(&e["event_id"]),
+                cell(&e["type"]),
+                cell(&e["state"]),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("no events match");
+    } else {
+        print!(
+            "{}",
+            table(&["RECEIVED", "SOURCE", "EVENT_ID", "TYPE", "STATE"], &rows)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+// ---------------------------------------------------------------------------
+// events show
+
+/// The stored body as JSON output: the JSON itself when it parses, else the
+/// text (invalid UTF-8 replaced), null once erased.
+fn payload_value(raw: ValueRef<'_>) -> Value {
+    let bytes = match raw {
+        ValueRef::Null => return Value::Null,
+        ValueRef::Blob(b) | ValueRef::Text(b) => b,
+        ValueRef::Integer(i) => return json!(i),
+        ValueRef::Real(f) => return json!(f),
+    };
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// One event, exactly the object of PRODUCT.md's "JSON shapes".
+pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, OpError> {
+    let event = conn
+        .prepare_cached(
+            "SELECT type, state, received_at, completed_at, payload, payload_hash, verified_with
+             FROM events WHERE source = ?1 AND event_id = ?2",
+        )?
+        .query_row(params![source, event_id], |r| {
+            Ok(json!({
+                "source": source,
+                "event_id": event_id,
+                "type": r.get::<_, Option<String>>(0)?,
+                "state": r.get::<_, String>(1)?,
+                "received_at": ms_to_secs(r.get::<_, i64>(2)?),
+                "completed_at": secs(r.get(3)?),
+                "payload_hash": r.get::<_, String>(5)?,
+                "verified_with": r.get::<_, Option<i64>>(6)?,
+                "payload": payload_value(r.get_ref(4)?),
+            }))
+        })
+        .optional()?;
+    let Some(mut event) = event else {
+        return Err(not_found(source, event_id));
+    };
+
+    let mut jobs = Vec::new();
+    let job_rows: Vec<(i64, Value)> = {
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, action, kind, status, next_attempt_at, last_error
+             FROM jobs WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+        )?;
+        let rows = stmt.query_map(params![source, event_id], |r| {
+            let status: String = r.get(3)?;
+            let next: Option<i64> = r.get(4)?;
+            Ok((
+                r.get::<_, i64>(0)?,
+                json!({
+                    "action": r.get::<_, String>(1)?,
+                    "kind": r.get::<_, String>(2)?,
+                    "next_attempt_at": if status == "pending" { secs(next) } else { Value::Null },
+                    "status": status,
+                    "last_error": r.get::<_, Option<String>>(5)?,
+                }),
+            ))
+        })?;
+        rows.collect::<Result<_, _>>()?
+    };
+    let mut attempts_stmt = conn.prepare_cached(
+        "SELECT n, started_at, finished_at, outcome, http_status, error, request_id
+         FROM attempts WHERE job_id = ?1 ORDER BY n",
+    )?;
+    for (job_id, mut job) in job_rows {
+        let attempts = attempts_stmt
+            .query_map([job_id], |r| {
+                Ok(json!({
+                    "n": r.get::<_, i64>(0)?,
+                    "started_at": ms_to_secs(r.get::<_, i64>(1)?),
+                    "finished_at": secs(r.get(2)?),
+                    "outcome": r.get::<_, Option<String>>(3)?,
+                    "http_status": r.get::<_, Option<i64>>(4)?,
+                    "error": r.get::<_, Option<String>>(5)?,
+                    "request_id": r.get::<_, Option<String>>(6)?,
+                }))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        job["attempts"] = Value::Array(attempts);
+        jobs.push(job);
+    }
+
+    let deliveries = conn
+        .prepare_cached(
+            "SELECT received_at, outcome, remote FROM deliveries
+             WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+        )?
+        .query_map(params![source, event_id], |r| {
+            Ok(json!({
+                "received_at": ms_to_secs(r.get::<_, i64>(0)?),
+                "outcome": r.get::<_, String>(1)?,
+                "remote": r.get::<_, Option<String>>(2)?,
+            }))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let incidents = conn
+        .prepare_cached(
+            "SELECT kind, created_at, detail FROM incidents
+             WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+        )?
+        .query_map(params![source, event_id], |r| {
+            Ok(json!({
+                "kind": r.get::<_, String>(0)?,
+                "created_at": ms_to_secs(r.get::<_, i64>(1)?),
+                "detail": r.get::<_, Option<String>>(2)?,
+            }))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    event["jobs"] = Value::Array(jobs);
+    event["deliveries"] = Value::Array(deliveries);
+    event["incidents"] = Value::Array(incidents);
+    Ok(event)
+}
+
+/// The error for an event that is not stored.
+pub fn not_found(source: &str, event_id: &str) -> OpError {
+    OpError::NotFound(format!(
+        "no event {}/{} (never received, or pruned past its retention)",
+        clean(source),
+        clean(event_id)
+    ))
+}
+
+/// What the human view adds to the JSON: erasure, stored headers, replays.
+struct Extras {
+    erased_at: Option<i64>,
+    content_type: Option<String>,
+    headers: Option<String>,
+    /// (action, replayed_at ms, from_status, forced, origin)
+    replays: Vec<(String, i64, String, bool, String)>,
+}
+
+fn extras(conn: &Connection, source: &str, event_id: &str) -> Result<Extras, OpError> {
+    let (erased_at, content_type, headers) = conn
+        .prepare_cached(
+            "SELECT erased_at, content_type, headers FROM events WHERE source = ?1 AND event_id = ?2",
+        )?
+        .query_row(params![source, event_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    let replays = conn
+        .prepare_cached(
+            "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin
+             FROM replays r JOIN jobs j ON j.id = r.job_id
+             WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
+        )?
+        .query_map(params![source, event_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Extras {
+        erased_at,
+        content_type,
+        headers,
+        replays,
+    })
+}
+
+/// The human view of one event.
+fn render(event: &Value, extras: &Extras) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "event {}/{}",
+        cell(&event["source"]),
+        cell(&event["event_id"])
+    );
+    let verified = match event["verified_with"].as_i64() {
+        Some(i) => format!("signature matched secret #{i} (0-based), checked once at receipt"),
+        None => "unsigned source (kind none)".to_string(),
+    };
+    for (label, value) in [
+        ("type", cell(&event["type"])),
+        ("state", cell(&event["state"])),
+        ("received", fmt_json_time(&event["received_at"])),
+        ("completed", fmt_json_time(&event["completed_at"])),
+        ("verified", verified),
+        ("payload hash", cell(&event["payload_hash"])),
+    ] {
+        let _ = writeln!(out, "  {label:<13} {value}");
+    }
+
+    match (&event["payload"], extras.erased_at) {
+        (Value::Null, Some(at)) => {
+            let _ = writeln!(
+                out,
+                "\npayload: erased at {} (the key and payload hash are kept)",
+                fmt_time(ms_to_secs(at))
+            );
+        }
+        (Value::Null, None) => {
+            let _ = writeln!(out, "\npayload: none stored");
+        }
+        (payload, _) => {
+            let ct = extras
+                .content_type
+                .as_deref()
+                .map(clean)
+                .unwrap_or_default();
+            let _ = writeln!(out, "\npayload ({ct}):");
+            let text = match payload {
+                Value::String(s) => clean(s),
+                other => serde_json::to_string_pretty(other).unwrap_or_default(),
+            };
+            for line in text.lines() {
+                let _ = writeln!(out, "  {}", clean(line));
+            }
+        }
+    }
+    if let Some(headers) = &extras.headers
+        && let Ok(Value::Object(map)) = serde_json::from_str::<Value>(headers)
+        && !map.is_empty()
+    {
+        let _ = writeln!(out, "\nheaders kept:");
+        for (k, v) in map {
+            let _ = writeln!(out, "  {}: {}", clean(&k), cell(&v));
+        }
+    }
+
+    let jobs = event["jobs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if jobs.is_empty() {
+        let _ = writeln!(out, "\njobs: none (no action takes this event's type)");
+    } else {
+        let _ = writeln!(out, "\njobs:");
+    }
+    for job in jobs {
+        let attempts = job["attempts"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let mut line = format!(
+            "  {} ({})  {}  {} attempt{}",
+            cell(&job["action"]),
+            cell(&job["kind"]),
+            cell(&job["status"]),
+            attempts.len(),
+            if attempts.len() == 1 { "" } else { "s" }
+        );
+        if !job["next_attempt_at"].is_null() {
+            let _ = write!(line, ", next at {}", fmt_json_time(&job["next_attempt_at"]));
+        }
+        let _ = writeln!(out, "{line}");
+        for a in attempts {
+            let mut line = format!(
+                "    #{} {} -> {}  {}",
+                cell(&a["n"]),
+                fmt_json_time(&a["started_at"]),
+                fmt_json_time(&a["finished_at"]),
+                cell(&a["outcome"]),
+            );
+            if !a["http_status"].is_null() {
+                let _ = write!(line, "  http {}", cell(&a["http_status"]));
+            }
+            if !a["request_id"].is_null() {
+                let _ = write!(line, "  request {}", cell(&a["request_id"]));
+            }
+            if !a["error"].is_null() {
+                let _ = write!(line, "  error: {}", cell(&a["error"]));
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        if !job["last_error"].is_null() && attempts.is_empty() {
+            let _ = writeln!(out, "    last error: {}", cell(&job["last_error"]));
+        }
+        for (action, at, from, forced, origin) in &extras.replays {
+            if Some(action.as_str()) == job["action"].as_str() {
+                let _ = writeln!(
+                    out,
+                    "    replayed {} from {}{} by {}",
+                    fmt_time(ms_to_secs(*at)),
+                    clean(from),
+                    if *forced { " (forced)" } else { "" },
+                    clean(origin)
+                );
+            }
+        }
+    }
+
+    let deliveries = event["deliveries"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let _ = writeln!(out, "\ndeliveries ({}):", deliveries.len());
+    for d in deliveries {
+        let _ = writeln!(
+            out,
+            "  {}  {:<10} {}",
+            fmt_json_time(&d["received_at"]),
+            cell(&d["outcome"]),
+            cell(&d["remote"])
+        );
+    }
+    let incidents = event["incidents"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if incidents.is_empty() {
+        let _ = writeln!(out, "\nincidents: none");
+    } else {
+        let _ = writeln!(out, "\nincidents ({}):", incidents.len());
+        for i in incidents {
+            let _ = writeln!(
+                out,
+                "  {}  {}  {}",
+                fmt_json_time(&i["created_at"]),
+                cell(&i["kind"]),
+                cell(&i["detail"])
+            );
+        }
+    }
+    out
+}
+
+pub fn show_cmd(config: &Config, source: &str, event_id: &str, json: bool) -> Result<ExitCode> {
+    let conn = open_read(config)?;
+    let event = match show(&conn, source, event_id) {
+        Ok(v) => v,
+        Err(e) => return finish(Err(e)),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&event)?);
+    } else {
+        let extras = match extras(&conn, source, event_id) {
+            Ok(x) => x,
+            Err(e) => return finish(Err(e)),
+        };
+        print!("{}", render(&event, &extras));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_text() {
+        assert_eq!(fmt_time(1_764_460_800), "2025-11-30T00:00:00Z");
+        assert_eq!(fmt_json_time(&Value::Null), "-");
+        assert_eq!(clean("evt\u{1b}[2J\n"), "evt\\u{1b}[2J\\n");
+    }
+
+    #[test]
+    fn payload_is_json_text_or_null() {
+        assert_eq!(payload_value(ValueRef::Blob(b"{\"a\":1}")), json!({"a": 1}));
+        assert_eq!(payload_value(ValueRef::Blob(b"a=1&b=2")), json!("a=1&b=2"));
+        assert_eq!(payload_value(ValueRef::Null), Value::Null);
+    }
+
+    #[test]
+    fn list_filter_checks_state_and_since() {
+        assert!(ListFilter::new(None, Some("done".into()), None, None, 10, 0).is_err());
+        assert!(ListFilter::new(None, None, None, Some("soon"), 10, 0).is_err());
+        let f =
+            ListFilter::new(None, Some("failed".into()), None, Some("1m"), 10, 100_000).unwrap();
+        assert_eq!(f.since_ms, Some(40_000));
+    }
 }

@@ -1,13 +1,553 @@
-//! (in progress)
-use anyhow::{Result, bail};
-use std::sync::Arc;
-pub fn cmd(_config: &crate::config::Config, _d: bool) -> Result<std::process::ExitCode> {
-    bail!("not built yet")
+//! Retention: `idemhook prune` and the pruner thread of `serve`.
+//!
+//! Per source, `retention` says how long an event's key is kept (after it
+//! the event, its jobs, attempts, replays, deliveries and incidents are
+//! deleted, and a redelivery would be accepted as new) and
+//! `payload_retention` how long its body and headers are kept (after it
+//! they are set NULL and `erased_at` stamped; the key stays a tombstone
+//! that still catches duplicates). Refused deliveries (no event) go with
+//! their source's key retention.
+//!
+//! Work is done in bounded batches of [`BATCH`] rows, each its own short
+//! write transaction, so pruning never holds the write lock for long. An
+//! event with a pending, processing, paused or failed job is never deleted
+//! and keeps its body: that work still needs it.
+
+use std::process::ExitCode;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Result;
+use rusqlite::{Connection, params};
+use serde::Serialize;
+
+use super::inspect::{OpError, finish, open_read, open_write};
+use crate::config::{Config, format_duration};
+use crate::store::{StoreError, Writer, now_ms};
+
+/// Rows one batch (one write transaction) touches at most.
+pub const BATCH: usize = 500;
+
+/// Refused deliveries of a source no longer in the config are kept this
+/// long (the retention floor).
+pub const UNKNOWN_SOURCE_RETENTION: Duration = Duration::from_secs(7 * 86_400);
+
+/// The condition that holds an event back: work that still needs it.
+const NO_OPEN_JOB: &str = "NOT EXISTS (SELECT 1 FROM jobs j
+        WHERE j.source = e.source AND j.event_id = e.event_id
+          AND j.status IN ('pending', 'processing', 'paused', 'failed'))";
+
+/// One batch: a short write transaction's work, returning (rows of its
+/// kind, deliveries deleted along).
+type BatchOp = Box<dyn FnOnce(&Connection) -> Result<(u64, u64), StoreError> + Send>;
+
+/// What pruning did (or, for a dry run, would do) for one source.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Counts {
+    pub source: String,
+    /// Events (keys) deleted with their jobs, attempts and incidents.
+    pub events: u64,
+    /// Bodies and headers dropped from events that stay.
+    pub bodies: u64,
+    /// Deliveries deleted: those of deleted events and old refused ones.
+    pub deliveries: u64,
+    /// Events past retention kept because a job still needs them.
+    pub kept: u64,
 }
-pub struct Background;
-impl Background {
-    pub fn start(_c: Arc<crate::config::Config>, _w: crate::store::Writer) -> Background {
-        Background
+
+/// The cut-off times (ms) for one source.
+#[derive(Debug, Clone)]
+struct Cutoffs {
+    source: String,
+    keys_before: i64,
+    bodies_before: i64,
+}
+
+fn cutoffs(config: &Config, now: i64) -> Vec<Cutoffs> {
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    config
+        .sources
+        .iter()
+        .map(|s| Cutoffs {
+            source: s.name.clone(),
+            keys_before: now.saturating_sub(ms(s.retention)),
+            bodies_before: now.saturating_sub(ms(s.payload_retention)),
+        })
+        .collect()
+}
+
+/// Deletes up to `limit` events of `source` received before `before` that
+/// no open or failed job holds, with everything that belongs to them.
+/// Returns (events, deliveries) deleted. Runs in the caller's transaction.
+pub fn delete_events_batch(
+    conn: &Connection,
+    source: &str,
+    before: i64,
+    limit: usize,
+) -> Result<(u64, u64), StoreError> {
+    let ids: Vec<String> = conn
+        .prepare_cached(&format!(
+            "SELECT e.event_id FROM events e
+             WHERE e.source = ?1 AND e.received_at < ?2 AND {NO_OPEN_JOB}
+             ORDER BY e.received_at LIMIT ?3"
+        ))?
+        .query_map(params![source, before, limit as i64], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut deliveries = 0u64;
+    for id in &ids {
+        let key = params![source, id];
+        conn.prepare_cached(
+            "DELETE FROM attempts WHERE job_id IN
+                 (SELECT id FROM jobs WHERE source = ?1 AND event_id = ?2)",
+        )?
+        .execute(key)?;
+        conn.prepare_cached(
+            "DELETE FROM replays WHERE job_id IN
+                 (SELECT id FROM jobs WHERE source = ?1 AND event_id = ?2)",
+        )?
+        .execute(key)?;
+        conn.prepare_cached("DELETE FROM jobs WHERE source = ?1 AND event_id = ?2")?
+            .execute(key)?;
+        deliveries += conn
+            .prepare_cached("DELETE FROM deliveries WHERE source = ?1 AND event_id = ?2")?
+            .execute(key)? as u64;
+        conn.prepare_cached("DELETE FROM incidents WHERE source = ?1 AND event_id = ?2")?
+            .execute(key)?;
+        conn.prepare_cached("DELETE FROM events WHERE source = ?1 AND event_id = ?2")?
+            .execute(key)?;
     }
-    pub fn stop(self) {}
+    Ok((ids.len() as u64, deliveries))
+}
+
+/// Drops the body and headers of up to `limit` events of `source`
+/// received before `before` that no open or failed job holds. Runs in the
+/// caller's transaction.
+pub fn erase_bodies_batch(
+    conn: &Connection,
+    source: &str,
+    before: i64,
+    now: i64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    let n = conn
+        .prepare_cached(&format!(
+            "UPDATE events SET payload = NULL, headers = NULL, erased_at = ?3
+             WHERE rowid IN (SELECT e.rowid FROM events e
+                 WHERE e.source = ?1 AND e.received_at < ?2 AND e.erased_at IS NULL
+                   AND {NO_OPEN_JOB}
+                 LIMIT ?4)"
+        ))?
+        .execute(params![source, before, now, limit as i64])?;
+    Ok(n as u64)
+}
+
+/// Deletes up to `limit` refused deliveries (no event) of `source`
+/// received before `before`. Runs in the caller's transaction.
+pub fn delete_refused_batch(
+    conn: &Connection,
+    source: &str,
+    before: i64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries
+                 WHERE source = ?1 AND event_id IS NULL AND received_at < ?2 LIMIT ?3)",
+        )?
+        .execute(params![source, before, limit as i64])?;
+    Ok(n as u64)
+}
+
+/// Deletes up to `limit` refused deliveries of sources not in the config
+/// (`known` is a JSON array of the configured names).
+pub fn delete_unknown_refused_batch(
+    conn: &Connection,
+    known: &str,
+    before: i64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries
+                 WHERE event_id IS NULL AND received_at < ?2
+                   AND source NOT IN (SELECT value FROM json_each(?1)) LIMIT ?3)",
+        )?
+        .execute(params![known, before, limit as i64])?;
+    Ok(n as u64)
+}
+
+/// What a prune would do, counted on a read-only connection.
+fn count(conn: &Connection, c: &Cutoffs) -> Result<Counts, StoreError> {
+    let one = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> Result<u64, StoreError> {
+        let n: i64 = conn.prepare_cached(sql)?.query_row(p, |r| r.get(0))?;
+        Ok(n.max(0) as u64)
+    };
+    let events = one(
+        &format!(
+            "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2 AND {NO_OPEN_JOB}"
+        ),
+        &[&c.source, &c.keys_before],
+    )?;
+    let kept = one(
+        &format!(
+            "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2 AND NOT {NO_OPEN_JOB}"
+        ),
+        &[&c.source, &c.keys_before],
+    )?;
+    // Events deleted first do not have their bodies dropped as well.
+    let bodies = one(
+        &format!(
+            "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2
+               AND e.erased_at IS NULL AND {NO_OPEN_JOB}
+               AND NOT (e.received_at < ?3)"
+        ),
+        &[&c.source, &c.bodies_before, &c.keys_before],
+    )?;
+    let deliveries = one(
+        &format!(
+            "SELECT count(*) FROM deliveries d WHERE d.source = ?1 AND (
+                 (d.event_id IS NULL AND d.received_at < ?2)
+                 OR d.event_id IN (SELECT e.event_id FROM events e
+                     WHERE e.source = ?1 AND e.received_at < ?2 AND {NO_OPEN_JOB}))"
+        ),
+        &[&c.source, &c.keys_before],
+    )?;
+    Ok(Counts {
+        source: c.source.clone(),
+        events,
+        bodies,
+        deliveries,
+        kept,
+    })
+}
+
+fn count_kept(conn: &Connection, c: &Cutoffs) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .prepare_cached(&format!(
+            "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2 AND NOT {NO_OPEN_JOB}"
+        ))?
+        .query_row(params![c.source, c.keys_before], |r| r.get(0))?;
+    Ok(n.max(0) as u64)
+}
+
+fn known_sources(config: &Config) -> String {
+    serde_json::Value::from(
+        config
+            .sources
+            .iter()
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>(),
+    )
+    .to_string()
+}
+
+/// Runs one source's pruning to the end, one batch per `batch` call (each
+/// call is one write transaction). `stop` is checked between batches.
+fn prune_source(
+    c: &Cutoffs,
+    now: i64,
+    stop: &dyn Fn() -> bool,
+    batch: &mut dyn FnMut(BatchOp) -> Result<(u64, u64), StoreError>,
+) -> Result<Counts, StoreError> {
+    let mut counts = Counts {
+        source: c.source.clone(),
+        ..Counts::default()
+    };
+    loop {
+        let (source, before) = (c.source.clone(), c.keys_before);
+        let (n, deliveries) = batch(Box::new(move |conn| {
+            delete_events_batch(conn, &source, before, BATCH)
+        }))?;
+        counts.events += n;
+        counts.deliveries += deliveries;
+        if n < BATCH as u64 || stop() {
+            break;
+        }
+    }
+    loop {
+        let (source, before) = (c.source.clone(), c.bodies_before);
+        let (n, _) = batch(Box::new(move |conn| {
+            Ok((erase_bodies_batch(conn, &source, before, now, BATCH)?, 0))
+        }))?;
+        counts.bodies += n;
+        if n < BATCH as u64 || stop() {
+            break;
+        }
+    }
+    loop {
+        let (source, before) = (c.source.clone(), c.keys_before);
+        let (n, _) = batch(Box::new(move |conn| {
+            Ok((delete_refused_batch(conn, &source, before, BATCH)?, 0))
+        }))?;
+        counts.deliveries += n;
+        if n < BATCH as u64 || stop() {
+            break;
+        }
+    }
+    Ok(counts)
+}
+
+/// Prunes every source, each batch through `batch`. Returns the counts per
+/// source (with `kept` left 0: counting it is the caller's choice).
+fn prune_all(
+    config: &Config,
+    now: i64,
+    stop: &dyn Fn() -> bool,
+    batch: &mut dyn FnMut(BatchOp) -> Result<(u64, u64), StoreError>,
+) -> Result<Vec<Counts>, StoreError> {
+    let mut all = Vec::new();
+    for c in cutoffs(config, now) {
+        if stop() {
+            break;
+        }
+        all.push(prune_source(&c, now, stop, batch)?);
+    }
+    let known = known_sources(config);
+    let before = now.saturating_sub(UNKNOWN_SOURCE_RETENTION.as_millis() as i64);
+    loop {
+        if stop() {
+            break;
+        }
+        let k = known.clone();
+        let (n, _) = batch(Box::new(move |conn| {
+            Ok((delete_unknown_refused_batch(conn, &k, before, BATCH)?, 0))
+        }))?;
+        if n < BATCH as u64 {
+            break;
+        }
+    }
+    Ok(all)
+}
+
+pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
+    let now = now_ms();
+    if dry_run {
+        let conn = open_read(config)?;
+        let mut all = Vec::new();
+        for c in cutoffs(config, now) {
+            match count(&conn, &c) {
+                Ok(counts) => all.push(counts),
+                Err(e) => return finish(Err(OpError::Store(e))),
+            }
+        }
+        print_counts(config, &all, true);
+        println!("dry run: nothing changed");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let conn = open_write(config)?;
+    let mut first = true;
+    let mut run_batch = |op: BatchOp| -> Result<(u64, u64), StoreError> {
+        // Let the server's writer in between our short transactions.
+        if !first {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        first = false;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        match op(&conn) {
+            Ok(n) => {
+                conn.execute_batch("COMMIT")?;
+                Ok(n)
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    };
+    let mut all = match prune_all(config, now, &|| false, &mut run_batch) {
+        Ok(all) => all,
+        Err(e) => return finish(Err(OpError::Store(e))),
+    };
+    for (counts, c) in all.iter_mut().zip(cutoffs(config, now)) {
+        counts.kept = count_kept(&conn, &c).unwrap_or(0);
+    }
+    print_counts(config, &all, false);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_counts(config: &Config, all: &[Counts], dry_run: bool) {
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    for (counts, source) in all.iter().zip(&config.sources) {
+        println!(
+            "{}: {verb} {} event(s) older than {} and {} deliveries; {} {} bod{} older than {}; kept {} past retention for open or failed jobs",
+            counts.source,
+            counts.events,
+            format_duration(source.retention),
+            counts.deliveries,
+            if dry_run { "would drop" } else { "dropped" },
+            counts.bodies,
+            if counts.bodies == 1 { "y" } else { "ies" },
+            format_duration(source.payload_retention),
+            counts.kept,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The pruner thread of `serve`.
+
+/// Prunes every `prune_interval` through the server's one writer, starting
+/// right after `serve` starts (so frequent restarts do not starve it).
+pub struct Background {
+    inner: Option<(Arc<StopSignal>, JoinHandle<()>)>,
+}
+
+/// Set true (under the mutex) to stop the pruner; the condvar wakes it.
+type StopSignal = (Mutex<bool>, Condvar);
+
+impl Background {
+    /// Starts the pruner; an interval of zero disables it.
+    pub fn start(config: Arc<Config>, writer: Writer) -> Background {
+        if config.prune_interval.is_zero() {
+            return Background { inner: None };
+        }
+        let signal: Arc<StopSignal> = Arc::new((Mutex::new(false), Condvar::new()));
+        let thread_signal = signal.clone();
+        let spawned = std::thread::Builder::new()
+            .name("idemhook-prune".into())
+            .spawn(move || run(&config, &writer, &thread_signal));
+        match spawned {
+            Ok(handle) => Background {
+                inner: Some((signal, handle)),
+            },
+            Err(e) => {
+                crate::log::error(
+                    "cannot start the pruner thread",
+                    &[
+                        ("error", &e),
+                        ("effect", &"nothing is pruned until restart"),
+                    ],
+                );
+                Background { inner: None }
+            }
+        }
+    }
+
+    /// Stops the pruner after the batch it is running.
+    pub fn stop(self) {
+        if let Some((signal, handle)) = self.inner {
+            if let Ok(mut stopping) = signal.0.lock() {
+                *stopping = true;
+                signal.1.notify_all();
+            }
+            let _ = handle.join();
+        }
+    }
+}
+
+fn run(config: &Config, writer: &Writer, signal: &StopSignal) {
+    let stopping = || signal.0.lock().map(|s| *s).unwrap_or(true);
+    loop {
+        if stopping() {
+            return;
+        }
+        let mut batch = |op: BatchOp| writer.call(op);
+        match prune_all(config, now_ms(), &stopping, &mut batch) {
+            Ok(all) => {
+                for c in all
+                    .iter()
+                    .filter(|c| c.events + c.bodies + c.deliveries > 0)
+                {
+                    crate::log::info(
+                        "pruned",
+                        &[
+                            ("source", &c.source),
+                            ("events", &c.events),
+                            ("bodies", &c.bodies),
+                            ("deliveries", &c.deliveries),
+                        ],
+                    );
+                }
+            }
+            Err(e) => crate::log::warn(
+                "prune failed",
+                &[
+                    ("error", &e.message),
+                    ("effect", &"retried at the next interval"),
+                ],
+            ),
+        }
+        let Ok(guard) = signal.0.lock() else { return };
+        let waited = signal
+            .1
+            .wait_timeout_while(guard, config.prune_interval, |stop| !*stop);
+        match waited {
+            Ok((guard, _)) if *guard => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Connection {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::store::migrate(&mut conn).unwrap();
+        conn
+    }
+
+    fn event(conn: &Connection, id: &str, at: i64, job_status: Option<&str>) {
+        conn.execute(
+            "INSERT INTO events (source, event_id, state, received_at, payload, headers, payload_hash)
+             VALUES ('s', ?1, 'completed', ?2, x'7b7d', '{}', 'h')",
+            params![id, at],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO deliveries (source, event_id, received_at, outcome) VALUES ('s', ?1, ?2, 'accepted')",
+            params![id, at],
+        )
+        .unwrap();
+        if let Some(status) = job_status {
+            conn.execute(
+                "INSERT INTO jobs (source, event_id, action, kind, status, created_at, updated_at)
+                 VALUES ('s', ?1, 'a', 'forward', ?2, ?3, ?3)",
+                params![id, status, at],
+            )
+            .unwrap();
+        }
+    }
+
+    fn n(conn: &Connection, sql: &str) -> i64 {
+        conn.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    #[test]
+    fn keeps_what_open_or_failed_jobs_need() {
+        let conn = db();
+        event(&conn, "old-done", 100, Some("done"));
+        event(&conn, "old-none", 100, None);
+        for status in ["pending", "processing", "paused", "failed"] {
+            event(&conn, &format!("old-{status}"), 100, Some(status));
+        }
+        event(&conn, "new", 10_000, Some("done"));
+        let (events, deliveries) = delete_events_batch(&conn, "s", 5_000, BATCH).unwrap();
+        assert_eq!((events, deliveries), (2, 2));
+        assert_eq!(n(&conn, "SELECT count(*) FROM events"), 5);
+        assert_eq!(
+            n(&conn, "SELECT count(*) FROM jobs WHERE status = 'done'"),
+            1
+        );
+        let erased = erase_bodies_batch(&conn, "s", 20_000, 30_000, BATCH).unwrap();
+        assert_eq!(erased, 1, "only the new done event loses its body");
+        assert_eq!(
+            n(&conn, "SELECT count(*) FROM events WHERE payload IS NULL"),
+            1
+        );
+    }
+
+    #[test]
+    fn batches_are_bounded() {
+        let conn = db();
+        for i in 0..7 {
+            event(&conn, &format!("e{i}"), 100, None);
+        }
+        assert_eq!(delete_events_batch(&conn, "s", 5_000, 3).unwrap().0, 3);
+        assert_eq!(delete_events_batch(&conn, "s", 5_000, 3).unwrap().0, 3);
+        assert_eq!(delete_events_batch(&conn, "s", 5_000, 3).unwrap().0, 1);
+    }
 }

@@ -1,22 +1,998 @@
-//! (in progress)
-use anyhow::{Result, bail};
+//! `idemhook replay` and the admin API's replay routes: re-open an event's
+//! failed or paused jobs (or, with `--force`, done ones), one event or a
+//! batch, always from the stored body and never re-checking signatures.
+//!
+//! A replay is planned first ([`plan`], read-only: what is there and what
+//! would be done) and then applied ([`apply`], in the caller's write
+//! transaction). Apply re-reads each job's status and skips one that moved
+//! on since the plan, so a replay racing the server never runs a job twice.
+//! History is never rewritten: every replay gets a row in `replays`, a
+//! forward job is re-queued so the forward workers record the next attempt,
+//! and an SQL job is run again at once, recorded as attempt n+1.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::inspect::{OpError, clean, finish, fmt_time, open_read, open_write};
+use crate::config::{ActionKind, Config, parse_duration};
+use crate::ingest::{self, Claim};
+use crate::store::{StoreError, ms_to_secs, now_ms};
+
+/// How many jobs one write transaction of a batch replay re-opens.
+pub const APPLY_CHUNK: usize = 100;
+
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
+    /// The event's source (with EVENT_ID: replay one event).
     pub source: Option<String>,
+    /// The event id.
     pub event_id: Option<String>,
+    /// Batch: only jobs of this source.
     #[arg(long = "source", id = "batch_source")]
     pub batch_source: Option<String>,
+    /// Batch: the job status to replay, failed (default) or paused.
     #[arg(long)]
     pub status: Option<String>,
+    /// Only this action's job.
     #[arg(long)]
     pub action: Option<String>,
+    /// Batch: only events received within this duration, e.g. 2h.
     #[arg(long)]
     pub since: Option<String>,
+    /// Also re-run jobs that are done (one event only).
     #[arg(long)]
     pub force: bool,
+    /// Do it; without this only print what would be done.
     #[arg(long)]
     pub yes: bool,
 }
-pub fn cmd(_config: &crate::config::Config, _a: &ReplayArgs) -> Result<std::process::ExitCode> {
-    bail!("not built yet")
+
+/// Who asked for the replay, recorded in `replays.origin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Cli,
+    Api,
+}
+
+impl Origin {
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Cli => "cli",
+            Origin::Api => "api",
+        }
+    }
+}
+
+/// What to replay.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Event {
+        source: String,
+        event_id: String,
+        action: Option<String>,
+        force: bool,
+    },
+    Batch {
+        source: Option<String>,
+        /// Job status: failed or paused.
+        status: String,
+        action: Option<String>,
+        /// Only events received at or after this time (ms).
+        since_ms: Option<i64>,
+    },
+}
+
+impl Target {
+    /// A batch target from its optional parts, checked.
+    pub fn batch(
+        source: Option<String>,
+        status: Option<String>,
+        action: Option<String>,
+        since: Option<&str>,
+        now: i64,
+    ) -> Result<Target, OpError> {
+        let status = status.unwrap_or_else(|| "failed".to_string());
+        if status != "failed" && status != "paused" {
+            return Err(OpError::Invalid(format!(
+                "a batch replay takes --status failed or --status paused, not {status:?} \
+                 (a done job is re-run only one event at a time, with --force)"
+            )));
+        }
+        let since_ms = match since {
+            Some(text) => {
+                let d =
+                    parse_duration(text).map_err(|e| OpError::Invalid(format!("since: {e}")))?;
+                Some(now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+            }
+            None => None,
+        };
+        Ok(Target::Batch {
+            source,
+            status,
+            action,
+            since_ms,
+        })
+    }
+}
+
+/// One job the replay re-opens.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    #[serde(skip)]
+    pub job_id: i64,
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    pub kind: String,
+    pub from_status: String,
+    /// The number the replayed run will have.
+    pub attempt: i64,
+    pub forced: bool,
+    /// What will be done, in words.
+    pub what: String,
+}
+
+/// A job the replay leaves alone, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeftAlone {
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    pub kind: String,
+    pub status: String,
+    pub reason: String,
+}
+
+/// What a replay would do.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// One event's summary (source, event_id, type, state, received_at,
+    /// payload_erased); None for a batch.
+    pub event: Option<Value>,
+    pub steps: Vec<Step>,
+    pub left_alone: Vec<LeftAlone>,
+    /// Advice for the operator (how to force, what a forced run means).
+    pub notes: Vec<String>,
+}
+
+/// What happened to one planned job.
+#[derive(Debug, Clone, Serialize)]
+pub struct Done {
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    pub kind: String,
+    pub from_status: String,
+    pub attempt: i64,
+    pub forced: bool,
+    /// requeued (forward), ok or failed (sql, run now), skipped (the job
+    /// moved on since the plan).
+    pub result: String,
+    pub error: Option<String>,
+}
+
+struct JobRow {
+    id: i64,
+    source: String,
+    event_id: String,
+    action: String,
+    kind: String,
+    status: String,
+    n_attempts: i64,
+    next_attempt_at: Option<i64>,
+    lease_until: Option<i64>,
+}
+
+fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
+    Ok(JobRow {
+        id: r.get(0)?,
+        source: r.get(1)?,
+        event_id: r.get(2)?,
+        action: r.get(3)?,
+        kind: r.get(4)?,
+        status: r.get(5)?,
+        n_attempts: r.get(6)?,
+        next_attempt_at: r.get(7)?,
+        lease_until: r.get(8)?,
+    })
+}
+
+const JOB_COLUMNS: &str = "j.id, j.source, j.event_id, j.action, j.kind, j.status, j.n_attempts, \
+                           j.next_attempt_at, j.lease_until";
+
+fn idempotency_key(source: &str, event_id: &str, action: &str) -> String {
+    format!("{source}:{event_id}:{action}")
+}
+
+fn step(job: &JobRow, forced: bool) -> Step {
+    let attempt = job.n_attempts + 1;
+    let what = if job.kind == "sql" {
+        if forced {
+            format!(
+                "run the sql statement again now on the stored body, as attempt {attempt}: \
+                 its effect happens a second time"
+            )
+        } else {
+            format!("run the sql statement again now on the stored body, as attempt {attempt}")
+        }
+    } else {
+        format!(
+            "re-queue for the forward workers as attempt {attempt}, with the same Idempotency-Key {}",
+            idempotency_key(&job.source, &job.event_id, &job.action)
+        )
+    };
+    Step {
+        job_id: job.id,
+        source: job.source.clone(),
+        event_id: job.event_id.clone(),
+        action: job.action.clone(),
+        kind: job.kind.clone(),
+        from_status: job.status.clone(),
+        attempt,
+        forced,
+        what,
+    }
+}
+
+fn left(job: &JobRow, reason: String) -> LeftAlone {
+    LeftAlone {
+        source: job.source.clone(),
+        event_id: job.event_id.clone(),
+        action: job.action.clone(),
+        kind: job.kind.clone(),
+        status: job.status.clone(),
+        reason,
+    }
+}
+
+/// Reads what is stored and decides what the replay would do. Writes
+/// nothing, so it runs on a read-only connection.
+pub fn plan(conn: &Connection, config: &Config, target: &Target) -> Result<Plan, OpError> {
+    match target {
+        Target::Event {
+            source,
+            event_id,
+            action,
+            force,
+        } => plan_event(conn, config, source, event_id, action.as_deref(), *force),
+        Target::Batch {
+            source,
+            status,
+            action,
+            since_ms,
+        } => plan_batch(
+            conn,
+            config,
+            source.as_deref(),
+            status,
+            action.as_deref(),
+            *since_ms,
+        ),
+    }
+}
+
+fn plan_event(
+    conn: &Connection,
+    config: &Config,
+    source_name: &str,
+    event_id: &str,
+    action: Option<&str>,
+    force: bool,
+) -> Result<Plan, OpError> {
+    let event = conn
+        .prepare_cached(
+            "SELECT type, state, received_at, payload IS NULL FROM events
+             WHERE source = ?1 AND event_id = ?2",
+        )?
+        .query_row(params![source_name, event_id], |r| {
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, bool>(3)?,
+            ))
+        })
+        .optional()?;
+    let Some((event_type, state, received_at, erased)) = event else {
+        return Err(super::inspect::not_found(source_name, event_id));
+    };
+    let source = config.source(source_name);
+    if let Some(a) = action {
+        match source {
+            None => {
+                return Err(OpError::Invalid(format!(
+                    "source {} is not in the config, so its actions cannot run",
+                    clean(source_name)
+                )));
+            }
+            Some(s) if s.action(a).is_none() => {
+                return Err(OpError::NotFound(format!(
+                    "source {} has no action {} in the config",
+                    clean(source_name),
+                    clean(a)
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    let jobs: Vec<JobRow> = conn
+        .prepare_cached(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY j.id"
+        ))?
+        .query_map(params![source_name, event_id], job_row)?
+        .collect::<Result<_, _>>()?;
+    if let Some(a) = action
+        && !jobs.iter().any(|j| j.action == a)
+    {
+        return Err(OpError::NotFound(format!(
+            "event {}/{} has no job for action {} (the action does not take type {})",
+            clean(source_name),
+            clean(event_id),
+            clean(a),
+            clean(event_type.as_deref().unwrap_or("(none)"))
+        )));
+    }
+    let paused: Vec<String> = conn
+        .prepare_cached("SELECT action FROM paused_actions WHERE source = ?1")?
+        .query_map([source_name], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+
+    let mut plan = Plan {
+        event: Some(json!({
+            "source": source_name,
+            "event_id": event_id,
+            "type": event_type,
+            "state": state,
+            "received_at": ms_to_secs(received_at),
+            "payload_erased": erased,
+            "jobs": jobs.iter().map(|j| json!({
+                "action": j.action, "kind": j.kind, "status": j.status, "attempts": j.n_attempts,
+            })).collect::<Vec<_>>(),
+        })),
+        steps: Vec::new(),
+        left_alone: Vec::new(),
+        notes: Vec::new(),
+    };
+    let mut done_jobs = Vec::new();
+    for job in jobs.iter().filter(|j| action.is_none_or(|a| j.action == a)) {
+        let in_config = source.and_then(|s| s.action(&job.action)).is_some();
+        let reason = match job.status.as_str() {
+            "failed" | "paused" => None,
+            "done" if force => None,
+            "done" => {
+                done_jobs.push(job);
+                Some("already done (--force re-runs it)".to_string())
+            }
+            "pending" => Some(format!(
+                "already queued{}",
+                job.next_attempt_at
+                    .map(|at| format!(", due at {}", fmt_time(ms_to_secs(at))))
+                    .unwrap_or_default()
+            )),
+            "processing" => Some(format!(
+                "in flight: a worker holds it{}",
+                job.lease_until
+                    .map(|at| format!(" until {}", fmt_time(ms_to_secs(at))))
+                    .unwrap_or_default()
+            )),
+            other => Some(format!("status {other}")),
+        };
+        let reason = match reason {
+            None if !in_config => {
+                Some("the action is no longer in the config, so it cannot run".to_string())
+            }
+            other => other,
+        };
+        match reason {
+            Some(r) => plan.left_alone.push(left(job, r)),
+            None => {
+                if job.status == "paused" && paused.contains(&job.action) {
+                    plan.notes.push(format!(
+                        "action {} is paused: this job runs anyway; `idemhook resume {}/{}` releases the others",
+                        clean(&job.action),
+                        clean(source_name),
+                        clean(&job.action)
+                    ));
+                }
+                plan.steps.push(step(job, job.status == "done"));
+            }
+        }
+    }
+    if !plan.steps.is_empty() && erased {
+        return Err(OpError::Invalid(format!(
+            "the stored body of {}/{} was erased, and a replay runs only from the stored body",
+            clean(source_name),
+            clean(event_id)
+        )));
+    }
+    if plan.steps.is_empty() {
+        if jobs.is_empty() {
+            plan.notes.push(format!(
+                "nothing to do: no action takes this event (type {})",
+                clean(event_type.as_deref().unwrap_or("(none)"))
+            ));
+        } else if !done_jobs.is_empty() && plan.left_alone.len() == done_jobs.len() {
+            plan.notes.push(format!(
+                "nothing to do: {} done",
+                if action.is_some() {
+                    "the job is"
+                } else {
+                    "every job is"
+                }
+            ));
+        } else {
+            plan.notes
+                .push("nothing to do: no failed or paused job to re-open".to_string());
+        }
+        for job in done_jobs {
+            let how = format!(
+                "to run {} again anyway: idemhook replay {} {} --force --action {} --yes",
+                clean(&job.action),
+                clean(source_name),
+                clean(event_id),
+                clean(&job.action)
+            );
+            let consequence = if job.kind == "sql" {
+                "it is an sql action: the statement runs again and its effect happens a second time"
+                    .to_string()
+            } else {
+                format!(
+                    "it is a forward action: it is sent again with the same Idempotency-Key {}, \
+                     so an idempotent downstream ignores the repeat",
+                    idempotency_key(source_name, event_id, &job.action)
+                )
+            };
+            plan.notes.push(format!("{how}\n  ({consequence})"));
+        }
+    }
+    Ok(plan)
+}
+
+fn plan_batch(
+    conn: &Connection,
+    config: &Config,
+    source: Option<&str>,
+    status: &str,
+    action: Option<&str>,
+    since_ms: Option<i64>,
+) -> Result<Plan, OpError> {
+    if let Some(s) = source {
+        let Some(src) = config.source(s) else {
+            return Err(OpError::NotFound(format!(
+                "source {} is not in the config",
+                clean(s)
+            )));
+        };
+        if let Some(a) = action
+            && src.action(a).is_none()
+        {
+            return Err(OpError::NotFound(format!(
+                "source {} has no action {} in the config",
+                clean(s),
+                clean(a)
+            )));
+        }
+    }
+    let mut sql = format!(
+        "SELECT {JOB_COLUMNS}, e.payload IS NULL FROM jobs j
+         JOIN events e ON e.source = j.source AND e.event_id = j.event_id
+         WHERE j.status = ?1"
+    );
+    let mut args: Vec<rusqlite::types::Value> = vec![status.to_string().into()];
+    if let Some(s) = source {
+        args.push(s.to_string().into());
+        let _ = write!(sql, " AND j.source = ?{}", args.len());
+    }
+    if let Some(a) = action {
+        args.push(a.to_string().into());
+        let _ = write!(sql, " AND j.action = ?{}", args.len());
+    }
+    if let Some(at) = since_ms {
+        args.push(at.into());
+        let _ = write!(sql, " AND e.received_at >= ?{}", args.len());
+    }
+    sql.push_str(" ORDER BY j.id");
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+        Ok((job_row(r)?, r.get::<_, bool>(9)?))
+    })?;
+    let mut plan = Plan {
+        event: None,
+        steps: Vec::new(),
+        left_alone: Vec::new(),
+        notes: Vec::new(),
+    };
+    for row in rows {
+        let (job, erased) = row?;
+        let in_config = config
+            .source(&job.source)
+            .and_then(|s| s.action(&job.action))
+            .is_some();
+        if !in_config {
+            plan.left_alone.push(left(
+                &job,
+                "the action is no longer in the config, so it cannot run".to_string(),
+            ));
+        } else if erased {
+            plan.left_alone.push(left(
+                &job,
+                "the stored body was erased; a replay runs only from the stored body".to_string(),
+            ));
+        } else {
+            plan.steps.push(step(&job, false));
+        }
+    }
+    Ok(plan)
+}
+
+/// Re-opens the planned jobs in the caller's write transaction. A job whose
+/// status moved on since the plan is skipped. Afterwards each touched
+/// event's state is recomputed.
+pub fn apply(
+    conn: &Connection,
+    config: &Config,
+    steps: &[Step],
+    origin: Origin,
+    now: i64,
+) -> Result<Vec<Done>, StoreError> {
+    let mut out = Vec::with_capacity(steps.len());
+    let mut events = BTreeSet::new();
+    for s in steps {
+        let mut done = Done {
+            source: s.source.clone(),
+            event_id: s.event_id.clone(),
+            action: s.action.clone(),
+            kind: s.kind.clone(),
+            from_status: s.from_status.clone(),
+            attempt: s.attempt,
+            forced: s.forced,
+            result: "skipped".to_string(),
+            error: None,
+        };
+        let current: Option<(String, i64)> = conn
+            .prepare_cached("SELECT status, n_attempts FROM jobs WHERE id = ?1")?
+            .query_row([s.job_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((status, n_attempts)) = current else {
+            done.error = Some("the job is gone (pruned)".to_string());
+            out.push(done);
+            continue;
+        };
+        if status != s.from_status {
+            done.error = Some(format!("the job is now {status}; left alone"));
+            out.push(done);
+            continue;
+        }
+        conn.prepare_cached(
+            "INSERT INTO replays (job_id, replayed_at, from_status, forced, origin)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?
+        .execute(params![
+            s.job_id,
+            now,
+            s.from_status,
+            s.forced,
+            origin.name()
+        ])?;
+        if s.kind == "sql" {
+            rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
+        } else {
+            conn.prepare_cached(
+                "UPDATE jobs SET status = 'pending', next_attempt_at = ?2, lease_owner = NULL,
+                        lease_until = NULL, updated_at = ?2
+                 WHERE id = ?1",
+            )?
+            .execute(params![s.job_id, now])?;
+            done.attempt = n_attempts + 1;
+            done.result = "requeued".to_string();
+        }
+        events.insert((s.source.clone(), s.event_id.clone()));
+        out.push(done);
+    }
+    for (source, event_id) in events {
+        ingest::refresh_event_state(conn, &source, &event_id, now)?;
+    }
+    Ok(out)
+}
+
+/// Runs an SQL job's statement again on the stored event and records the
+/// run as the job's next attempt.
+fn rerun_sql(
+    conn: &Connection,
+    config: &Config,
+    s: &Step,
+    n_attempts: i64,
+    origin: Origin,
+    now: i64,
+    done: &mut Done,
+) -> Result<(), StoreError> {
+    let action = config
+        .source(&s.source)
+        .and_then(|src| src.action(&s.action).map(|a| (src, a)));
+    let result = match action {
+        Some((source, action)) if matches!(action.kind, ActionKind::Sql { .. }) => {
+            match stored_claim(conn, &s.source, &s.event_id)? {
+                Some(claim) => ingest::rerun_sql_action(conn, source, action, &claim)?,
+                None => Err("the stored body was erased".to_string()),
+            }
+        }
+        _ => Err("the action is no longer an sql action in the config".to_string()),
+    };
+    let max_n: i64 = conn
+        .prepare_cached("SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1")?
+        .query_row([s.job_id], |r| r.get(0))?;
+    let n = n_attempts.max(max_n) + 1;
+    let finished = now_ms().max(now);
+    let (status, outcome, error) = match &result {
+        Ok(()) => ("done", "ok", None),
+        Err(e) => ("failed", "failed", Some(e.as_str())),
+    };
+    conn.prepare_cached(
+        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        s.job_id,
+        n,
+        now,
+        finished,
+        outcome,
+        error,
+        error.map(|_| "sql"),
+        format!("replay:{}", origin.name()),
+    ])?;
+    conn.prepare_cached(
+        "UPDATE jobs SET status = ?2, n_attempts = ?3, next_attempt_at = NULL,
+                last_error = coalesce(?4, last_error), updated_at = ?5
+         WHERE id = ?1",
+    )?
+    .execute(params![s.job_id, status, n, error, finished])?;
+    done.attempt = n;
+    done.result = outcome.to_string();
+    done.error = error.map(str::to_string);
+    Ok(())
+}
+
+/// The stored event as a claim, so an SQL action binds exactly what it
+/// bound the first time. None when the body was erased.
+fn stored_claim(
+    conn: &Connection,
+    source: &str,
+    event_id: &str,
+) -> Result<Option<Claim>, StoreError> {
+    let row = conn
+        .prepare_cached(
+            "SELECT type, payload, content_type, headers, payload_hash, verified_with, signed_at,
+                    received_at
+             FROM events WHERE source = ?1 AND event_id = ?2",
+        )?
+        .query_row(params![source, event_id], |r| {
+            let body = match r.get_ref(1)? {
+                rusqlite::types::ValueRef::Blob(b) | rusqlite::types::ValueRef::Text(b) => {
+                    Some(b.to_vec())
+                }
+                _ => None,
+            };
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                body,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, Option<String>>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, Option<i64>>(5)?,
+                r.get::<_, Option<i64>>(6)?,
+                r.get::<_, i64>(7)?,
+            ))
+        })
+        .optional()?;
+    let Some((event_type, Some(body), content_type, kept, hash, verified_with, signed_at, at)) =
+        row
+    else {
+        return Ok(None);
+    };
+    let headers: Vec<(String, String)> = kept
+        .as_deref()
+        .and_then(|h| serde_json::from_str::<serde_json::Map<String, Value>>(h).ok())
+        .map(|m| {
+            m.into_iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Some(Claim {
+        event_id: event_id.to_string(),
+        event_type,
+        json: serde_json::from_slice(&body).ok(),
+        body,
+        content_type,
+        headers,
+        kept_headers: kept.unwrap_or_default(),
+        payload_hash: hash,
+        verified_with: verified_with.and_then(|i| usize::try_from(i).ok()),
+        signed_at,
+        received_at: at,
+        remote: "replay".to_string(),
+    }))
+}
+
+/// The current state of one event (after a replay).
+pub fn event_state(
+    conn: &Connection,
+    source: &str,
+    event_id: &str,
+) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT state FROM events WHERE source = ?1 AND event_id = ?2")?
+        .query_row(params![source, event_id], |r| r.get(0))
+        .optional()?)
+}
+
+/// The JSON answer: the plan, and what was done when it was applied.
+pub fn report(plan: &Plan, done: Option<&[Done]>, state_after: Option<String>) -> Value {
+    let mut out = json!({
+        "dry_run": done.is_none(),
+        "count": plan.steps.len(),
+        "left_alone": plan.left_alone,
+        "notes": plan.notes,
+    });
+    if let Some(event) = &plan.event {
+        out["source"] = event["source"].clone();
+        out["event_id"] = event["event_id"].clone();
+        out["state_before"] = event["state"].clone();
+    }
+    match done {
+        None => {
+            out["would"] = json!(plan.steps);
+        }
+        Some(done) => {
+            out["replayed"] = json!(done.iter().filter(|d| d.result != "skipped").count());
+            out["jobs"] = json!(done);
+            if let Some(state) = state_after {
+                out["state"] = json!(state);
+            }
+        }
+    }
+    out
+}
+
+/// Whether any forward job was re-queued (the outbox should wake).
+pub fn requeued_forward(done: &[Done]) -> bool {
+    done.iter().any(|d| d.result == "requeued")
+}
+
+// ---------------------------------------------------------------------------
+// The command line.
+
+fn target_from_args(args: &ReplayArgs, now: i64) -> Result<Target, OpError> {
+    let batch_flags = args.batch_source.is_some() || args.status.is_some() || args.since.is_some();
+    match (&args.source, &args.event_id) {
+        (Some(source), Some(event_id)) => {
+            if batch_flags {
+                return Err(OpError::Invalid(
+                    "give either SOURCE EVENT_ID (one event) or --source/--status/--since (a batch), not both"
+                        .to_string(),
+                ));
+            }
+            Ok(Target::Event {
+                source: source.clone(),
+                event_id: event_id.clone(),
+                action: args.action.clone(),
+                force: args.force,
+            })
+        }
+        (Some(_), None) => Err(OpError::Invalid(
+            "replay one event with SOURCE EVENT_ID, or a batch with --source S --status failed"
+                .to_string(),
+        )),
+        _ => {
+            if args.force {
+                return Err(OpError::Invalid(
+                    "--force re-runs a done job of one event: give SOURCE EVENT_ID --action A"
+                        .to_string(),
+                ));
+            }
+            if !batch_flags {
+                return Err(OpError::Invalid(
+                    "replay one event with SOURCE EVENT_ID, or a batch with --source S --status failed"
+                        .to_string(),
+                ));
+            }
+            Target::batch(
+                args.batch_source.clone(),
+                args.status.clone(),
+                args.action.clone(),
+                args.since.as_deref(),
+                now,
+            )
+        }
+    }
+}
+
+pub fn cmd(config: &Config, args: &ReplayArgs) -> Result<ExitCode> {
+    let now = now_ms();
+    let target = match target_from_args(args, now) {
+        Ok(t) => t,
+        Err(e) => return finish(Err(e)),
+    };
+    if !args.yes {
+        let conn = open_read(config)?;
+        let plan = match plan(&conn, config, &target) {
+            Ok(p) => p,
+            Err(e) => return finish(Err(e)),
+        };
+        print!("{}", render_plan(&plan));
+        if !plan.steps.is_empty() {
+            println!("nothing changed: run again with --yes to do this");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut conn = open_write(config)?;
+    let result = match target {
+        Target::Event { .. } => replay_event_cli(&mut conn, config, &target),
+        Target::Batch { .. } => replay_batch_cli(&mut conn, config, &target),
+    };
+    finish(result)
+}
+
+fn replay_event_cli(
+    conn: &mut Connection,
+    config: &Config,
+    target: &Target,
+) -> Result<ExitCode, OpError> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(OpError::from)?;
+    let plan = plan(&tx, config, target)?;
+    print!("{}", render_plan(&plan));
+    if plan.steps.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = now_ms();
+    let done = apply(&tx, config, &plan.steps, Origin::Cli, now)?;
+    let state = match &plan.event {
+        Some(e) => event_state(
+            &tx,
+            e["source"].as_str().unwrap_or_default(),
+            e["event_id"].as_str().unwrap_or_default(),
+        )?,
+        None => None,
+    };
+    tx.commit().map_err(OpError::from)?;
+    print!("{}", render_done(&done));
+    if let Some(state) = state {
+        println!("event state now: {state}");
+    }
+    Ok(exit_for(&done))
+}
+
+fn replay_batch_cli(
+    conn: &mut Connection,
+    config: &Config,
+    target: &Target,
+) -> Result<ExitCode, OpError> {
+    let plan = plan(conn, config, target)?;
+    print!("{}", render_plan(&plan));
+    let mut all = Vec::with_capacity(plan.steps.len());
+    for chunk in plan.steps.chunks(APPLY_CHUNK) {
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(OpError::from)?;
+        let done = apply(&tx, config, chunk, Origin::Cli, now_ms())?;
+        tx.commit().map_err(OpError::from)?;
+        all.extend(done);
+    }
+    print!("{}", render_done(&all));
+    Ok(exit_for(&all))
+}
+
+/// Exit 1 when an SQL job was run again and failed again.
+fn exit_for(done: &[Done]) -> ExitCode {
+    if done.iter().any(|d| d.result == "failed") {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn render_plan(plan: &Plan) -> String {
+    let mut out = String::new();
+    match &plan.event {
+        Some(e) => {
+            let _ = writeln!(
+                out,
+                "event {}/{}: state {}, type {}, received {}{}",
+                super::inspect::cell(&e["source"]),
+                super::inspect::cell(&e["event_id"]),
+                super::inspect::cell(&e["state"]),
+                super::inspect::cell(&e["type"]),
+                super::inspect::fmt_json_time(&e["received_at"]),
+                if e["payload_erased"].as_bool() == Some(true) {
+                    ", body erased"
+                } else {
+                    ""
+                }
+            );
+            for j in e["jobs"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                let _ = writeln!(
+                    out,
+                    "  job {} ({}): {}, {} attempt(s)",
+                    super::inspect::cell(&j["action"]),
+                    super::inspect::cell(&j["kind"]),
+                    super::inspect::cell(&j["status"]),
+                    super::inspect::cell(&j["attempts"]),
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(out, "{} jobs to replay", plan.steps.len());
+        }
+    }
+    if !plan.steps.is_empty() {
+        let _ = writeln!(out, "replay will:");
+        for s in &plan.steps {
+            let _ = writeln!(
+                out,
+                "  {}/{} {} ({}, {}): {}",
+                clean(&s.source),
+                clean(&s.event_id),
+                clean(&s.action),
+                s.kind,
+                s.from_status,
+                s.what
+            );
+        }
+    }
+    for l in &plan.left_alone {
+        if plan.event.is_some() && l.status == "done" && plan.steps.is_empty() {
+            continue; // the notes explain done jobs
+        }
+        let _ = writeln!(
+            out,
+            "  left alone: {}/{} {} ({}): {}",
+            clean(&l.source),
+            clean(&l.event_id),
+            clean(&l.action),
+            l.status,
+            l.reason
+        );
+    }
+    for n in &plan.notes {
+        let _ = writeln!(out, "{n}");
+    }
+    out
+}
+
+fn render_done(done: &[Done]) -> String {
+    let mut out = String::new();
+    let replayed = done.iter().filter(|d| d.result != "skipped").count();
+    let _ = writeln!(out, "replayed {replayed} of {} job(s)", done.len());
+    for d in done {
+        let what = match d.result.as_str() {
+            "requeued" => format!(
+                "re-queued as attempt {}; the forward workers pick it up when they next poll",
+                d.attempt
+            ),
+            "ok" => format!("ran again as attempt {}: ok", d.attempt),
+            "failed" => format!(
+                "ran again as attempt {}: failed: {}",
+                d.attempt,
+                clean(d.error.as_deref().unwrap_or(""))
+            ),
+            _ => format!("skipped: {}", clean(d.error.as_deref().unwrap_or(""))),
+        };
+        let _ = writeln!(
+            out,
+            "  {}/{} {}: {what}",
+            clean(&d.source),
+            clean(&d.event_id),
+            clean(&d.action)
+        );
+    }
+    out
 }
