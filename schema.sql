@@ -154,3 +154,4 @@ CREATE TABLE IF NOT EXISTS replays (
     forced      INTEGER NOT NULL DEFAULT 0,
     origin      TEXT NOT NULL       -- cli or api
 );
+CREATE INDEX IF NOT EXISTS replays_job ON replays (job_id);

@@ -196,6 +196,9 @@ struct Leased {
     n: i64,
     /// When this worker's lease on the job ends.
     lease_until: i64,
+    /// Attempts made before the last operator replay: a replay gives the
+    /// job a fresh `max_attempts` budget.
+    budget_base: i64,
     event_type: Option<String>,
     body: Vec<u8>,
     content_type: Option<String>,
@@ -285,7 +288,9 @@ impl Worker {
 
         let outcome = match attempt.verdict {
             Verdict::Done => AttemptOutcome::Ok,
-            Verdict::Retry if job.n < i64::from(fwd.max_attempts) => AttemptOutcome::Retry,
+            Verdict::Retry if job.n - job.budget_base < i64::from(fwd.max_attempts) => {
+                AttemptOutcome::Retry
+            }
             Verdict::Retry | Verdict::Fail => AttemptOutcome::Failed,
         };
         self.metrics.attempt(&job.source, &job.action, outcome);
@@ -469,47 +474,38 @@ fn take(
     now: i64,
     limit: usize,
 ) -> Result<(Vec<Leased>, Option<i64>), StoreError> {
-    let mut candidates: Vec<(i64, String, String, String, i64, i64)> = Vec::new();
+    let mut candidates: Vec<Candidate> = Vec::new();
     {
         let mut expired = conn.prepare_cached(
-            "SELECT id, source, event_id, action, n_attempts, updated_at FROM jobs
+            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
              WHERE status = 'processing' AND kind = 'forward' AND lease_until < ?1
              LIMIT ?2",
         )?;
-        let rows = expired.query_map(params![now, limit as i64], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            ))
-        })?;
+        let rows = expired.query_map(params![now, limit as i64], Candidate::from_row)?;
         for row in rows {
             candidates.push(row?);
         }
         let mut due = conn.prepare_cached(
-            "SELECT id, source, event_id, action, n_attempts, updated_at FROM jobs
+            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
              WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'forward'
              ORDER BY next_attempt_at LIMIT ?2",
         )?;
-        let rows = due.query_map(params![now, limit as i64], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            ))
-        })?;
+        let rows = due.query_map(params![now, limit as i64], Candidate::from_row)?;
         for row in rows {
             candidates.push(row?);
         }
     }
     let mut taken = Vec::new();
-    for (job_id, source, event_id, action, n_before, leased_at) in candidates {
+    for Candidate {
+        job_id,
+        source,
+        event_id,
+        action,
+        n_before,
+        leased_at,
+        previous_owner,
+    } in candidates
+    {
         if taken.len() >= limit {
             break;
         }
@@ -539,6 +535,12 @@ fn take(
         if won != 1 {
             continue;
         }
+        let budget_base: i64 = conn
+            .prepare_cached(
+                "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1
+                   AND started_at <= (SELECT max(replayed_at) FROM replays WHERE job_id = ?1)",
+            )?
+            .query_row(params![job_id], |r| r.get(0))?;
         let took_over = conn
             .prepare_cached("SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)")?
             .query_row(params![job_id, n_before], |r| r.get::<_, bool>(0))
@@ -547,11 +549,11 @@ fn take(
             // The previous owner's attempt never recorded an end: its lease
             // ran out (crash, or a hang past the lease).
             conn.prepare_cached(
-                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
-                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease')",
+                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
+                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)",
             )?
-            .execute(params![job_id, n_before, leased_at, now])?;
-            if n_before >= i64::from(fwd.max_attempts) {
+            .execute(params![job_id, n_before, leased_at, now, previous_owner])?;
+            if n_before - budget_base >= i64::from(fwd.max_attempts) {
                 fail_job(
                     conn,
                     job_id,
@@ -595,6 +597,7 @@ fn take(
             action,
             n: n_before + 1,
             lease_until,
+            budget_base,
             event_type,
             body,
             content_type,
@@ -617,6 +620,32 @@ fn is_paused(conn: &Connection, source: &str, action: &str) -> Result<bool, Stor
             "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
         )?
         .query_row(params![source, action], |r| r.get(0))?)
+}
+
+/// A job that looks takeable, before the conditional UPDATE decides.
+struct Candidate {
+    job_id: i64,
+    source: String,
+    event_id: String,
+    action: String,
+    n_before: i64,
+    /// When the job was last leased or changed.
+    leased_at: i64,
+    previous_owner: Option<String>,
+}
+
+impl Candidate {
+    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
+        Ok(Candidate {
+            job_id: r.get(0)?,
+            source: r.get(1)?,
+            event_id: r.get(2)?,
+            action: r.get(3)?,
+            n_before: r.get(4)?,
+            leased_at: r.get(5)?,
+            previous_owner: r.get(6)?,
+        })
+    }
 }
 
 /// What a forward needs of its event.

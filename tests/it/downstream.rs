@@ -7,6 +7,8 @@
 //! header is a new effect every time. Every request is recorded with its
 //! headers and exact body bytes. Per key, a test can script misbehaviour
 //! (fail with 500, process then drop the connection, hang, 400, 429).
+//! Every answer carries a unique `X-Request-Id` (recorded with the request),
+//! and a test can hold all requests at a gate or slow every request down.
 //!
 //! Owns no knowledge of idemhook beyond the header names in PRODUCT.md.
 
@@ -15,7 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,6 +70,9 @@ pub struct RecordedRequest {
     /// When the request was fully read, relative to `Downstream::start`.
     pub at: Duration,
     pub outcome: Outcome,
+    /// The `X-Request-Id` sent with the answer (`ds-N`; also set when no
+    /// answer was written).
+    pub request_id: String,
 }
 
 impl RecordedRequest {
@@ -98,6 +103,16 @@ struct Shared {
     state: Mutex<State>,
     shutdown: AtomicBool,
     started: Instant,
+    /// While set, requests wait (read, not yet decided) until it clears.
+    gate_closed: AtomicBool,
+    /// Requests waiting at the gate right now.
+    held: AtomicUsize,
+    /// Requests that passed the gate so far (0 while none was held).
+    released: AtomicUsize,
+    /// Added before deciding every request, in milliseconds.
+    delay_ms: AtomicU64,
+    /// Source of `X-Request-Id` values.
+    next_request_id: AtomicU64,
 }
 
 /// The running fake downstream. Stops accepting on drop.
@@ -123,6 +138,11 @@ impl Downstream {
             state: Mutex::new(State::default()),
             shutdown: AtomicBool::new(false),
             started: Instant::now(),
+            gate_closed: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            released: AtomicUsize::new(0),
+            delay_ms: AtomicU64::new(0),
+            next_request_id: AtomicU64::new(1),
         });
         let accept_shared = Arc::clone(&shared);
         std::thread::spawn(move || {
@@ -219,6 +239,42 @@ impl Downstream {
     }
 }
 
+impl Downstream {
+    /// Close the gate: from now on every request, once read, waits (before
+    /// any decision or effect) until [`Downstream::open_gate`].
+    pub fn close_gate(&self) {
+        self.shared.gate_closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Open the gate: held requests proceed in the normal way.
+    pub fn open_gate(&self) {
+        self.shared.gate_closed.store(false, Ordering::SeqCst);
+    }
+
+    /// Requests waiting at the gate right now.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// Requests that waited at the gate and went on since the start.
+    pub fn released(&self) -> usize {
+        self.shared.released.load(Ordering::SeqCst)
+    }
+
+    /// Slow every request down by `delay` before it is decided (a slow but
+    /// healthy downstream). `Duration::ZERO` turns it off.
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared
+            .delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Drop the remaining scripted steps for `key` (e.g. end a `Reject400`).
+    pub fn clear_script(&self, key: &str) {
+        self.shared.state.lock().unwrap().scripts.remove(key);
+    }
+}
+
 impl Drop for Downstream {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
@@ -242,6 +298,16 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             None => return,
         };
         let keep_alive = request.keep_alive;
+        wait_at_gate(&shared);
+        let delay = shared.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
+        }
+        let request_id = format!(
+            "ds-{}",
+            shared.next_request_id.fetch_add(1, Ordering::SeqCst)
+        );
+        let rid: &[(&str, &str)] = &[("X-Request-Id", request_id.as_str())];
         let key = request
             .headers
             .iter()
@@ -279,17 +345,18 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
                 body: request.body.clone(),
                 at: shared.started.elapsed(),
                 outcome: outcome.clone(),
+                request_id: request_id.clone(),
             });
             (outcome, hang)
         };
 
         let written = match outcome {
-            Outcome::Effect => respond(&mut writer, 200, "OK", &[], br#"{"ok":true}"#, keep_alive),
+            Outcome::Effect => respond(&mut writer, 200, "OK", rid, br#"{"ok":true}"#, keep_alive),
             Outcome::Repeat => respond(
                 &mut writer,
                 200,
                 "OK",
-                &[],
+                rid,
                 br#"{"ok":true,"repeat":true}"#,
                 keep_alive,
             ),
@@ -297,7 +364,7 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
                 &mut writer,
                 500,
                 "Internal Server Error",
-                &[],
+                rid,
                 br#"{"error":"scripted 500"}"#,
                 keep_alive,
             ),
@@ -305,7 +372,7 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
                 &mut writer,
                 400,
                 "Bad Request",
-                &[],
+                rid,
                 br#"{"error":"scripted 400"}"#,
                 keep_alive,
             ),
@@ -315,7 +382,7 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
                     &mut writer,
                     429,
                     "Too Many Requests",
-                    &[("Retry-After", secs.as_str())],
+                    &[("Retry-After", secs.as_str()), rid[0]],
                     br#"{"error":"scripted 429"}"#,
                     keep_alive,
                 )
@@ -334,6 +401,20 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             return;
         }
     }
+}
+
+/// Wait while the gate is closed (or until shutdown), counting the request
+/// as held meanwhile.
+fn wait_at_gate(shared: &Shared) {
+    if !shared.gate_closed.load(Ordering::SeqCst) {
+        return;
+    }
+    shared.held.fetch_add(1, Ordering::SeqCst);
+    while shared.gate_closed.load(Ordering::SeqCst) && !shared.shutdown.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    shared.held.fetch_sub(1, Ordering::SeqCst);
+    shared.released.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Consume one unit of the front step for `key`, returning the behaviour to
@@ -635,5 +716,35 @@ mod self_test {
             assert_eq!(client.post(&url, &key_headers("r"), b"1").status, 400);
         }
         assert_eq!(ds.effects("r"), 0);
+    }
+
+    #[test]
+    fn gate_holds_requests_and_every_answer_carries_a_request_id() {
+        let ds = Downstream::start();
+        ds.close_gate();
+        let url = format!("{}/x", ds.url());
+        let held = std::thread::spawn(move || {
+            Client::new(Duration::from_secs(5)).post(&url, &key_headers("g"), b"1")
+        });
+        crate::harness::wait_until(Duration::from_secs(5), "a held request", || ds.held() == 1);
+        assert_eq!(ds.effects("g"), 0, "nothing decided while held");
+        assert_eq!(ds.released(), 0);
+        ds.open_gate();
+        let r = held.join().unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(ds.released(), 1);
+        assert_eq!(ds.effects("g"), 1);
+        ds.script("g2", Behavior::Fail500(1));
+        let r2 = Client::new(Duration::from_secs(5)).post(
+            &format!("{}/x", ds.url()),
+            &key_headers("g2"),
+            b"1",
+        );
+        let ids: Vec<String> = ds.requests().into_iter().map(|q| q.request_id).collect();
+        assert_eq!(
+            vec![r.header("x-request-id"), r2.header("x-request-id")],
+            ids.iter().map(|s| Some(s.as_str())).collect::<Vec<_>>()
+        );
+        assert_ne!(ids[0], ids[1]);
     }
 }

@@ -269,7 +269,8 @@ impl Server {
                             .trim_end_matches('/')
                             .to_string();
                         assert!(
-                            url.starts_with("http://127.0.0.1:"),
+                            url.starts_with("http://127.0.0.1:")
+                                || url.starts_with("https://127.0.0.1:"),
                             "listening line has an unexpected address\n  expected: {LISTENING_PREFIX}http://127.0.0.1:PORT\n  got: {line:?}\n{}",
                             self.logs()
                         );

@@ -7,5 +7,8 @@
 mod downstream;
 mod harness;
 mod metrics;
+mod ops;
+mod outbox;
 mod receiver;
 mod sign;
+mod tls;
