@@ -191,7 +191,29 @@ pub struct Config {
     /// delivery is answered 503.
     pub busy_timeout: Duration,
     pub setup_sql: Option<String>,
+    /// PEM certificate chain and private key: when both are set, the
+    /// listeners speak TLS only.
+    pub tls: Option<TlsFiles>,
+    /// A second listener for the admin API and /metrics; when set, the main
+    /// listener does not serve them.
+    pub admin_listen: Option<String>,
+    pub http: HttpLimits,
     pub sources: Vec<Source>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Connection limits of the HTTP server.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub idle_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -306,6 +328,13 @@ struct RawConfig {
     prune_interval: Option<String>,
     busy_timeout: Option<String>,
     setup_sql: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    admin_listen: Option<String>,
+    max_connections: Option<usize>,
+    header_timeout: Option<String>,
+    body_timeout: Option<String>,
+    idle_timeout: Option<String>,
     #[serde(default)]
     sources: BTreeMap<String, RawSource>,
 }
@@ -432,6 +461,39 @@ impl Config {
             opt_duration(&raw.prune_interval, "prune_interval", "1h").map_err(err)?;
         let busy_timeout = opt_duration(&raw.busy_timeout, "busy_timeout", "5s").map_err(err)?;
 
+        let tls = match (&raw.tls_cert, &raw.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: base.join(cert),
+                key: base.join(key),
+            }),
+            (None, None) => None,
+            _ => return Err(err("tls_cert and tls_key: set both or neither".into())),
+        };
+        let max_connections = raw.max_connections.unwrap_or(1024);
+        if !(1..=65_536).contains(&max_connections) {
+            return Err(err(format!(
+                "max_connections: must be 1 to 65536, got {max_connections}"
+            )));
+        }
+        let http = HttpLimits {
+            max_connections,
+            header_timeout: nonzero(
+                opt_duration(&raw.header_timeout, "header_timeout", "10s"),
+                "header_timeout",
+            )
+            .map_err(err)?,
+            body_timeout: nonzero(
+                opt_duration(&raw.body_timeout, "body_timeout", "30s"),
+                "body_timeout",
+            )
+            .map_err(err)?,
+            idle_timeout: nonzero(
+                opt_duration(&raw.idle_timeout, "idle_timeout", "60s"),
+                "idle_timeout",
+            )
+            .map_err(err)?,
+        };
+
         if raw.sources.is_empty() && file.is_some() {
             return Err(err(
                 "no [sources.NAME] table: at least one source is needed".into(),
@@ -456,6 +518,9 @@ impl Config {
             prune_interval,
             busy_timeout,
             setup_sql: raw.setup_sql,
+            tls,
+            admin_listen: raw.admin_listen,
+            http,
             sources,
         })
     }
@@ -749,6 +814,13 @@ fn is_builtin_param(name: &str) -> bool {
 
 fn parse_parts(specs: &[String]) -> Result<Vec<Part>, String> {
     specs.iter().map(|s| Part::parse(s)).collect()
+}
+
+fn nonzero(d: Result<Duration, String>, key: &str) -> Result<Duration, String> {
+    match d {
+        Ok(d) if d.is_zero() => Err(format!("{key}: must be longer than 0s")),
+        other => other,
+    }
 }
 
 fn opt_duration(value: &Option<String>, key: &str, default: &str) -> Result<Duration, String> {

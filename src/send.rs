@@ -73,10 +73,10 @@ pub fn run(
             },
         }
     }
-    if source.kind == Kind::Linear {
-        if let Some(v) = body_json.as_mut() {
-            set_pointer(v, "/webhookTimestamp", json!(now_ms));
-        }
+    if source.kind == Kind::Linear
+        && let Some(v) = body_json.as_mut()
+    {
+        set_pointer(v, "/webhookTimestamp", json!(now_ms));
     }
     let body: Vec<u8> = match (&given, &body_json) {
         // A given non-JSON body is sent as is.

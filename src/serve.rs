@@ -45,8 +45,7 @@ pub fn run(config: Config) -> Result<()> {
         wake_outbox: Box::new(move || waker.wake()),
     });
     let pruner = crate::ops::prune::Background::start(config.clone(), writer.clone());
-    let http = HttpServer::start(app.clone(), &config.listen, config.http_workers)
-        .map_err(|e| anyhow!(e))?;
+    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
 
     let mode = match config.durability {
         crate::config::Durability::Full => "full",
@@ -61,7 +60,17 @@ pub fn run(config: Config) -> Result<()> {
             ("sources", &config.sources.len()),
         ],
     );
-    println!("idemhook listening on http://{}", http.addr);
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    // The admin line first: "listening on" is the last line printed once
+    // everything accepts connections.
+    if let Some(admin) = http.admin_addr {
+        println!("idemhook admin API and metrics on {scheme}://{admin}");
+    }
+    println!("idemhook listening on {scheme}://{}", http.addr);
     if dev_default {
         println!(
             "no config file found: running the development default (database {}, one source \"demo\" of kind standard)",

@@ -383,11 +383,19 @@ fn slack_challenge(json: Option<&Value>) -> Option<Reply> {
 /// the headers the key and type rules read.
 fn kept_headers(source: &Source, headers: &[(String, String)]) -> String {
     let mut kept = serde_json::Map::new();
+    // SQL action params that read headers need them again on replay.
+    let param_parts = source.actions.iter().flat_map(|a| match &a.kind {
+        crate::config::ActionKind::Sql { params, .. } => {
+            params.iter().map(|(_, p)| p).collect::<Vec<_>>()
+        }
+        crate::config::ActionKind::Forward(_) => Vec::new(),
+    });
     let rule_headers = source
         .key
         .parts
         .iter()
         .chain(source.event_type.iter())
+        .chain(param_parts)
         .flat_map(|p| p.alternatives.iter())
         .filter_map(|a| match a {
             crate::key::Atom::Header(h) => Some(h.to_ascii_lowercase()),

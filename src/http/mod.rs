@@ -37,31 +37,97 @@ impl Incoming<'_> {
     }
 }
 
-/// The running server.
+/// Which routes a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// Everything (no `admin_listen`).
+    All,
+    /// Hooks and health only (`admin_listen` is set).
+    Public,
+    /// Admin API, metrics and health (the `admin_listen` listener).
+    Admin,
+}
+
+/// The running listeners.
 pub struct HttpServer {
-    server: server::Server,
+    servers: Vec<server::Server>,
+    /// The main listener's address.
     pub addr: SocketAddr,
+    /// The admin listener's address, when there is one.
+    pub admin_addr: Option<SocketAddr>,
 }
 
 impl HttpServer {
-    /// Binds `listen` and starts serving with `workers` processing permits.
-    pub fn start(app: Arc<App>, listen: &str, workers: usize) -> Result<HttpServer, String> {
-        let limits = server::Limits::new(workers, app.config.max_body_bytes);
-        let handler = Box::new(move |rq: &mut server::Request| handle(&app, rq));
-        let server = server::Server::bind(listen, limits, handler)
-            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        let addr = server.addr();
-        Ok(HttpServer { server, addr })
+    /// Binds `listen` (and `admin_listen`, if set) and starts serving.
+    pub fn start(app: Arc<App>) -> Result<HttpServer, String> {
+        let config = &app.config;
+        let tls = match &config.tls {
+            Some(files) => Some(tls_config(files)?),
+            None => None,
+        };
+        let limits = server::Limits {
+            max_connections: config.http.max_connections,
+            workers: config.http_workers,
+            header_timeout: config.http.header_timeout,
+            idle_timeout: config.http.idle_timeout,
+            body_timeout: config.http.body_timeout,
+            ..server::Limits::new(config.http_workers, config.max_body_bytes)
+        };
+        let bind = |listen: &str, surface: Surface| {
+            let app = app.clone();
+            let handler = Box::new(move |rq: &mut server::Request| handle(&app, rq, surface));
+            server::Server::bind(listen, limits.clone(), tls.clone(), handler)
+                .map_err(|e| format!("cannot listen on {listen}: {e}"))
+        };
+        let (main_surface, admin) = match &config.admin_listen {
+            Some(admin_listen) => (Surface::Public, Some(bind(admin_listen, Surface::Admin)?)),
+            None => (Surface::All, None),
+        };
+        let main = bind(&config.listen, main_surface)?;
+        let addr = main.addr();
+        let admin_addr = admin.as_ref().map(server::Server::addr);
+        Ok(HttpServer {
+            servers: std::iter::once(main).chain(admin).collect(),
+            addr,
+            admin_addr,
+        })
     }
 
     /// Stops accepting, lets requests already read finish, and waits for
     /// their connections (at most 10 s).
     pub fn stop(self) {
-        self.server.stop(Duration::from_secs(10));
+        for s in self.servers {
+            s.stop(Duration::from_secs(10));
+        }
     }
 }
 
-fn handle(app: &App, rq: &mut server::Request) -> Reply {
+/// A rustls server config from PEM files.
+fn tls_config(files: &crate::config::TlsFiles) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("tls_cert {}: {e}", files.cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "tls_cert {}: no certificate found",
+            files.cert.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("tls_key {}: {e}", files.key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("tls_cert/tls_key: {e}"))?;
+    Ok(Arc::new(config))
+}
+
+fn handle(app: &App, rq: &mut server::Request, surface: Surface) -> Reply {
     let target = rq.target.clone();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let (bytes, problem) = match std::mem::replace(&mut rq.body, Ok(Vec::new())) {
@@ -79,15 +145,19 @@ fn handle(app: &App, rq: &mut server::Request) -> Reply {
         body: &mut cursor,
         body_problem: problem,
     };
-    route(app, &mut incoming)
+    route(app, &mut incoming, surface)
 }
 
-fn route(app: &App, rq: &mut Incoming<'_>) -> Reply {
+fn route(app: &App, rq: &mut Incoming<'_>, surface: Surface) -> Reply {
     let path = rq.path;
+    let admin_here = surface != Surface::Public;
     if let Some(source) = path.strip_prefix("/hooks/") {
+        if surface == Surface::Admin {
+            return Reply::error(404, "webhooks are not received on the admin listener");
+        }
         return hooks::receive(app, source, rq);
     }
-    if path == "/api" || path.starts_with("/api/") {
+    if admin_here && (path == "/api" || path.starts_with("/api/")) {
         return admin::handle(app, rq);
     }
     match path {
@@ -102,7 +172,7 @@ fn route(app: &App, rq: &mut Incoming<'_>) -> Reply {
             },
             _ => Reply::method_not_allowed("GET"),
         },
-        "/metrics" => match rq.method {
+        "/metrics" if admin_here => match rq.method {
             "GET" | "HEAD" => Reply::text(
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",

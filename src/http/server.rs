@@ -19,6 +19,12 @@ use std::time::{Duration, Instant};
 
 use super::reply::Reply;
 
+/// What a connection reads and writes: plain TCP or TLS over it.
+trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+type Conn = BufReader<Box<dyn Stream>>;
+
 /// Limits of the HTTP server.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -90,6 +96,7 @@ pub struct Server {
 
 struct Shared {
     stop: AtomicBool,
+    tls: Option<Arc<rustls::ServerConfig>>,
     limits: Limits,
     handler: Box<Handler>,
     permits: Semaphore,
@@ -101,11 +108,18 @@ struct Shared {
 }
 
 impl Server {
-    pub fn bind(listen: &str, limits: Limits, handler: Box<Handler>) -> io::Result<Server> {
+    /// Binds `listen`; with `tls`, every connection is TLS.
+    pub fn bind(
+        listen: &str,
+        limits: Limits,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        handler: Box<Handler>,
+    ) -> io::Result<Server> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            tls,
             permits: Semaphore::new(limits.workers.max(1)),
             limits,
             handler,
@@ -226,26 +240,34 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
     };
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(Duration::from_secs(30)));
-    let Ok(read_half) = stream.try_clone() else {
+    // A second handle on the socket, for its timeouts and shutdown.
+    let Ok(socket) = stream.try_clone() else {
         return;
     };
-    let mut reader = BufReader::with_capacity(16 * 1024, read_half);
-    let mut writer = stream;
+    let io: Box<dyn Stream> = match &shared.tls {
+        Some(config) => match rustls::ServerConnection::new(config.clone()) {
+            Ok(tls) => Box::new(rustls::StreamOwned::new(tls, stream)),
+            Err(_) => return,
+        },
+        None => Box::new(stream),
+    };
+    let mut reader: Conn = BufReader::with_capacity(16 * 1024, io);
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        // Wait for the next request's first byte, then the whole head.
-        let _ = writer.set_read_timeout(Some(limits.idle_timeout));
+        // Wait for the next request's first byte (a TLS handshake first,
+        // on a new TLS connection), then the whole head.
+        let _ = socket.set_read_timeout(Some(limits.idle_timeout));
         match reader.fill_buf() {
             Ok([]) | Err(_) => return,
             Ok(_) => {}
         }
-        let head = match read_head(&mut reader, &writer, limits) {
+        let head = match read_head(&mut reader, &socket, limits) {
             Ok(h) => h,
             Err(HeadError::Closed) => return,
             Err(HeadError::Reply(reply)) => {
-                let _ = writer.write_all(&serialize(reply, false, true));
+                let _ = write_out(&mut reader, &serialize(reply, false, true));
                 return;
             }
         };
@@ -254,14 +276,13 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
             .content_length
             .is_some_and(|n| n > limits.max_body_bytes);
         if head.expect_continue && !declared_too_large {
-            let _ = writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+            let _ = write_out(&mut reader, b"HTTP/1.1 100 Continue\r\n\r\n");
         }
         let body = if declared_too_large {
             // Not read at all: the answer is 413 and the connection closes.
             Ok(vec![0; limits.max_body_bytes + 1])
         } else {
-            let _ = writer.set_read_timeout(Some(limits.body_timeout));
-            read_body(&mut reader, &head, limits)
+            read_body(&mut reader, &socket, &head, limits)
         };
         let body_complete = matches!(&body, Ok(b) if b.len() <= limits.max_body_bytes);
         let mut request = Request {
@@ -289,8 +310,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         }
         let close = !head.keep_alive || !body_complete || shared.stop.load(Ordering::SeqCst);
         let is_head = request.method == "HEAD";
-        if writer.write_all(&serialize(reply, is_head, close)).is_err() || close {
-            let _ = writer.shutdown(Shutdown::Write);
+        if write_out(&mut reader, &serialize(reply, is_head, close)).is_err() || close {
+            let _ = socket.shutdown(Shutdown::Write);
             return;
         }
     }
@@ -314,11 +335,13 @@ enum HeadError {
 }
 
 /// Reads and parses a request head, within the head size and time limits.
-fn read_head(
-    reader: &mut BufReader<TcpStream>,
-    socket: &TcpStream,
-    limits: &Limits,
-) -> Result<Head, HeadError> {
+fn write_out(conn: &mut Conn, bytes: &[u8]) -> io::Result<()> {
+    let w = conn.get_mut();
+    w.write_all(bytes)?;
+    w.flush()
+}
+
+fn read_head(reader: &mut Conn, socket: &TcpStream, limits: &Limits) -> Result<Head, HeadError> {
     let deadline = Instant::now() + limits.header_timeout;
     let mut raw: Vec<u8> = Vec::with_capacity(1024);
     // Read lines until the empty line, bounded in bytes and time.
@@ -503,11 +526,19 @@ fn is_token(b: u8) -> bool {
 
 /// Reads the body: up to `max_body_bytes` + 1 bytes, within the body timeout.
 fn read_body(
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut Conn,
+    socket: &TcpStream,
     head: &Head,
     limits: &Limits,
 ) -> Result<Vec<u8>, BodyProblem> {
     let deadline = Instant::now() + limits.body_timeout;
+    // Each read waits at most what is left of the body's time.
+    let arm = || {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let _ = socket.set_read_timeout(Some(left));
+    };
     let cap = limits.max_body_bytes + 1;
     let timed_out = |e: &io::Error| {
         matches!(
@@ -521,6 +552,7 @@ fn read_body(
             if Instant::now() > deadline {
                 return Err(BodyProblem::TimedOut);
             }
+            arm();
             let mut size_line = Vec::new();
             match (&mut *reader).take(1024).read_until(b'\n', &mut size_line) {
                 Ok(0) => {
@@ -582,6 +614,7 @@ fn read_body(
         if Instant::now() > deadline {
             return Err(BodyProblem::TimedOut);
         }
+        arm();
         match reader.read(&mut body[got..]) {
             Ok(0) => return Err(BodyProblem::Short { expected, got }),
             Ok(n) => got += n,
