@@ -23,6 +23,7 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Wakes the forward workers when new jobs were committed.
     pub wake_outbox: Box<dyn Fn() + Send + Sync>,
+    pub admin_limiter: crate::http::admin::AuthLimiter,
 }
 
 impl App {

@@ -43,6 +43,7 @@ pub fn run(config: Config) -> Result<()> {
         readers: app::read_pool(&config)?,
         metrics: metrics.clone(),
         wake_outbox: Box::new(move || waker.wake()),
+        admin_limiter: Default::default(),
     });
     let pruner = crate::ops::prune::Background::start(config.clone(), writer.clone());
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;

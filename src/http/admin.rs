@@ -28,7 +28,17 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
     let Some(token) = &app.config.admin_token else {
         return Reply::error(404, "the admin API is off: set admin_token to enable it");
     };
+    let ip = rq
+        .remote
+        .rsplit_once(':')
+        .map_or(rq.remote.as_str(), |(ip, _)| ip)
+        .to_string();
+    if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
+        return Reply::error(429, "too many failed admin authentications; retry later")
+            .with_header("Retry-After", wait.to_string());
+    }
     if !authorized(rq, token.expose()) {
+        app.admin_limiter.failed(&ip, now_ms());
         return Reply::error(
             401,
             "missing or wrong admin token: send Authorization: Bearer <admin_token>",
@@ -60,6 +70,51 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
         }
         ["api", "reconcile"] => only(rq, "GET", |_| reconcile_route(app)),
         _ => Reply::error(404, "no such admin route"),
+    }
+}
+
+/// Limits failed admin authentications per client address: after
+/// `MAX_FAILURES` within a window, that address gets 429 until the window
+/// ends. Bounded in memory: the table is cleared when it grows too large.
+pub struct AuthLimiter {
+    failures: std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>,
+}
+
+const MAX_FAILURES: u32 = 10;
+const WINDOW_MS: i64 = 60_000;
+const MAX_TRACKED: usize = 10_000;
+
+impl Default for AuthLimiter {
+    fn default() -> AuthLimiter {
+        AuthLimiter {
+            failures: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl AuthLimiter {
+    /// Seconds to wait, when `ip` is blocked.
+    fn blocked(&self, ip: &str, now: i64) -> Option<i64> {
+        let map = self.failures.lock().ok()?;
+        let (count, since) = map.get(ip)?;
+        let left = since + WINDOW_MS - now;
+        (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
+    }
+
+    fn failed(&self, ip: &str, now: i64) {
+        if let Ok(mut map) = self.failures.lock() {
+            if map.len() >= MAX_TRACKED {
+                map.retain(|_, (_, since)| now - *since < WINDOW_MS);
+                if map.len() >= MAX_TRACKED {
+                    map.clear();
+                }
+            }
+            let entry = map.entry(ip.to_string()).or_insert((0, now));
+            if now - entry.1 >= WINDOW_MS {
+                *entry = (0, now);
+            }
+            entry.0 += 1;
+        }
     }
 }
 
@@ -423,6 +478,18 @@ mod tests {
             body,
             body_problem: None,
         }
+    }
+
+    #[test]
+    fn failed_authentications_are_limited_per_address() {
+        let l = AuthLimiter::default();
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(l.blocked("1.2.3.4", 1_000), None);
+            l.failed("1.2.3.4", 1_000);
+        }
+        assert_eq!(l.blocked("1.2.3.4", 1_000), Some(60));
+        assert_eq!(l.blocked("5.6.7.8", 1_000), None);
+        assert_eq!(l.blocked("1.2.3.4", 1_000 + WINDOW_MS), None);
     }
 
     #[test]
