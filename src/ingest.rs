@@ -493,3 +493,133 @@ pub fn rerun_sql_action(
         Err(e) => Ok(Err(e.to_string())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Config, Durability};
+    use crate::store::{self, Writer};
+
+    const CONFIG: &str = r#"
+[sources.pay]
+kind = "stripe"
+secrets = ["whsec_unit"]
+[[sources.pay.actions]]
+name = "credit"
+sql = "INSERT INTO ledger (event_id, amount) VALUES (:event_id, :amount)"
+params = { amount = "json:/amount" }
+"#;
+
+    fn claim_for(id: &str, amount: i64) -> Claim {
+        let json = serde_json::json!({"id": id, "amount": amount});
+        Claim {
+            event_id: id.to_string(),
+            event_type: None,
+            body: json.to_string().into_bytes(),
+            json: Some(json),
+            content_type: None,
+            headers: Vec::new(),
+            kept_headers: "{}".to_string(),
+            payload_hash: format!("hash-{id}"),
+            verified_with: Some(0),
+            signed_at: None,
+            received_at: store::now_ms(),
+            remote: "test".to_string(),
+        }
+    }
+
+    /// Issue 6: one claim in a group whose SQL action fails rolls back only
+    /// itself; the others in the same group transaction commit.
+    #[test]
+    fn a_failing_action_in_a_group_rolls_back_only_its_own_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("unit.db");
+        let config = Arc::new(Config::parse(CONFIG, "unit", Path::new("."), None).unwrap());
+        let mut conn = store::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        store::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE ledger (event_id TEXT, amount INTEGER CHECK (amount >= 0))",
+        )
+        .unwrap();
+        let (writer, threads) =
+            Writer::start(conn, path.clone(), Durability::Full, Duration::from_secs(5)).unwrap();
+
+        // Hold the writer busy so the claims below queue up and commit as
+        // one group.
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let w = writer.clone();
+        let blocker = std::thread::spawn(move || {
+            w.call(move |_| {
+                let _ = release_rx.recv_timeout(Duration::from_secs(5));
+                Ok(())
+            })
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let (commits_before, _) = writer.group_stats();
+        let handles: Vec<_> = [("e1", 10), ("e2", -5), ("e3", 30)]
+            .into_iter()
+            .map(|(id, amount)| {
+                let (w, config) = (writer.clone(), config.clone());
+                std::thread::spawn(move || {
+                    w.call(move |conn| claim(conn, &config.sources[0], &claim_for(id, amount)))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        release_tx.send(()).unwrap();
+        blocker.join().unwrap().unwrap();
+        let outcomes: Vec<Outcome> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect();
+        let (commits_after, _) = writer.group_stats();
+        // The blocker's group, then one group for all three claims.
+        assert_eq!(
+            commits_after - commits_before,
+            2,
+            "the claims were not grouped"
+        );
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::Accepted { .. })),
+            "{outcomes:?}"
+        );
+        drop(writer);
+        threads.stop();
+
+        let db = store::open_read(&path, Duration::from_secs(5)).unwrap();
+        let rows: Vec<(String, String, String)> = db
+            .prepare(
+                "SELECT e.event_id, e.state, j.status FROM events e
+                 JOIN jobs j USING (source, event_id) ORDER BY e.event_id",
+            )
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let want = [
+            ("e1", "completed", "done"),
+            ("e2", "failed", "failed"),
+            ("e3", "completed", "done"),
+        ];
+        let want: Vec<(String, String, String)> = want
+            .iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect();
+        assert_eq!(rows, want);
+        let ledger: Vec<String> = db
+            .prepare("SELECT event_id FROM ledger ORDER BY event_id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(ledger, vec!["e1".to_string(), "e3".to_string()]);
+    }
+}
