@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::reply::Reply;
-use super::{BodyError, BodyProblem, Incoming, read_body};
+use super::{BodyProblem, Incoming};
 use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
@@ -19,205 +19,109 @@ use crate::store::now_ms;
 /// JSON nested deeper than this is refused (serde_json stops at 128 too).
 const MAX_JSON_DEPTH: usize = 64;
 
+/// Why a delivery is refused: the metric outcome, the status, the message.
+struct Refused {
+    outcome: Delivery,
+    status: u16,
+    message: String,
+}
+
+fn refused(outcome: Delivery, status: u16, message: impl Into<String>) -> Refused {
+    Refused {
+        outcome,
+        status,
+        message: message.into(),
+    }
+}
+
 pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
     let received_at = now_ms();
     let started = Instant::now();
-    let Some((index, source)) = app.source(source_name) else {
-        return refuse(
-            app,
-            None,
-            source_name,
-            rq,
-            Delivery::UnknownSource,
-            404,
-            "unknown source",
-            received_at,
-        );
+    let found = app.source(source_name);
+    let index = found.map(|(i, _)| i);
+    let result = match found {
+        None => Err(refused(Delivery::UnknownSource, 404, "unknown source")),
+        Some((i, source)) => accept(app, i, source, rq, received_at, started),
     };
+    match result {
+        Ok(reply) => reply,
+        Err(r) => {
+            let reply = refuse(app, index, source_name, rq, &r, received_at);
+            match r.status {
+                405 => reply.with_header("Allow", "POST"),
+                413 => reply.with_header("Connection", "close"),
+                _ => reply,
+            }
+        }
+    }
+}
+
+/// The pipeline for a known source: everything before the claim may refuse.
+fn accept(
+    app: &App,
+    index: usize,
+    source: &Source,
+    rq: &mut Incoming<'_>,
+    received_at: i64,
+    started: Instant,
+) -> Result<Reply, Refused> {
     if rq.method != "POST" {
-        return refuse(
-            app,
-            Some(index),
-            source_name,
-            rq,
+        return Err(refused(
             Delivery::BadRequest,
             405,
             "method not allowed: use POST",
-            received_at,
-        )
-        .with_header("Allow", "POST");
+        ));
     }
     if let Some(name) = rq
         .headers
         .iter()
         .find_map(|(n, v)| v.contains('\0').then_some(n))
     {
-        let msg = format!("header {name} contains a NUL byte");
-        return refuse(
-            app,
-            Some(index),
-            source_name,
-            rq,
+        return Err(refused(
             Delivery::BadRequest,
             400,
-            &msg,
-            received_at,
-        );
+            format!("header {name} contains a NUL byte"),
+        ));
     }
-    match &rq.body_problem {
-        Some(BodyProblem::TimedOut) => {
-            return refuse(
-                app,
-                Some(index),
-                source_name,
-                rq,
-                Delivery::BadRequest,
-                408,
-                "body not received in time",
-                received_at,
-            );
-        }
-        Some(BodyProblem::Short { expected, got }) => {
-            let msg = format!("body shorter than its Content-Length ({got} of {expected} bytes)");
-            return refuse(
-                app,
-                Some(index),
-                source_name,
-                rq,
-                Delivery::BadRequest,
-                400,
-                &msg,
-                received_at,
-            );
-        }
-        Some(BodyProblem::BadChunk(e)) => {
-            let msg = format!("malformed chunked body: {e}");
-            return refuse(
-                app,
-                Some(index),
-                source_name,
-                rq,
-                Delivery::BadRequest,
-                400,
-                &msg,
-                received_at,
-            );
-        }
-        None => {}
-    }
-    let limit = app.config.max_body_bytes;
-    if rq.content_length.is_some_and(|n| n > limit) {
-        let msg = format!("body larger than max_body_bytes ({limit})");
-        return refuse(
-            app,
-            Some(index),
-            source_name,
-            rq,
-            Delivery::TooLarge,
-            413,
-            &msg,
-            received_at,
-        )
-        .with_header("Connection", "close");
-    }
-    let body = match read_body(rq.body, rq.content_length, limit) {
-        Ok(b) => b,
-        Err(BodyError::TooLarge) => {
-            let msg = format!("body larger than max_body_bytes ({limit})");
-            return refuse(
-                app,
-                Some(index),
-                source_name,
-                rq,
-                Delivery::TooLarge,
-                413,
-                &msg,
-                received_at,
-            )
-            .with_header("Connection", "close");
-        }
-        Err(BodyError::Short { expected, got }) => {
-            let msg = format!("body shorter than its Content-Length ({got} of {expected} bytes)");
-            return refuse(
-                app,
-                Some(index),
-                source_name,
-                rq,
-                Delivery::BadRequest,
-                400,
-                &msg,
-                received_at,
-            );
-        }
-        Err(BodyError::Io(e)) => {
-            let msg = format!("could not read the body: {e}");
-            return refuse(
-                app,
-                Some(index),
-                source_name,
-                rq,
-                Delivery::BadRequest,
-                400,
-                &msg,
-                received_at,
-            );
-        }
-    };
-
-    let r = |d, status, msg: &str| {
-        refuse(
-            app,
-            Some(index),
-            source_name,
-            rq,
-            d,
-            status,
-            msg,
-            received_at,
-        )
-    };
+    let body = take_body(rq, app.config.max_body_bytes)?;
 
     // 1. The signature, over the raw bytes.
-    let verdict = match source
+    let verdict = source
         .verifier
         .verify(&rq.headers, &body, received_at / 1000)
-    {
-        Ok(v) => v,
-        Err(e) if e.is_bad_request() => {
-            return r(Delivery::BadRequest, 400, &e.to_string());
-        }
-        Err(e) => return r(Delivery::BadSignature, 401, &e.to_string()),
-    };
+        .map_err(|e| {
+            if e.is_bad_request() {
+                refused(Delivery::BadRequest, 400, e.to_string())
+            } else {
+                refused(Delivery::BadSignature, 401, e.to_string())
+            }
+        })?;
 
     // 2. Only now, the body.
     let json = if source.needs_json() {
-        match parse_json(&body) {
-            Ok(v) => Some(v),
-            Err(msg) => return r(Delivery::BadRequest, 400, &msg),
-        }
+        Some(parse_json(&body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
     } else {
         None
     };
     if source.kind == Kind::Slack
         && let Some(reply) = slack_challenge(json.as_ref())
     {
-        return reply;
+        return Ok(reply);
     }
     let input = Input {
         headers: &rq.headers,
         json: json.as_ref(),
     };
-    let event_id = match source.key.extract(&input) {
-        Ok(id) => id,
-        Err(e) => return r(Delivery::BadRequest, 400, &e.to_string()),
-    };
+    let event_id = source
+        .key
+        .extract(&input)
+        .map_err(|e| refused(Delivery::BadRequest, 400, e.to_string()))?;
     let event_type = source.event_type.as_ref().and_then(|p| p.text(&input));
     let hash = payload_hash(&source.hash, &body, &input);
     let kept_headers = kept_headers(source, &rq.headers);
     let content_type = rq.header("content-type").map(str::to_string);
-
     let claim = Claim {
-        event_id,
+        event_id: event_id.clone(),
         event_type,
         body,
         json,
@@ -230,7 +134,6 @@ pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
         received_at,
         remote: rq.remote.clone(),
     };
-    let event_id = claim.event_id.clone();
 
     // 3. The claim, committed before we answer.
     let claim_started = Instant::now();
@@ -239,49 +142,51 @@ pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
     let outcome = match result {
         Ok(o) => o,
         Err(e) => {
+            // Not a refusal: nothing can be recorded while storage is down.
             app.metrics.delivery(Some(index), Delivery::Unavailable);
             crate::log::warn(
                 "delivery",
                 &[
-                    ("source", &source_name),
+                    ("source", &source.name),
                     ("event_id", &event_id),
                     ("outcome", &"unavailable"),
                     ("status", &503),
                     ("error", &e.message),
                 ],
             );
-            return Reply::unavailable("the event was not stored");
+            return Ok(Reply::unavailable("the event was not stored"));
         }
     };
     let delivery = outcome.delivery();
     app.metrics.delivery(Some(index), delivery);
+    let name = &source.name;
+    const MISMATCH: &str = "an event with this id was stored with a different payload; the stored one is kept and an incident recorded";
     let (status, body) = match &outcome {
         Outcome::Accepted { state, .. } => (
             200,
-            json!({"status": "accepted", "source": source_name, "event_id": event_id, "state": state}),
+            json!({"status": "accepted", "source": name, "event_id": event_id, "state": state}),
         ),
         Outcome::Duplicate { state } => (
             200,
-            json!({"status": "duplicate", "source": source_name, "event_id": event_id, "state": state}),
+            json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state}),
         ),
         Outcome::Mismatch { state } => match source.on_mismatch {
             OnMismatch::Ack => (
                 200,
-                json!({"status": "duplicate", "source": source_name, "event_id": event_id, "state": state,
-                       "mismatch": true,
-                       "detail": "an event with this id was stored with a different payload; the stored one is kept and an incident recorded"}),
+                json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state,
+                       "mismatch": true, "detail": MISMATCH}),
             ),
             OnMismatch::Reject => (
                 409,
-                json!({"error": "an event with this id was stored with a different payload; the stored one is kept and an incident recorded",
-                       "status": "mismatch", "source": source_name, "event_id": event_id, "state": state}),
+                json!({"error": MISMATCH, "status": "mismatch", "source": name,
+                       "event_id": event_id, "state": state}),
             ),
         },
     };
     crate::log::info(
         "delivery",
         &[
-            ("source", &source_name),
+            ("source", name),
             ("event_id", &event_id),
             ("outcome", &delivery.name()),
             ("status", &status),
@@ -291,22 +196,54 @@ pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
             ),
         ],
     );
-    Reply::json(status, &body).with_failpoint("claim.after_commit")
+    Ok(Reply::json(status, &body).with_failpoint("claim.after_commit"))
+}
+
+/// The body the connection read, or why it is refused: too large (413,
+/// also when only declared), shorter than declared or stalled (400, 408).
+fn take_body(rq: &mut Incoming<'_>, limit: usize) -> Result<Vec<u8>, Refused> {
+    let too_large = || {
+        refused(
+            Delivery::TooLarge,
+            413,
+            format!("body larger than max_body_bytes ({limit})"),
+        )
+    };
+    if rq.content_length.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    match std::mem::replace(&mut rq.body, Ok(Vec::new())) {
+        Ok(body) if body.len() > limit => Err(too_large()),
+        Ok(body) => Ok(body),
+        Err(BodyProblem::TimedOut) => Err(refused(
+            Delivery::BadRequest,
+            408,
+            "body not received in time",
+        )),
+        Err(BodyProblem::Short { expected, got }) => Err(refused(
+            Delivery::BadRequest,
+            400,
+            format!("body shorter than its Content-Length ({got} of {expected} bytes)"),
+        )),
+        Err(BodyProblem::BadChunk(e)) => Err(refused(
+            Delivery::BadRequest,
+            400,
+            format!("malformed chunked body: {e}"),
+        )),
+    }
 }
 
 /// Answers a refused delivery: counts it, records it (without the body,
 /// and without waiting for the disk), logs it.
-#[allow(clippy::too_many_arguments)]
 fn refuse(
     app: &App,
     index: Option<usize>,
     source_name: &str,
     rq: &Incoming<'_>,
-    outcome: Delivery,
-    status: u16,
-    message: &str,
+    r: &Refused,
     received_at: i64,
 ) -> Reply {
+    let (outcome, status, message) = (r.outcome, r.status, r.message.as_str());
     app.metrics.delivery(index, outcome);
     // Request data never becomes a metric label; the database row keeps
     // the name asked for (bounded by the URL limit), for the operator.

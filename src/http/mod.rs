@@ -7,7 +7,6 @@ pub mod hooks;
 pub mod reply;
 pub mod server;
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,9 +25,9 @@ pub struct Incoming<'a> {
     pub remote: String,
     /// The declared body length, if any.
     pub content_length: Option<usize>,
-    pub body: &'a mut dyn Read,
-    /// Why the body could not be read whole, if it could not.
-    pub body_problem: Option<BodyProblem>,
+    /// The body, at most `max_body_bytes` + 1 bytes (one more means "too
+    /// large"), or why it could not be read whole.
+    pub body: Result<Vec<u8>, BodyProblem>,
 }
 
 impl Incoming<'_> {
@@ -130,11 +129,6 @@ fn tls_config(files: &crate::config::TlsFiles) -> Result<Arc<rustls::ServerConfi
 fn handle(app: &App, rq: &mut server::Request, surface: Surface) -> Reply {
     let target = rq.target.clone();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let (bytes, problem) = match std::mem::replace(&mut rq.body, Ok(Vec::new())) {
-        Ok(b) => (b, None),
-        Err(p) => (Vec::new(), Some(p)),
-    };
-    let mut cursor = std::io::Cursor::new(bytes);
     let mut incoming = Incoming {
         method: &rq.method,
         path,
@@ -142,8 +136,7 @@ fn handle(app: &App, rq: &mut server::Request, surface: Surface) -> Reply {
         headers: std::mem::take(&mut rq.headers),
         remote: rq.remote.to_string(),
         content_length: rq.content_length,
-        body: &mut cursor,
-        body_problem: problem,
+        body: std::mem::replace(&mut rq.body, Ok(Vec::new())),
     };
     route(app, &mut incoming, surface)
 }
@@ -182,36 +175,4 @@ fn route(app: &App, rq: &mut Incoming<'_>, surface: Surface) -> Reply {
         },
         _ => Reply::error(404, "no such route: webhooks are posted to /hooks/{source}"),
     }
-}
-
-/// Reads at most `limit` bytes of body. Err(true) when there is more.
-pub fn read_body(
-    body: &mut dyn Read,
-    expected: Option<usize>,
-    limit: usize,
-) -> Result<Vec<u8>, BodyError> {
-    let mut buf = Vec::with_capacity(expected.unwrap_or(4096).min(limit));
-    let mut limited = body.take(limit as u64 + 1);
-    limited
-        .read_to_end(&mut buf)
-        .map_err(|e| BodyError::Io(e.to_string()))?;
-    if buf.len() > limit {
-        return Err(BodyError::TooLarge);
-    }
-    if let Some(n) = expected
-        && buf.len() != n
-    {
-        return Err(BodyError::Short {
-            expected: n,
-            got: buf.len(),
-        });
-    }
-    Ok(buf)
-}
-
-#[derive(Debug)]
-pub enum BodyError {
-    TooLarge,
-    Short { expected: usize, got: usize },
-    Io(String),
 }
