@@ -214,12 +214,21 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             .name("idemhook-conn".into())
             .stack_size(256 * 1024)
             .spawn(move || {
+                // Gives the slot back however the thread ends, panics included.
+                let _slot = Slot(&s, id);
                 serve_connection(stream, &s);
-                finish(&s, id);
             });
         if spawned.is_err() {
             finish(shared, id);
         }
+    }
+}
+
+struct Slot<'a>(&'a Shared, u64);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        finish(self.0, self.1);
     }
 }
 
@@ -296,7 +305,11 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         let reply = {
             let _permit = shared.permits.acquire();
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                (shared.handler)(&mut request)
+                let reply = (shared.handler)(&mut request);
+                if let Some(fp) = reply.failpoint {
+                    crate::failpoint::hit(fp);
+                }
+                reply
             })) {
                 Ok(r) => r,
                 Err(_) => {
@@ -305,9 +318,6 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
                 }
             }
         };
-        if let Some(fp) = reply.failpoint {
-            crate::failpoint::hit(fp);
-        }
         let close = !head.keep_alive || !body_complete || shared.stop.load(Ordering::SeqCst);
         let is_head = request.method == "HEAD";
         if write_out(&mut reader, &serialize(reply, is_head, close)).is_err() || close {
@@ -341,52 +351,121 @@ fn write_out(conn: &mut Conn, bytes: &[u8]) -> io::Result<()> {
     w.flush()
 }
 
+/// Why a deadline-bound read stopped.
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    /// The peer closed the connection (or it broke).
+    Eof,
+    TimedOut,
+    /// The line went past its byte budget.
+    TooLong,
+}
+
+/// Re-arms the socket's read timeout to what is left before `deadline`, so
+/// a deadline holds for a whole line or body however slowly the bytes come.
+fn arm(socket: &TcpStream, deadline: Instant) -> Result<(), Stop> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Stop::TimedOut);
+    }
+    let _ = socket.set_read_timeout(Some(left));
+    Ok(())
+}
+
+fn stop_of(e: &io::Error) -> Option<Stop> {
+    match e.kind() {
+        io::ErrorKind::Interrupted => None,
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Some(Stop::TimedOut),
+        _ => Some(Stop::Eof),
+    }
+}
+
+/// Appends bytes up to and including the next `\n` to `out`, keeping `out`
+/// within `max` bytes and the read within `deadline`.
+fn read_line(
+    reader: &mut Conn,
+    socket: &TcpStream,
+    deadline: Instant,
+    out: &mut Vec<u8>,
+    max: usize,
+) -> Result<(), Stop> {
+    loop {
+        arm(socket, deadline)?;
+        let buf = match reader.fill_buf() {
+            Ok([]) => return Err(Stop::Eof),
+            Ok(b) => b,
+            Err(e) => match stop_of(&e) {
+                Some(stop) => return Err(stop),
+                None => continue,
+            },
+        };
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let room = max.saturating_sub(out.len());
+        if take > room {
+            out.extend_from_slice(&buf[..room]);
+            reader.consume(room);
+            return Err(Stop::TooLong);
+        }
+        out.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+        if done {
+            return Ok(());
+        }
+    }
+}
+
+/// Fills `buf` within `deadline`; on a stop, also says how much arrived.
+fn read_exact(
+    reader: &mut Conn,
+    socket: &TcpStream,
+    deadline: Instant,
+    buf: &mut [u8],
+) -> Result<(), (Stop, usize)> {
+    let mut got = 0;
+    while got < buf.len() {
+        arm(socket, deadline).map_err(|s| (s, got))?;
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => return Err((Stop::Eof, got)),
+            Ok(n) => got += n,
+            Err(e) => {
+                if let Some(stop) = stop_of(&e) {
+                    return Err((stop, got));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn read_head(reader: &mut Conn, socket: &TcpStream, limits: &Limits) -> Result<Head, HeadError> {
     let deadline = Instant::now() + limits.header_timeout;
     let mut raw: Vec<u8> = Vec::with_capacity(1024);
     // Read lines until the empty line, bounded in bytes and time.
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(if raw.is_empty() {
-                HeadError::Closed
-            } else {
-                HeadError::Reply(Reply::error(408, "request head not received in time"))
-            });
-        }
-        let _ = socket.set_read_timeout(Some(left));
         let before = raw.len();
-        let budget = (limits.max_head_bytes + 1).saturating_sub(raw.len()) as u64;
-        let n = match (&mut *reader).take(budget).read_until(b'\n', &mut raw) {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+        match read_line(reader, socket, deadline, &mut raw, limits.max_head_bytes) {
+            Ok(()) => {}
+            Err(Stop::Eof) => return Err(HeadError::Closed),
+            Err(Stop::TimedOut) if raw.is_empty() => return Err(HeadError::Closed),
+            Err(Stop::TimedOut) => {
                 return Err(HeadError::Reply(Reply::error(
                     408,
                     "request head not received in time",
                 )));
             }
-            Err(_) => return Err(HeadError::Closed),
-        };
-        if n == 0 {
-            return Err(HeadError::Closed);
-        }
-        if raw.len() > limits.max_head_bytes {
-            let first_line_done = raw[..before].contains(&b'\n');
-            return Err(HeadError::Reply(if first_line_done {
-                Reply::error(431, "request headers too large")
-            } else {
-                Reply::error(414, "request target too long")
-            }));
+            Err(Stop::TooLong) => {
+                let first_line_done = raw[..before].contains(&b'\n');
+                return Err(HeadError::Reply(if first_line_done {
+                    Reply::error(431, "request headers too large")
+                } else {
+                    Reply::error(414, "request target too long")
+                }));
+            }
         }
         let line = &raw[before..];
-        if !line.ends_with(b"\n") {
-            continue;
-        }
         let is_blank = line == b"\r\n" || line == b"\n";
         if is_blank && before == 0 {
             // Stray CRLF between requests (RFC 9112 2.2): skip.
@@ -478,6 +557,10 @@ fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Reply> {
     let content_length = match lengths.first() {
         None => None,
         Some(v) => {
+            // 1*DIGIT (RFC 9110 8.6): no sign, no spaces, no hex.
+            if v.is_empty() || v.len() > 19 || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad("malformed Content-Length"));
+            }
             let n: usize = v.parse().map_err(|_| bad("malformed Content-Length"))?;
             if lengths.iter().any(|other| other != v) {
                 return Err(bad("conflicting Content-Length headers"));
@@ -532,98 +615,80 @@ fn read_body(
     limits: &Limits,
 ) -> Result<Vec<u8>, BodyProblem> {
     let deadline = Instant::now() + limits.body_timeout;
-    // Each read waits at most what is left of the body's time.
-    let arm = || {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        let _ = socket.set_read_timeout(Some(left));
-    };
     let cap = limits.max_body_bytes + 1;
-    let timed_out = |e: &io::Error| {
-        matches!(
-            e.kind(),
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-        )
-    };
     if head.chunked {
-        let mut body = Vec::new();
-        loop {
-            if Instant::now() > deadline {
-                return Err(BodyProblem::TimedOut);
-            }
-            arm();
-            let mut size_line = Vec::new();
-            match (&mut *reader).take(1024).read_until(b'\n', &mut size_line) {
-                Ok(0) => {
-                    return Err(BodyProblem::Short {
-                        expected: body.len() + 1,
-                        got: body.len(),
-                    });
-                }
-                Ok(_) => {}
-                Err(e) if timed_out(&e) => return Err(BodyProblem::TimedOut),
-                Err(e) => return Err(BodyProblem::BadChunk(e.to_string())),
-            }
-            let text = String::from_utf8_lossy(&size_line);
-            let size_text = text.trim().split(';').next().unwrap_or("").trim();
-            let size = usize::from_str_radix(size_text, 16)
-                .map_err(|_| BodyProblem::BadChunk(format!("bad chunk size {size_text:?}")))?;
-            if size == 0 {
-                // Trailers, up to the empty line.
-                loop {
-                    let mut t = Vec::new();
-                    match (&mut *reader).take(8 * 1024).read_until(b'\n', &mut t) {
-                        Ok(0) => return Ok(body),
-                        Ok(_) if t == b"\r\n" || t == b"\n" => return Ok(body),
-                        Ok(_) => {}
-                        Err(e) if timed_out(&e) => return Err(BodyProblem::TimedOut),
-                        Err(e) => return Err(BodyProblem::BadChunk(e.to_string())),
-                    }
-                }
-            }
-            let want = size.min(cap - body.len().min(cap));
-            let start = body.len();
-            body.resize(start + want, 0);
-            if let Err(e) = reader.read_exact(&mut body[start..]) {
-                return Err(if timed_out(&e) {
-                    BodyProblem::TimedOut
-                } else {
-                    BodyProblem::Short {
-                        expected: start + want,
-                        got: start,
-                    }
-                });
-            }
-            if body.len() >= cap {
-                return Ok(body);
-            }
-            let mut crlf = [0u8; 2];
-            if reader.read_exact(&mut crlf).is_err() || &crlf != b"\r\n" {
-                return Err(BodyProblem::BadChunk("chunk not followed by CRLF".into()));
-            }
-        }
+        return read_chunked(reader, socket, deadline, cap);
     }
     let Some(expected) = head.content_length else {
         return Ok(Vec::new());
     };
-    let want = expected.min(cap);
-    let mut body = vec![0u8; want];
-    let mut got = 0;
-    while got < want {
-        if Instant::now() > deadline {
-            return Err(BodyProblem::TimedOut);
+    let mut body = vec![0u8; expected.min(cap)];
+    match read_exact(reader, socket, deadline, &mut body) {
+        Ok(()) => Ok(body),
+        Err((Stop::TimedOut, _)) => Err(BodyProblem::TimedOut),
+        Err((_, got)) => Err(BodyProblem::Short { expected, got }),
+    }
+}
+
+/// Most trailer lines accepted after a chunked body.
+const MAX_TRAILERS: usize = 32;
+
+/// A chunked body, up to `cap` bytes, within `deadline`.
+fn read_chunked(
+    reader: &mut Conn,
+    socket: &TcpStream,
+    deadline: Instant,
+    cap: usize,
+) -> Result<Vec<u8>, BodyProblem> {
+    let stopped = |stop: Stop, got: usize| match stop {
+        Stop::TimedOut => BodyProblem::TimedOut,
+        Stop::Eof => BodyProblem::Short {
+            expected: got + 1,
+            got,
+        },
+        Stop::TooLong => BodyProblem::BadChunk("chunk size line too long".into()),
+    };
+    let mut body = Vec::new();
+    loop {
+        let mut size_line = Vec::new();
+        read_line(reader, socket, deadline, &mut size_line, 1024)
+            .map_err(|s| stopped(s, body.len()))?;
+        let text = String::from_utf8_lossy(&size_line);
+        let size_text = text.trim().split(';').next().unwrap_or("").trim();
+        let size = (!size_text.is_empty()
+            && size_text.len() <= 16
+            && size_text.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| usize::from_str_radix(size_text, 16).ok())
+        .flatten()
+        .ok_or_else(|| BodyProblem::BadChunk(format!("bad chunk size {size_text:?}")))?;
+        if size == 0 {
+            // Trailers, up to the empty line: bounded in count, bytes, time.
+            for _ in 0..=MAX_TRAILERS {
+                let mut t = Vec::new();
+                read_line(reader, socket, deadline, &mut t, 8 * 1024)
+                    .map_err(|s| stopped(s, body.len()))?;
+                if t == b"\r\n" || t == b"\n" {
+                    return Ok(body);
+                }
+            }
+            return Err(BodyProblem::BadChunk(format!(
+                "more than {MAX_TRAILERS} trailer lines"
+            )));
         }
-        arm();
-        match reader.read(&mut body[got..]) {
-            Ok(0) => return Err(BodyProblem::Short { expected, got }),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if timed_out(&e) => return Err(BodyProblem::TimedOut),
-            Err(_) => return Err(BodyProblem::Short { expected, got }),
+        let start = body.len();
+        let want = size.min(cap - start.min(cap));
+        body.resize(start + want, 0);
+        read_exact(reader, socket, deadline, &mut body[start..])
+            .map_err(|(s, got)| stopped(s, start + got))?;
+        if body.len() >= cap {
+            return Ok(body);
+        }
+        let mut crlf = [0u8; 2];
+        read_exact(reader, socket, deadline, &mut crlf).map_err(|(s, _)| stopped(s, body.len()))?;
+        if &crlf != b"\r\n" {
+            return Err(BodyProblem::BadChunk("chunk not followed by CRLF".into()));
         }
     }
-    Ok(body)
 }
 
 /// The response bytes: status line, headers, body.
