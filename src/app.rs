@@ -38,13 +38,18 @@ impl App {
     /// Claims an event through the writer; returns once it is committed.
     pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Outcome, StoreError> {
         let config = self.config.clone();
+        // Shared so that the claim (body, parsed JSON, headers) is freed
+        // here, not on the one writer thread.
+        let claim = Arc::new(claim);
+        let for_writer = claim.clone();
         let outcome = self.writer.call(move |conn| {
             let source = config
                 .sources
                 .get(source_index)
                 .ok_or_else(|| StoreError::other("source index out of range"))?;
-            ingest::claim(conn, source, &claim)
+            ingest::claim(conn, source, &for_writer)
         })?;
+        drop(claim);
         if matches!(outcome, Outcome::Accepted { forward_jobs, .. } if forward_jobs > 0) {
             (self.wake_outbox)();
         }

@@ -589,7 +589,12 @@ fn take(
             refresh_event_state(conn, &source, &event_id, now)?;
             continue;
         };
-        refresh_event_state(conn, &source, &event_id, now)?;
+        // accepted -> processing; a cheap conditional update, not a
+        // recount of the event's jobs.
+        conn.prepare_cached(
+            "UPDATE events SET state = 'processing' WHERE source = ?1 AND event_id = ?2 AND state = 'accepted'",
+        )?
+        .execute(params![source, event_id])?;
         taken.push(Leased {
             job_id,
             source,

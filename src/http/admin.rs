@@ -472,6 +472,7 @@ mod tests {
             remote: String::new(),
             content_length: None,
             body: Ok(Vec::new()),
+            permit: None,
         }
     }
 

@@ -135,7 +135,11 @@ fn accept(
         remote: rq.remote.clone(),
     };
 
-    // 3. The claim, committed before we answer.
+    // 3. The claim, committed before we answer. Waiting for the commit is
+    // not work: the permit goes back so more claims can join the group.
+    if let Some(permit) = rq.permit.as_mut() {
+        permit.release();
+    }
     let claim_started = Instant::now();
     let result = app.claim(index, claim);
     app.metrics.claim_duration.observe(claim_started.elapsed());

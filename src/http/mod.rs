@@ -28,6 +28,9 @@ pub struct Incoming<'a> {
     /// The body, at most `max_body_bytes` + 1 bytes (one more means "too
     /// large"), or why it could not be read whole.
     pub body: Result<Vec<u8>, BodyProblem>,
+    /// The processing permit, for a handler that gives it back before a
+    /// long wait.
+    pub permit: Option<&'a mut server::Permit>,
 }
 
 impl Incoming<'_> {
@@ -137,6 +140,7 @@ fn handle(app: &App, rq: &mut server::Request, surface: Surface) -> Reply {
         remote: rq.remote.to_string(),
         content_length: rq.content_length,
         body: std::mem::replace(&mut rq.body, Ok(Vec::new())),
+        permit: Some(&mut rq.permit),
     };
     route(app, &mut incoming, surface)
 }

@@ -70,6 +70,8 @@ pub struct Request {
     /// The body, at most `max_body_bytes` + 1 bytes (one more means "too
     /// large"), or why it could not be read.
     pub body: Result<Vec<u8>, BodyProblem>,
+    /// The processing permit this request holds.
+    pub permit: Permit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +101,7 @@ struct Shared {
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: Limits,
     handler: Box<Handler>,
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
     active: AtomicUsize,
     next_id: AtomicU64,
     /// Open connections, so shutdown can end their reads.
@@ -120,7 +122,7 @@ impl Server {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tls,
-            permits: Semaphore::new(limits.workers.max(1)),
+            permits: Arc::new(Semaphore::new(limits.workers.max(1))),
             limits,
             handler,
             active: AtomicUsize::new(0),
@@ -301,9 +303,10 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
             remote,
             content_length: head.content_length,
             body,
+            permit: Permit(None),
         };
         let reply = {
-            let _permit = shared.permits.acquire();
+            request.permit = shared.permits.acquire();
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let reply = (shared.handler)(&mut request);
                 if let Some(fp) = reply.failpoint {
@@ -318,6 +321,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
                 }
             }
         };
+        request.permit.release();
         let close = !head.keep_alive || !body_complete || shared.stop.load(Ordering::SeqCst);
         let is_head = request.method == "HEAD";
         if write_out(&mut reader, &serialize(reply, is_head, close)).is_err() || close {
@@ -390,7 +394,12 @@ fn read_line(
     max: usize,
 ) -> Result<(), Stop> {
     loop {
-        arm(socket, deadline)?;
+        // Only a read that reaches the socket needs the timeout set.
+        if reader.buffer().is_empty() {
+            arm(socket, deadline)?;
+        } else if Instant::now() >= deadline {
+            return Err(Stop::TimedOut);
+        }
         let buf = match reader.fill_buf() {
             Ok([]) => return Err(Stop::Eof),
             Ok(b) => b,
@@ -426,7 +435,9 @@ fn read_exact(
 ) -> Result<(), (Stop, usize)> {
     let mut got = 0;
     while got < buf.len() {
-        arm(socket, deadline).map_err(|s| (s, got))?;
+        if reader.buffer().is_empty() {
+            arm(socket, deadline).map_err(|s| (s, got))?;
+        }
         match reader.read(&mut buf[got..]) {
             Ok(0) => return Err((Stop::Eof, got)),
             Ok(n) => got += n,
@@ -751,7 +762,11 @@ struct Semaphore {
     cv: Condvar,
 }
 
-struct Permit<'a>(&'a Semaphore);
+/// One of `http_workers` processing permits, held while a request is
+/// verified and parsed. A handler that then only waits (for the writer's
+/// commit) gives it back early with [`Permit::release`], so waiting requests
+/// do not cap how many claims share one group commit.
+pub struct Permit(Option<Arc<Semaphore>>);
 
 impl Semaphore {
     fn new(n: usize) -> Semaphore {
@@ -761,7 +776,7 @@ impl Semaphore {
         }
     }
 
-    fn acquire(&self) -> Permit<'_> {
+    fn acquire(self: &Arc<Self>) -> Permit {
         let mut free = match self.free.lock() {
             Ok(f) => f,
             Err(p) => p.into_inner(),
@@ -773,18 +788,27 @@ impl Semaphore {
             };
         }
         *free -= 1;
-        Permit(self)
+        Permit(Some(self.clone()))
     }
 }
 
-impl Drop for Permit<'_> {
+impl Permit {
+    /// Gives the permit back now rather than when the request is answered.
+    pub fn release(&mut self) {
+        if let Some(sem) = self.0.take() {
+            let mut free = match sem.free.lock() {
+                Ok(f) => f,
+                Err(p) => p.into_inner(),
+            };
+            *free += 1;
+            sem.cv.notify_one();
+        }
+    }
+}
+
+impl Drop for Permit {
     fn drop(&mut self) {
-        let mut free = match self.0.free.lock() {
-            Ok(f) => f,
-            Err(p) => p.into_inner(),
-        };
-        *free += 1;
-        self.0.cv.notify_one();
+        self.release();
     }
 }
 
