@@ -6,6 +6,7 @@
 
 mod downstream;
 mod harness;
+mod hostile;
 mod metrics;
 mod ops;
 mod outbox;
