@@ -267,17 +267,18 @@ fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>
 /// between two groups: the checkpointer has copied most frames already, so
 /// this costs the rest of the copy, once per ~64 MiB of WAL.
 ///
-/// A reader holding an old snapshot (a backup, a long admin query) makes
-/// RESTART wait: it gets a short busy timeout here and at most one try a
-/// second, so it never stalls the writer for long.
+/// RESTART waits for the checkpointer's pass in progress and for readers
+/// on an old snapshot (a backup, a long admin query): it gets a 100 ms busy
+/// timeout here and at most four tries a second, so it never stalls the
+/// writer for long.
 fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Option<std::time::Instant>) {
     if shared.wal_frames.load(Ordering::Relaxed) <= STARVED_FRAMES
-        || last_try.is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        || last_try.is_some_and(|t| t.elapsed() < Duration::from_millis(250))
     {
         return;
     }
     *last_try = Some(std::time::Instant::now());
-    let restore = conn.busy_timeout(Duration::from_millis(20));
+    let restore = conn.busy_timeout(Duration::from_millis(100));
     let result = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
         Ok((
             r.get::<_, i64>(0)?,
