@@ -429,7 +429,7 @@ pub fn refresh_event_state(
     conn.prepare_cached(
         "UPDATE events SET state = ?3,
                 completed_at = CASE WHEN ?3 = 'completed' THEN coalesce(completed_at, ?4) ELSE NULL END
-         WHERE source = ?1 AND event_id = ?2",
+         WHERE source = ?1 AND event_id = ?2 AND state <> ?3",
     )?
     .execute(params![source, event_id, state, now])?;
     Ok(state.to_string())
