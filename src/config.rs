@@ -238,15 +238,21 @@ impl Source {
     /// True when anything about this source reads the body as JSON, so the
     /// body must parse.
     pub fn needs_json(&self) -> bool {
-        let in_actions = self.actions.iter().any(|a| match &a.kind {
-            ActionKind::Sql { params, .. } => params.iter().any(|(_, p)| p.reads_json()),
-            ActionKind::Forward(_) => false,
-        });
         self.kind == Kind::Linear
+            || self.kind == Kind::Slack
             || self.key.parts.iter().any(Part::reads_json)
             || self.event_type.as_ref().is_some_and(Part::reads_json)
             || self.hash.iter().any(Part::reads_json)
-            || in_actions
+            || self.binds_json()
+    }
+
+    /// True when an SQL action binds values from the body, so the claim
+    /// needs the parsed JSON tree (not just a few values from it).
+    pub fn binds_json(&self) -> bool {
+        self.actions.iter().any(|a| match &a.kind {
+            ActionKind::Sql { params, .. } => params.iter().any(|(_, p)| p.reads_json()),
+            ActionKind::Forward(_) => false,
+        })
     }
 
     pub fn action(&self, name: &str) -> Option<&Action> {

@@ -270,7 +270,7 @@ fn execute_action(
     let mut stmt = conn.prepare_cached(sql).map_err(statement_error)?;
     let input = Input {
         headers: &c.headers,
-        json: c.json.as_ref(),
+        json: c.json.as_ref().map(crate::key::Json::Parsed),
     };
     for i in 1..=stmt.parameter_count() {
         let name = stmt
@@ -298,7 +298,7 @@ fn bind_value(
 ) -> Option<SqlValue> {
     if let Some((_, part)) = sql_params.iter().find(|(n, _)| n == name) {
         return Some(match part.lookup(input) {
-            Some(crate::key::Found::Json(v)) => json_to_sql(v),
+            Some(crate::key::Found::Json(v)) => json_to_sql(&v),
             Some(crate::key::Found::Header(h)) => SqlValue::Text(h.to_string()),
             None => SqlValue::Null,
         });

@@ -7,9 +7,12 @@
 //! part uses that value as the event id; several parts make a derived key
 //! (see [`Rule::extract`]).
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::verify::header_values;
@@ -38,8 +41,52 @@ pub struct Rule {
 /// What a request looks like to the extractors.
 pub struct Input<'a> {
     pub headers: &'a [(String, String)],
-    /// The parsed body, when the source reads JSON.
-    pub json: Option<&'a Value>,
+    /// The body as JSON, when the source reads JSON.
+    pub json: Option<Json<'a>>,
+}
+
+/// A JSON body: parsed into a tree (when SQL actions bind its values), or
+/// validated but left as text, with only the values a rule names parsed
+/// out of it. The second is several times cheaper for the common rules
+/// (`json:/id`, `json:/type`) on a 1.5 KiB event.
+#[derive(Clone, Copy)]
+pub enum Json<'a> {
+    Parsed(&'a Value),
+    Raw(&'a RawValue),
+}
+
+impl Json<'_> {
+    /// The value at an RFC 6901 pointer.
+    pub fn pointer(&self, ptr: &str) -> Option<Cow<'_, Value>> {
+        match self {
+            Json::Parsed(v) => v.pointer(ptr).map(Cow::Borrowed),
+            Json::Raw(raw) => raw_pointer(raw, ptr).map(Cow::Owned),
+        }
+    }
+}
+
+/// Walks `ptr` through raw JSON text, parsing one level at a time into
+/// borrowed slices, and parses only the value found.
+fn raw_pointer(raw: &RawValue, ptr: &str) -> Option<Value> {
+    if ptr.is_empty() {
+        return serde_json::from_str(raw.get()).ok();
+    }
+    let mut current: &RawValue = raw;
+    for token in ptr.strip_prefix('/')?.split('/') {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        let text = current.get().trim_start();
+        current = if text.starts_with('{') {
+            let map: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_str(current.get()).ok()?;
+            map.get(token.as_str()).copied()?
+        } else if text.starts_with('[') {
+            let items: Vec<&RawValue> = serde_json::from_str(current.get()).ok()?;
+            let index: usize = token.parse().ok()?;
+            items.get(index).copied()?
+        } else {
+            return None;
+        };
+    }
+    serde_json::from_str(current.get()).ok()
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -81,12 +128,12 @@ impl Part {
         self.alternatives.iter().any(|a| matches!(a, Atom::Json(_)))
     }
 
-    /// The first alternative present in the request, borrowed.
-    pub fn lookup<'a>(&self, input: &Input<'a>) -> Option<Found<'a>> {
+    /// The first alternative present in the request.
+    pub fn lookup<'a>(&self, input: &'a Input<'a>) -> Option<Found<'a>> {
         for atom in &self.alternatives {
             match atom {
                 Atom::Json(ptr) => {
-                    if let Some(v) = input.json.and_then(|j| j.pointer(ptr)) {
+                    if let Some(v) = input.json.as_ref().and_then(|j| j.pointer(ptr)) {
                         return Some(Found::Json(v));
                     }
                 }
@@ -109,15 +156,17 @@ impl Part {
 
 /// A value found in a request.
 pub enum Found<'a> {
-    Json(&'a Value),
+    Json(Cow<'a, Value>),
     Header(&'a str),
 }
 
 impl Found<'_> {
     pub fn text(&self) -> String {
         match self {
-            Found::Json(Value::String(s)) => s.clone(),
-            Found::Json(v) => v.to_string(),
+            Found::Json(v) => match v.as_ref() {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            },
             Found::Header(s) => (*s).to_string(),
         }
     }
@@ -136,8 +185,8 @@ impl Rule {
             let found = part
                 .lookup(input)
                 .ok_or_else(|| KeyError::Missing(part.to_string()))?;
-            let text = match found {
-                Found::Json(Value::Object(_) | Value::Array(_) | Value::Bool(_) | Value::Null) => {
+            let text = match &found {
+                Found::Json(v) if !(v.is_string() || v.is_number()) => {
                     return Err(KeyError::NotScalar(part.to_string()));
                 }
                 other => other.text(),
@@ -242,7 +291,7 @@ mod tests {
         let headers = vec![("X-Delivery".to_string(), "d-1".to_string())];
         let input = Input {
             headers: &headers,
-            json: Some(&body),
+            json: Some(Json::Parsed(&body)),
         };
         assert_eq!(rule(&["json:/id"]).extract(&input), Ok("evt_1".into()));
         assert_eq!(rule(&["json:/n"]).extract(&input), Ok("42".into()));
@@ -272,13 +321,13 @@ mod tests {
         let ka = r
             .extract(&Input {
                 headers: &[],
-                json: Some(&a),
+                json: Some(Json::Parsed(&a)),
             })
             .unwrap();
         let kb = r
             .extract(&Input {
                 headers: &[],
-                json: Some(&b),
+                json: Some(Json::Parsed(&b)),
             })
             .unwrap();
         assert_ne!(ka, kb);
@@ -314,12 +363,43 @@ mod tests {
                 b"",
                 &Input {
                     headers: &[],
-                    json: Some(v),
+                    json: Some(Json::Parsed(v)),
                 },
             )
         };
         assert_eq!(h(&a), h(&b));
         assert_ne!(h(&a), h(&c));
+    }
+
+    /// The raw walk must find exactly what the parsed tree finds.
+    #[test]
+    fn raw_pointers_match_parsed_pointers() {
+        let text = r#" {"id": "evt_1", "n": 42, "a/b": {"~x": [10, {"deep": true}]},
+                        "arr": [1, [2, 3]], "dup": 1, "dup": 2, "esc": "q\"uote", "nul": null} "#;
+        let parsed: Value = serde_json::from_str(text).unwrap();
+        let raw: &RawValue = serde_json::from_str(text).unwrap();
+        for ptr in [
+            "",
+            "/id",
+            "/n",
+            "/a~1b",
+            "/a~1b/~0x",
+            "/a~1b/~0x/1/deep",
+            "/a~1b/~0x/0",
+            "/arr/1/0",
+            "/arr/2",
+            "/arr/x",
+            "/dup",
+            "/esc",
+            "/nul",
+            "/missing",
+            "/id/0",
+            "/n/x",
+        ] {
+            let want = parsed.pointer(ptr).cloned();
+            let got = Json::Raw(raw).pointer(ptr).map(Cow::into_owned);
+            assert_eq!(got, want, "pointer {ptr:?}");
+        }
     }
 
     #[test]

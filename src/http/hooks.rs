@@ -12,9 +12,10 @@ use super::{BodyProblem, Incoming};
 use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
-use crate::key::{Input, payload_hash};
+use crate::key::{Input, Json, payload_hash};
 use crate::metrics::Delivery;
 use crate::store::now_ms;
+use serde_json::value::RawValue;
 
 /// JSON nested deeper than this is refused (serde_json stops at 128 too).
 const MAX_JSON_DEPTH: usize = 64;
@@ -97,21 +98,32 @@ fn accept(
             }
         })?;
 
-    // 2. Only now, the body.
-    let json = if source.needs_json() {
-        Some(parse_json(&body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
+    // 2. Only now, the body: validated as JSON when the source reads it,
+    // and parsed into a tree only when an SQL action binds its values.
+    let raw = if source.needs_json() {
+        Some(validate_json(&body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
     } else {
         None
     };
+    let json: Option<Value> = match raw {
+        Some(raw) if source.binds_json() => Some(serde_json::from_str(raw.get()).map_err(|e| {
+            refused(
+                Delivery::BadRequest,
+                400,
+                format!("body is not valid JSON: {e}"),
+            )
+        })?),
+        _ => None,
+    };
+    let input = Input {
+        headers: &rq.headers,
+        json: json.as_ref().map(Json::Parsed).or(raw.map(Json::Raw)),
+    };
     if source.kind == Kind::Slack
-        && let Some(reply) = slack_challenge(json.as_ref())
+        && let Some(reply) = slack_challenge(&input)
     {
         return Ok(reply);
     }
-    let input = Input {
-        headers: &rq.headers,
-        json: json.as_ref(),
-    };
     let event_id = source
         .key
         .extract(&input)
@@ -265,7 +277,9 @@ fn refuse(
     Reply::error(status, message)
 }
 
-fn parse_json(body: &[u8]) -> Result<Value, String> {
+/// Checks that the body is one JSON value (UTF-8, not nested too deep) and
+/// returns it unparsed.
+fn validate_json(body: &[u8]) -> Result<&RawValue, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body is not valid UTF-8 JSON".to_string())?;
     if nesting_depth(text.as_bytes()) > MAX_JSON_DEPTH {
         return Err(format!(
@@ -304,20 +318,16 @@ fn nesting_depth(bytes: &[u8]) -> usize {
 
 /// Slack's url_verification handshake, answered with its challenge as plain
 /// text and stored nowhere. Only reached after the signature verified.
-fn slack_challenge(json: Option<&Value>) -> Option<Reply> {
-    let v = json?;
-    if v.get("type").and_then(Value::as_str) != Some("url_verification") {
+fn slack_challenge(input: &Input<'_>) -> Option<Reply> {
+    let json = input.json.as_ref()?;
+    if json.pointer("/type")?.as_str() != Some("url_verification") {
         return None;
     }
-    let challenge = v
-        .get("challenge")
-        .and_then(Value::as_str)
+    let challenge = json
+        .pointer("/challenge")
+        .and_then(|c| c.as_str().map(str::to_string))
         .unwrap_or_default();
-    Some(Reply::text(
-        200,
-        "text/plain; charset=utf-8",
-        challenge.to_string(),
-    ))
+    Some(Reply::text(200, "text/plain; charset=utf-8", challenge))
 }
 
 /// The headers stored with the event: Content-Type, the kind's own, and
@@ -370,7 +380,11 @@ mod tests {
     #[test]
     fn deep_json_is_refused_not_parsed() {
         let deep = "[".repeat(10_000) + &"]".repeat(10_000);
-        assert!(parse_json(deep.as_bytes()).unwrap_err().contains("nested"));
-        assert!(parse_json(b"\xff").unwrap_err().contains("UTF-8"));
+        assert!(
+            validate_json(deep.as_bytes())
+                .unwrap_err()
+                .contains("nested")
+        );
+        assert!(validate_json(b"\xff").unwrap_err().contains("UTF-8"));
     }
 }

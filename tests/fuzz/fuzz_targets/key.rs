@@ -8,7 +8,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use idemhook::key::{Input, MAX_EVENT_ID_BYTES, Part, Rule, payload_hash};
+use idemhook::key::{Input, Json, MAX_EVENT_ID_BYTES, Part, Rule, payload_hash};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -33,8 +33,24 @@ fuzz_target!(|case: Case| {
     let json: Option<serde_json::Value> = serde_json::from_slice(&case.body).ok();
     let input = Input {
         headers: &case.headers,
-        json: json.as_ref(),
+        json: json.as_ref().map(Json::Parsed),
     };
+    // The raw walk (what the receiver uses when no SQL action binds JSON)
+    // must agree with the parsed tree on every rule.
+    let text = std::str::from_utf8(&case.body).ok();
+    let raw: Option<&serde_json::value::RawValue> = text.and_then(|t| serde_json::from_str(t).ok());
+    if let Some(raw) = raw {
+        let raw_input = Input {
+            headers: &case.headers,
+            json: Some(Json::Raw(raw)),
+        };
+        assert_eq!(key.extract(&raw_input).ok(), key.extract(&input).ok(), "raw and parsed keys differ");
+        assert_eq!(
+            payload_hash(&hash, &case.body, &raw_input),
+            payload_hash(&hash, &case.body, &input),
+            "raw and parsed hashes differ"
+        );
+    }
 
     // Display is what error messages and `check` print: must not panic.
     for part in key.parts.iter().chain(&hash) {
