@@ -603,11 +603,19 @@ fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, Stri
                 "base64" => Encoding::Base64,
                 other => return Err(format!("encoding: expected hex or base64, got {other:?}")),
             };
+            let prefix = rs.prefix.clone().unwrap_or_default();
+            // Header values are trimmed, so a prefix with blanks or control
+            // characters could never match.
+            if !prefix.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!(
+                    "prefix: {prefix:?} must be visible ASCII without spaces, e.g. \"sha256=\""
+                ));
+            }
             Scheme::Hmac(HmacParams {
                 header,
                 algorithm,
                 encoding,
-                prefix: rs.prefix.clone().unwrap_or_default(),
+                prefix,
             })
         }
     };
@@ -981,6 +989,10 @@ mod tests {
             (
                 "[sources.a]\nkind = \"stripe\"\nsecrets=[\"s\"]\ntolerance=\"5\"",
                 "sources.a.tolerance",
+            ),
+            (
+                "[sources.a]\nkind = \"hmac\"\nsecrets=[\"s\"]\nkey=[\"json:/id\"]\nheader=\"X-Sig\"\nprefix=\" sha256=\"",
+                "sources.a.prefix",
             ),
             (
                 "[sources.a]\nkind = \"stripe\"\nsecrets=[\"s\"]\nkey=[\"id\"]",
