@@ -315,11 +315,24 @@ fn commit_group(conn: &Connection, group: &mut Vec<Op>, shared: &Shared) {
                 // error), later ops would run in autocommit mode and commit
                 // on their own: stop running them.
                 lost_transaction = lost_transaction || conn.is_autocommit();
-                dones.push(if lost_transaction {
-                    op(Err(&lost))
-                } else {
-                    op(Ok(conn))
-                });
+                if lost_transaction {
+                    dones.push(op(Err(&lost)));
+                    continue;
+                }
+                // A panic in an operation (a bug) must not take the writer
+                // down, nor leave its half-done writes in the group: roll
+                // back to its savepoint; its caller sees the writer's
+                // reply channel close and answers 503.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok(conn)))) {
+                    Ok(done) => dones.push(done),
+                    Err(_) => {
+                        crate::log::error(
+                            "storage operation panicked",
+                            &[("effect", &"rolled back")],
+                        );
+                        let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+                    }
+                }
             }
             let commit = if lost_transaction {
                 Err(lost)
@@ -451,5 +464,46 @@ fn checkpoint_loop(conn: Connection, kick: &Kick, stop: &AtomicBool, wal_gauge: 
         } else {
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic inside an operation rolls back its writes, is answered as an
+    /// error, and leaves the writer serving the next operation.
+    #[test]
+    fn a_panicking_operation_is_rolled_back_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let mut conn = super::super::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        super::super::migrate(&mut conn).unwrap();
+        let (writer, threads) =
+            Writer::start(conn, path.clone(), Durability::Full, Duration::from_secs(5)).unwrap();
+        let put = |key: &'static str| {
+            move |conn: &Connection| -> Result<(), StoreError> {
+                conn.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
+                Ok(())
+            }
+        };
+        writer.call(put("before")).unwrap();
+        let result = writer.call(|conn: &Connection| -> Result<(), StoreError> {
+            conn.execute("INSERT INTO meta (key, value) VALUES ('panicked', 'x')", [])?;
+            panic!("a bug in an operation");
+        });
+        assert!(result.is_err());
+        writer.call(put("after")).unwrap();
+        drop(writer);
+        threads.stop();
+        let db = super::super::open_read(&path, Duration::from_secs(5)).unwrap();
+        let keys: Vec<String> = db
+            .prepare("SELECT key FROM meta WHERE value = 'x' ORDER BY key")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(keys, vec!["after".to_string(), "before".to_string()]);
     }
 }
