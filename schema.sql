@@ -70,7 +70,6 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs (status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
-CREATE INDEX IF NOT EXISTS jobs_action ON jobs (source, action, status);
 
 -- Jobs per status, kept exact by triggers (also for changes made by the
 -- operator commands in other processes), so the idemhook_jobs gauge is a

@@ -53,7 +53,7 @@ pub fn init(level: Level, format: Format) {
     let _ = FORMAT.set(format);
 }
 
-pub fn enabled(level: Level) -> bool {
+fn enabled(level: Level) -> bool {
     level as u8 >= LEVEL.load(Ordering::Relaxed)
 }
 

@@ -200,15 +200,6 @@ impl Metrics {
         self.deliveries[i][o].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn delivery_count(&self, source: Option<usize>, outcome: Delivery) -> u64 {
-        let i = source.unwrap_or(self.sources.len()).min(self.sources.len());
-        let o = Delivery::ALL
-            .iter()
-            .position(|d| *d == outcome)
-            .unwrap_or(0);
-        self.deliveries[i][o].load(Ordering::Relaxed)
-    }
-
     /// Counts one attempt of an action.
     pub fn attempt(&self, source: &str, action: &str, outcome: AttemptOutcome) {
         if let Some(i) = self
