@@ -50,15 +50,15 @@ pub fn run(
     };
     let mut body_json = body_json;
     // Put the id and type where this source reads them.
-    let id_part = source
+    // Every key part gets the id (a derived key then hashes them), and the
+    // type goes where the type rule reads it.
+    let mut places: Vec<(Option<&Part>, &str)> = source
         .key
         .parts
-        .first()
-        .filter(|_| source.key.parts.len() == 1);
-    let places: Vec<(Option<&Part>, &str)> = vec![
-        (id_part, id.as_str()),
-        (source.event_type.as_ref(), event_type.as_str()),
-    ];
+        .iter()
+        .map(|p| (Some(p), id.as_str()))
+        .collect();
+    places.push((source.event_type.as_ref(), event_type.as_str()));
     for (part, value) in places {
         let Some(atom) = part.and_then(|p| p.alternatives.first()) else {
             continue;
@@ -90,10 +90,14 @@ pub fn run(
         (_, Some(v)) => serde_json::to_vec(v)?,
         (None, None) => Vec::new(),
     };
-    let signature = source
-        .verifier
-        .sign(&body, now_ms / 1000, &id)
-        .map_err(|e| anyhow!("cannot sign for source {source_name}: {e}"))?;
+    let signature = if source.kind == Kind::None {
+        Vec::new()
+    } else {
+        source
+            .verifier
+            .sign(&body, now_ms / 1000, &id)
+            .map_err(|e| anyhow!("cannot sign for source {source_name}: {e}"))?
+    };
     // The signer may set the id header itself (Standard Webhooks' webhook-id).
     headers.retain(|(name, _)| !signature.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)));
     headers.extend(signature);

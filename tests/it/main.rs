@@ -11,5 +11,6 @@ mod metrics;
 mod ops;
 mod outbox;
 mod receiver;
+mod send;
 mod sign;
 mod tls;
