@@ -97,6 +97,7 @@ impl App {
             wal_bytes: size(std::path::Path::new(&wal)),
             writer_commits: commits,
             writer_grouped: grouped,
+            writer_queue: self.writer.queued(),
         };
         self.metrics.render(jobs.as_ref(), &storage)
     }

@@ -147,6 +147,7 @@ pub struct StorageGauges {
     pub wal_bytes: u64,
     pub writer_commits: u64,
     pub writer_grouped: u64,
+    pub writer_queue: usize,
 }
 
 pub struct Metrics {
@@ -329,6 +330,9 @@ impl Metrics {
             "idemhook_committed_operations_total {}",
             storage.writer_grouped
         );
+        out.push_str("# HELP idemhook_writer_queue Operations waiting for the writer thread.\n");
+        out.push_str("# TYPE idemhook_writer_queue gauge\n");
+        let _ = writeln!(out, "idemhook_writer_queue {}", storage.writer_queue);
         out.push_str("# HELP idemhook_dropped_records_total Records of refused deliveries dropped because the writer queue was full.\n");
         out.push_str("# TYPE idemhook_dropped_records_total counter\n");
         let _ = writeln!(

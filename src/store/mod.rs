@@ -179,10 +179,14 @@ pub fn in_savepoint<T, E: From<rusqlite::Error>>(
     name: &str,
     body: impl FnOnce(&Connection) -> Result<T, E>,
 ) -> Result<T, E> {
-    conn.execute_batch(&format!("SAVEPOINT {name}"))?;
+    // Cached statements: every claim opens and releases at least one
+    // savepoint on the writer thread, and parsing them each time showed.
+    conn.prepare_cached(&format!("SAVEPOINT {name}"))?
+        .execute([])?;
     match body(conn) {
         Ok(v) => {
-            conn.execute_batch(&format!("RELEASE {name}"))?;
+            conn.prepare_cached(&format!("RELEASE {name}"))?
+                .execute([])?;
             Ok(v)
         }
         Err(e) => {

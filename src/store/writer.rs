@@ -14,7 +14,7 @@
 //! carry them; it also keeps the WAL bounded.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -58,6 +58,8 @@ struct Shared {
     /// Frames in the WAL at the last checkpoint.
     wal_frames: Arc<AtomicI64>,
     busy_timeout: Duration,
+    /// Operations queued and not yet taken by the writer.
+    queued: AtomicUsize,
 }
 
 /// Joins the writer and checkpointer threads on shutdown.
@@ -87,6 +89,7 @@ impl Writer {
             grouped_ops: AtomicU64::new(0),
             wal_frames: Arc::new(AtomicI64::new(0)),
             busy_timeout,
+            queued: AtomicUsize::new(0),
         });
         let checkpointer =
             Checkpointer::start(path, durability, busy_timeout, shared.wal_frames.clone())?;
@@ -128,9 +131,7 @@ impl Writer {
                 let _ = reply_tx.send(commit.and(result));
             })
         });
-        self.tx
-            .send(Msg::Op(op))
-            .map_err(|_| StoreError::closed())?;
+        self.enqueue(op)?;
         reply_rx.recv().map_err(|_| StoreError::closed())?
     }
 
@@ -147,9 +148,13 @@ impl Writer {
             }
             Box::new(|_| {})
         });
+        self.shared.queued.fetch_add(1, Ordering::Relaxed);
         match self.tx.try_send(Msg::Op(op)) {
             Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                false
+            }
         }
     }
 
@@ -170,7 +175,20 @@ impl Writer {
             }
             Box::new(|_| {})
         });
-        self.tx.send(Msg::Op(op)).map_err(|_| StoreError::closed())
+        self.enqueue(op)
+    }
+
+    fn enqueue(&self, op: Op) -> Result<(), StoreError> {
+        self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        self.tx.send(Msg::Op(op)).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            StoreError::closed()
+        })
+    }
+
+    /// Operations waiting for the writer: the depth of its queue.
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::Relaxed)
     }
 
     /// Whether the last commit succeeded.
@@ -224,17 +242,21 @@ impl WriterThreads {
 }
 
 fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>) {
+    let take = |group: &mut Vec<Op>, op: Op| {
+        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        group.push(op);
+    };
     let mut group: Vec<Op> = Vec::with_capacity(MAX_GROUP);
     let mut stopping = false;
     let mut last_restart = None;
     while !stopping {
         match rx.recv() {
-            Ok(Msg::Op(op)) => group.push(op),
+            Ok(Msg::Op(op)) => take(&mut group, op),
             Ok(Msg::Stop) | Err(_) => break,
         }
         while group.len() < MAX_GROUP {
             match rx.try_recv() {
-                Ok(Msg::Op(op)) => group.push(op),
+                Ok(Msg::Op(op)) => take(&mut group, op),
                 Ok(Msg::Stop) => {
                     stopping = true;
                     break;
@@ -249,7 +271,7 @@ fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>
     // Drain what was queued before the stop so no caller waits forever.
     while let Ok(msg) = rx.try_recv() {
         if let Msg::Op(op) = msg {
-            group.push(op);
+            take(&mut group, op);
             if group.len() == MAX_GROUP {
                 commit_group(&conn, &mut group, &shared);
             }
