@@ -8,9 +8,9 @@
 //! (see [`Rule::extract`]).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 
+use serde::de::{Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
@@ -65,28 +65,108 @@ impl Json<'_> {
     }
 }
 
-/// Walks `ptr` through raw JSON text, parsing one level at a time into
-/// borrowed slices, and parses only the value found.
+/// Walks `ptr` through raw JSON text one level at a time, skipping what it
+/// does not need without building it, and parses only the value found.
+/// Agrees with `Value::pointer` (same array-index rule, last duplicate key
+/// wins); the unit test and the `key` fuzz target compare the two.
 fn raw_pointer(raw: &RawValue, ptr: &str) -> Option<Value> {
-    if ptr.is_empty() {
-        return serde_json::from_str(raw.get()).ok();
-    }
     let mut current: &RawValue = raw;
-    for token in ptr.strip_prefix('/')?.split('/') {
-        let token = token.replace("~1", "/").replace("~0", "~");
-        let text = current.get().trim_start();
-        current = if text.starts_with('{') {
-            let map: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_str(current.get()).ok()?;
-            map.get(token.as_str()).copied()?
-        } else if text.starts_with('[') {
-            let items: Vec<&RawValue> = serde_json::from_str(current.get()).ok()?;
-            let index: usize = token.parse().ok()?;
-            items.get(index).copied()?
-        } else {
-            return None;
-        };
+    if !ptr.is_empty() {
+        for token in ptr.strip_prefix('/')?.split('/') {
+            let token = token.replace("~1", "/").replace("~0", "~");
+            current = child(current, &token)?;
+        }
     }
     serde_json::from_str(current.get()).ok()
+}
+
+/// The member `token` of a raw object, or element `token` of a raw array.
+fn child<'a>(raw: &'a RawValue, token: &str) -> Option<&'a RawValue> {
+    let text = raw.get();
+    let mut de = serde_json::Deserializer::from_str(text);
+    match text.trim_start().as_bytes().first()? {
+        b'{' => de.deserialize_map(FindMember(token)).ok()?,
+        b'[' => {
+            // As serde_json's pointer: no sign, no leading zeros.
+            if token.starts_with('+') || (token.starts_with('0') && token.len() > 1) {
+                return None;
+            }
+            de.deserialize_seq(FindElement(token.parse().ok()?)).ok()?
+        }
+        _ => None,
+    }
+}
+
+struct FindMember<'t>(&'t str);
+
+impl<'de> Visitor<'de> for FindMember<'_> {
+    type Value = Option<&'de RawValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if key.0 == self.0 {
+                // The last of duplicate keys wins, as in a parsed Value.
+                found = Some(map.next_value::<&'de RawValue>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+struct FindElement(usize);
+
+impl<'de> Visitor<'de> for FindElement {
+    type Value = Option<&'de RawValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON array")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        let mut index = 0;
+        loop {
+            if index == self.0 {
+                match seq.next_element::<&'de RawValue>()? {
+                    Some(v) => found = Some(v),
+                    None => break,
+                }
+            } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                break;
+            }
+            index += 1;
+        }
+        Ok(found)
+    }
+}
+
+/// An object key, borrowed from the text unless it has escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -395,6 +475,10 @@ mod tests {
             "/missing",
             "/id/0",
             "/n/x",
+            "/arr/01",
+            "/arr/+1",
+            "/arr/-1",
+            "/a~1b/~0x/1",
         ] {
             let want = parsed.pointer(ptr).cloned();
             let got = Json::Raw(raw).pointer(ptr).map(Cow::into_owned);

@@ -426,27 +426,34 @@ fn read_line(
     }
 }
 
-/// Fills `buf` within `deadline`; on a stop, also says how much arrived.
-fn read_exact(
+/// Appends exactly `n` bytes to `out` within `deadline`, copying out of the
+/// connection's buffer (no zero-filled staging buffer); on a stop, also
+/// says how many of the `n` arrived.
+fn read_into(
     reader: &mut Conn,
     socket: &TcpStream,
     deadline: Instant,
-    buf: &mut [u8],
+    n: usize,
+    out: &mut Vec<u8>,
 ) -> Result<(), (Stop, usize)> {
+    out.reserve(n);
     let mut got = 0;
-    while got < buf.len() {
+    while got < n {
         if reader.buffer().is_empty() {
             arm(socket, deadline).map_err(|s| (s, got))?;
         }
-        match reader.read(&mut buf[got..]) {
-            Ok(0) => return Err((Stop::Eof, got)),
-            Ok(n) => got += n,
-            Err(e) => {
-                if let Some(stop) = stop_of(&e) {
-                    return Err((stop, got));
-                }
-            }
-        }
+        let buf = match reader.fill_buf() {
+            Ok([]) => return Err((Stop::Eof, got)),
+            Ok(b) => b,
+            Err(e) => match stop_of(&e) {
+                Some(stop) => return Err((stop, got)),
+                None => continue,
+            },
+        };
+        let take = buf.len().min(n - got);
+        out.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+        got += take;
     }
     Ok(())
 }
@@ -633,8 +640,8 @@ fn read_body(
     let Some(expected) = head.content_length else {
         return Ok(Vec::new());
     };
-    let mut body = vec![0u8; expected.min(cap)];
-    match read_exact(reader, socket, deadline, &mut body) {
+    let mut body = Vec::new();
+    match read_into(reader, socket, deadline, expected.min(cap), &mut body) {
         Ok(()) => Ok(body),
         Err((Stop::TimedOut, _)) => Err(BodyProblem::TimedOut),
         Err((_, got)) => Err(BodyProblem::Short { expected, got }),
@@ -688,15 +695,15 @@ fn read_chunked(
         }
         let start = body.len();
         let want = size.min(cap - start.min(cap));
-        body.resize(start + want, 0);
-        read_exact(reader, socket, deadline, &mut body[start..])
+        read_into(reader, socket, deadline, want, &mut body)
             .map_err(|(s, got)| stopped(s, start + got))?;
         if body.len() >= cap {
             return Ok(body);
         }
-        let mut crlf = [0u8; 2];
-        read_exact(reader, socket, deadline, &mut crlf).map_err(|(s, _)| stopped(s, body.len()))?;
-        if &crlf != b"\r\n" {
+        let mut crlf = Vec::with_capacity(2);
+        read_into(reader, socket, deadline, 2, &mut crlf)
+            .map_err(|(s, _)| stopped(s, body.len()))?;
+        if crlf != b"\r\n" {
             return Err(BodyProblem::BadChunk("chunk not followed by CRLF".into()));
         }
     }
