@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::reply::Reply;
@@ -15,7 +16,6 @@ use crate::ingest::{Claim, Outcome};
 use crate::key::{Input, Json, payload_hash};
 use crate::metrics::Delivery;
 use crate::store::now_ms;
-use serde_json::value::RawValue;
 
 /// JSON nested deeper than this is refused (serde_json stops at 128 too).
 const MAX_JSON_DEPTH: usize = 64;
@@ -48,10 +48,12 @@ pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
         Ok(reply) => reply,
         Err(r) => {
             let reply = refuse(app, index, source_name, rq, &r, received_at);
-            match r.status {
-                405 => reply.with_header("Allow", "POST"),
-                413 => reply.with_header("Connection", "close"),
-                _ => reply,
+            // (After a 413 the server closes the connection itself: the
+            // rest of the body was never read.)
+            if r.status == 405 {
+                reply.with_header("Allow", "POST")
+            } else {
+                reply
             }
         }
     }
