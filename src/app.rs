@@ -84,9 +84,7 @@ impl App {
     }
 
     pub fn render_metrics(&self) -> String {
-        let jobs = self
-            .metrics
-            .job_gauges(Duration::from_secs(1), || self.load_job_gauges().ok());
+        let jobs = self.load_job_gauges().ok();
         let db = &self.config.database;
         let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let mut wal = db.as_os_str().to_owned();

@@ -1,11 +1,11 @@
 //! Prometheus metrics. Counters and histograms live in memory as atomics,
 //! indexed by positions fixed from the config (sources, actions), so label
 //! values never come from request data and cardinality stays bounded.
-//! Gauges that need the database are read at scrape time through indexed
-//! queries, cached for a few seconds.
+//! Gauges that need the database are read at scrape time: job counts from
+//! the trigger-maintained `job_counts` table, the oldest pending job
+//! through an index.
 
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -162,7 +162,6 @@ pub struct Metrics {
     pub downstream_duration: Histogram,
     /// Log lines or records dropped because a queue was full.
     pub dropped_records: AtomicU64,
-    job_cache: Mutex<Option<(Instant, JobGauges)>>,
 }
 
 impl Metrics {
@@ -187,7 +186,6 @@ impl Metrics {
             claim_duration: Histogram::new(),
             downstream_duration: Histogram::new(),
             dropped_records: AtomicU64::new(0),
-            job_cache: Mutex::new(None),
         }
     }
 
@@ -214,23 +212,6 @@ impl Metrics {
                 .unwrap_or(0);
             self.attempts[i][o].fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// Job gauges, read through `load` at most every `max_age`.
-    pub fn job_gauges(
-        &self,
-        max_age: Duration,
-        load: impl FnOnce() -> Option<JobGauges>,
-    ) -> Option<JobGauges> {
-        let mut cache = self.job_cache.lock().ok()?;
-        if let Some((at, g)) = cache.as_ref()
-            && at.elapsed() < max_age
-        {
-            return Some(g.clone());
-        }
-        let fresh = load()?;
-        *cache = Some((Instant::now(), fresh.clone()));
-        Some(fresh)
     }
 
     /// The whole exposition, Prometheus text format 0.0.4.

@@ -67,14 +67,14 @@ impl HttpServer {
             Some(files) => Some(tls_config(files)?),
             None => None,
         };
-        let limits = server::Limits {
-            max_connections: config.http.max_connections,
-            workers: config.http_workers,
-            header_timeout: config.http.header_timeout,
-            idle_timeout: config.http.idle_timeout,
-            body_timeout: config.http.body_timeout,
-            ..server::Limits::new(config.http_workers, config.max_body_bytes)
-        };
+        let limits = server::Limits::new(
+            config.http_workers,
+            config.max_body_bytes,
+            config.http.max_connections,
+            config.http.header_timeout,
+            config.http.body_timeout,
+            config.http.idle_timeout,
+        );
         let bind = |listen: &str, surface: Surface| {
             let app = app.clone();
             let handler = Box::new(move |rq: &mut server::Request| handle(&app, rq, surface));

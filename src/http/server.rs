@@ -45,13 +45,22 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(workers: usize, max_body_bytes: usize) -> Limits {
+    /// The fixed parse limits with the configurable ones given: the
+    /// defaults of those live in one place, `config.rs`.
+    pub fn new(
+        workers: usize,
+        max_body_bytes: usize,
+        max_connections: usize,
+        header_timeout: Duration,
+        body_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Limits {
         Limits {
-            max_connections: 1024,
+            max_connections,
             workers,
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            body_timeout: Duration::from_secs(30),
+            header_timeout,
+            idle_timeout,
+            body_timeout,
             max_head_bytes: 32 * 1024,
             max_headers: 100,
             max_target_bytes: 4096,
@@ -824,7 +833,8 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits::new(2, 1024)
+        let t = Duration::from_secs(10);
+        Limits::new(2, 1024, 16, t, t, t)
     }
 
     fn parse(raw: &str) -> Result<Head, u16> {
