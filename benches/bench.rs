@@ -1103,12 +1103,39 @@ fn clock_ticks_per_sec() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// On-CPU and run-queue nanoseconds of each long-lived idemhook thread
+/// (writer, checkpointer), by thread name, from /proc/PID/task/*/schedstat.
+fn thread_sched_ns(pid: &str) -> BTreeMap<String, (u64, u64)> {
+    let mut out = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        if !(comm.starts_with("idemhook-write") || comm.starts_with("idemhook-check")) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
+        let mut f = stat
+            .split_whitespace()
+            .map(|x| x.parse::<u64>().unwrap_or(0));
+        let (run, wait) = (f.next().unwrap_or(0), f.next().unwrap_or(0));
+        let e = out.entry(comm.to_string()).or_insert((0, 0));
+        e.0 += run;
+        e.1 += wait;
+    }
+    out
+}
+
 /// CPU used during a span: ours, the child's, and everyone else's.
 struct CpuProbe {
     at: Instant,
     machine: Option<(u64, u64)>,
     me: Option<u64>,
     child: Option<(String, u64)>,
+    threads: BTreeMap<String, (u64, u64)>,
 }
 
 struct CpuUse {
@@ -1118,6 +1145,8 @@ struct CpuUse {
     bench_s: f64,
     /// The idemhook process in seconds.
     child_s: Option<f64>,
+    /// Per long-lived idemhook thread: (on-CPU, waiting for a CPU) seconds.
+    threads: BTreeMap<String, (f64, f64)>,
 }
 
 impl CpuProbe {
@@ -1126,11 +1155,16 @@ impl CpuProbe {
             let p = p.to_string();
             proc_cpu_ticks(&p).map(|t| (p, t))
         });
+        let threads = child
+            .as_ref()
+            .map(|(p, _)| thread_sched_ns(p))
+            .unwrap_or_default();
         CpuProbe {
             at: Instant::now(),
             machine: machine_ticks(),
             me: proc_cpu_ticks("self"),
             child,
+            threads,
         }
     }
 
@@ -1147,10 +1181,28 @@ impl CpuProbe {
             .zip(self.machine)
             .map_or(0, |((b1, _), (b0, _))| b1.saturating_sub(b0));
         let ours = me + child.unwrap_or(0);
+        let threads = self
+            .child
+            .as_ref()
+            .map(|(p, _)| thread_sched_ns(p))
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(name, (run, wait))| {
+                let (run0, wait0) = self.threads.get(&name)?;
+                Some((
+                    name,
+                    (
+                        run.saturating_sub(*run0) as f64 / 1e9,
+                        wait.saturating_sub(*wait0) as f64 / 1e9,
+                    ),
+                ))
+            })
+            .collect();
         CpuUse {
             others_cores: busy.saturating_sub(ours) as f64 / hz / wall,
             bench_s: me as f64 / hz,
             child_s: child.map(|c| c as f64 / hz),
+            threads,
         }
     }
 }
@@ -1732,15 +1784,31 @@ fn idem_detail(i: &IdemRun) -> String {
     let group = i
         .group
         .map_or("-".to_string(), |(c, o)| format!("{:.1}", o / c.max(1.0)));
+    let wall = i.load.wall.as_secs_f64().max(1e-6);
+    let threads: Vec<String> = i
+        .cpu
+        .threads
+        .iter()
+        .map(|(name, (run, wait))| {
+            format!(
+                "{} {:.0} µs/req on CPU ({:.0}% of the time), {:.0}% waiting for a CPU",
+                name.trim_start_matches("idemhook-"),
+                run * 1e6 / reqs,
+                100.0 * run / wall,
+                100.0 * wait / wall
+            )
+        })
+        .collect();
     format!(
         "idemhook {} req/s in {:.2} s, CPU {:.0} µs/req in idemhook + {:.0} µs/req in the bench, {:.0}% of CPU time, others {:.2} cores; \
-         avg group {group} ops/commit; db {} + wal {} bytes; answers {:?}; incidents {}; stopped {}",
+         {}; avg group {group} ops/commit; db {} + wal {} bytes; answers {:?}; incidents {}; stopped {}",
         fmt_int(i.load.rps()),
         i.load.wall.as_secs_f64(),
         i.cpu.child_s.unwrap_or(f64::NAN) * 1e6 / reqs,
         i.cpu.bench_s * 1e6 / reqs,
         100.0 * (i.cpu.child_s.unwrap_or(0.0) + i.cpu.bench_s) / (i.load.wall.as_secs_f64() * 2.0),
         i.cpu.others_cores,
+        threads.join("; "),
         fmt_int(i.db_bytes as f64),
         fmt_int(i.wal_bytes as f64),
         i.load.words,

@@ -80,7 +80,7 @@ impl Writer {
     ) -> Result<(Writer, WriterThreads), StoreError> {
         // Checkpoints belong to the checkpointer, not to request commits;
         // a larger page cache keeps the hot index pages of a big database.
-        conn.execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -32768;")?;
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -8192;")?;
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let shared = Arc::new(Shared {
             healthy: AtomicBool::new(true),
