@@ -165,6 +165,16 @@ fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
 }
 
+/// A condition on `deliveries` that selects one event's deliveries, given
+/// ?1 = source, ?2 = event_id and ?3 = the event's received_at (ms). The
+/// accepted delivery is not in the (source, event_id) index (see
+/// schema.sql); it has the event's received_at, so it is looked up there.
+pub const DELIVERIES_OF_EVENT: &str = "id IN (
+    SELECT id FROM deliveries WHERE source = ?1 AND event_id = ?2 AND outcome <> 'accepted'
+    UNION ALL
+    SELECT id FROM deliveries
+     WHERE received_at = ?3 AND source = ?1 AND event_id = ?2 AND outcome = 'accepted')";
+
 /// Records one delivery. `event_id` is None when the request was refused
 /// before its key was known.
 pub fn record_delivery(
@@ -530,6 +540,75 @@ params = { amount = "json:/amount" }
             received_at: store::now_ms(),
             remote: "test".to_string(),
         }
+    }
+
+    /// An event's deliveries are found by DELIVERIES_OF_EVENT, all of them
+    /// and only them, through indexes (the accepted one is not in the
+    /// (source, event_id) index), also on a database migrated from one
+    /// that had every delivery in the old index.
+    #[test]
+    fn an_events_deliveries_are_found_through_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("unit.db");
+        let mut conn = store::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        // A database from before: every delivery in deliveries_event.
+        store::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "DROP INDEX deliveries_event_other;
+             CREATE INDEX deliveries_event ON deliveries (source, event_id);",
+        )
+        .unwrap();
+        store::migrate(&mut conn).unwrap();
+        let indexes: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'deliveries'
+                 AND sql IS NOT NULL ORDER BY name",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(indexes, ["deliveries_event_other", "deliveries_received"]);
+
+        let put = |source: &str, id: Option<&str>, at: i64, outcome: Delivery| {
+            record_delivery(&conn, source, id, at, outcome, "test", None).unwrap();
+        };
+        put("pay", Some("e1"), 1_000, Delivery::Accepted);
+        put("pay", Some("e2"), 1_000, Delivery::Accepted);
+        put("other", Some("e1"), 1_000, Delivery::Accepted);
+        put("pay", None, 1_000, Delivery::BadSignature);
+        put("pay", Some("e1"), 2_000, Delivery::Duplicate);
+        put("pay", Some("e1"), 3_000, Delivery::Mismatch);
+        put("pay", Some("e2"), 3_000, Delivery::Duplicate);
+        let sql =
+            format!("SELECT id, outcome FROM deliveries WHERE {DELIVERIES_OF_EVENT} ORDER BY id");
+        let found: Vec<(i64, String)> = conn
+            .prepare(&sql)
+            .unwrap()
+            .query_map(params!["pay", "e1", 1_000], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let want = [(1, "accepted"), (5, "duplicate"), (6, "mismatch")];
+        let want: Vec<(i64, String)> = want.iter().map(|(i, o)| (*i, o.to_string())).collect();
+        assert_eq!(found, want);
+
+        // No full scan of deliveries: both halves use an index.
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(params!["pay", "e1", 1_000], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("USING INDEX deliveries_event_other"),
+            "{plan}"
+        );
+        assert!(plan.contains("USING INDEX deliveries_received"), "{plan}");
+        assert!(!plan.contains("SCAN deliveries"), "{plan}");
     }
 
     /// Issue 6: one claim in a group whose SQL action fails rolls back only

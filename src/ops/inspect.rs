@@ -17,6 +17,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
 use crate::config::{Config, parse_duration};
+use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::store::{self, StoreError, ms_to_secs, now_ms};
 
 /// The event states, in the order they move.
@@ -336,20 +337,24 @@ pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, Op
              FROM events WHERE source = ?1 AND event_id = ?2",
         )?
         .query_row(params![source, event_id], |r| {
-            Ok(json!({
-                "source": source,
-                "event_id": event_id,
-                "type": r.get::<_, Option<String>>(0)?,
-                "state": r.get::<_, String>(1)?,
-                "received_at": ms_to_secs(r.get::<_, i64>(2)?),
-                "completed_at": secs(r.get(3)?),
-                "payload_hash": r.get::<_, String>(5)?,
-                "verified_with": r.get::<_, Option<i64>>(6)?,
-                "payload": payload_value(r.get_ref(4)?),
-            }))
+            let received_at: i64 = r.get(2)?;
+            Ok((
+                json!({
+                    "source": source,
+                    "event_id": event_id,
+                    "type": r.get::<_, Option<String>>(0)?,
+                    "state": r.get::<_, String>(1)?,
+                    "received_at": ms_to_secs(received_at),
+                    "completed_at": secs(r.get(3)?),
+                    "payload_hash": r.get::<_, String>(5)?,
+                    "verified_with": r.get::<_, Option<i64>>(6)?,
+                    "payload": payload_value(r.get_ref(4)?),
+                }),
+                received_at,
+            ))
         })
         .optional()?;
-    let Some(mut event) = event else {
+    let Some((mut event, received_at)) = event else {
         return Err(not_found(source, event_id));
     };
 
@@ -398,11 +403,11 @@ pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, Op
     }
 
     let deliveries = conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT received_at, outcome, remote FROM deliveries
-             WHERE source = ?1 AND event_id = ?2 ORDER BY id",
-        )?
-        .query_map(params![source, event_id], |r| {
+             WHERE {DELIVERIES_OF_EVENT} ORDER BY id"
+        ))?
+        .query_map(params![source, event_id, received_at], |r| {
             Ok(json!({
                 "received_at": ms_to_secs(r.get::<_, i64>(0)?),
                 "outcome": r.get::<_, String>(1)?,

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use super::inspect::{OpError, finish, open_read, open_write};
 use crate::config::{Config, format_duration};
+use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::store::{StoreError, Writer, now_ms};
 
 /// Rows one batch (one write transaction) touches at most.
@@ -86,16 +87,18 @@ pub fn delete_events_batch(
     before: i64,
     limit: usize,
 ) -> Result<(u64, u64), StoreError> {
-    let ids: Vec<String> = conn
+    let ids: Vec<(String, i64)> = conn
         .prepare_cached(&format!(
-            "SELECT e.event_id FROM events e
+            "SELECT e.event_id, e.received_at FROM events e
              WHERE e.source = ?1 AND e.received_at < ?2 AND {NO_OPEN_JOB}
              ORDER BY e.received_at LIMIT ?3"
         ))?
-        .query_map(params![source, before, limit as i64], |r| r.get(0))?
+        .query_map(params![source, before, limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
         .collect::<Result<_, _>>()?;
     let mut deliveries = 0u64;
-    for id in &ids {
+    for (id, received_at) in &ids {
         let key = params![source, id];
         conn.prepare_cached(
             "DELETE FROM attempts WHERE job_id IN
@@ -110,8 +113,10 @@ pub fn delete_events_batch(
         conn.prepare_cached("DELETE FROM jobs WHERE source = ?1 AND event_id = ?2")?
             .execute(key)?;
         deliveries += conn
-            .prepare_cached("DELETE FROM deliveries WHERE source = ?1 AND event_id = ?2")?
-            .execute(key)? as u64;
+            .prepare_cached(&format!(
+                "DELETE FROM deliveries WHERE {DELIVERIES_OF_EVENT}"
+            ))?
+            .execute(params![source, id, received_at])? as u64;
         conn.prepare_cached("DELETE FROM incidents WHERE source = ?1 AND event_id = ?2")?
             .execute(key)?;
         conn.prepare_cached("DELETE FROM events WHERE source = ?1 AND event_id = ?2")?
