@@ -74,6 +74,8 @@ struct Opts {
     perf_dir: Option<PathBuf>,
     /// idemhook's http_workers (the spec's is 8, like the no-op server).
     idem_workers: usize,
+    /// idemhook's forward_workers; None keeps its default (4).
+    forward_workers: Option<usize>,
     /// cargo bench passes `--bench`; `cargo test --all-targets` does not.
     bench_flag: bool,
     force: bool,
@@ -88,6 +90,7 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --log-level L     pass --log-level L to idemhook serve (default: its own, info)
   --perf DIR        record `perf record` of idemhook during each load into DIR
   --idemhook-workers N   idemhook's http_workers (default 8, as the spec says; for experiments)
+  --forward-workers N    idemhook's forward_workers (default: idemhook's own, 4; for experiments)
   --force           run even without cargo bench's --bench flag";
 
 impl Opts {
@@ -101,6 +104,7 @@ impl Opts {
             log_level: None,
             perf_dir: None,
             idem_workers: HTTP_WORKERS,
+            forward_workers: None,
             bench_flag: false,
             force: false,
         };
@@ -153,6 +157,15 @@ impl Opts {
                     if !(1..=256).contains(&o.idem_workers) {
                         return Err("--idemhook-workers: 1 to 256".into());
                     }
+                }
+                "--forward-workers" => {
+                    let n: usize = value("--forward-workers")?
+                        .parse()
+                        .map_err(|e| format!("--forward-workers: {e}"))?;
+                    if !(1..=256).contains(&n) {
+                        return Err("--forward-workers: 1 to 256".into());
+                    }
+                    o.forward_workers = Some(n);
                 }
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other:?}")),
@@ -1316,7 +1329,10 @@ fn run_idemhook(
     let url = downstream
         .as_ref()
         .map(|d| format!("http://{}/stripe", d.addr));
-    let config = idemhook_config(opts.idem_workers, url.as_deref(), setup.retention);
+    let mut config = idemhook_config(opts.idem_workers, url.as_deref(), setup.retention);
+    if let Some(n) = opts.forward_workers {
+        config.insert_str(0, &format!("forward_workers = {n}\n"));
+    }
     let server = match Idemhook::start(dir.path(), &config, opts) {
         Ok(s) => s,
         Err(e) => {

@@ -541,16 +541,23 @@ fn take(
         if won != 1 {
             continue;
         }
-        let budget_base: i64 = conn
-            .prepare_cached(
+        // A job's first lease (the common case) has no attempts behind it:
+        // no replay budget to look up and no cut-short attempt to record.
+        let budget_base: i64 = if n_before == 0 {
+            0
+        } else {
+            conn.prepare_cached(
                 "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1
                    AND started_at <= (SELECT max(replayed_at) FROM replays WHERE job_id = ?1)",
             )?
-            .query_row(params![job_id], |r| r.get(0))?;
-        let took_over = conn
-            .prepare_cached("SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)")?
-            .query_row(params![job_id, n_before], |r| r.get::<_, bool>(0))
-            .map(|recorded| n_before > 0 && !recorded)?;
+            .query_row(params![job_id], |r| r.get(0))?
+        };
+        let took_over = n_before > 0
+            && !conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)",
+                )?
+                .query_row(params![job_id, n_before], |r| r.get::<_, bool>(0))?;
         if took_over {
             // The previous owner's attempt never recorded an end: its lease
             // ran out (crash, or a hang past the lease).

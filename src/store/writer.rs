@@ -9,6 +9,12 @@
 //! group, a failing closure rolls back only itself, and no caller hears
 //! "done" before the commit that holds its write has returned.
 //!
+//! Records that nobody waits for ([`Writer::send`], [`Writer::submit`])
+//! are the exception to "no timer": a group made only of them stays open up
+//! to [`LINGER`] for more to join, and the first closure a caller waits on
+//! ends that at once. Forward workers record each attempt this way; without
+//! it, a stream of completions paid a commit (and an fsync) each.
+//!
 //! Checkpoints run on a second thread with its own connection
 //! ([`Checkpointer`]), never inside a commit, so the latency tail does not
 //! carry them; it also keeps the WAL bounded.
@@ -18,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
@@ -30,6 +36,8 @@ use crate::config::Durability;
 const MAX_GROUP: usize = 512;
 /// How many calls may wait for the writer before callers block.
 const QUEUE: usize = 4096;
+/// How long a group that no caller waits on stays open for company.
+const LINGER: Duration = Duration::from_millis(2);
 
 type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// An operation gets the connection inside the group transaction, or the
@@ -37,8 +45,15 @@ type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 type Op = Box<dyn FnOnce(Result<&Connection, &StoreError>) -> Done + Send>;
 
 enum Msg {
-    Op(Op),
+    /// An operation, and whether a caller blocks until its commit.
+    Op(Op, Waits),
     Stop,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waits {
+    Yes,
+    No,
 }
 
 /// A handle on the writer thread; cheap to clone.
@@ -60,6 +75,8 @@ struct Shared {
     busy_timeout: Duration,
     /// Operations queued and not yet taken by the writer.
     queued: AtomicUsize,
+    /// How long a group no caller waits on stays open ([`LINGER`]).
+    linger: Duration,
 }
 
 /// Joins the writer and checkpointer threads on shutdown.
@@ -78,8 +95,20 @@ impl Writer {
         durability: Durability,
         busy_timeout: Duration,
     ) -> Result<(Writer, WriterThreads), StoreError> {
-        // Checkpoints belong to the checkpointer, not to request commits;
-        // a larger page cache keeps the hot index pages of a big database.
+        Writer::start_lingering(conn, path, durability, busy_timeout, LINGER)
+    }
+
+    fn start_lingering(
+        conn: Connection,
+        path: PathBuf,
+        durability: Durability,
+        busy_timeout: Duration,
+        linger: Duration,
+    ) -> Result<(Writer, WriterThreads), StoreError> {
+        // Checkpoints belong to the checkpointer, not to request commits.
+        // The cache stays modest: once a b-tree split has used the
+        // pending-byte page number, SQLite walks the whole page cache on
+        // every commit (ARCHITECTURE.md, "Performance").
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -8192;")?;
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let shared = Arc::new(Shared {
@@ -90,6 +119,7 @@ impl Writer {
             wal_frames: Arc::new(AtomicI64::new(0)),
             busy_timeout,
             queued: AtomicUsize::new(0),
+            linger,
         });
         let checkpointer =
             Checkpointer::start(path, durability, busy_timeout, shared.wal_frames.clone())?;
@@ -131,7 +161,7 @@ impl Writer {
                 let _ = reply_tx.send(commit.and(result));
             })
         });
-        self.enqueue(op)?;
+        self.enqueue(op, Waits::Yes)?;
         reply_rx.recv().map_err(|_| StoreError::closed())?
     }
 
@@ -149,7 +179,7 @@ impl Writer {
             Box::new(|_| {})
         });
         self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        match self.tx.try_send(Msg::Op(op)) {
+        match self.tx.try_send(Msg::Op(op, Waits::No)) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.shared.queued.fetch_sub(1, Ordering::Relaxed);
@@ -175,12 +205,12 @@ impl Writer {
             }
             Box::new(|_| {})
         });
-        self.enqueue(op)
+        self.enqueue(op, Waits::No)
     }
 
-    fn enqueue(&self, op: Op) -> Result<(), StoreError> {
+    fn enqueue(&self, op: Op, waits: Waits) -> Result<(), StoreError> {
         self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        self.tx.send(Msg::Op(op)).map_err(|_| {
+        self.tx.send(Msg::Op(op, waits)).map_err(|_| {
             self.shared.queued.fetch_sub(1, Ordering::Relaxed);
             StoreError::closed()
         })
@@ -242,43 +272,80 @@ impl WriterThreads {
 }
 
 fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>) {
-    let take = |group: &mut Vec<Op>, op: Op| {
-        shared.queued.fetch_sub(1, Ordering::Relaxed);
-        group.push(op);
-    };
-    let mut group: Vec<Op> = Vec::with_capacity(MAX_GROUP);
+    let mut group = Group::default();
     let mut stopping = false;
     let mut last_restart = None;
     while !stopping {
         match rx.recv() {
-            Ok(Msg::Op(op)) => take(&mut group, op),
-            Ok(Msg::Stop) | Err(_) => break,
+            Ok(msg) => stopping = group.add(msg, &shared),
+            Err(_) => break,
         }
-        while group.len() < MAX_GROUP {
+        while !stopping && group.ops.len() < MAX_GROUP {
             match rx.try_recv() {
-                Ok(Msg::Op(op)) => take(&mut group, op),
-                Ok(Msg::Stop) => {
-                    stopping = true;
-                    break;
-                }
+                Ok(msg) => stopping = group.add(msg, &shared),
                 Err(_) => break,
             }
         }
-        commit_group(&conn, &mut group, &shared);
+        // No caller waits on this group, only records (a forward job's
+        // completion, a refused delivery): let others join it for a moment
+        // rather than pay a commit for each. A caller that waits ends the
+        // moment, so claims never wait for it.
+        let deadline = Instant::now() + shared.linger;
+        while !stopping && group.waits == Waits::No && group.ops.len() < MAX_GROUP {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(msg) => stopping = group.add(msg, &shared),
+                Err(_) => break,
+            }
+        }
+        if !group.ops.is_empty() {
+            commit_group(&conn, &mut group.ops, &shared);
+        }
+        group.waits = Waits::No;
         kick.notify();
         bound_wal(&conn, &shared, &mut last_restart);
     }
     // Drain what was queued before the stop so no caller waits forever.
     while let Ok(msg) = rx.try_recv() {
-        if let Msg::Op(op) = msg {
-            take(&mut group, op);
-            if group.len() == MAX_GROUP {
-                commit_group(&conn, &mut group, &shared);
-            }
+        group.add(msg, &shared);
+        if group.ops.len() >= MAX_GROUP {
+            commit_group(&conn, &mut group.ops, &shared);
         }
     }
-    if !group.is_empty() {
-        commit_group(&conn, &mut group, &shared);
+    if !group.ops.is_empty() {
+        commit_group(&conn, &mut group.ops, &shared);
+    }
+}
+
+/// The operations gathered for the next commit.
+struct Group {
+    ops: Vec<Op>,
+    /// Whether any caller blocks until this group commits.
+    waits: Waits,
+}
+
+impl Default for Group {
+    fn default() -> Group {
+        Group {
+            ops: Vec::with_capacity(MAX_GROUP),
+            waits: Waits::No,
+        }
+    }
+}
+
+impl Group {
+    /// Adds an operation; true when the message asks the writer to stop.
+    fn add(&mut self, msg: Msg, shared: &Shared) -> bool {
+        match msg {
+            Msg::Op(op, waits) => {
+                shared.queued.fetch_sub(1, Ordering::Relaxed);
+                self.ops.push(op);
+                if waits == Waits::Yes {
+                    self.waits = Waits::Yes;
+                }
+                false
+            }
+            Msg::Stop => true,
+        }
     }
 }
 
@@ -293,13 +360,13 @@ fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>
 /// on an old snapshot (a backup, a long admin query): it gets a 100 ms busy
 /// timeout here and at most four tries a second, so it never stalls the
 /// writer for long.
-fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Option<std::time::Instant>) {
+fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Option<Instant>) {
     if shared.wal_frames.load(Ordering::Relaxed) <= STARVED_FRAMES
         || last_try.is_some_and(|t| t.elapsed() < Duration::from_millis(250))
     {
         return;
     }
-    *last_try = Some(std::time::Instant::now());
+    *last_try = Some(Instant::now());
     let restore = conn.busy_timeout(Duration::from_millis(100));
     let result = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
         Ok((
@@ -319,14 +386,12 @@ fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Option<std::time
 
 fn commit_group(conn: &Connection, group: &mut Vec<Op>, shared: &Shared) {
     let n = group.len() as u64;
-    let result = match conn.execute_batch("BEGIN IMMEDIATE") {
+    let (result, dones) = match conn.execute_batch("BEGIN IMMEDIATE") {
         Err(e) => {
             let err = StoreError::from(e);
-            for op in group.drain(..) {
-                // The op does not run; it is told why.
-                op(Err(&err))(Err(err.clone()));
-            }
-            Err(err)
+            // The ops do not run; they are told why.
+            let dones: Vec<Done> = group.drain(..).map(|op| op(Err(&err))).collect();
+            (Err(err), dones)
         }
         Ok(()) => {
             let mut dones: Vec<Done> = Vec::with_capacity(group.len());
@@ -364,19 +429,21 @@ fn commit_group(conn: &Connection, group: &mut Vec<Op>, shared: &Shared) {
             if commit.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
-            for done in dones {
-                done(commit.clone());
-            }
-            commit
+            (commit, dones)
         }
     };
+    // The gauges first, so a released caller already sees this commit in them.
     shared.healthy.store(result.is_ok(), Ordering::Relaxed);
     shared.last_commit_at.store(now_ms(), Ordering::Relaxed);
-    if result.is_ok() {
-        shared.commits.fetch_add(1, Ordering::Relaxed);
-        shared.grouped_ops.fetch_add(n, Ordering::Relaxed);
-    } else if let Err(e) = result {
-        crate::log::warn("storage", &[("error", &e.message)]);
+    match &result {
+        Ok(()) => {
+            shared.commits.fetch_add(1, Ordering::Relaxed);
+            shared.grouped_ops.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => crate::log::warn("storage", &[("error", &e.message)]),
+    }
+    for done in dones {
+        done(result.clone());
     }
 }
 
@@ -492,6 +559,60 @@ fn checkpoint_loop(conn: Connection, kick: &Kick, stop: &AtomicBool, wal_gauge: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records no caller waits on (a forward job's completion) linger for
+    /// company instead of paying a commit each, and a caller that waits
+    /// ends the lingering: its call commits with them at once.
+    #[test]
+    fn records_wait_for_company_and_a_waiting_call_ends_the_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let mut conn = super::super::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        super::super::migrate(&mut conn).unwrap();
+        // A long linger, so the test does not race the clock.
+        let (writer, threads) = Writer::start_lingering(
+            conn,
+            path.clone(),
+            Durability::Full,
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let put = |key: String| {
+            move |conn: &Connection| -> Result<(), StoreError> {
+                conn.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
+                Ok(())
+            }
+        };
+        let (commits_before, ops_before) = writer.group_stats();
+        for i in 0..5 {
+            writer.send(put(format!("record-{i}"))).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Without the linger each record would have committed on its own
+        // by now.
+        assert_eq!(writer.group_stats(), (commits_before, ops_before));
+        let clock = Instant::now();
+        writer.call(put("call".to_string())).unwrap();
+        assert!(
+            clock.elapsed() < Duration::from_secs(20),
+            "the call waited for the linger to run out"
+        );
+        let (commits_after, ops_after) = writer.group_stats();
+        assert_eq!(
+            (commits_after - commits_before, ops_after - ops_before),
+            (1, 6)
+        );
+        drop(writer);
+        threads.stop();
+        let db = super::super::open_read(&path, Duration::from_secs(5)).unwrap();
+        let n: i64 = db
+            .query_row("SELECT count(*) FROM meta WHERE value = 'x'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(n, 6);
+    }
 
     /// A panic inside an operation rolls back its writes, is answered as an
     /// error, and leaves the writer serving the next operation.
