@@ -945,7 +945,7 @@ impl Idemhook {
         std::fs::write(&config_path, config).map_err(|e| format!("write config: {e}"))?;
         let stderr_path = dir.join("serve.stderr");
         let stderr = std::fs::File::create(&stderr_path).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemhook"));
+        let mut cmd = Command::new(idemhook_binary());
         cmd.arg("serve").arg("--config").arg(&config_path);
         if let Some(level) = &opts.log_level {
             cmd.arg("--log-level").arg(level);
@@ -1051,6 +1051,14 @@ fn tail(path: &Path, max: usize) -> String {
         .find(|i| text.is_char_boundary(*i))
         .unwrap_or(text.len());
     text[start..].to_string()
+}
+
+/// The idemhook binary under test: this build's, or IDEMHOOK_BENCH_BINARY
+/// (to compare two builds in one sitting: alternate runs of each).
+fn idemhook_binary() -> PathBuf {
+    std::env::var_os("IDEMHOOK_BENCH_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_idemhook")))
 }
 
 fn idemhook_config(workers: usize, forward_url: Option<&str>, retention: Option<&str>) -> String {
@@ -1349,7 +1357,7 @@ fn run_idemhook(
 
     let mut prune_child = None;
     if setup.prune {
-        let child = Command::new(env!("CARGO_BIN_EXE_idemhook"))
+        let child = Command::new(idemhook_binary())
             .arg("prune")
             .arg("--config")
             .arg(dir.path().join("idemhook.toml"))
@@ -2084,7 +2092,7 @@ fn prune_available(work: &Path) -> Result<(), String> {
         idemhook_config(HTTP_WORKERS, None, Some("7d")),
     )
     .map_err(|e| e.to_string())?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idemhook"))
+    let mut child = Command::new(idemhook_binary())
         .arg("prune")
         .arg("--dry-run")
         .arg("--config")

@@ -12,7 +12,7 @@ use rusqlite::OpenFlags;
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
 use crate::metrics::{Delivery, JobGauges, Metrics, StorageGauges};
-use crate::store::{StoreError, Writer};
+use crate::store::{Guard, StoreError, Writer};
 
 pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
 
@@ -42,7 +42,9 @@ impl App {
         // here, not on the one writer thread.
         let claim = Arc::new(claim);
         let for_writer = claim.clone();
-        let outcome = self.writer.call(move |conn| {
+        // No savepoint of its own: a claim fails only when storage does (its
+        // SQL actions have their own savepoints inside it).
+        let outcome = self.writer.call_with(Guard::Group, move |conn| {
             let source = config
                 .sources
                 .get(source_index)

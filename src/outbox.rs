@@ -37,7 +37,7 @@ use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state;
 use crate::metrics::{AttemptOutcome, Metrics};
 use crate::retry::{self, Verdict};
-use crate::store::{StoreError, Writer, now_ms};
+use crate::store::{Guard, StoreError, Writer, now_ms};
 use crate::verify::{Scheme, Verifier};
 
 /// Jobs one worker takes at once: enough to spread the cost of a take over
@@ -235,9 +235,11 @@ impl Worker {
             let seen = self.waker.generation();
             let config = self.config.clone();
             let owner = self.owner.clone();
-            let taken = self
-                .writer
-                .call(move |conn| take(conn, &config, &owner, now_ms(), TAKE_BATCH));
+            // Leases and completions fail only when storage does: no
+            // savepoint of their own (Guard::Group).
+            let taken = self.writer.call_with(Guard::Group, move |conn| {
+                take(conn, &config, &owner, now_ms(), TAKE_BATCH)
+            });
             let (jobs, next_due) = match taken {
                 Ok(t) => t,
                 Err(e) => {
@@ -329,9 +331,9 @@ impl Worker {
             attempt.finished_at + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2)
         });
         let owner = self.owner.clone();
-        let recorded = self
-            .writer
-            .send(move |conn| complete(conn, &job, &owner, outcome, next_attempt_at, &attempt));
+        let recorded = self.writer.send_with(Guard::Group, move |conn| {
+            complete(conn, &job, &owner, outcome, next_attempt_at, &attempt)
+        });
         if recorded.is_err() {
             // The writer is gone (shutdown): the job stays leased and is
             // retried after its lease, with the same Idempotency-Key.

@@ -11,7 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::config::Durability;
 
-pub use writer::Writer;
+pub use writer::{Guard, Writer};
 
 /// The whole schema, applied on every start (every statement is idempotent).
 pub const SCHEMA: &str = include_str!("../../schema.sql");

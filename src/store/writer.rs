@@ -41,12 +41,52 @@ const LINGER: Duration = Duration::from_millis(2);
 
 type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// An operation gets the connection inside the group transaction, or the
-/// reason there is none (the transaction could not start or was lost).
-type Op = Box<dyn FnOnce(Result<&Connection, &StoreError>) -> Done + Send>;
+/// reason there is none (the transaction could not start or was lost). It
+/// returns what to do once the group's fate is known, and the error it
+/// failed with if it ran without a savepoint ([`Guard::Group`]): its
+/// partial writes are then in the transaction, which must not commit.
+type Op = Box<dyn FnOnce(Result<&Connection, &StoreError>) -> (Done, Option<StoreError>) + Send>;
+
+/// How an operation's writes are kept apart from the rest of its group.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Guard {
+    /// In its own savepoint: if it fails (or panics), only its own writes
+    /// are undone and the rest of the group commits.
+    Savepoint,
+    /// No savepoint of its own, for the hot operations that fail only when
+    /// storage does (a claim, whose SQL actions have savepoints of their
+    /// own; an outbox lease or completion). A savepoint makes SQLite copy
+    /// every page the operation touches into the savepoint journal, which
+    /// was about a tenth of the writer's time. If such an operation fails
+    /// or panics, the whole group is rolled back and every caller in it
+    /// gets the error.
+    Group,
+}
+
+/// Runs `f` under `guard`: its result, and the error that poisons the
+/// group if it failed without a savepoint.
+fn run_guarded<T, F>(
+    conn: &Connection,
+    guard: Guard,
+    f: F,
+) -> (Result<T, StoreError>, Option<StoreError>)
+where
+    F: FnOnce(&Connection) -> Result<T, StoreError>,
+{
+    match guard {
+        Guard::Savepoint => (in_savepoint(conn, "op", f), None),
+        Guard::Group => {
+            let result = f(conn);
+            let poison = result.as_ref().err().cloned();
+            (result, poison)
+        }
+    }
+}
 
 enum Msg {
-    /// An operation, and whether a caller blocks until its commit.
-    Op(Op, Waits),
+    /// An operation, whether a caller blocks until its commit, and how it
+    /// is kept apart from its group.
+    Op(Op, Waits, Guard),
     Stop,
 }
 
@@ -151,17 +191,27 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.call_with(Guard::Savepoint, f)
+    }
+
+    /// [`Writer::call`] with the given [`Guard`].
+    pub fn call_with<T, F>(&self, guard: Guard, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let (reply_tx, reply_rx) = mpsc::sync_channel::<Result<T, StoreError>>(1);
         let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
-            let result = match conn {
-                Ok(conn) => in_savepoint(conn, "op", f),
-                Err(e) => Err(e.clone()),
+            let (result, poison) = match conn {
+                Ok(conn) => run_guarded(conn, guard, f),
+                Err(e) => (Err(e.clone()), None),
             };
-            Box::new(move |commit: Result<(), StoreError>| {
+            let done: Done = Box::new(move |commit: Result<(), StoreError>| {
                 let _ = reply_tx.send(commit.and(result));
-            })
+            });
+            (done, poison)
         });
-        self.enqueue(op, Waits::Yes)?;
+        self.enqueue(op, Waits::Yes, guard)?;
         reply_rx.recv().map_err(|_| StoreError::closed())?
     }
 
@@ -176,10 +226,10 @@ impl Writer {
             if let Ok(conn) = conn {
                 let _ = in_savepoint(conn, "op", f);
             }
-            Box::new(|_| {})
+            (Box::new(|_| {}), None)
         });
         self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        match self.tx.try_send(Msg::Op(op, Waits::No)) {
+        match self.tx.try_send(Msg::Op(op, Waits::No, Guard::Savepoint)) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.shared.queued.fetch_sub(1, Ordering::Relaxed);
@@ -197,20 +247,30 @@ impl Writer {
     where
         F: FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
     {
-        let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
-            if let Ok(conn) = conn
-                && let Err(e) = in_savepoint(conn, "op", f)
-            {
-                crate::log::warn("storage", &[("error", &e.message)]);
-            }
-            Box::new(|_| {})
-        });
-        self.enqueue(op, Waits::No)
+        self.send_with(Guard::Savepoint, f)
     }
 
-    fn enqueue(&self, op: Op, waits: Waits) -> Result<(), StoreError> {
+    /// [`Writer::send`] with the given [`Guard`].
+    pub fn send_with<F>(&self, guard: Guard, f: F) -> Result<(), StoreError>
+    where
+        F: FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+    {
+        let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
+            let (result, poison) = match conn {
+                Ok(conn) => run_guarded(conn, guard, f),
+                Err(e) => (Err(e.clone()), None),
+            };
+            if let Err(e) = result {
+                crate::log::warn("storage", &[("error", &e.message)]);
+            }
+            (Box::new(|_| {}), poison)
+        });
+        self.enqueue(op, Waits::No, guard)
+    }
+
+    fn enqueue(&self, op: Op, waits: Waits, guard: Guard) -> Result<(), StoreError> {
         self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        self.tx.send(Msg::Op(op, waits)).map_err(|_| {
+        self.tx.send(Msg::Op(op, waits, guard)).map_err(|_| {
             self.shared.queued.fetch_sub(1, Ordering::Relaxed);
             StoreError::closed()
         })
@@ -318,7 +378,7 @@ fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>
 
 /// The operations gathered for the next commit.
 struct Group {
-    ops: Vec<Op>,
+    ops: Vec<(Op, Guard)>,
     /// Whether any caller blocks until this group commits.
     waits: Waits,
 }
@@ -336,9 +396,9 @@ impl Group {
     /// Adds an operation; true when the message asks the writer to stop.
     fn add(&mut self, msg: Msg, shared: &Shared) -> bool {
         match msg {
-            Msg::Op(op, waits) => {
+            Msg::Op(op, waits, guard) => {
                 shared.queued.fetch_sub(1, Ordering::Relaxed);
-                self.ops.push(op);
+                self.ops.push((op, guard));
                 if waits == Waits::Yes {
                     self.waits = Waits::Yes;
                 }
@@ -384,47 +444,71 @@ fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Option<Instant>)
     }
 }
 
-fn commit_group(conn: &Connection, group: &mut Vec<Op>, shared: &Shared) {
+fn commit_group(conn: &Connection, group: &mut Vec<(Op, Guard)>, shared: &Shared) {
     let n = group.len() as u64;
-    let (result, dones) = match conn.execute_batch("BEGIN IMMEDIATE") {
+    let begin = conn
+        .prepare_cached("BEGIN IMMEDIATE")
+        .and_then(|mut s| s.execute([]));
+    let (result, dones) = match begin {
         Err(e) => {
             let err = StoreError::from(e);
             // The ops do not run; they are told why.
-            let dones: Vec<Done> = group.drain(..).map(|op| op(Err(&err))).collect();
+            let dones: Vec<Done> = group.drain(..).map(|(op, _)| op(Err(&err)).0).collect();
             (Err(err), dones)
         }
-        Ok(()) => {
+        Ok(_) => {
             let mut dones: Vec<Done> = Vec::with_capacity(group.len());
             let lost = StoreError::other("the group transaction was rolled back by SQLite");
             let mut lost_transaction = false;
-            for op in group.drain(..) {
+            // Set when an op without a savepoint failed: the transaction
+            // holds its partial writes and must be rolled back whole.
+            let mut poisoned: Option<StoreError> = None;
+            for (op, guard) in group.drain(..) {
                 // If SQLite rolled the whole transaction back (disk full, I/O
                 // error), later ops would run in autocommit mode and commit
                 // on their own: stop running them.
                 lost_transaction = lost_transaction || conn.is_autocommit();
-                if lost_transaction {
-                    dones.push(op(Err(&lost)));
+                if lost_transaction || poisoned.is_some() {
+                    dones.push(op(Err(poisoned.as_ref().unwrap_or(&lost))).0);
                     continue;
                 }
                 // A panic in an operation (a bug) must not take the writer
                 // down, nor leave its half-done writes in the group: roll
-                // back to its savepoint; its caller sees the writer's
-                // reply channel close and answers 503.
+                // back to its savepoint (or, without one, the whole group);
+                // its caller sees the writer's reply channel close and
+                // answers 503.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok(conn)))) {
-                    Ok(done) => dones.push(done),
+                    Ok((done, poison)) => {
+                        dones.push(done);
+                        poisoned = poison;
+                    }
                     Err(_) => {
                         crate::log::error(
                             "storage operation panicked",
                             &[("effect", &"rolled back")],
                         );
-                        let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+                        match guard {
+                            Guard::Savepoint => {
+                                let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+                            }
+                            Guard::Group => {
+                                poisoned = Some(StoreError::other(
+                                    "an operation panicked; its group was rolled back",
+                                ));
+                            }
+                        }
                     }
                 }
             }
             let commit = if lost_transaction {
                 Err(lost)
+            } else if let Some(e) = poisoned {
+                Err(e)
             } else {
-                conn.execute_batch("COMMIT").map_err(StoreError::from)
+                conn.prepare_cached("COMMIT")
+                    .and_then(|mut s| s.execute([]))
+                    .map(|_| ())
+                    .map_err(StoreError::from)
             };
             if commit.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -612,6 +696,81 @@ mod tests {
             })
             .unwrap();
         assert_eq!(n, 6);
+    }
+
+    /// An operation without a savepoint (Guard::Group) that fails leaves its
+    /// partial writes in the transaction: the whole group is rolled back,
+    /// every caller in it gets the error, and the next group commits.
+    #[test]
+    fn a_failing_unguarded_operation_rolls_back_its_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let mut conn = super::super::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        super::super::migrate(&mut conn).unwrap();
+        let (writer, threads) =
+            Writer::start(conn, path.clone(), Durability::Full, Duration::from_secs(5)).unwrap();
+        let put = |key: &'static str| {
+            move |conn: &Connection| -> Result<(), StoreError> {
+                conn.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
+                Ok(())
+            }
+        };
+        // Hold the writer so that the three calls below form one group.
+        let (started_tx, started_rx) = mpsc::channel::<()>();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let w = writer.clone();
+        let blocker = std::thread::spawn(move || {
+            w.call(move |_| {
+                let _ = started_tx.send(());
+                let _ = release_rx.recv_timeout(Duration::from_secs(10));
+                Ok(())
+            })
+        });
+        started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        type Write = Box<dyn FnOnce(&Connection) -> Result<(), StoreError> + Send>;
+        let spawn_call = |guard: Guard, f: Write| {
+            let w = writer.clone();
+            std::thread::spawn(move || w.call_with(guard, f))
+        };
+        let mut handles = vec![spawn_call(Guard::Savepoint, Box::new(put("guarded")))];
+        while writer.queued() < 1 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        handles.push(spawn_call(
+            Guard::Group,
+            Box::new(|conn: &Connection| -> Result<(), StoreError> {
+                conn.execute("INSERT INTO meta (key, value) VALUES ('partial', 'x')", [])?;
+                Err(StoreError::other("storage failed halfway"))
+            }),
+        ));
+        while writer.queued() < 2 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        handles.push(spawn_call(Guard::Group, Box::new(put("after"))));
+        while writer.queued() < 3 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        release_tx.send(()).unwrap();
+        blocker.join().unwrap().unwrap();
+        let results: Vec<Result<(), StoreError>> =
+            handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for r in &results {
+            let e = r.as_ref().expect_err("every call in the group fails");
+            assert_eq!(e.message, "storage failed halfway");
+        }
+        // The writer goes on.
+        writer.call(put("next")).unwrap();
+        drop(writer);
+        threads.stop();
+        let db = super::super::open_read(&path, Duration::from_secs(5)).unwrap();
+        let keys: Vec<String> = db
+            .prepare("SELECT key FROM meta WHERE value = 'x' ORDER BY key")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(keys, vec!["next".to_string()]);
     }
 
     /// A panic inside an operation rolls back its writes, is answered as an
