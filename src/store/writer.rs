@@ -7,16 +7,18 @@
 //! in one `BEGIN IMMEDIATE` transaction, commits once, and only then
 //! releases every caller with its own result. So one fsync covers the whole
 //! group, a failing closure rolls back only itself, and no caller hears
-//! "done" before the commit that holds its write has returned.
+//! "done" before the commit that holds its write has returned. The hot
+//! closures (claims, outbox leases and completions) skip the savepoint
+//! ([`Guard::Group`]); if one of them fails, the whole group is rolled back.
 //!
 //! Records that nobody waits for ([`Writer::send`], [`Writer::submit`])
 //! are the exception to "no timer": a group made only of them stays open up
-//! to [`LINGER`] for more to join, and the first closure a caller waits on
+//! to `LINGER` for more to join, and the first closure a caller waits on
 //! ends that at once. Forward workers record each attempt this way; without
 //! it, a stream of completions paid a commit (and an fsync) each.
 //!
 //! Checkpoints run on a second thread with its own connection
-//! ([`Checkpointer`]), never inside a commit, so the latency tail does not
+//! (`Checkpointer`), never inside a commit, so the latency tail does not
 //! carry them; it also keeps the WAL bounded.
 
 use std::path::PathBuf;
