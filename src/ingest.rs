@@ -110,7 +110,11 @@ pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, S
                 }
             }
         }
-        let state = if matching.is_empty() {
+        // Only SQL actions can have finished (or failed) already; with
+        // forward jobs alone the event is as inserted, 'accepted' (or
+        // 'completed' with no action at all), and a recount would only
+        // confirm it.
+        let state = if forward_jobs == matching.len() {
             initial_state.to_string()
         } else {
             refresh_event_state(conn, &source.name, &c.event_id, c.received_at)?
