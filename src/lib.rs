@@ -14,6 +14,7 @@ pub mod log;
 pub mod metrics;
 pub mod ops;
 pub mod outbox;
+pub mod resolve;
 pub mod retry;
 pub mod send;
 pub mod serve;

@@ -111,14 +111,18 @@ impl Outbox {
         } else {
             0
         };
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+        let agent_config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
             .max_idle_connections(64.max(n * 2))
             .max_idle_connections_per_host(n.max(1) * 2)
             .user_agent(concat!("idemhook/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
+            .build();
+        let agent = ureq::Agent::with_parts(
+            agent_config,
+            ureq::unversioned::transport::DefaultConnector::new(),
+            crate::resolve::Resolver::default(),
+        );
         let signers = Arc::new(signers(&config)?);
         let nonce = fastrand::u32(..);
         let mut workers = Vec::with_capacity(n);
