@@ -15,6 +15,9 @@ use crate::metrics::Metrics;
 use crate::store::{self, Writer, now_ms};
 
 pub fn run(config: Config) -> Result<()> {
+    // Info lines in batches while serving; dropped last, so every line is
+    // out before run returns.
+    let _log = crate::log::buffer_lines();
     let dev_default = config.file.is_none();
     let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", config.database.display()))?;
