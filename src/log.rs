@@ -159,8 +159,11 @@ fn lock_buffer() -> std::sync::MutexGuard<'static, Vec<u8>> {
 }
 
 fn flush() {
+    // A buffer sized like the last batch, made before taking the lock, so
+    // that appenders do not grow a fresh one from nothing.
+    let fresh = Vec::with_capacity(lock_buffer().capacity().min(BUFFER_LIMIT));
     let mut out = std::io::stderr().lock();
-    let chunk = std::mem::take(&mut *lock_buffer());
+    let chunk = std::mem::replace(&mut *lock_buffer(), fresh);
     if !chunk.is_empty() {
         let _ = out.write_all(&chunk);
     }
