@@ -218,11 +218,15 @@ fn metrics_count_a_scripted_mix_exactly() {
     // Logs: one line per delivery and per attempt, and no secret or
     // signature anywhere in them. Info lines are written out in batches
     // (every 10 ms), so wait for the last ones first.
-    wait_until(Duration::from_secs(10), "the delivery and attempt log lines", || {
-        let logs = server.logs();
-        logs.lines().filter(|l| l.contains(" delivery ")).count() >= 14
-            && logs.lines().filter(|l| l.contains(" attempt ")).count() >= 7
-    });
+    wait_until(
+        Duration::from_secs(10),
+        "the delivery and attempt log lines",
+        || {
+            let logs = server.logs();
+            logs.lines().filter(|l| l.contains(" delivery ")).count() >= 14
+                && logs.lines().filter(|l| l.contains(" attempt ")).count() >= 7
+        },
+    );
     let logs = server.logs();
     let delivery_lines = logs.lines().filter(|l| l.contains(" delivery ")).count();
     assert_eq!(delivery_lines, 5 + 3 + 1 + 2 + 1 + 2, "{logs}");
