@@ -147,6 +147,14 @@ pub fn erase_bodies_batch(
     Ok(n as u64)
 }
 
+/// Up to ?3 refused deliveries (no event) of source ?1 received before ?2.
+/// A refused delivery is never 'accepted'; saying so lets SQLite use the
+/// partial (source, event_id) index instead of walking every delivery
+/// since the oldest.
+const REFUSED_BATCH: &str = "SELECT id FROM deliveries
+     WHERE source = ?1 AND event_id IS NULL AND outcome <> 'accepted' AND received_at < ?2
+     LIMIT ?3";
+
 /// Deletes up to `limit` refused deliveries (no event) of `source`
 /// received before `before`. Runs in the caller's transaction.
 pub fn delete_refused_batch(
@@ -156,10 +164,9 @@ pub fn delete_refused_batch(
     limit: usize,
 ) -> Result<u64, StoreError> {
     let n = conn
-        .prepare_cached(
-            "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries
-                 WHERE source = ?1 AND event_id IS NULL AND received_at < ?2 LIMIT ?3)",
-        )?
+        .prepare_cached(&format!(
+            "DELETE FROM deliveries WHERE id IN ({REFUSED_BATCH})"
+        ))?
         .execute(params![source, before, limit as i64])?;
     Ok(n as u64)
 }
@@ -488,6 +495,25 @@ fn run(config: &Config, writer: &Writer, signal: &StopSignal) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Refused deliveries are found through the (source, event_id) index,
+    /// not by walking deliveries from the oldest.
+    #[test]
+    fn refused_deliveries_are_found_through_an_index() {
+        let conn = db();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {REFUSED_BATCH}"))
+            .unwrap()
+            .query_map(params!["pay", 1_000, 500], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("USING INDEX deliveries_event_other"),
+            "{plan}"
+        );
+    }
 
     fn db() -> Connection {
         let mut conn = Connection::open_in_memory().unwrap();
