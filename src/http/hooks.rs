@@ -335,34 +335,31 @@ fn slack_challenge(input: &Input<'_>) -> Option<Reply> {
 /// The headers stored with the event: Content-Type, the kind's own, and
 /// the headers the key and type rules read.
 fn kept_headers(source: &Source, headers: &[(String, String)]) -> String {
-    let mut kept = serde_json::Map::new();
     // SQL action params that read headers need them again on replay.
     let param_parts = source.actions.iter().flat_map(|a| match &a.kind {
-        crate::config::ActionKind::Sql { params, .. } => {
-            params.iter().map(|(_, p)| p).collect::<Vec<_>>()
-        }
-        crate::config::ActionKind::Forward(_) => Vec::new(),
+        crate::config::ActionKind::Sql { params, .. } => params.as_slice(),
+        crate::config::ActionKind::Forward(_) => &[],
     });
     let rule_headers = source
         .key
         .parts
         .iter()
         .chain(source.event_type.iter())
-        .chain(param_parts)
+        .chain(param_parts.map(|(_, p)| p))
         .flat_map(|p| p.alternatives.iter())
         .filter_map(|a| match a {
-            crate::key::Atom::Header(h) => Some(h.to_ascii_lowercase()),
+            crate::key::Atom::Header(h) => Some(h.as_str()),
             crate::key::Atom::Json(_) => None,
-        })
-        .collect::<Vec<_>>();
+        });
+    let mut kept = serde_json::Map::new();
     for (name, value) in headers {
-        let lower = name.to_ascii_lowercase();
-        let keep = lower == "content-type"
-            || lower == "user-agent"
-            || source.kind.kept_headers().contains(&lower.as_str())
-            || rule_headers.contains(&lower);
+        let is = |k: &str| name.eq_ignore_ascii_case(k);
+        let keep = is("content-type")
+            || is("user-agent")
+            || source.kind.kept_headers().iter().any(|k| is(k))
+            || rule_headers.clone().any(is);
         if keep {
-            kept.insert(lower, Value::String(value.clone()));
+            kept.insert(name.to_ascii_lowercase(), Value::String(value.clone()));
         }
     }
     Value::Object(kept).to_string()
@@ -371,6 +368,49 @@ fn kept_headers(source: &Source, headers: &[(String, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The headers kept with an event: content type, user agent, the
+    /// provider's own, and those a key, type or action param rule reads;
+    /// names lowercased, nothing else.
+    #[test]
+    fn kept_headers_are_the_ones_rules_and_replays_need() {
+        let toml = r#"
+[sources.pay]
+kind = "stripe"
+secrets = ["whsec_unit"]
+key = ["header:X-Tenant", "json:/id"]
+[[sources.pay.actions]]
+name = "credit"
+sql = "SELECT :region"
+params = { region = "header:x-region" }
+"#;
+        let config =
+            crate::config::Config::parse(toml, "unit", std::path::Path::new("."), None).unwrap();
+        let headers: Vec<(String, String)> = [
+            ("Host", "example.test"),
+            ("Content-Type", "application/json"),
+            ("User-Agent", "Stripe/1.0"),
+            ("Stripe-Signature", "t=1,v1=ab"),
+            ("x-tenant", "acme"),
+            ("X-Region", "eu"),
+            ("Authorization", "Bearer secret"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let kept: Value =
+            serde_json::from_str(&kept_headers(&config.sources[0], &headers)).unwrap();
+        assert_eq!(
+            kept,
+            json!({
+                "content-type": "application/json",
+                "user-agent": "Stripe/1.0",
+                "stripe-signature": "t=1,v1=ab",
+                "x-tenant": "acme",
+                "x-region": "eu",
+            })
+        );
+    }
 
     #[test]
     fn depth_scan_skips_strings() {
