@@ -341,6 +341,27 @@ fn assert_attempt_times(rows: &[AttemptRow], context: &str) -> Vec<i64> {
 // 1 and 3. Downstream behaviours end in one effect; attempts are recorded
 // ---------------------------------------------------------------------------
 
+/// A downstream named by host name (not an IP address) is looked up and
+/// reached: the forward agent's own resolver (`resolve.rs`) in use.
+#[test]
+fn a_downstream_named_localhost_is_resolved_and_reached() {
+    let ds = Downstream::start();
+    let url = format!("http://localhost:{}/{ACTION}", ds.addr().port());
+    let config = ServerConfig::new()
+        .tables(&stripe_source())
+        .tables(&forward_action(ACTION, &url, &[]));
+    let server = Server::start(&config, &stripe_env());
+    let ids = ["evt_localhost_1", "evt_localhost_2"];
+    for id in ids {
+        assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    }
+    let db = server.db();
+    for id in ids {
+        wait_job(&db, id, ACTION, "done");
+        assert_eq!(ds.effects(&key(id)), 1, "effects for {}", key(id));
+    }
+}
+
 #[test]
 fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded() {
     let ds = Downstream::start();
