@@ -516,6 +516,7 @@ mod tests {
 
     use super::*;
     use crate::config::{Config, Durability};
+    use crate::store::writer::Held;
     use crate::store::{self, Writer};
 
     const CONFIG: &str = r#"
@@ -633,17 +634,7 @@ params = { amount = "json:/amount" }
 
         // Hold the writer busy so the claims below queue up and commit as
         // one group.
-        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let w = writer.clone();
-        let blocker = std::thread::spawn(move || {
-            w.call(move |_| {
-                let _ = started_tx.send(());
-                let _ = release_rx.recv_timeout(Duration::from_secs(10));
-                Ok(())
-            })
-        });
-        started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let held = Held::start(&writer);
         let (commits_before, _) = writer.group_stats();
         let handles: Vec<_> = [("e1", 10), ("e2", -5), ("e3", 30)]
             .into_iter()
@@ -654,13 +645,8 @@ params = { amount = "json:/amount" }
                 })
             })
             .collect();
-        // Wait until all three are queued behind the blocker.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while writer.queued() < 3 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        release_tx.send(()).unwrap();
-        blocker.join().unwrap().unwrap();
+        Held::wait_queued(&writer, 3);
+        held.release();
         let outcomes: Vec<Outcome> = handles
             .into_iter()
             .map(|h| h.join().unwrap().unwrap())

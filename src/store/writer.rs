@@ -647,34 +647,102 @@ fn checkpoint_loop(conn: Connection, kick: &Kick, stop: &AtomicBool, wal_gauge: 
     }
 }
 
+/// Test helper: holds the writer busy inside one operation until
+/// released, so that calls made meanwhile queue up and commit as one group.
+#[cfg(test)]
+pub(crate) struct Held {
+    release: mpsc::Sender<()>,
+    blocker: JoinHandle<Result<(), StoreError>>,
+}
+
+#[cfg(test)]
+impl Held {
+    pub(crate) fn start(writer: &Writer) -> Held {
+        let (started_tx, started_rx) = mpsc::channel::<()>();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let w = writer.clone();
+        let blocker = std::thread::spawn(move || {
+            w.call(move |_| {
+                let _ = started_tx.send(());
+                let _ = release_rx.recv_timeout(Duration::from_secs(10));
+                Ok(())
+            })
+        });
+        started_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the writer took the holding operation");
+        Held { release, blocker }
+    }
+
+    /// Waits until `n` operations are queued behind the held one.
+    pub(crate) fn wait_queued(writer: &Writer, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while writer.queued() < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(writer.queued() >= n, "{n} operations never queued");
+    }
+
+    pub(crate) fn release(self) {
+        let _ = self.release.send(());
+        self.blocker
+            .join()
+            .expect("the holding operation did not panic")
+            .expect("the holding operation committed");
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+
+    /// A fresh migrated database and its writer (`linger` for groups that
+    /// no caller waits on).
+    fn writer(linger: Duration) -> (tempfile::TempDir, PathBuf, Writer, WriterThreads) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let mut conn = super::super::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        super::super::migrate(&mut conn).unwrap();
+        let (writer, threads) = Writer::start_lingering(
+            conn,
+            path.clone(),
+            Durability::Full,
+            Duration::from_secs(5),
+            linger,
+        )
+        .unwrap();
+        (dir, path, writer, threads)
+    }
+
+    /// An operation that writes `key` into meta.
+    fn put(key: impl Into<String>) -> impl FnOnce(&Connection) -> Result<(), StoreError> {
+        let key = key.into();
+        move |conn: &Connection| -> Result<(), StoreError> {
+            conn.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
+            Ok(())
+        }
+    }
+
+    /// The keys the operations above wrote, sorted, once the writer stopped.
+    fn keys_written(path: &Path) -> Vec<String> {
+        let db = super::super::open_read(path, Duration::from_secs(5)).unwrap();
+        db.prepare("SELECT key FROM meta WHERE value = 'x' ORDER BY key")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
 
     /// Records no caller waits on (a forward job's completion) linger for
     /// company instead of paying a commit each, and a caller that waits
     /// ends the lingering: its call commits with them at once.
     #[test]
     fn records_wait_for_company_and_a_waiting_call_ends_the_wait() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.db");
-        let mut conn = super::super::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
-        super::super::migrate(&mut conn).unwrap();
         // A long linger, so the test does not race the clock.
-        let (writer, threads) = Writer::start_lingering(
-            conn,
-            path.clone(),
-            Durability::Full,
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-        )
-        .unwrap();
-        let put = |key: String| {
-            move |conn: &Connection| -> Result<(), StoreError> {
-                conn.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
-                Ok(())
-            }
-        };
+        let (_dir, path, writer, threads) = writer(Duration::from_secs(30));
         let (commits_before, ops_before) = writer.group_stats();
         for i in 0..5 {
             writer.send(put(format!("record-{i}"))).unwrap();
@@ -684,7 +752,7 @@ mod tests {
         // by now.
         assert_eq!(writer.group_stats(), (commits_before, ops_before));
         let clock = Instant::now();
-        writer.call(put("call".to_string())).unwrap();
+        writer.call(put("call")).unwrap();
         assert!(
             clock.elapsed() < Duration::from_secs(20),
             "the call waited for the linger to run out"
@@ -696,13 +764,7 @@ mod tests {
         );
         drop(writer);
         threads.stop();
-        let db = super::super::open_read(&path, Duration::from_secs(5)).unwrap();
-        let n: i64 = db
-            .query_row("SELECT count(*) FROM meta WHERE value = 'x'", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        assert_eq!(n, 6);
+        assert_eq!(keys_written(&path).len(), 6);
     }
 
     /// An operation without a savepoint (Guard::Group) that fails leaves its
@@ -710,39 +772,17 @@ mod tests {
     /// every caller in it gets the error, and the next group commits.
     #[test]
     fn a_failing_unguarded_operation_rolls_back_its_whole_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.db");
-        let mut conn = super::super::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
-        super::super::migrate(&mut conn).unwrap();
-        let (writer, threads) =
-            Writer::start(conn, path.clone(), Durability::Full, Duration::from_secs(5)).unwrap();
-        let put = |key: &'static str| {
-            move |conn: &Connection| -> Result<(), StoreError> {
-                conn.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
-                Ok(())
-            }
-        };
-        // Hold the writer so that the three calls below form one group.
-        let (started_tx, started_rx) = mpsc::channel::<()>();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let w = writer.clone();
-        let blocker = std::thread::spawn(move || {
-            w.call(move |_| {
-                let _ = started_tx.send(());
-                let _ = release_rx.recv_timeout(Duration::from_secs(10));
-                Ok(())
-            })
-        });
-        started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (_dir, path, writer, threads) = writer(LINGER);
         type Write = Box<dyn FnOnce(&Connection) -> Result<(), StoreError> + Send>;
         let spawn_call = |guard: Guard, f: Write| {
             let w = writer.clone();
             std::thread::spawn(move || w.call_with(guard, f))
         };
+        // Hold the writer so that the three calls below form one group, in
+        // this order.
+        let held = Held::start(&writer);
         let mut handles = vec![spawn_call(Guard::Savepoint, Box::new(put("guarded")))];
-        while writer.queued() < 1 {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        Held::wait_queued(&writer, 1);
         handles.push(spawn_call(
             Guard::Group,
             Box::new(|conn: &Connection| -> Result<(), StoreError> {
@@ -750,52 +790,29 @@ mod tests {
                 Err(StoreError::other("storage failed halfway"))
             }),
         ));
-        while writer.queued() < 2 {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        Held::wait_queued(&writer, 2);
         handles.push(spawn_call(Guard::Group, Box::new(put("after"))));
-        while writer.queued() < 3 {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        release_tx.send(()).unwrap();
-        blocker.join().unwrap().unwrap();
-        let results: Vec<Result<(), StoreError>> =
-            handles.into_iter().map(|h| h.join().unwrap()).collect();
-        for r in &results {
-            let e = r.as_ref().expect_err("every call in the group fails");
+        Held::wait_queued(&writer, 3);
+        held.release();
+        for h in handles {
+            let e = h
+                .join()
+                .unwrap()
+                .expect_err("every call in the group fails");
             assert_eq!(e.message, "storage failed halfway");
         }
         // The writer goes on.
         writer.call(put("next")).unwrap();
         drop(writer);
         threads.stop();
-        let db = super::super::open_read(&path, Duration::from_secs(5)).unwrap();
-        let keys: Vec<String> = db
-            .prepare("SELECT key FROM meta WHERE value = 'x' ORDER BY key")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(keys, vec!["next".to_string()]);
+        assert_eq!(keys_written(&path), vec!["next".to_string()]);
     }
 
     /// A panic inside an operation rolls back its writes, is answered as an
     /// error, and leaves the writer serving the next operation.
     #[test]
     fn a_panicking_operation_is_rolled_back_and_the_writer_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.db");
-        let mut conn = super::super::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
-        super::super::migrate(&mut conn).unwrap();
-        let (writer, threads) =
-            Writer::start(conn, path.clone(), Durability::Full, Duration::from_secs(5)).unwrap();
-        let put = |key: &'static str| {
-            move |conn: &Connection| -> Result<(), StoreError> {
-                conn.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
-                Ok(())
-            }
-        };
+        let (_dir, path, writer, threads) = writer(LINGER);
         writer.call(put("before")).unwrap();
         let result = writer.call(|conn: &Connection| -> Result<(), StoreError> {
             conn.execute("INSERT INTO meta (key, value) VALUES ('panicked', 'x')", [])?;
@@ -805,14 +822,9 @@ mod tests {
         writer.call(put("after")).unwrap();
         drop(writer);
         threads.stop();
-        let db = super::super::open_read(&path, Duration::from_secs(5)).unwrap();
-        let keys: Vec<String> = db
-            .prepare("SELECT key FROM meta WHERE value = 'x' ORDER BY key")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(keys, vec!["after".to_string(), "before".to_string()]);
+        assert_eq!(
+            keys_written(&path),
+            vec!["after".to_string(), "before".to_string()]
+        );
     }
 }
