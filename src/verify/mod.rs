@@ -324,11 +324,11 @@ impl Verifier {
         now: i64,
     ) -> Result<Verdict, VerifyError> {
         match &self.scheme {
-            Scheme::Stripe => stripe::verify(self, headers, body, now),
+            Scheme::Stripe => stripe::SCHEME.verify(self, headers, body, now),
             Scheme::Github => github::verify(self, headers, body),
             Scheme::Shopify => shopify::verify(self, headers, body),
             Scheme::Slack => slack::verify(self, headers, body, now),
-            Scheme::Paddle => paddle::verify(self, headers, body, now),
+            Scheme::Paddle => paddle::SCHEME.verify(self, headers, body, now),
             Scheme::Linear => linear::verify(self, headers, body, now),
             Scheme::Standard => standard::verify(self, headers, body, now),
             Scheme::Hmac(params) => hmac_generic::verify(self, params, headers, body),
@@ -345,11 +345,11 @@ impl Verifier {
     /// `none` and for a `whpk_` public key.
     pub fn sign(&self, body: &[u8], now: i64, id: &str) -> Result<Vec<(String, String)>, String> {
         match &self.scheme {
-            Scheme::Stripe => stripe::sign(self, body, now),
+            Scheme::Stripe => stripe::SCHEME.sign(self, body, now),
             Scheme::Github => github::sign(self, body),
             Scheme::Shopify => shopify::sign(self, body),
             Scheme::Slack => slack::sign(self, body, now),
-            Scheme::Paddle => paddle::sign(self, body, now),
+            Scheme::Paddle => paddle::SCHEME.sign(self, body, now),
             Scheme::Linear => linear::sign(self, body),
             Scheme::Standard => standard::sign(self, body, now, id),
             Scheme::Hmac(params) => hmac_generic::sign(self, params, body),
@@ -590,8 +590,67 @@ fn encode_signature(bytes: &[u8], encoding: Encoding) -> String {
     }
 }
 
-/// Stripe's and Paddle's header shape: `t=<unix>,v1=<hex>,v1=<hex>,v0=...`
-/// (Paddle: `ts=..;h1=..`). Keys other than the two named are ignored.
+/// Stripe's and Paddle's scheme: one header `t=<unix>,v1=<hex>,v1=<hex>,...`
+/// (Paddle: `ts=..;h1=..`), each hex an HMAC-SHA256 of `"{t}{joiner}{body}"`.
+/// Any signature may match (one per active secret while rotating); the
+/// timestamp must be within the tolerance.
+pub(super) struct TimestampedHmac {
+    pub header: &'static str,
+    pub separator: char,
+    pub timestamp_key: &'static str,
+    pub signature_key: &'static str,
+    pub joiner: &'static [u8],
+}
+
+impl TimestampedHmac {
+    fn verify(
+        &self,
+        verifier: &Verifier,
+        headers: &[(String, String)],
+        body: &[u8],
+        now: i64,
+    ) -> Result<Verdict, VerifyError> {
+        let value = required_header(headers, self.header)?;
+        let parsed = parse_timestamped_signatures(
+            self.header,
+            value,
+            self.separator,
+            self.timestamp_key,
+            self.signature_key,
+        )?;
+        let message: [&[u8]; 3] = [parsed.timestamp_raw.as_bytes(), self.joiner, body];
+        let index = verifier.match_hmac(HmacAlgorithm::Sha256, &message, &parsed.signatures)?;
+        verifier.check_freshness(parsed.timestamp, now)?;
+        Ok(Verdict {
+            secret_index: Some(index),
+            timestamp: Some(parsed.timestamp),
+        })
+    }
+
+    fn sign(
+        &self,
+        verifier: &Verifier,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Vec<(String, String)>, String> {
+        let timestamp = now.to_string();
+        let tag = verifier.sign_hmac(
+            HmacAlgorithm::Sha256,
+            &[timestamp.as_bytes(), self.joiner, body],
+        )?;
+        let value = format!(
+            "{}={timestamp}{}{}={}",
+            self.timestamp_key,
+            self.separator,
+            self.signature_key,
+            hex::encode(tag)
+        );
+        Ok(vec![(self.header.to_owned(), value)])
+    }
+}
+
+/// A parsed [`TimestampedHmac`] header. Keys other than the two named are
+/// ignored.
 struct TimestampedSignatures<'a> {
     /// The timestamp as sent: it is what was signed.
     timestamp_raw: &'a str,

@@ -3,37 +3,15 @@
 //! Any `v1` may match (Stripe sends one per active secret while rolling);
 //! `v0` and unknown keys are ignored; `t` must be within the tolerance.
 
-use super::{HmacAlgorithm, Verdict, Verifier, VerifyError};
+use super::TimestampedHmac;
 
-const SIGNATURE_HEADER: &str = "Stripe-Signature";
-
-pub(super) fn verify(
-    verifier: &Verifier,
-    headers: &[(String, String)],
-    body: &[u8],
-    now: i64,
-) -> Result<Verdict, VerifyError> {
-    let value = super::required_header(headers, SIGNATURE_HEADER)?;
-    let parsed = super::parse_timestamped_signatures(SIGNATURE_HEADER, value, ',', "t", "v1")?;
-    let message: [&[u8]; 3] = [parsed.timestamp_raw.as_bytes(), b".", body];
-    let index = verifier.match_hmac(HmacAlgorithm::Sha256, &message, &parsed.signatures)?;
-    verifier.check_freshness(parsed.timestamp, now)?;
-    Ok(Verdict {
-        secret_index: Some(index),
-        timestamp: Some(parsed.timestamp),
-    })
-}
-
-pub(super) fn sign(
-    verifier: &Verifier,
-    body: &[u8],
-    now: i64,
-) -> Result<Vec<(String, String)>, String> {
-    let timestamp = now.to_string();
-    let tag = verifier.sign_hmac(HmacAlgorithm::Sha256, &[timestamp.as_bytes(), b".", body])?;
-    let value = format!("t={timestamp},v1={}", hex::encode(tag));
-    Ok(vec![(SIGNATURE_HEADER.to_owned(), value)])
-}
+pub(super) const SCHEME: TimestampedHmac = TimestampedHmac {
+    header: "Stripe-Signature",
+    separator: ',',
+    timestamp_key: "t",
+    signature_key: "v1",
+    joiner: b".",
+};
 
 #[cfg(test)]
 mod tests {
