@@ -600,14 +600,7 @@ params = { amount = "json:/amount" }
         assert_eq!(found, want);
 
         // No full scan of deliveries: both halves use an index.
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .unwrap()
-            .query_map(params!["pay", "e1", 1_000], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let plan = plan.join("\n");
+        let plan = store::query_plan(&conn, &sql, params!["pay", "e1", 1_000]);
         assert!(
             plan.contains("USING INDEX deliveries_event_other"),
             "{plan}"

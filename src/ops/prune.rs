@@ -501,14 +501,7 @@ mod tests {
     #[test]
     fn refused_deliveries_are_found_through_an_index() {
         let conn = db();
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {REFUSED_BATCH}"))
-            .unwrap()
-            .query_map(params!["pay", 1_000, 500], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let plan = plan.join("\n");
+        let plan = crate::store::query_plan(&conn, REFUSED_BATCH, params!["pay", 1_000, 500]);
         assert!(
             plan.contains("USING INDEX deliveries_event_other"),
             "{plan}"

@@ -210,3 +210,18 @@ pub fn now_ms() -> i64 {
 pub fn ms_to_secs(ms: i64) -> i64 {
     ms.div_euclid(1000)
 }
+
+/// Test helper: SQLite's query plan for `sql` with `params`, one line per
+/// step, to check that a query uses the index it was written for.
+#[cfg(test)]
+pub(crate) fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> String {
+    let mut stmt = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .expect("the query prepares");
+    let rows = stmt
+        .query_map(params, |r| r.get::<_, String>(3))
+        .expect("the plan is readable");
+    rows.collect::<Result<Vec<_>, _>>()
+        .expect("the plan is readable")
+        .join("\n")
+}
