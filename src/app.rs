@@ -37,25 +37,58 @@ impl App {
 
     /// Claims an event through the writer; returns once it is committed.
     pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Outcome, StoreError> {
-        let config = self.config.clone();
-        // Shared so that the claim (body, parsed JSON, headers) is freed
-        // here, not on the one writer thread.
         let claim = Arc::new(claim);
-        let for_writer = claim.clone();
-        // No savepoint of its own: a claim fails only when storage does (its
-        // SQL actions have their own savepoints inside it).
-        let outcome = self.writer.call_with(Guard::Group, move |conn| {
+        let outcome = self
+            .writer
+            .call_with(Guard::Group, self.claim_op(source_index, claim.clone()));
+        drop(claim);
+        self.claimed(&outcome);
+        outcome
+    }
+
+    /// Like [`App::claim`] but returns at once; `then` gets the outcome on
+    /// the answer thread after the commit (see `Writer::call_then`; it is
+    /// dropped uncalled if the writer is gone).
+    pub fn claim_then(
+        self: &Arc<Self>,
+        source_index: usize,
+        claim: Claim,
+        then: impl FnOnce(Result<Outcome, StoreError>) + Send + 'static,
+    ) {
+        let claim = Arc::new(claim);
+        let op = self.claim_op(source_index, claim.clone());
+        let app = self.clone();
+        self.writer.call_then(Guard::Group, op, move |outcome| {
+            drop(claim);
+            app.claimed(&outcome);
+            then(outcome);
+        });
+    }
+
+    /// The claim as the writer runs it. No savepoint of its own: a claim
+    /// fails only when storage does (its SQL actions have savepoints of
+    /// their own inside it). The claim (body, parsed JSON, headers) is
+    /// shared so that the caller frees it, not the one writer thread.
+    fn claim_op(
+        &self,
+        source_index: usize,
+        claim: Arc<Claim>,
+    ) -> impl FnOnce(&rusqlite::Connection) -> Result<Outcome, StoreError> + Send + 'static {
+        let config = self.config.clone();
+        move |conn| {
             let source = config
                 .sources
                 .get(source_index)
                 .ok_or_else(|| StoreError::other("source index out of range"))?;
-            ingest::claim(conn, source, &for_writer)
-        })?;
-        drop(claim);
-        if matches!(outcome, Outcome::Accepted { forward_jobs, .. } if forward_jobs > 0) {
+            ingest::claim(conn, source, &claim)
+        }
+    }
+
+    /// After a claim: wakes the outbox if it wrote forward jobs.
+    fn claimed(&self, outcome: &Result<Outcome, StoreError>) {
+        if matches!(outcome, Ok(Outcome::Accepted { forward_jobs, .. }) if *forward_jobs > 0) {
             (self.wake_outbox)();
         }
-        Ok(outcome)
     }
 
     /// Records a refused delivery without waiting for it to commit.

@@ -473,6 +473,7 @@ mod tests {
             content_length: None,
             body: Ok(Vec::new()),
             permit: None,
+            later: None,
         }
     }
 

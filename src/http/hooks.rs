@@ -3,6 +3,7 @@
 //! Nothing in the body is trusted before the signature has been checked,
 //! and nothing is acknowledged before the commit that stores it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::value::RawValue;
@@ -35,7 +36,7 @@ fn refused(outcome: Delivery, status: u16, message: impl Into<String>) -> Refuse
     }
 }
 
-pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
+pub fn receive(app: &Arc<App>, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
     let received_at = now_ms();
     let started = Instant::now();
     let found = app.source(source_name);
@@ -61,7 +62,7 @@ pub fn receive(app: &App, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
 
 /// The pipeline for a known source: everything before the claim may refuse.
 fn accept(
-    app: &App,
+    app: &Arc<App>,
     index: usize,
     source: &Source,
     rq: &mut Incoming<'_>,
@@ -154,67 +155,110 @@ fn accept(
     if let Some(permit) = rq.permit.as_mut() {
         permit.release();
     }
-    let claim_started = Instant::now();
-    let result = app.claim(index, claim);
-    app.metrics.claim_duration.observe(claim_started.elapsed());
-    let outcome = match result {
-        Ok(o) => o,
-        Err(e) => {
-            // Not a refusal: nothing can be recorded while storage is down.
-            app.metrics.delivery(Some(index), Delivery::Unavailable);
-            crate::log::warn(
-                "delivery",
-                &[
-                    ("source", &source.name),
-                    ("event_id", &event_id),
-                    ("outcome", &"unavailable"),
-                    ("status", &503),
-                    ("error", &e.message),
-                ],
-            );
-            return Ok(Reply::unavailable("the event was not stored"));
+    let claimed = Claimed {
+        index,
+        event_id,
+        started,
+        claim_started: Instant::now(),
+    };
+    Ok(match rq.later.take() {
+        // The connection thread goes back to reading; the answer thread
+        // answers after the commit.
+        Some(later) => {
+            let (answer, promised) = later.promise();
+            let for_answer = app.clone();
+            app.claim_then(index, claim, move |result| {
+                answer.send(claimed.reply(&for_answer, result));
+            });
+            promised
         }
-    };
-    let delivery = outcome.delivery();
-    app.metrics.delivery(Some(index), delivery);
-    let name = &source.name;
-    const MISMATCH: &str = "an event with this id was stored with a different payload; the stored one is kept and an incident recorded";
-    let (status, body) = match &outcome {
-        Outcome::Accepted { state, .. } => (
-            200,
-            json!({"status": "accepted", "source": name, "event_id": event_id, "state": state}),
-        ),
-        Outcome::Duplicate { state } => (
-            200,
-            json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state}),
-        ),
-        Outcome::Mismatch { state } => match source.on_mismatch {
-            OnMismatch::Ack => (
+        None => {
+            let result = app.claim(index, claim);
+            claimed.reply(app, result)
+        }
+    })
+}
+
+/// A claim handed to the writer, and what its answer needs.
+struct Claimed {
+    index: usize,
+    event_id: String,
+    started: Instant,
+    claim_started: Instant,
+}
+
+impl Claimed {
+    /// The answer to a claim once its commit is known: counted, logged.
+    fn reply(self, app: &App, result: Result<Outcome, crate::store::StoreError>) -> Reply {
+        let Claimed {
+            index,
+            event_id,
+            started,
+            claim_started,
+        } = self;
+        app.metrics.claim_duration.observe(claim_started.elapsed());
+        let Some(source) = app.config.sources.get(index) else {
+            return Reply::error(500, "internal error: source index out of range");
+        };
+        let outcome = match result {
+            Ok(o) => o,
+            Err(e) => {
+                // Not a refusal: nothing can be recorded while storage is down.
+                app.metrics.delivery(Some(index), Delivery::Unavailable);
+                crate::log::warn(
+                    "delivery",
+                    &[
+                        ("source", &source.name),
+                        ("event_id", &event_id),
+                        ("outcome", &"unavailable"),
+                        ("status", &503),
+                        ("error", &e.message),
+                    ],
+                );
+                return Reply::unavailable("the event was not stored");
+            }
+        };
+        let delivery = outcome.delivery();
+        app.metrics.delivery(Some(index), delivery);
+        let name = &source.name;
+        const MISMATCH: &str = "an event with this id was stored with a different payload; the stored one is kept and an incident recorded";
+        let (status, body) = match &outcome {
+            Outcome::Accepted { state, .. } => (
                 200,
-                json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state,
-                       "mismatch": true, "detail": MISMATCH}),
+                json!({"status": "accepted", "source": name, "event_id": event_id, "state": state}),
             ),
-            OnMismatch::Reject => (
-                409,
-                json!({"error": MISMATCH, "status": "mismatch", "source": name,
-                       "event_id": event_id, "state": state}),
+            Outcome::Duplicate { state } => (
+                200,
+                json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state}),
             ),
-        },
-    };
-    crate::log::info(
-        "delivery",
-        &[
-            ("source", name),
-            ("event_id", &event_id),
-            ("outcome", &delivery.name()),
-            ("status", &status),
-            (
-                "ms",
-                &format_args!("{:.2}", started.elapsed().as_secs_f64() * 1000.0),
-            ),
-        ],
-    );
-    Ok(Reply::json(status, &body).with_failpoint("claim.after_commit"))
+            Outcome::Mismatch { state } => match source.on_mismatch {
+                OnMismatch::Ack => (
+                    200,
+                    json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state,
+                           "mismatch": true, "detail": MISMATCH}),
+                ),
+                OnMismatch::Reject => (
+                    409,
+                    json!({"error": MISMATCH, "status": "mismatch", "source": name,
+                           "event_id": event_id, "state": state}),
+                ),
+            },
+        };
+        crate::log::info(
+            "delivery",
+            &[
+                ("source", name),
+                ("event_id", &event_id),
+                ("outcome", &delivery.name()),
+                ("status", &status),
+                (
+                    "ms",
+                    &format_args!("{:.2}", started.elapsed().as_secs_f64() * 1000.0),
+                ),
+            ],
+        );
+        Reply::json(status, &body).with_failpoint("claim.after_commit")
+    }
 }
 
 /// The body the connection read, or why it is refused: too large (413,

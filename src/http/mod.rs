@@ -31,6 +31,8 @@ pub struct Incoming<'a> {
     /// The processing permit, for a handler that gives it back before a
     /// long wait.
     pub permit: Option<&'a mut server::Permit>,
+    /// The right to answer after returning, when the server offers it.
+    pub later: Option<server::Later>,
 }
 
 impl Incoming<'_> {
@@ -129,7 +131,7 @@ fn tls_config(files: &crate::config::TlsFiles) -> Result<Arc<rustls::ServerConfi
     Ok(Arc::new(config))
 }
 
-fn handle(app: &App, rq: &mut server::Request, surface: Surface) -> Reply {
+fn handle(app: &Arc<App>, rq: &mut server::Request, surface: Surface) -> Reply {
     let target = rq.target.clone();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let mut incoming = Incoming {
@@ -141,11 +143,12 @@ fn handle(app: &App, rq: &mut server::Request, surface: Surface) -> Reply {
         content_length: rq.content_length,
         body: std::mem::replace(&mut rq.body, Ok(Vec::new())),
         permit: Some(&mut rq.permit),
+        later: rq.later.take(),
     };
     route(app, &mut incoming, surface)
 }
 
-fn route(app: &App, rq: &mut Incoming<'_>, surface: Surface) -> Reply {
+fn route(app: &Arc<App>, rq: &mut Incoming<'_>, surface: Surface) -> Reply {
     let path = rq.path;
     let admin_here = surface != Surface::Public;
     if let Some(source) = path.strip_prefix("/hooks/") {

@@ -13,6 +13,9 @@ pub struct Reply {
     /// A failpoint to hit after the work is done and before the response
     /// is written (tests only; inert unless IDEMHOOK_FAILPOINTS names it).
     pub failpoint: Option<&'static str>,
+    /// The answer is written later, by whoever holds the request's
+    /// `server::Answer`; the server writes nothing for this reply.
+    pub(super) later: bool,
 }
 
 impl Reply {
@@ -23,6 +26,7 @@ impl Reply {
             headers: Vec::new(),
             body: body.to_string().into_bytes(),
             failpoint: None,
+            later: false,
         }
     }
 
@@ -33,6 +37,7 @@ impl Reply {
             headers: Vec::new(),
             body: body.into_bytes(),
             failpoint: None,
+            later: false,
         }
     }
 

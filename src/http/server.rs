@@ -8,6 +8,13 @@
 //! permits; so a slow sender holds only its own thread, never a worker.
 //! Bodies are read up to `max_body_bytes` + 1 and no further: a larger
 //! declared or chunked body is answered 413 and the connection closed.
+//!
+//! A handler may answer after it returns ([`Later`]): a webhook's answer
+//! waits for a group commit, and instead of sleeping until then and again
+//! until the next request, the connection thread goes straight back to
+//! reading while the answer thread writes the answer. Answers stay in
+//! order: the thread waits for a promised answer before it handles the
+//! next request on the same connection, and before it closes.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -81,6 +88,9 @@ pub struct Request {
     pub body: Result<Vec<u8>, BodyProblem>,
     /// The processing permit this request holds.
     pub permit: Permit,
+    /// The right to answer after the handler returns; offered on plain
+    /// (not TLS) keep-alive connections whose request was read whole.
+    pub later: Option<Later>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,16 +264,21 @@ fn finish(shared: &Shared, id: u64) {
 }
 
 fn serve_connection(stream: TcpStream, shared: &Shared) {
-    let limits = &shared.limits;
     let Ok(remote) = stream.peer_addr() else {
         return;
     };
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(Duration::from_secs(30)));
-    // A second handle on the socket, for its timeouts and shutdown.
+    // A second handle on the socket, for its timeouts and shutdown, and for
+    // answers written by the answer thread.
     let Ok(socket) = stream.try_clone() else {
         return;
     };
+    let out = Arc::new(Outbound {
+        socket,
+        state: Mutex::new(OutState::default()),
+        settled: Condvar::new(),
+    });
     let io: Box<dyn Stream> = match &shared.tls {
         Some(config) => match rustls::ServerConnection::new(config.clone()) {
             Ok(tls) => Box::new(rustls::StreamOwned::new(tls, stream)),
@@ -272,6 +287,14 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         None => Box::new(stream),
     };
     let mut reader: Conn = BufReader::with_capacity(16 * 1024, io);
+    serve_requests(&mut reader, &out, remote, shared);
+    // A promised answer is written before the connection closes.
+    out.settle(&mut reader);
+}
+
+fn serve_requests(reader: &mut Conn, out: &Arc<Outbound>, remote: SocketAddr, shared: &Shared) {
+    let limits = &shared.limits;
+    let socket = &out.socket;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return;
@@ -283,11 +306,16 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
             Ok([]) | Err(_) => return,
             Ok(_) => {}
         }
-        let head = match read_head(&mut reader, &socket, limits) {
+        // The previous request's answer goes out before anything of this
+        // one (only a pipelining client ever waits here).
+        if !out.settle(reader) {
+            return;
+        }
+        let head = match read_head(reader, socket, limits) {
             Ok(h) => h,
             Err(HeadError::Closed) => return,
             Err(HeadError::Reply(reply)) => {
-                let _ = write_out(&mut reader, &serialize(reply, false, true));
+                let _ = write_out(reader, &serialize(reply, false, true));
                 return;
             }
         };
@@ -296,15 +324,18 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
             .content_length
             .is_some_and(|n| n > limits.max_body_bytes);
         if head.expect_continue && !declared_too_large {
-            let _ = write_out(&mut reader, b"HTTP/1.1 100 Continue\r\n\r\n");
+            let _ = write_out(reader, b"HTTP/1.1 100 Continue\r\n\r\n");
         }
         let body = if declared_too_large {
             // Not read at all: the answer is 413 and the connection closes.
             Ok(vec![0; limits.max_body_bytes + 1])
         } else {
-            read_body(&mut reader, &socket, &head, limits)
+            read_body(reader, socket, &head, limits)
         };
         let body_complete = matches!(&body, Ok(b) if b.len() <= limits.max_body_bytes);
+        let later =
+            (shared.tls.is_none() && head.keep_alive && body_complete && head.method == "POST")
+                .then(|| Later { out: out.clone() });
         let mut request = Request {
             method: head.method,
             target: head.target,
@@ -313,6 +344,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
             content_length: head.content_length,
             body,
             permit: Permit(None),
+            later,
         };
         let reply = {
             request.permit = shared.permits.acquire();
@@ -331,12 +363,148 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
             }
         };
         request.permit.release();
+        if reply.later {
+            // Promised: the answer thread writes it.
+            continue;
+        }
         let close = !head.keep_alive || !body_complete || shared.stop.load(Ordering::SeqCst);
         let is_head = request.method == "HEAD";
-        if write_out(&mut reader, &serialize(reply, is_head, close)).is_err() || close {
+        if write_out(reader, &serialize(reply, is_head, close)).is_err() || close {
             let _ = socket.shutdown(Shutdown::Write);
             return;
         }
+    }
+}
+
+/// A connection's answers written by another thread, kept in order with
+/// the ones its own thread writes.
+struct Outbound {
+    /// The connection's socket: its timeouts and shutdown, and the answer
+    /// thread's writes.
+    socket: TcpStream,
+    state: Mutex<OutState>,
+    settled: Condvar,
+}
+
+#[derive(Default)]
+struct OutState {
+    /// An answer was promised and is not written yet.
+    promised: bool,
+    /// What a non-blocking write left unsent (the client is not reading);
+    /// the connection's thread sends it, with its write timeout.
+    rest: Vec<u8>,
+    /// The write failed: the connection is done.
+    broken: bool,
+}
+
+fn locked(m: &Mutex<OutState>) -> std::sync::MutexGuard<'_, OutState> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Outbound {
+    /// Writes an answer from another thread without ever blocking on the
+    /// client: what the socket does not take at once is left for the
+    /// connection's thread.
+    fn write_answer(&self, bytes: &[u8]) {
+        use rustix::io::Errno;
+        use rustix::net::{SendFlags, send};
+        let mut state = locked(&self.state);
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match send(
+                &self.socket,
+                &bytes[sent..],
+                SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+            ) {
+                Ok(0) => {
+                    state.broken = true;
+                    break;
+                }
+                Ok(n) => sent += n,
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => {
+                    state.rest = bytes[sent..].to_vec();
+                    break;
+                }
+                Err(_) => {
+                    state.broken = true;
+                    break;
+                }
+            }
+        }
+        state.promised = false;
+        drop(state);
+        self.settled.notify_all();
+    }
+
+    /// Waits until a promised answer is written and sends what it left
+    /// unsent. False when the connection is done.
+    fn settle(&self, reader: &mut Conn) -> bool {
+        let mut state = locked(&self.state);
+        while state.promised {
+            state = self
+                .settled
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        let rest = std::mem::take(&mut state.rest);
+        let broken = state.broken;
+        drop(state);
+        !broken && (rest.is_empty() || write_out(reader, &rest).is_ok())
+    }
+}
+
+/// The right to answer a request after its handler has returned.
+pub struct Later {
+    out: Arc<Outbound>,
+}
+
+impl Later {
+    /// Promises an answer: returns who gives it, and the reply the handler
+    /// returns now, for which the server writes nothing.
+    pub fn promise(self) -> (Answer, Reply) {
+        locked(&self.out.state).promised = true;
+        let mut reply = Reply::text(0, "", String::new());
+        reply.later = true;
+        (
+            Answer {
+                out: Some(self.out),
+            },
+            reply,
+        )
+    }
+}
+
+/// A promised answer. Dropped unsent, it answers 503 (the work behind it
+/// was lost: the writer stopped), or 500 while a panic unwinds.
+pub struct Answer {
+    out: Option<Arc<Outbound>>,
+}
+
+impl Answer {
+    /// Writes the answer (keep-alive; only `POST`s are answered later).
+    pub fn send(mut self, reply: Reply) {
+        if let Some(fp) = reply.failpoint {
+            crate::failpoint::hit(fp);
+        }
+        if let Some(out) = self.out.take() {
+            out.write_answer(&serialize(reply, false, false));
+        }
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        let Some(out) = self.out.take() else {
+            return;
+        };
+        let reply = if std::thread::panicking() {
+            crate::log::error("handler panicked", &[("effect", &"answered 500")]);
+            Reply::error(500, "internal error")
+        } else {
+            Reply::unavailable("the request was not completed")
+        };
+        out.write_answer(&serialize(reply, false, false));
     }
 }
 
@@ -831,6 +999,75 @@ impl Drop for Permit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connected pair on 127.0.0.1: the server side as a connection's
+    /// `Outbound` and reader, and the client.
+    fn connected() -> (Arc<Outbound>, Conn, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let out = Arc::new(Outbound {
+            socket: server.try_clone().unwrap(),
+            state: Mutex::new(OutState::default()),
+            settled: Condvar::new(),
+        });
+        let reader: Conn = BufReader::new(Box::new(server));
+        (out, reader, client)
+    }
+
+    /// The answer thread never blocks on a client that does not read: what
+    /// the socket cannot take at once is left, and the connection's thread
+    /// sends it before anything else, so the client gets every answer, in
+    /// order.
+    #[test]
+    fn what_a_non_blocking_answer_leaves_is_sent_in_order_by_the_connection_thread() {
+        let (out, mut reader, client) = connected();
+        rustix::net::sockopt::set_socket_send_buffer_size(&out.socket, 4096).unwrap();
+        const CHUNK: usize = 16 * 1024;
+        let mut chunks = 0;
+        while locked(&out.state).rest.is_empty() {
+            assert!(chunks < 4096, "the socket never pushed back");
+            let (answer, promised) = Later { out: out.clone() }.promise();
+            assert!(promised.later && locked(&out.state).promised);
+            let mut reply = Reply::text(200, "text/plain", String::new());
+            reply.body = vec![b'a' + (chunks % 26) as u8; CHUNK];
+            answer.send(reply);
+            chunks += 1;
+        }
+        assert!(!locked(&out.state).promised, "written (in part): settled");
+        let reading = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            (&client).read_to_end(&mut all).map(|_| all)
+        });
+        assert!(out.settle(&mut reader), "the rest was sent");
+        assert!(locked(&out.state).rest.is_empty());
+        let _ = out.socket.shutdown(Shutdown::Write);
+        let all = reading.join().unwrap().unwrap();
+        let bodies: Vec<u8> = all
+            .split(|&b| b == b'\n')
+            .filter(|line| line.len() >= CHUNK)
+            .map(|line| line[0])
+            .collect();
+        let expected: Vec<u8> = (0..chunks).map(|i| b'a' + (i % 26) as u8).collect();
+        assert_eq!(bodies.len(), chunks, "every answer arrived whole");
+        assert_eq!(bodies, expected, "in order");
+    }
+
+    /// A promise dropped unkept (the writer stopped) still answers: 503.
+    #[test]
+    fn a_promised_answer_dropped_unsent_answers_503() {
+        let (out, mut reader, client) = connected();
+        let (answer, _) = Later { out: out.clone() }.promise();
+        drop(answer);
+        assert!(out.settle(&mut reader));
+        let _ = out.socket.shutdown(Shutdown::Write);
+        let mut got = String::new();
+        (&client).read_to_string(&mut got).unwrap();
+        assert!(
+            got.starts_with("HTTP/1.1 503 ") && got.contains("Retry-After: 1"),
+            "{got}"
+        );
+    }
 
     fn limits() -> Limits {
         let t = Duration::from_secs(10);

@@ -11,6 +11,11 @@
 //! closures (claims, outbox leases and completions) skip the savepoint
 //! ([`Guard::Group`]); if one of them fails, the whole group is rolled back.
 //!
+//! A caller that must not block (a connection thread that answers its
+//! request later) uses [`Writer::call_then`]: its continuation runs after
+//! the commit on the answer thread, so the writer hands a whole group's
+//! continuations over with one wake-up instead of waking each caller.
+//!
 //! Records that nobody waits for ([`Writer::send`], [`Writer::submit`])
 //! are the exception to "no timer": a group made only of them stays open up
 //! to `LINGER` for more to join, and the first closure a caller waits on
@@ -42,6 +47,9 @@ const QUEUE: usize = 4096;
 const LINGER: Duration = Duration::from_millis(2);
 
 type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// A group's continuations ([`Writer::call_then`]) and its commit result,
+/// for the answer thread.
+type Answers = (Vec<Done>, Result<(), StoreError>);
 /// An operation gets the connection inside the group transaction, or the
 /// reason there is none (the transaction could not start or was lost). It
 /// returns what to do once the group's fate is known, and the error it
@@ -85,6 +93,27 @@ where
     }
 }
 
+/// The operation that runs `f` under `guard` and, once its group's fate
+/// is known, hands `release` the result (the commit's error, if that
+/// failed).
+fn op_then<T, F, A>(guard: Guard, f: F, release: A) -> Op
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    A: FnOnce(Result<T, StoreError>) + Send + 'static,
+{
+    Box::new(move |conn: Result<&Connection, &StoreError>| {
+        let (result, poison) = match conn {
+            Ok(conn) => run_guarded(conn, guard, f),
+            Err(e) => (Err(e.clone()), None),
+        };
+        let done: Done = Box::new(move |commit: Result<(), StoreError>| {
+            release(commit.and(result));
+        });
+        (done, poison)
+    })
+}
+
 enum Msg {
     /// An operation, whether a caller blocks until its commit, and how it
     /// is kept apart from its group.
@@ -92,10 +121,15 @@ enum Msg {
     Stop,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// Who waits for an operation, which decides who releases it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Waits {
+    /// A caller blocks until the commit; the writer releases it.
     Yes,
+    /// Nobody: a record. A group of only these may linger.
     No,
+    /// A continuation ([`Writer::call_then`]), run on the answer thread.
+    Answer,
 }
 
 /// A handle on the writer thread; cheap to clone.
@@ -124,6 +158,7 @@ struct Shared {
 /// Joins the writer and checkpointer threads on shutdown.
 pub struct WriterThreads {
     writer: Option<JoinHandle<()>>,
+    answerer: Option<JoinHandle<()>>,
     checkpointer: Checkpointer,
     tx: SyncSender<Msg>,
 }
@@ -171,10 +206,15 @@ impl Writer {
         let checkpointer =
             Checkpointer::start(path, durability, busy_timeout, shared.wal_frames.clone())?;
         let kick = checkpointer.kick.clone();
+        let (answers_tx, answers_rx) = mpsc::channel::<Answers>();
+        let answerer = std::thread::Builder::new()
+            .name("idemhook-answer".into())
+            .spawn(move || answer_loop(&answers_rx))
+            .map_err(|e| StoreError::other(format!("cannot start the answer thread: {e}")))?;
         let thread_shared = shared.clone();
         let writer = std::thread::Builder::new()
             .name("idemhook-writer".into())
-            .spawn(move || run(conn, rx, thread_shared, kick))
+            .spawn(move || run(conn, rx, thread_shared, kick, answers_tx))
             .map_err(|e| StoreError::other(format!("cannot start the writer thread: {e}")))?;
         Ok((
             Writer {
@@ -183,6 +223,7 @@ impl Writer {
             },
             WriterThreads {
                 writer: Some(writer),
+                answerer: Some(answerer),
                 checkpointer,
                 tx,
             },
@@ -208,18 +249,26 @@ impl Writer {
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply_tx, reply_rx) = mpsc::sync_channel::<Result<T, StoreError>>(1);
-        let op: Op = Box::new(move |conn: Result<&Connection, &StoreError>| {
-            let (result, poison) = match conn {
-                Ok(conn) => run_guarded(conn, guard, f),
-                Err(e) => (Err(e.clone()), None),
-            };
-            let done: Done = Box::new(move |commit: Result<(), StoreError>| {
-                let _ = reply_tx.send(commit.and(result));
-            });
-            (done, poison)
+        let op = op_then(guard, f, move |result| {
+            let _ = reply_tx.send(result);
         });
         self.enqueue(op, Waits::Yes, guard)?;
         reply_rx.recv().map_err(|_| StoreError::closed())?
+    }
+
+    /// Like [`Writer::call_with`] but returns at once: `then` gets what
+    /// `call_with` would have returned, on the answer thread, once the
+    /// group has committed (or failed). `then` must be quick and must not
+    /// block: it holds up the next group's continuations. If the writer is
+    /// gone, `then` is dropped without being called; it must treat that as
+    /// a failure.
+    pub fn call_then<T, F, A>(&self, guard: Guard, f: F, then: A)
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        A: FnOnce(Result<T, StoreError>) + Send + 'static,
+    {
+        let _ = self.enqueue(op_then(guard, f, then), Waits::Answer, guard);
     }
 
     /// Like [`Writer::call`] but does not wait; for bookkeeping that must
@@ -334,11 +383,22 @@ impl WriterThreads {
         if let Some(h) = self.writer.take() {
             let _ = h.join();
         }
+        // The writer has dropped its end: the answer thread runs what is
+        // left and ends.
+        if let Some(h) = self.answerer.take() {
+            let _ = h.join();
+        }
         self.checkpointer.stop();
     }
 }
 
-fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>) {
+fn run(
+    conn: Connection,
+    rx: Receiver<Msg>,
+    shared: Arc<Shared>,
+    kick: Arc<Kick>,
+    answers: mpsc::Sender<Answers>,
+) {
     let mut group = Group::default();
     let mut stopping = false;
     let mut last_restart = None;
@@ -358,16 +418,16 @@ fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>
         // rather than pay a commit for each. A caller that waits ends the
         // moment, so claims never wait for it.
         let deadline = Instant::now() + shared.linger;
-        while !stopping && group.waits == Waits::No && group.ops.len() < MAX_GROUP {
+        while !stopping && !group.waited && group.ops.len() < MAX_GROUP {
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(msg) => stopping = group.add(msg, &shared),
                 Err(_) => break,
             }
         }
         if !group.ops.is_empty() {
-            commit_group(&conn, &mut group.ops, &shared);
+            commit_group(&conn, &mut group.ops, &shared, &answers);
         }
-        group.waits = Waits::No;
+        group.waited = false;
         kick.notify();
         bound_wal(&conn, &shared, &mut last_restart);
     }
@@ -375,26 +435,26 @@ fn run(conn: Connection, rx: Receiver<Msg>, shared: Arc<Shared>, kick: Arc<Kick>
     while let Ok(msg) = rx.try_recv() {
         group.add(msg, &shared);
         if group.ops.len() >= MAX_GROUP {
-            commit_group(&conn, &mut group.ops, &shared);
+            commit_group(&conn, &mut group.ops, &shared, &answers);
         }
     }
     if !group.ops.is_empty() {
-        commit_group(&conn, &mut group.ops, &shared);
+        commit_group(&conn, &mut group.ops, &shared, &answers);
     }
 }
 
 /// The operations gathered for the next commit.
 struct Group {
-    ops: Vec<(Op, Guard)>,
-    /// Whether any caller blocks until this group commits.
-    waits: Waits,
+    ops: Vec<(Op, Guard, Waits)>,
+    /// Whether anyone (a caller or a continuation) waits for this group.
+    waited: bool,
 }
 
 impl Default for Group {
     fn default() -> Group {
         Group {
             ops: Vec::with_capacity(MAX_GROUP),
-            waits: Waits::No,
+            waited: false,
         }
     }
 }
@@ -405,10 +465,8 @@ impl Group {
         match msg {
             Msg::Op(op, waits, guard) => {
                 shared.queued.fetch_sub(1, Ordering::Relaxed);
-                self.ops.push((op, guard));
-                if waits == Waits::Yes {
-                    self.waits = Waits::Yes;
-                }
+                self.ops.push((op, guard, waits));
+                self.waited |= waits != Waits::No;
                 false
             }
             Msg::Stop => true,
@@ -451,7 +509,12 @@ fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Option<Instant>)
     }
 }
 
-fn commit_group(conn: &Connection, group: &mut Vec<(Op, Guard)>, shared: &Shared) {
+fn commit_group(
+    conn: &Connection,
+    group: &mut Vec<(Op, Guard, Waits)>,
+    shared: &Shared,
+    answers: &mpsc::Sender<Answers>,
+) {
     let n = group.len() as u64;
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
@@ -460,23 +523,26 @@ fn commit_group(conn: &Connection, group: &mut Vec<(Op, Guard)>, shared: &Shared
         Err(e) => {
             let err = StoreError::from(e);
             // The ops do not run; they are told why.
-            let dones: Vec<Done> = group.drain(..).map(|(op, _)| op(Err(&err)).0).collect();
+            let dones: Vec<(Done, Waits)> = group
+                .drain(..)
+                .map(|(op, _, waits)| (op(Err(&err)).0, waits))
+                .collect();
             (Err(err), dones)
         }
         Ok(_) => {
-            let mut dones: Vec<Done> = Vec::with_capacity(group.len());
+            let mut dones: Vec<(Done, Waits)> = Vec::with_capacity(group.len());
             let lost = StoreError::other("the group transaction was rolled back by SQLite");
             let mut lost_transaction = false;
             // Set when an op without a savepoint failed: the transaction
             // holds its partial writes and must be rolled back whole.
             let mut poisoned: Option<StoreError> = None;
-            for (op, guard) in group.drain(..) {
+            for (op, guard, waits) in group.drain(..) {
                 // If SQLite rolled the whole transaction back (disk full, I/O
                 // error), later ops would run in autocommit mode and commit
                 // on their own: stop running them.
                 lost_transaction = lost_transaction || conn.is_autocommit();
                 if lost_transaction || poisoned.is_some() {
-                    dones.push(op(Err(poisoned.as_ref().unwrap_or(&lost))).0);
+                    dones.push((op(Err(poisoned.as_ref().unwrap_or(&lost))).0, waits));
                     continue;
                 }
                 // A panic in an operation (a bug) must not take the writer
@@ -486,7 +552,7 @@ fn commit_group(conn: &Connection, group: &mut Vec<(Op, Guard)>, shared: &Shared
                 // answers 503.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok(conn)))) {
                     Ok((done, poison)) => {
-                        dones.push(done);
+                        dones.push((done, waits));
                         poisoned = poison;
                     }
                     Err(_) => {
@@ -533,8 +599,29 @@ fn commit_group(conn: &Connection, group: &mut Vec<(Op, Guard)>, shared: &Shared
         }
         Err(e) => crate::log::warn("storage", &[("error", &e.message)]),
     }
-    for done in dones {
+    // Continuations go to the answer thread in one message; blocked
+    // callers are woken here.
+    let (later, now): (Vec<_>, Vec<_>) = dones.into_iter().partition(|(_, w)| *w == Waits::Answer);
+    if !later.is_empty() {
+        let later = later.into_iter().map(|(done, _)| done).collect();
+        // If the answer thread is gone, the continuations are dropped
+        // uncalled, which their owners treat as a failure.
+        let _ = answers.send((later, result.clone()));
+    }
+    for (done, _) in now {
         done(result.clone());
+    }
+}
+
+/// The answer thread: runs each group's continuations, in commit order.
+fn answer_loop(answers: &Receiver<Answers>) {
+    while let Ok((dones, result)) = answers.recv() {
+        for done in dones {
+            let result = result.clone();
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(result))).is_err() {
+                crate::log::error("a continuation panicked", &[("effect", &"dropped")]);
+            }
+        }
     }
 }
 
