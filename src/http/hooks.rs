@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use serde_json::Value;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 
 use super::reply::Reply;
 use super::{BodyProblem, Incoming};
@@ -222,25 +222,33 @@ impl Claimed {
         app.metrics.delivery(Some(index), delivery);
         let name = &source.name;
         const MISMATCH: &str = "an event with this id was stored with a different payload; the stored one is kept and an incident recorded";
+        let answered = |status, state| Answered {
+            error: None,
+            status,
+            source: name,
+            event_id: &event_id,
+            state,
+            mismatch: false,
+            detail: None,
+        };
         let (status, body) = match &outcome {
-            Outcome::Accepted { state, .. } => (
-                200,
-                json!({"status": "accepted", "source": name, "event_id": event_id, "state": state}),
-            ),
-            Outcome::Duplicate { state } => (
-                200,
-                json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state}),
-            ),
+            Outcome::Accepted { state, .. } => (200, answered("accepted", state)),
+            Outcome::Duplicate { state } => (200, answered("duplicate", state)),
             Outcome::Mismatch { state } => match source.on_mismatch {
                 OnMismatch::Ack => (
                     200,
-                    json!({"status": "duplicate", "source": name, "event_id": event_id, "state": state,
-                           "mismatch": true, "detail": MISMATCH}),
+                    Answered {
+                        mismatch: true,
+                        detail: Some(MISMATCH),
+                        ..answered("duplicate", state)
+                    },
                 ),
                 OnMismatch::Reject => (
                     409,
-                    json!({"error": MISMATCH, "status": "mismatch", "source": name,
-                           "event_id": event_id, "state": state}),
+                    Answered {
+                        error: Some(MISMATCH),
+                        ..answered("mismatch", state)
+                    },
                 ),
             },
         };
@@ -259,6 +267,21 @@ impl Claimed {
         );
         Reply::json(status, &body).with_failpoint("claim.after_commit")
     }
+}
+
+/// The JSON answer to a claimed delivery (README, "Routes").
+#[derive(serde::Serialize)]
+struct Answered<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    status: &'a str,
+    source: &'a str,
+    event_id: &'a str,
+    state: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    mismatch: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
 }
 
 /// The body the connection read, or why it is refused: too large (413,
@@ -395,27 +418,63 @@ fn kept_headers(source: &Source, headers: &[(String, String)]) -> String {
             crate::key::Atom::Header(h) => Some(h.as_str()),
             crate::key::Atom::Json(_) => None,
         });
-    let mut kept = serde_json::Map::new();
-    for (name, value) in headers {
+    let keep = |name: &str| {
         let is = |k: &str| name.eq_ignore_ascii_case(k);
-        let keep = is("content-type")
+        is("content-type")
             || is("user-agent")
             || source.kind.kept_headers().iter().any(|k| is(k))
-            || rule_headers.clone().any(is);
-        if keep {
-            kept.insert(name.to_ascii_lowercase(), Value::String(value.clone()));
+            || rule_headers.clone().any(is)
+    };
+    // Written straight out (this runs for every delivery): names
+    // lowercased, and of a repeated header the last one, as a map would.
+    let mut out = Vec::with_capacity(256);
+    out.push(b'{');
+    for (i, (name, value)) in headers.iter().enumerate() {
+        let later = &headers[i + 1..];
+        if !keep(name) || later.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        let start = out.len();
+        push_json_string(&mut out, name);
+        out[start..].make_ascii_lowercase();
+        out.push(b':');
+        push_json_string(&mut out, value);
+    }
+    out.push(b'}');
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Appends `s` as a JSON string, quoted and escaped.
+fn push_json_string(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    for &b in s.as_bytes() {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0..=0x1f => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+            _ => out.push(b),
         }
     }
-    Value::Object(kept).to_string()
+    out.push(b'"');
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// The headers kept with an event: content type, user agent, the
     /// provider's own, and those a key, type or action param rule reads;
-    /// names lowercased, nothing else.
+    /// names lowercased, values escaped, a repeated header by its last
+    /// value; nothing else.
     #[test]
     fn kept_headers_are_the_ones_rules_and_replays_need() {
         let toml = r#"
@@ -438,6 +497,7 @@ params = { region = "header:x-region" }
             ("x-tenant", "acme"),
             ("X-Region", "eu"),
             ("Authorization", "Bearer secret"),
+            ("user-agent", "Stripe/1.0 \"quoted\" back\\slash\ttab"),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -448,7 +508,7 @@ params = { region = "header:x-region" }
             kept,
             json!({
                 "content-type": "application/json",
-                "user-agent": "Stripe/1.0",
+                "user-agent": "Stripe/1.0 \"quoted\" back\\slash\ttab",
                 "stripe-signature": "t=1,v1=ab",
                 "x-tenant": "acme",
                 "x-region": "eu",

@@ -1,6 +1,7 @@
 //! What a handler answers: status, headers and body; `server.rs` writes it.
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::json;
 
 /// Seconds a sender should wait after a 503 before trying again.
 pub const RETRY_AFTER_SECS: &str = "1";
@@ -19,12 +20,14 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn json(status: u16, body: &Value) -> Reply {
+    pub fn json(status: u16, body: &impl Serialize) -> Reply {
         Reply {
             status,
             content_type: "application/json",
             headers: Vec::new(),
-            body: body.to_string().into_bytes(),
+            // Only a map with non-string keys fails to serialize; no
+            // answer has one.
+            body: serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec()),
             failpoint: None,
             later: false,
         }
