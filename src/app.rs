@@ -68,7 +68,8 @@ impl App {
     /// The claim as the writer runs it. No savepoint of its own: a claim
     /// fails only when storage does (its SQL actions have savepoints of
     /// their own inside it). The claim (body, parsed JSON, headers) is
-    /// shared so that the caller frees it, not the one writer thread.
+    /// shared so that it is freed off the one writer thread: by the caller,
+    /// or by the continuation on the answer thread.
     fn claim_op(
         &self,
         source_index: usize,

@@ -269,7 +269,7 @@ impl Claimed {
     }
 }
 
-/// The JSON answer to a claimed delivery (README, "Routes").
+/// The JSON answer to a claimed delivery (README, "HTTP").
 #[derive(serde::Serialize)]
 struct Answered<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -390,8 +390,11 @@ struct Outbound {
 struct OutState {
     /// An answer was promised and is not written yet.
     promised: bool,
-    /// What a non-blocking write left unsent (the client is not reading);
-    /// the connection's thread sends it, with its write timeout.
+    /// What a non-blocking write left unsent: the client has not read a
+    /// socket buffer's worth of answers (only a pipelining client can get
+    /// there). The connection's thread sends it, with its write timeout,
+    /// when it next wakes: at the next request, or at the end of the
+    /// connection (its idle timeout at the latest).
     rest: Vec<u8>,
     /// The write failed: the connection is done.
     broken: bool,
