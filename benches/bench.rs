@@ -76,6 +76,8 @@ struct Opts {
     idem_workers: usize,
     /// idemhook's forward_workers; None keeps its default (4).
     forward_workers: Option<usize>,
+    /// idemhook's durability: "full" (the issue's setup) or "normal".
+    durability: String,
     /// cargo bench passes `--bench`; `cargo test --all-targets` does not.
     bench_flag: bool,
     force: bool,
@@ -91,6 +93,8 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --perf DIR        record `perf record` of idemhook during each load into DIR
   --idemhook-workers N   idemhook's http_workers (default 8, as the spec says; for experiments)
   --forward-workers N    idemhook's forward_workers (default: idemhook's own, 4; for experiments)
+  --durability D    idemhook's durability, full (default, as the issue says) or normal (no fsync
+                    before answering; for experiments: what the fsync costs)
   --force           run even without cargo bench's --bench flag";
 
 impl Opts {
@@ -105,6 +109,7 @@ impl Opts {
             perf_dir: None,
             idem_workers: HTTP_WORKERS,
             forward_workers: None,
+            durability: "full".to_string(),
             bench_flag: false,
             force: false,
         };
@@ -166,6 +171,13 @@ impl Opts {
                         return Err("--forward-workers: 1 to 256".into());
                     }
                     o.forward_workers = Some(n);
+                }
+                "--durability" => {
+                    let d = value("--durability")?;
+                    if d != "full" && d != "normal" {
+                        return Err("--durability: full or normal".into());
+                    }
+                    o.durability = d.to_string();
                 }
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other:?}")),
@@ -1337,7 +1349,10 @@ fn run_idemhook(
     let url = downstream
         .as_ref()
         .map(|d| format!("http://{}/stripe", d.addr));
-    let mut config = idemhook_config(opts.idem_workers, url.as_deref(), setup.retention);
+    let mut config = idemhook_config(opts.idem_workers, url.as_deref(), setup.retention).replace(
+        "durability = \"full\"",
+        &format!("durability = \"{}\"", opts.durability),
+    );
     if let Some(n) = opts.forward_workers {
         config.insert_str(0, &format!("forward_workers = {n}\n"));
     }
@@ -2276,8 +2291,8 @@ fn main() -> ExitCode {
     println!("machine:  {}", machine());
     println!("load avg: {} (1/5/15 min) at the start", loadavg());
     println!(
-        "setup:    idemhook serve (durability full, stripe source, {} http workers, prune_interval 0s) vs a no-op tiny_http 0.12 server ({HTTP_WORKERS} workers) in the bench process;",
-        opts.idem_workers
+        "setup:    idemhook serve (durability {}, stripe source, {} http workers, prune_interval 0s) vs a no-op tiny_http 0.12 server ({HTTP_WORKERS} workers) in the bench process;",
+        opts.durability, opts.idem_workers
     );
     println!(
         "          one keep-alive connection per load thread; requests pre-built and really signed; {} run(s) per workload, medians with (min–max)",
