@@ -172,7 +172,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check => {
-            let config = Config::load(&cli.config)?;
+            // Like every command: with no ./idemhook.toml, the development
+            // default (what `serve` would run here) is what there is to check.
+            let config = load_config(&cli.config)?;
             print!("{}", crate::serve::describe(&config));
             Ok(ExitCode::SUCCESS)
         }

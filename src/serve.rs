@@ -170,12 +170,10 @@ fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
 /// What `idemhook check` prints: the resolved config, without secrets.
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
-    let origin = config
-        .file
-        .as_ref()
-        .map_or("development default".to_string(), |p| {
-            p.display().to_string()
-        });
+    let origin = config.file.as_ref().map_or(
+        "development default (no ./idemhook.toml; what `idemhook serve` runs here)".to_string(),
+        |p| p.display().to_string(),
+    );
     let _ = writeln!(out, "config {origin}: ok");
     let _ = writeln!(out, "listen      {}", config.listen);
     let _ = writeln!(out, "database    {}", config.database.display());

@@ -1277,6 +1277,26 @@ fn zero_config_serve_prints_the_send_line_and_send_demo_stores_an_event() {
     let out = server.run_cli_raw(&args);
     out.assert_success();
 
+    // `check` in the same folder describes that default, as `serve` runs it.
+    let check = server.run_cli_raw(&["check"]);
+    check.assert_success();
+    assert!(
+        check.stdout.starts_with("config development default")
+            && check
+                .stdout
+                .contains("source demo (kind standard) POST /hooks/demo"),
+        "expected: `idemhook check` without a config file describes the development default\n  got: {}",
+        check.stdout
+    );
+    // A file named explicitly must exist.
+    let missing = server.run_cli_raw(&["check", "--config", "missing.toml"]);
+    assert!(
+        !missing.success() && missing.stderr.contains("missing.toml"),
+        "expected: `check --config missing.toml` fails and names the file\n  got: {} {}",
+        missing.stdout,
+        missing.stderr
+    );
+
     let db_path = server.dir().join("idemhook.db");
     assert!(
         db_path.exists(),
