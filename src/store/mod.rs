@@ -27,6 +27,9 @@ pub enum StoreErrorKind {
     Busy,
     /// Disk or database full.
     Full,
+    /// The file system failed a read, write or sync (EIO, or a write it
+    /// refused, such as EPERM on an immutable file).
+    Io,
     /// The file or its folder cannot be written.
     ReadOnly,
     /// The writer has stopped (shutdown).
@@ -35,7 +38,7 @@ pub enum StoreErrorKind {
     Other,
 }
 
-/// A storage failure. Transient kinds (busy, full, read-only) are answered
+/// A storage failure. Transient kinds (busy, full, I/O, read-only) are answered
 /// 503 with Retry-After; the message is for the operator's log.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
@@ -69,7 +72,7 @@ impl From<rusqlite::Error> for StoreError {
             Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied) => {
                 StoreErrorKind::ReadOnly
             }
-            Some(ErrorCode::SystemIoFailure) => StoreErrorKind::Full,
+            Some(ErrorCode::SystemIoFailure) => StoreErrorKind::Io,
             _ => StoreErrorKind::Other,
         };
         StoreError {
