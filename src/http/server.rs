@@ -346,6 +346,7 @@ fn serve_requests(reader: &mut Conn, out: &Arc<Outbound>, remote: SocketAddr, sh
             permit: Permit(None),
             later,
         };
+        let promises = locked(&out.state).promises;
         let reply = {
             request.permit = shared.permits.acquire();
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -356,6 +357,9 @@ fn serve_requests(reader: &mut Conn, out: &Arc<Outbound>, remote: SocketAddr, sh
                 reply
             })) {
                 Ok(r) => r,
+                // A promise made before the panic answers by itself (its
+                // `Answer` writes a 500 when dropped): one answer only.
+                Err(_) if locked(&out.state).promises != promises => Later::promised(),
                 Err(_) => {
                     crate::log::error("handler panicked", &[("effect", &"answered 500")]);
                     Reply::error(500, "internal error")
@@ -390,6 +394,8 @@ struct Outbound {
 struct OutState {
     /// An answer was promised and is not written yet.
     promised: bool,
+    /// Promises made on this connection so far.
+    promises: u64,
     /// What a non-blocking write left unsent: the client has not read a
     /// socket buffer's worth of answers (only a pipelining client can get
     /// there). The connection's thread sends it, with its write timeout,
@@ -466,15 +472,24 @@ impl Later {
     /// Promises an answer: returns who gives it, and the reply the handler
     /// returns now, for which the server writes nothing.
     pub fn promise(self) -> (Answer, Reply) {
-        locked(&self.out.state).promised = true;
-        let mut reply = Reply::text(0, "", String::new());
-        reply.later = true;
+        {
+            let mut state = locked(&self.out.state);
+            state.promised = true;
+            state.promises += 1;
+        }
         (
             Answer {
                 out: Some(self.out),
             },
-            reply,
+            Later::promised(),
         )
+    }
+
+    /// The reply that stands for a promised answer.
+    fn promised() -> Reply {
+        let mut reply = Reply::text(0, "", String::new());
+        reply.later = true;
+        reply
     }
 }
 
@@ -1054,6 +1069,45 @@ mod tests {
         let expected: Vec<u8> = (0..chunks).map(|i| b'a' + (i % 26) as u8).collect();
         assert_eq!(bodies.len(), chunks, "every answer arrived whole");
         assert_eq!(bodies, expected, "in order");
+    }
+
+    /// A handler that panics after promising an answer: the promise answers
+    /// 500 as it unwinds and the server writes nothing more, so the next
+    /// request on the connection gets its own answer.
+    #[test]
+    fn a_panic_after_a_promise_is_answered_once() {
+        let handler: Box<Handler> = Box::new(|rq: &mut Request| {
+            if rq.method == "POST" {
+                let promise = rq.later.take().map(Later::promise);
+                assert!(promise.is_some(), "a keep-alive POST is offered a promise");
+                panic!("a bug after the promise");
+            }
+            Reply::text(200, "text/plain", "second".into())
+        });
+        let server = Server::bind("127.0.0.1:0", limits(), None, handler).unwrap();
+        let mut client = TcpStream::connect(server.addr()).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        client
+            .write_all(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}")
+            .unwrap();
+        let mut first = vec![0u8; 4096];
+        let n = client.read(&mut first).unwrap();
+        let first = String::from_utf8_lossy(&first[..n]).into_owned();
+        client
+            .write_all(b"GET /y HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut rest = String::new();
+        client.read_to_string(&mut rest).unwrap();
+        server.stop(Duration::from_secs(1));
+        let all = first + &rest;
+        assert!(
+            all.starts_with("HTTP/1.1 500 ")
+                && all.matches("HTTP/1.1 ").count() == 2
+                && all.ends_with("second"),
+            "a 500, then the GET's own answer, and nothing else: {all}"
+        );
     }
 
     /// A promise dropped unkept (the writer stopped) still answers: 503.
