@@ -619,7 +619,10 @@ fn answer_loop(answers: &Receiver<Answers>) {
         for done in dones {
             let result = result.clone();
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(result))).is_err() {
-                crate::log::error("a continuation panicked", &[("effect", &"dropped")]);
+                crate::log::error(
+                    "a continuation panicked",
+                    &[("effect", &"its answer, if it held one, is a 500")],
+                );
             }
         }
     }
