@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use serde::Deserialize as _;
 use serde::de::{Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -52,7 +53,7 @@ pub struct Input<'a> {
 #[derive(Clone, Copy)]
 pub enum Json<'a> {
     Parsed(&'a Value),
-    Raw(&'a RawValue),
+    Raw(&'a RawDoc<'a>),
 }
 
 impl Json<'_> {
@@ -60,24 +61,68 @@ impl Json<'_> {
     pub fn pointer(&self, ptr: &str) -> Option<Cow<'_, Value>> {
         match self {
             Json::Parsed(v) => v.pointer(ptr).map(Cow::Borrowed),
-            Json::Raw(raw) => raw_pointer(raw, ptr).map(Cow::Owned),
+            Json::Raw(doc) => doc.pointer(ptr).map(Cow::Owned),
         }
     }
 }
 
-/// Walks `ptr` through raw JSON text one level at a time, skipping what it
-/// does not need without building it, and parses only the value found.
-/// Agrees with `Value::pointer` (same array-index rule, last duplicate key
-/// wins); the unit test and the `key` fuzz target compare the two.
-fn raw_pointer(raw: &RawValue, ptr: &str) -> Option<Value> {
-    let mut current: &RawValue = raw;
-    if !ptr.is_empty() {
-        for token in ptr.strip_prefix('/')?.split('/') {
-            let token = token.replace("~1", "/").replace("~0", "~");
+/// A JSON text checked in one pass. When it is an object, that pass also
+/// notes where each top-level member's value lies, so a pointer starts
+/// there instead of scanning the body again: the key and the type rule
+/// then cost a lookup each, not a pass each.
+pub struct RawDoc<'a> {
+    text: &'a str,
+    /// The top-level members in document order, values unparsed; `None`
+    /// when the text is not an object.
+    members: Option<Vec<(Cow<'a, str>, &'a RawValue)>>,
+}
+
+impl<'a> RawDoc<'a> {
+    /// Checks that `text` is one JSON value. Nesting is bounded by
+    /// serde_json's own recursion limit; callers that want a lower one
+    /// check it first.
+    pub fn parse(text: &'a str) -> Result<RawDoc<'a>, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let members = if text.trim_start().starts_with('{') {
+            Some(de.deserialize_map(Members)?)
+        } else {
+            IgnoredAny::deserialize(&mut de)?;
+            None
+        };
+        de.end()?;
+        Ok(RawDoc { text, members })
+    }
+
+    /// Walks `ptr` one level at a time, skipping what it does not need
+    /// without building it, and parses only the value found. Agrees with
+    /// `Value::pointer` (same array-index rule, last duplicate key wins);
+    /// the unit test and the `key` fuzz target compare the two.
+    fn pointer(&self, ptr: &str) -> Option<Value> {
+        if ptr.is_empty() {
+            return serde_json::from_str(self.text).ok();
+        }
+        let mut tokens = ptr.strip_prefix('/')?.split('/').map(unescape);
+        let mut current: &RawValue = match &self.members {
+            Some(members) => {
+                let first = tokens.next()?;
+                members.iter().rev().find(|(k, _)| *k == first)?.1
+            }
+            None => child(serde_json::from_str(self.text).ok()?, &tokens.next()?)?,
+        };
+        for token in tokens {
             current = child(current, &token)?;
         }
+        serde_json::from_str(current.get()).ok()
     }
-    serde_json::from_str(current.get()).ok()
+}
+
+/// A pointer token's text (RFC 6901: `~1` is `/`, `~0` is `~`).
+fn unescape(token: &str) -> Cow<'_, str> {
+    if token.contains('~') {
+        Cow::Owned(token.replace("~1", "/").replace("~0", "~"))
+    } else {
+        Cow::Borrowed(token)
+    }
 }
 
 /// The member `token` of a raw object, or element `token` of a raw array.
@@ -94,6 +139,25 @@ fn child<'a>(raw: &'a RawValue, token: &str) -> Option<&'a RawValue> {
             de.deserialize_seq(FindElement(token.parse().ok()?)).ok()?
         }
         _ => None,
+    }
+}
+
+/// Collects an object's members, values unparsed (but checked).
+struct Members;
+
+impl<'de> Visitor<'de> for Members {
+    type Value = Vec<(Cow<'de, str>, &'de RawValue)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members = Vec::with_capacity(16);
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            members.push((key.0, map.next_value::<&'de RawValue>()?));
+        }
+        Ok(members)
     }
 }
 
@@ -457,7 +521,10 @@ mod tests {
         let text = r#" {"id": "evt_1", "n": 42, "a/b": {"~x": [10, {"deep": true}]},
                         "arr": [1, [2, 3]], "dup": 1, "dup": 2, "esc": "q\"uote", "nul": null} "#;
         let parsed: Value = serde_json::from_str(text).unwrap();
-        let raw: &RawValue = serde_json::from_str(text).unwrap();
+        let object = RawDoc::parse(text).unwrap();
+        let array_text = format!("[{text}, 7]");
+        let array_parsed: Value = serde_json::from_str(&array_text).unwrap();
+        let array = RawDoc::parse(&array_text).unwrap();
         for ptr in [
             "",
             "/id",
@@ -481,9 +548,42 @@ mod tests {
             "/a~1b/~0x/1",
         ] {
             let want = parsed.pointer(ptr).cloned();
-            let got = Json::Raw(raw).pointer(ptr).map(Cow::into_owned);
+            let got = Json::Raw(&object).pointer(ptr).map(Cow::into_owned);
+            assert_eq!(got, want, "pointer {ptr:?}");
+            // The same walk below an array (no member list at the top).
+            let ptr = format!("/0{ptr}");
+            let want = array_parsed.pointer(&ptr).cloned();
+            let got = Json::Raw(&array).pointer(&ptr).map(Cow::into_owned);
             assert_eq!(got, want, "pointer {ptr:?}");
         }
+    }
+
+    #[test]
+    fn a_raw_doc_is_one_whole_json_value() {
+        for bad in [
+            "",
+            "{",
+            r#"{"a":}"#,
+            r#"{"a":1} x"#,
+            "[1,]",
+            r#"{"a":[1,}"#,
+            "nul",
+        ] {
+            assert!(RawDoc::parse(bad).is_err(), "{bad:?} was taken");
+        }
+        for good in [r#" {"a": [1, {}]} "#, "[]", "\"s\"", "7", "null"] {
+            assert!(RawDoc::parse(good).is_ok(), "{good:?} was refused");
+        }
+        // A key with escapes is found by its text.
+        let doc = RawDoc::parse(r#"{"a\u0062": 1, "\"q": 2}"#).unwrap();
+        assert_eq!(
+            Json::Raw(&doc).pointer("/ab").as_deref(),
+            Some(&Value::from(1))
+        );
+        assert_eq!(
+            Json::Raw(&doc).pointer("/\"q").as_deref(),
+            Some(&Value::from(2))
+        );
     }
 
     #[test]

@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use super::reply::Reply;
 use super::{BodyProblem, Incoming};
 use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
-use crate::key::{Input, Json, payload_hash};
+use crate::key::{Input, Json, RawDoc, payload_hash};
 use crate::metrics::Delivery;
 use crate::store::now_ms;
 
@@ -101,26 +100,34 @@ fn accept(
             }
         })?;
 
-    // 2. Only now, the body: validated as JSON when the source reads it,
-    // and parsed into a tree only when an SQL action binds its values.
-    let raw = if source.needs_json() {
-        Some(validate_json(&body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
+    // 2. Only now, the body: checked as JSON when the source reads it, in
+    // one pass. Parsed into a tree only when an SQL action binds its
+    // values; otherwise left as text with its top-level members noted.
+    let text = if source.needs_json() {
+        Some(json_text(&body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
     } else {
         None
     };
-    let json: Option<Value> = match raw {
-        Some(raw) if source.binds_json() => Some(serde_json::from_str(raw.get()).map_err(|e| {
-            refused(
-                Delivery::BadRequest,
-                400,
-                format!("body is not valid JSON: {e}"),
-            )
-        })?),
-        _ => None,
+    let bad_json = |e: serde_json::Error| {
+        refused(
+            Delivery::BadRequest,
+            400,
+            format!("body is not valid JSON: {e}"),
+        )
+    };
+    let (json, doc): (Option<Value>, Option<RawDoc<'_>>) = match text {
+        Some(text) if source.binds_json() => {
+            (Some(serde_json::from_str(text).map_err(bad_json)?), None)
+        }
+        Some(text) => (None, Some(RawDoc::parse(text).map_err(bad_json)?)),
+        None => (None, None),
     };
     let input = Input {
         headers: &rq.headers,
-        json: json.as_ref().map(Json::Parsed).or(raw.map(Json::Raw)),
+        json: json
+            .as_ref()
+            .map(Json::Parsed)
+            .or(doc.as_ref().map(Json::Raw)),
     };
     if source.kind == Kind::Slack
         && let Some(reply) = slack_challenge(&input)
@@ -346,16 +353,15 @@ fn refuse(
     Reply::error(status, message)
 }
 
-/// Checks that the body is one JSON value (UTF-8, not nested too deep) and
-/// returns it unparsed.
-fn validate_json(body: &[u8]) -> Result<&RawValue, String> {
+/// The body as text for a JSON parser: UTF-8 and not nested too deep.
+fn json_text(body: &[u8]) -> Result<&str, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body is not valid UTF-8 JSON".to_string())?;
     if nesting_depth(text.as_bytes()) > MAX_JSON_DEPTH {
         return Err(format!(
             "body JSON is nested deeper than {MAX_JSON_DEPTH} levels"
         ));
     }
-    serde_json::from_str(text).map_err(|e| format!("body is not valid JSON: {e}"))
+    Ok(text)
 }
 
 /// The deepest nesting of arrays and objects, skipping strings; a cheap
@@ -526,11 +532,7 @@ params = { region = "header:x-region" }
     #[test]
     fn deep_json_is_refused_not_parsed() {
         let deep = "[".repeat(10_000) + &"]".repeat(10_000);
-        assert!(
-            validate_json(deep.as_bytes())
-                .unwrap_err()
-                .contains("nested")
-        );
-        assert!(validate_json(b"\xff").unwrap_err().contains("UTF-8"));
+        assert!(json_text(deep.as_bytes()).unwrap_err().contains("nested"));
+        assert!(json_text(b"\xff").unwrap_err().contains("UTF-8"));
     }
 }
