@@ -237,6 +237,8 @@ impl<'de> serde::Deserialize<'de> for Key<'de> {
 pub enum KeyError {
     #[error("no event id: {0} is missing or empty")]
     Missing(String),
+    #[error("duplicate header {0}: the event id is ambiguous")]
+    RepeatedHeader(String),
     #[error("event id is longer than {MAX_EVENT_ID_BYTES} bytes")]
     TooLong,
     #[error("event id must be text or a number: {0} is an object, array, boolean or null")]
@@ -296,6 +298,18 @@ impl Part {
     pub fn text(&self, input: &Input<'_>) -> Option<String> {
         self.lookup(input).map(|f| f.text())
     }
+
+    /// A header this part reads that the request carries more than once
+    /// (lowercased): which value was meant is ambiguous, so the key and
+    /// type rules refuse it, as the schemes refuse a repeated signature.
+    pub fn repeated_header(&self, headers: &[(String, String)]) -> Option<String> {
+        self.alternatives.iter().find_map(|atom| match atom {
+            Atom::Header(name) => {
+                (header_values(headers, name).nth(1).is_some()).then(|| name.to_ascii_lowercase())
+            }
+            Atom::Json(_) => None,
+        })
+    }
 }
 
 /// A value found in a request.
@@ -326,6 +340,9 @@ impl Rule {
     pub fn extract(&self, input: &Input<'_>) -> Result<String, KeyError> {
         let mut values = Vec::with_capacity(self.parts.len());
         for part in &self.parts {
+            if let Some(name) = part.repeated_header(input.headers) {
+                return Err(KeyError::RepeatedHeader(name));
+            }
             let found = part
                 .lookup(input)
                 .ok_or_else(|| KeyError::Missing(part.to_string()))?;
@@ -455,6 +472,31 @@ mod tests {
             rule(&["json:/nope"]).extract(&input),
             Err(KeyError::Missing(_))
         ));
+    }
+
+    #[test]
+    fn a_repeated_key_header_is_ambiguous() {
+        let body = json!({"id": "evt_1"});
+        for second in ["d-2", "d-1"] {
+            let headers = vec![
+                ("X-Delivery".to_string(), "d-1".to_string()),
+                ("x-delivery".to_string(), second.to_string()),
+            ];
+            let input = Input {
+                headers: &headers,
+                json: Some(Json::Parsed(&body)),
+            };
+            assert_eq!(
+                rule(&["header:X-Delivery"]).extract(&input),
+                Err(KeyError::RepeatedHeader("x-delivery".into()))
+            );
+            assert_eq!(
+                rule(&["json:/id", "header:X-Delivery"]).extract(&input),
+                Err(KeyError::RepeatedHeader("x-delivery".into()))
+            );
+            // A rule that does not read the header does not care.
+            assert_eq!(rule(&["json:/id"]).extract(&input), Ok("evt_1".into()));
+        }
     }
 
     #[test]

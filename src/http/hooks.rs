@@ -103,7 +103,7 @@ fn accept(
     // 2. Only now, the body: checked as JSON when the source reads it, in
     // one pass. Parsed into a tree only when an SQL action binds its
     // values; otherwise left as text with its top-level members noted.
-    let text = if source.needs_json() {
+    let text = if source.needs_json() || declares_json(rq.header("content-type")) {
         Some(json_text(&body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
     } else {
         None
@@ -138,7 +138,19 @@ fn accept(
         .key
         .extract(&input)
         .map_err(|e| refused(Delivery::BadRequest, 400, e.to_string()))?;
-    let event_type = source.event_type.as_ref().and_then(|p| p.text(&input));
+    let event_type = match &source.event_type {
+        Some(part) => {
+            if let Some(name) = part.repeated_header(&rq.headers) {
+                return Err(refused(
+                    Delivery::BadRequest,
+                    400,
+                    format!("duplicate header {name}: the event type is ambiguous"),
+                ));
+            }
+            part.text(&input)
+        }
+        None => None,
+    };
     let hash = payload_hash(&source.hash, &body, &input);
     let kept_headers = kept_headers(source, &rq.headers);
     let content_type = rq.header("content-type").map(str::to_string);
@@ -353,6 +365,17 @@ fn refuse(
     Reply::error(status, message)
 }
 
+/// True for a JSON media type (`application/json`, `*/*+json`): such a
+/// body must be JSON even where no rule reads it (GitHub, for one, may
+/// also send form-encoded bodies, which are not checked).
+fn declares_json(content_type: Option<&str>) -> bool {
+    let Some(media) = content_type.and_then(|c| c.split(';').next()) else {
+        return false;
+    };
+    let media = media.trim().to_ascii_lowercase();
+    media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
+}
+
 /// The body as text for a JSON parser: UTF-8 and not nested too deep.
 fn json_text(body: &[u8]) -> Result<&str, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body is not valid UTF-8 JSON".to_string())?;
@@ -520,6 +543,26 @@ params = { region = "header:x-region" }
                 "x-region": "eu",
             })
         );
+    }
+
+    #[test]
+    fn json_media_types() {
+        for yes in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/cloudevents+json",
+        ] {
+            assert!(declares_json(Some(yes)), "{yes}");
+        }
+        for no in [
+            "application/x-www-form-urlencoded",
+            "text/json-ish",
+            "application/jsonx",
+            "",
+        ] {
+            assert!(!declares_json(Some(no)), "{no}");
+        }
+        assert!(!declares_json(None));
     }
 
     #[test]

@@ -170,6 +170,9 @@ pub struct Verdict {
 pub enum VerifyError {
     #[error("missing header {0}")]
     MissingHeader(String),
+    /// The scheme's event id header is absent from an otherwise signed request.
+    #[error("no event id: missing header {0}")]
+    MissingEventId(String),
     /// A signature, timestamp or id header of the scheme was sent more than once.
     #[error("duplicate header {0}")]
     DuplicateHeader(String),
@@ -192,12 +195,15 @@ pub enum VerifyError {
 
 impl VerifyError {
     /// True when the request is malformed (HTTP 400) rather than
-    /// unauthenticated (401): a duplicated header, a header value with a NUL
+    /// unauthenticated (401): a duplicated header, a signed request without
+    /// its id header, a header value with a NUL
     /// byte or invalid UTF-8, and a correctly signed body that is not what
     /// the scheme promises (invalid JSON for Linear).
     pub fn is_bad_request(&self) -> bool {
         match self {
-            VerifyError::DuplicateHeader(_) | VerifyError::InvalidBody(_) => true,
+            VerifyError::DuplicateHeader(_)
+            | VerifyError::MissingEventId(_)
+            | VerifyError::InvalidBody(_) => true,
             VerifyError::MalformedHeader { reason, .. } => reason.is_bad_request(),
             _ => false,
         }

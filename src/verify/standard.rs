@@ -64,9 +64,12 @@ pub(super) fn verify(
     now: i64,
 ) -> Result<Verdict, VerifyError> {
     let family = family_of(headers);
-    let id = super::required_header(headers, family.id)?;
+    let id = super::optional_header(headers, family.id)?;
     let timestamp_raw = super::required_header(headers, family.timestamp)?;
     let signature = super::required_header(headers, family.signature)?;
+    // Signed, but without the id the signature covers: a malformed
+    // delivery with no event id (400), not a bad signature.
+    let id = id.ok_or_else(|| VerifyError::MissingEventId(family.id.to_owned()))?;
     let timestamp = super::parse_timestamp(family.timestamp, timestamp_raw)?;
 
     let mut hmac_tags = Vec::new();
@@ -358,21 +361,31 @@ mod tests {
     #[test]
     fn missing_and_duplicate_headers() {
         let v = verifier(Scheme::Standard, &[SECRET]);
-        for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        let no_id = v
+            .verify(&without_header(&signed(SIG), "webhook-id"), BODY, TS)
+            .unwrap_err();
+        assert_eq!(no_id, VerifyError::MissingEventId("webhook-id".to_owned()));
+        assert!(no_id.is_bad_request());
+        for name in ["webhook-timestamp", "webhook-signature"] {
             assert_eq!(
                 v.verify(&without_header(&signed(SIG), name), BODY, TS),
                 Err(VerifyError::MissingHeader(name.to_owned()))
             );
+        }
+        for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
             let err = v
                 .verify(&doubled(&signed(SIG), name), BODY, TS)
                 .unwrap_err();
             assert_eq!(err, VerifyError::DuplicateHeader(name.to_owned()));
             assert!(err.is_bad_request());
         }
+        // Unsigned altogether: 401, whatever else is missing.
+        let unsigned = v.verify(&[], BODY, TS).unwrap_err();
         assert_eq!(
-            v.verify(&[], BODY, TS),
-            Err(VerifyError::MissingHeader("webhook-id".to_owned()))
+            unsigned,
+            VerifyError::MissingHeader("webhook-timestamp".to_owned())
         );
+        assert!(!unsigned.is_bad_request());
         let svix_only = headers(&[("svix-id", ID), ("svix-signature", SIG)]);
         assert_eq!(
             v.verify(&svix_only, BODY, TS),

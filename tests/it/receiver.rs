@@ -794,6 +794,93 @@ fn status_400_for_missing_id_invalid_json_and_duplicated_signature_header() {
     assert_eq!(server.get("/healthz").status, 200, "server still up");
 }
 
+/// The id and type headers of header-keyed kinds, sent twice, are as
+/// ambiguous as a repeated signature: 400, nothing stored. A JSON body
+/// that is not JSON is refused even where no rule reads the body; a
+/// form-encoded one is not checked. A signed Standard Webhooks request
+/// without its id header has no event id: 400, not 401.
+#[test]
+fn status_400_for_repeated_id_or_type_headers_a_false_json_body_and_no_webhook_id() {
+    const GH: &str = "gh-secret-it";
+    const WH: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let server = Server::start(
+        &ServerConfig::new().tables(&format!(
+            "[sources.gh]\nkind = \"github\"\nsecrets = [\"{GH}\"]\n\
+             [sources.wh]\nkind = \"standard\"\nsecrets = [\"{WH}\"]\n"
+        )),
+        &[],
+    );
+    let send = |path: &str, hdrs: &[(String, String)], body: &[u8]| {
+        raw_exchange(
+            server.addr(),
+            &raw_request("POST", path, hdrs, body),
+            Duration::from_secs(5),
+        )
+    };
+    let body = br#"{"action":"opened","number":1}"#;
+    for (header, second) in [
+        ("X-GitHub-Delivery", "d-other"),
+        ("X-GitHub-Delivery", "d-1"),
+        ("X-GitHub-Event", "issues"),
+    ] {
+        let mut hdrs = sign::github(GH, body, "d-1", "pull_request");
+        hdrs.push((header.to_string(), second.to_string()));
+        let answer = send("/hooks/gh", &hdrs, body);
+        assert_eq!(
+            answer.status,
+            Some(400),
+            "{header} sent twice\n{}",
+            answer.text()
+        );
+        assert!(
+            answer.text().contains(&header.to_ascii_lowercase()),
+            "the answer names the header\n{}",
+            answer.text()
+        );
+    }
+    assert_eq!(events_count(&server.db()), 0, "nothing stored for a 400");
+
+    let not_json = b"{not json";
+    let answer = send(
+        "/hooks/gh",
+        &sign::github(GH, not_json, "d-2", "push"),
+        not_json,
+    );
+    assert_eq!(
+        answer.status,
+        Some(400),
+        "application/json that is not JSON\n{}",
+        answer.text()
+    );
+    let form = b"payload=%7B%7D";
+    let mut hdrs = sign::github(GH, form, "d-3", "push");
+    hdrs.retain(|(n, _)| !n.eq_ignore_ascii_case("content-type"));
+    hdrs.push((
+        "Content-Type".to_string(),
+        "application/x-www-form-urlencoded".to_string(),
+    ));
+    assert_eq!(
+        send("/hooks/gh", &hdrs, form).status,
+        Some(200),
+        "a form body"
+    );
+
+    let event = br#"{"type":"invoice.paid"}"#;
+    let mut hdrs = sign::standard(WH, "msg_1", now_secs(), event);
+    hdrs.retain(|(n, _)| n != "webhook-id");
+    let answer = send("/hooks/wh", &hdrs, event);
+    assert_eq!(
+        answer.status,
+        Some(400),
+        "signed, no webhook-id\n{}",
+        answer.text()
+    );
+    assert!(answer.text().contains("no event id"), "{}", answer.text());
+
+    assert_eq!(events_count(&server.db()), 1, "only the form body stored");
+    assert_eq!(server.get("/healthz").status, 200, "server still up");
+}
+
 #[test]
 fn status_400_for_a_header_with_a_nul_byte() {
     let server = Server::start(
