@@ -11,7 +11,7 @@ use rusqlite::OpenFlags;
 
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
-use crate::metrics::{Delivery, JobGauges, Metrics, StorageGauges};
+use crate::metrics::{AttemptOutcome, Delivery, JobGauges, Metrics, StorageGauges};
 use crate::store::{Guard, StoreError, Writer};
 
 pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
@@ -42,7 +42,7 @@ impl App {
             .writer
             .call_with(Guard::Group, self.claim_op(source_index, claim.clone()));
         drop(claim);
-        self.claimed(&outcome);
+        self.claimed(source_index, &outcome);
         outcome
     }
 
@@ -60,7 +60,7 @@ impl App {
         let app = self.clone();
         self.writer.call_then(Guard::Group, op, move |outcome| {
             drop(claim);
-            app.claimed(&outcome);
+            app.claimed(source_index, &outcome);
             then(outcome);
         });
     }
@@ -85,9 +85,30 @@ impl App {
         }
     }
 
-    /// After a claim: wakes the outbox if it wrote forward jobs.
-    fn claimed(&self, outcome: &Result<Outcome, StoreError>) {
-        if matches!(outcome, Ok(Outcome::Accepted { forward_jobs, .. }) if *forward_jobs > 0) {
+    /// After a claim's commit: counts the SQL actions' attempts and wakes
+    /// the outbox if it wrote forward jobs.
+    fn claimed(&self, source_index: usize, outcome: &Result<Outcome, StoreError>) {
+        let Ok(Outcome::Accepted {
+            forward_jobs,
+            sql_runs,
+            ..
+        }) = outcome
+        else {
+            return;
+        };
+        if let Some(source) = self.config.sources.get(source_index) {
+            for &(index, ok) in sql_runs {
+                if let Some(action) = source.actions.get(index) {
+                    let outcome = if ok {
+                        AttemptOutcome::Ok
+                    } else {
+                        AttemptOutcome::Failed
+                    };
+                    self.metrics.attempt(&source.name, &action.name, outcome);
+                }
+            }
+        }
+        if *forward_jobs > 0 {
             (self.wake_outbox)();
         }
     }

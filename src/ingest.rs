@@ -44,8 +44,14 @@ pub struct Claim {
 /// What the claim decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// This delivery stored the event. `forward_jobs` new outbox rows.
-    Accepted { state: String, forward_jobs: usize },
+    /// This delivery stored the event. `forward_jobs` new outbox rows;
+    /// `sql_runs` the SQL actions that ran (by index in the source's
+    /// actions) and whether each succeeded, for the attempts metric.
+    Accepted {
+        state: String,
+        forward_jobs: usize,
+        sql_runs: Vec<(usize, bool)>,
+    },
     /// The event was already stored, with the same payload hash.
     Duplicate { state: String },
     /// The event was already stored with a different payload hash; an
@@ -65,10 +71,11 @@ impl Outcome {
 
 /// Claims the event for `source`. Runs inside the caller's transaction.
 pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
-    let matching: Vec<&Action> = source
+    let matching: Vec<(usize, &Action)> = source
         .actions
         .iter()
-        .filter(|a| a.takes(c.event_type.as_deref()))
+        .enumerate()
+        .filter(|(_, a)| a.takes(c.event_type.as_deref()))
         .collect();
     let initial_state = if matching.is_empty() {
         "completed"
@@ -98,11 +105,12 @@ pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, S
         ])?;
 
     let outcome = if inserted == 1 {
-        let mut forward_jobs = 0;
-        for action in &matching {
+        let (mut forward_jobs, mut sql_runs) = (0, Vec::new());
+        for &(index, action) in &matching {
             match &action.kind {
                 ActionKind::Sql { sql, params } => {
-                    run_sql_job(conn, source, action, sql, params, c)?
+                    let ok = run_sql_job(conn, source, action, sql, params, c)?;
+                    sql_runs.push((index, ok));
                 }
                 ActionKind::Forward(_) => {
                     insert_forward_job(conn, source, action, c)?;
@@ -122,6 +130,7 @@ pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, S
         Outcome::Accepted {
             state,
             forward_jobs,
+            sql_runs,
         }
     } else {
         let (state, stored_hash): (String, String) = conn
@@ -207,7 +216,7 @@ pub fn record_delivery(
 
 /// Runs one SQL action with its job row in a savepoint. A failing statement
 /// rolls back only itself; the job is then written as failed, with the
-/// error, outside that savepoint.
+/// error, outside that savepoint. True when the action succeeded.
 fn run_sql_job(
     conn: &Connection,
     source: &Source,
@@ -215,7 +224,7 @@ fn run_sql_job(
     sql: &str,
     sql_params: &[(String, Part)],
     c: &Claim,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let started = crate::store::now_ms();
     let result = in_savepoint(conn, "action", |conn| -> Result<(), ActionError> {
         execute_action(conn, source, sql, sql_params, c)?;
@@ -224,7 +233,7 @@ fn run_sql_job(
         Ok(())
     });
     match result {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(true),
         Err(ActionError::Store(e)) if e.kind != crate::store::StoreErrorKind::Other => Err(e),
         Err(e) => {
             let message = e.to_string();
@@ -239,7 +248,7 @@ fn run_sql_job(
                     ("error", &message),
                 ],
             );
-            Ok(())
+            Ok(false)
         }
     }
 }

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
+use crate::metrics::AttemptOutcome;
 use crate::ops::inspect::{self, ListFilter, OpError};
 use crate::ops::{pause, reconcile, replay};
 use crate::store::{StoreError, now_ms};
@@ -360,9 +361,7 @@ fn replay_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) 
     });
     match result {
         Ok((plan, done, state)) => {
-            if replay::requeued_forward(&done) {
-                (app.wake_outbox)();
-            }
+            replayed(app, &done);
             Reply::json(200, &replay::report(&plan, Some(&done), state))
         }
         Err(e) => op_error(e),
@@ -408,10 +407,24 @@ fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
             Err(e) => return store_error(&e),
         }
     }
-    if replay::requeued_forward(&all) {
+    replayed(app, &all);
+    Reply::json(200, &replay::report(&plan, Some(&all), None))
+}
+
+/// After a replay's commit: SQL jobs ran again now, and are counted as
+/// attempts; re-opened forward jobs wake the outbox.
+fn replayed(app: &App, done: &[replay::Done]) {
+    for d in done.iter().filter(|d| d.kind == "sql") {
+        let outcome = match d.result.as_str() {
+            "ok" => AttemptOutcome::Ok,
+            "failed" => AttemptOutcome::Failed,
+            _ => continue,
+        };
+        app.metrics.attempt(&d.source, &d.action, outcome);
+    }
+    if replay::requeued_forward(done) {
         (app.wake_outbox)();
     }
-    Reply::json(200, &replay::report(&plan, Some(&all), None))
 }
 
 fn pause_or_resume(app: &App, source: &str, action: &str, pausing: bool) -> Reply {

@@ -258,6 +258,72 @@ fn metrics_count_a_scripted_mix_exactly() {
     }
 }
 
+/// SQL actions run in the claim; each run is an attempt and is counted
+/// like a forward attempt, ok or failed, once per event (a duplicate runs
+/// nothing), and again when an operator replays it through the API.
+#[test]
+fn sql_action_attempts_are_counted() {
+    let server = Server::start(
+        &ServerConfig::new()
+            .set("admin_token", &toml_str("env:ADMIN_TOKEN"))
+            .set(
+                "setup_sql",
+                &toml_str("CREATE TABLE IF NOT EXISTS book (id TEXT PRIMARY KEY, amount INTEGER CHECK (amount < 103));"),
+            )
+            .tables(
+                r#"
+[sources.pay]
+kind = "stripe"
+secrets = ["env:PAY_SECRET"]
+
+[[sources.pay.actions]]
+name = "book"
+sql = "INSERT INTO book (id, amount) VALUES (:event_id, :amount)"
+params = { amount = "json:/data/object/amount" }
+
+[[sources.pay.actions]]
+name = "refunds-only"
+types = ["charge.refunded"]
+sql = "SELECT 1"
+"#,
+            ),
+        &env(),
+    );
+    // Amounts 100 to 104: the CHECK fails the last two.
+    for i in 0..5 {
+        let body = event(&format!("evt_s{i}"), 100 + i);
+        let r = server.post("/hooks/pay", &sign::stripe_now(SECRET, &body), &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let body = event("evt_s0", 100);
+    let r = server.post("/hooks/pay", &sign::stripe_now(SECRET, &body), &body);
+    assert_eq!(r.json_status().as_deref(), Some("duplicate"));
+
+    // An operator's replay through the admin API runs the action again
+    // (still failing its CHECK): one more attempt.
+    let r = server.post(
+        "/api/events/pay/evt_s3/replay",
+        &headers(&[("Authorization", &format!("Bearer {ADMIN_TOKEN}"))]),
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let s = scrape(&server);
+    let a = |action: &str, outcome: &str| {
+        value(
+            &s,
+            "idemhook_action_attempts_total",
+            &[("source", "pay"), ("action", action), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(a("book", "ok"), 3.0);
+    assert_eq!(a("book", "failed"), 3.0);
+    assert_eq!(a("book", "retry"), 0.0);
+    assert_eq!(a("refunds-only", "ok"), 0.0, "an action the type skips");
+    assert_eq!(value(&s, "idemhook_jobs", &[("status", "done")]), 3.0);
+    assert_eq!(value(&s, "idemhook_jobs", &[("status", "failed")]), 2.0);
+}
+
 #[test]
 fn json_log_lines_parse_and_carry_the_delivery_fields() {
     let downstream = Downstream::start();
