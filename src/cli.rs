@@ -50,7 +50,8 @@ pub enum Command {
         /// Where to post; default http://{listen}/hooks/{source}.
         #[arg(long)]
         url: Option<String>,
-        /// The body to send: a file, or - for standard input.
+        /// The body to send, as it is: a file, or - for standard input. Its
+        /// own id and type are kept unless --id or --type is given.
         #[arg(long)]
         file: Option<String>,
         /// The event id, set wherever the kind carries it.

@@ -1,6 +1,7 @@
 //! `idemhook send SOURCE`: build a sample body (or take one), put the event
-//! id and type where the source's rules read them, sign it as the provider
-//! would, POST it and print the answer. For local development and smoke
+//! id and type where the source's rules read them (in a given body, only
+//! when `--id` or `--type` asks), sign it as the provider would, POST it
+//! and print the answer. For local development and smoke
 //! tests; exits non-zero unless the answer is 2xx.
 
 use std::io::Read;
@@ -10,7 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use crate::config::{Config, Kind, Source};
-use crate::key::{Atom, Part};
+use crate::key::{Atom, Input, Json, Part};
 
 pub fn run(
     config: &Config,
@@ -28,6 +29,9 @@ pub fn run(
         )
     })?;
     let now_ms = crate::store::now_ms();
+    // A given body keeps its own id and type unless --id or --type asks
+    // otherwise; headers that carry them get these values.
+    let (id_asked, type_asked) = (id.is_some(), event_type.is_some());
     let id = id.unwrap_or_else(|| format!("evt_{:016x}", fastrand::u64(..)));
     let event_type = event_type.unwrap_or_else(|| default_type(source.kind).to_string());
 
@@ -52,19 +56,20 @@ pub fn run(
     // Put the id and type where this source reads them.
     // Every key part gets the id (a derived key then hashes them), and the
     // type goes where the type rule reads it.
-    let mut places: Vec<(Option<&Part>, &str)> = source
+    let mut places: Vec<(Option<&Part>, &str, bool)> = source
         .key
         .parts
         .iter()
-        .map(|p| (Some(p), id.as_str()))
+        .map(|p| (Some(p), id.as_str(), id_asked))
         .collect();
-    places.push((source.event_type.as_ref(), event_type.as_str()));
-    for (part, value) in places {
+    places.push((source.event_type.as_ref(), event_type.as_str(), type_asked));
+    for (part, value, asked) in places {
         let Some(atom) = part.and_then(|p| p.alternatives.first()) else {
             continue;
         };
         match atom {
             Atom::Header(name) => headers.push((name.clone(), value.to_string())),
+            Atom::Json(_) if given.is_some() && !asked => {}
             Atom::Json(ptr) => match body_json.as_mut() {
                 Some(v) => set_pointer(v, ptr, Value::String(value.to_string())),
                 None => {
@@ -124,7 +129,21 @@ pub fn run(
         .with_context(|| format!("POST {url} failed"))?;
     let status = response.status().as_u16();
     let text = response.body_mut().read_to_string().unwrap_or_default();
-    println!("POST {url} (event id {id}, type {event_type}) -> {status}");
+    // What the receiver reads as id and type, wherever they came from.
+    let input = Input {
+        headers: &headers,
+        json: body_json.as_ref().map(Json::Parsed),
+    };
+    let shown_id = source
+        .key
+        .extract(&input)
+        .unwrap_or_else(|_| "?".to_string());
+    let shown_type = source
+        .event_type
+        .as_ref()
+        .and_then(|p| p.text(&input))
+        .unwrap_or_else(|| "?".to_string());
+    println!("POST {url} (event id {shown_id}, type {shown_type}) -> {status}");
     println!("{text}");
     if (200..300).contains(&status) {
         Ok(ExitCode::SUCCESS)

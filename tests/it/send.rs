@@ -99,6 +99,61 @@ fn send_signs_every_kind_as_its_provider_would() {
     }
 }
 
+/// A given body is the body posted, byte for byte, with its own id and
+/// type; `--id` and `--type` change it only when given. Header-keyed
+/// kinds get their id and type headers either way.
+#[test]
+fn send_posts_a_given_body_as_it_is() {
+    let server = Server::start(&ServerConfig::new().tables(KINDS), &[]);
+    let base = server.base_url().to_string();
+    let body = "{ \"type\" : \"from.file\",  \"id\":\"evt_file_1\", \"event_id\":\"evt_file_1\", \"x\":[1,2]}\n";
+    let file = server.dir().join("given.json");
+    std::fs::write(&file, body).expect("write the body");
+    let path = file.to_str().unwrap_or_default();
+    for kind in ["stripe", "custom", "github"] {
+        let out = server.run_cli(&["send", kind, "--url", &base, "--file", path]);
+        assert!(out.success(), "send {kind}: {}\n{}", out.stdout, out.stderr);
+        let stored: Vec<u8> = server
+            .db()
+            .query_row(
+                "SELECT payload FROM events WHERE source = ?1",
+                [kind],
+                |r| r.get(0),
+            )
+            .unwrap_or_default();
+        assert_eq!(
+            String::from_utf8_lossy(&stored),
+            body,
+            "{kind}: the stored body is the given one"
+        );
+    }
+    for kind in ["stripe", "custom"] {
+        let stored = count(
+            &server.db(),
+            "SELECT count(*) FROM events WHERE source = ?1 AND event_id = 'evt_file_1' AND type = 'from.file'",
+            [kind],
+        );
+        assert_eq!(stored, 1, "{kind}: the body's own id and type");
+    }
+    // Asked for, the id is set in the body (which is then re-written).
+    let out = server.run_cli(&[
+        "send",
+        "stripe",
+        "--url",
+        &base,
+        "--file",
+        path,
+        "--id",
+        "evt_file_2",
+    ]);
+    assert!(out.success(), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("event id evt_file_2, type from.file"),
+        "{}",
+        out.stdout
+    );
+}
+
 #[test]
 fn send_exits_non_zero_when_the_answer_is_not_2xx() {
     let server = Server::start(&ServerConfig::new().tables(KINDS), &[]);
