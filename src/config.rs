@@ -92,6 +92,15 @@ impl Kind {
     /// How long keys are kept by default: the provider's documented retry or
     /// redelivery horizon plus a margin, never under 7 days. The README's
     /// retention table gives the reason for each.
+    /// True for the schemes whose signature covers a timestamp, which
+    /// `tolerance` bounds.
+    pub fn signs_timestamp(self) -> bool {
+        matches!(
+            self,
+            Kind::Stripe | Kind::Slack | Kind::Paddle | Kind::Linear | Kind::Standard
+        )
+    }
+
     pub fn default_retention(self) -> Duration {
         let days = match self {
             // retries for up to 3 days
@@ -631,6 +640,11 @@ fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, Stri
         if !rs.secrets.is_empty() {
             return Err("secrets: kind \"none\" takes no secrets".to_string());
         }
+    } else if allow_unsigned {
+        return Err(
+            "allow_unsigned: only sources of kind \"none\" take this key; other kinds always verify"
+                .to_string(),
+        );
     } else if rs.secrets.is_empty() {
         return Err("secrets: at least one secret is needed".to_string());
     }
@@ -982,6 +996,10 @@ mod tests {
                 "sources.a.secrets[0]",
             ),
             ("[sources.a]\nkind = \"none\"", "sources.a.allow_unsigned"),
+            (
+                "[sources.a]\nkind = \"stripe\"\nsecrets = [\"s\"]\nallow_unsigned = true",
+                "sources.a.allow_unsigned",
+            ),
             (
                 "[sources.a]\nkind = \"hmac\"\nsecrets=[\"s\"]\nkey=[\"json:/id\"]",
                 "sources.a.header",

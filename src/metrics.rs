@@ -228,8 +228,9 @@ impl Metrics {
                 .map_or(UNKNOWN_SOURCE_LABEL, String::as_str);
             for (o, d) in Delivery::ALL.iter().enumerate() {
                 let n = row[o].load(Ordering::Relaxed);
-                // The unknown row only has unknown_source deliveries.
-                if i == self.sources.len() && *d != Delivery::UnknownSource {
+                // The unknown row only has unknown_source deliveries, and
+                // a configured source never has them.
+                if (i == self.sources.len()) != (*d == Delivery::UnknownSource) {
                     continue;
                 }
                 let _ = writeln!(

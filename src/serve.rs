@@ -214,12 +214,18 @@ pub fn describe(config: &Config) -> String {
                 .map_or("(none)".to_string(), ToString::to_string)
         );
         let _ = writeln!(out, "  hash       {}", s.hash_rule());
-        let _ = writeln!(
-            out,
-            "  secrets    {}; tolerance {}",
-            s.secret_count,
-            format_duration(s.tolerance)
-        );
+        if s.kind == crate::config::Kind::None {
+            let _ = writeln!(out, "  secrets    none (unsigned, allow_unsigned = true)");
+        } else if s.kind.signs_timestamp() {
+            let _ = writeln!(
+                out,
+                "  secrets    {}; tolerance {}",
+                s.secret_count,
+                format_duration(s.tolerance)
+            );
+        } else {
+            let _ = writeln!(out, "  secrets    {} (no signed timestamp)", s.secret_count);
+        }
         let _ = writeln!(
             out,
             "  retention  keys {}, bodies {}",
@@ -246,9 +252,13 @@ pub fn describe(config: &Config) -> String {
                         params.iter().map(|(n, p)| format!(":{n}={p}")).collect();
                     let _ = writeln!(
                         out,
-                        "  action {} (sql) on {types}; params {}",
+                        "  action {} (sql) on {types}; {}",
                         a.name,
-                        names.join(" ")
+                        if names.is_empty() {
+                            "built-in params only".to_string()
+                        } else {
+                            format!("params {}", names.join(" "))
+                        }
                     );
                 }
                 ActionKind::Forward(f) => {
@@ -268,4 +278,47 @@ pub fn describe(config: &Config) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    #[test]
+    fn check_describes_only_what_applies_to_each_source() {
+        let config = Config::parse(
+            r#"
+[sources.st]
+kind = "stripe"
+secrets = ["s"]
+[[sources.st.actions]]
+name = "plain"
+sql = "SELECT :event_id"
+[sources.gh]
+kind = "github"
+secrets = ["s", "t"]
+[sources.open]
+kind = "none"
+allow_unsigned = true
+key = ["header:X-Key"]
+"#,
+            "test.toml",
+            Path::new("/tmp"),
+            Some("test.toml".into()),
+        )
+        .expect("config");
+        let text = super::describe(&config);
+        assert!(text.contains("secrets    1; tolerance 5m\n"), "{text}");
+        assert!(
+            text.contains("secrets    2 (no signed timestamp)\n"),
+            "{text}"
+        );
+        assert!(text.contains("secrets    none (unsigned"), "{text}");
+        assert!(
+            text.contains("on all types; built-in params only\n"),
+            "{text}"
+        );
+    }
 }

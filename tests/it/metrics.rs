@@ -184,6 +184,14 @@ fn metrics_count_a_scripted_mix_exactly() {
     assert!(
         !s.samples
             .iter()
+            .any(|x| x.metric == "idemhook_deliveries_total"
+                && x.labels.get("outcome") == Some("unknown_source")
+                && x.labels.get("source") != Some("unknown")),
+        "a configured source has no unknown_source series"
+    );
+    assert!(
+        !s.samples
+            .iter()
             .any(|x| x.labels.get("source") == Some("nope")),
         "request data became a label value"
     );
