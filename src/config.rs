@@ -89,9 +89,6 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.name() == s)
     }
 
-    /// How long keys are kept by default: the provider's documented retry or
-    /// redelivery horizon plus a margin, never under 7 days. The README's
-    /// retention table gives the reason for each.
     /// True for the schemes whose signature covers a timestamp, which
     /// `tolerance` bounds.
     pub fn signs_timestamp(self) -> bool {
@@ -101,6 +98,9 @@ impl Kind {
         )
     }
 
+    /// How long keys are kept by default: the provider's documented retry or
+    /// redelivery horizon plus a margin, never under 7 days. The README's
+    /// retention table gives the reason for each.
     pub fn default_retention(self) -> Duration {
         let days = match self {
             // retries for up to 3 days

@@ -1,8 +1,8 @@
 //! `idemhook send SOURCE`: build a sample body (or take one), put the event
 //! id and type where the source's rules read them (in a given body, only
 //! when `--id` or `--type` asks), sign it as the provider would, POST it
-//! and print the answer. For local development and smoke
-//! tests; exits non-zero unless the answer is 2xx.
+//! and print the answer. For local development and smoke tests; exits
+//! non-zero unless the answer is 2xx.
 
 use std::io::Read;
 use std::process::ExitCode;

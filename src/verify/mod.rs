@@ -196,9 +196,9 @@ pub enum VerifyError {
 impl VerifyError {
     /// True when the request is malformed (HTTP 400) rather than
     /// unauthenticated (401): a duplicated header, a signed request without
-    /// its id header, a header value with a NUL
-    /// byte or invalid UTF-8, and a correctly signed body that is not what
-    /// the scheme promises (invalid JSON for Linear).
+    /// its id header, a header value with a NUL byte or invalid UTF-8, and
+    /// a correctly signed body that is not what the scheme promises
+    /// (invalid JSON for Linear).
     pub fn is_bad_request(&self) -> bool {
         match self {
             VerifyError::DuplicateHeader(_)
