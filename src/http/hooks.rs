@@ -379,7 +379,7 @@ fn declares_json(content_type: Option<&str>) -> bool {
 /// The body as text for a JSON parser: UTF-8 and not nested too deep.
 fn json_text(body: &[u8]) -> Result<&str, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body is not valid UTF-8 JSON".to_string())?;
-    if nesting_depth(text.as_bytes()) > MAX_JSON_DEPTH {
+    if too_deep(text.as_bytes()) {
         return Err(format!(
             "body JSON is nested deeper than {MAX_JSON_DEPTH} levels"
         ));
@@ -387,8 +387,17 @@ fn json_text(body: &[u8]) -> Result<&str, String> {
     Ok(text)
 }
 
-/// The deepest nesting of arrays and objects, skipping strings; a cheap
-/// scan that refuses hostile nesting before the parser recurses.
+/// True when arrays and objects nest deeper than [`MAX_JSON_DEPTH`]: a
+/// cheap check that refuses hostile nesting before the parser recurses.
+/// A body with no more opening brackets than that cannot nest deeper, and
+/// counting them is one vectorised pass; only a body with more is walked
+/// byte by byte.
+fn too_deep(bytes: &[u8]) -> bool {
+    let opening = bytes.iter().filter(|&&b| b == b'[' || b == b'{').count();
+    opening > MAX_JSON_DEPTH && nesting_depth(bytes) > MAX_JSON_DEPTH
+}
+
+/// The deepest nesting of arrays and objects, skipping strings.
 fn nesting_depth(bytes: &[u8]) -> usize {
     let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
     for &b in bytes {
@@ -563,6 +572,19 @@ params = { region = "header:x-region" }
             assert!(!declares_json(Some(no)), "{no}");
         }
         assert!(!declares_json(None));
+    }
+
+    #[test]
+    fn many_brackets_are_not_deep_nesting() {
+        let flat = format!("[{}]", vec!["[]"; 200].join(","));
+        assert!(!too_deep(flat.as_bytes()));
+        let deep = "[".repeat(MAX_JSON_DEPTH + 1) + &"]".repeat(MAX_JSON_DEPTH + 1);
+        assert!(too_deep(deep.as_bytes()));
+        let limit = "[".repeat(MAX_JSON_DEPTH) + &"]".repeat(MAX_JSON_DEPTH);
+        assert!(!too_deep(limit.as_bytes()));
+        // Brackets inside strings count toward the quick bound only.
+        let quoted = format!(r#"["{}"]"#, "[".repeat(500));
+        assert!(!too_deep(quoted.as_bytes()));
     }
 
     #[test]
