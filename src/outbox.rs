@@ -7,9 +7,9 @@
 //! the stored body with `Idempotency-Key: {source}:{event_id}:{action}`, and
 //! records the result with an update fenced by owner and attempt number: a
 //! worker whose lease expired and was taken over cannot overwrite the new
-//! owner's result. A crashed worker's job is taken over after its lease;
-//! the cut-short attempt is then recorded as a `retry` with error kind
-//! `lease`.
+//! owner's result. A crashed worker's job is taken over after its lease
+//! and a grace ([`takeover_grace`]); the cut-short attempt is then
+//! recorded as a `retry` with error kind `lease`.
 //!
 //! Job life cycle:
 //! ```text
@@ -221,8 +221,9 @@ struct Leased {
     action: String,
     /// This attempt's number (1-based).
     n: i64,
-    /// When this worker's lease on the job ends.
-    lease_until: i64,
+    /// When this worker's lease on the job ends: no attempt starts that
+    /// could run past it. (The row's `lease_until` adds the takeover grace.)
+    lease_ends: i64,
     /// Attempts made before the last operator replay: a replay gives the
     /// job a fresh `max_attempts` budget.
     budget_base: i64,
@@ -294,7 +295,7 @@ impl Worker {
                 let timeout = self.forward_of(&job.source, &job.action).map_or(0, |f| {
                     i64::try_from(f.timeout.as_millis()).unwrap_or(i64::MAX / 2)
                 });
-                if self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_until {
+                if self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends {
                     self.release(&job);
                     continue;
                 }
@@ -498,6 +499,18 @@ fn classify_error(e: &ureq::Error) -> (&'static str, String) {
     }
 }
 
+/// How long after a lease ends another worker may take the job over
+/// (the row's `lease_until` includes it). An attempt can end a little
+/// after its timeout: the HTTP client's deadline is not exact, and the
+/// result waits for a commit. With a lease only just longer than the
+/// timeout, a takeover at the lease's end could send the job while the
+/// first worker is still finishing it (seen from outside: a 5 s timeout
+/// with a 5.01 s lease, the first attempt ending at 5.05-5.23 s, the
+/// second sent at 5.01 s). A tenth of the lease, at least 2 s.
+fn takeover_grace(lease: Duration) -> Duration {
+    (lease / 10).max(Duration::from_secs(2))
+}
+
 /// Takes up to `TAKE_BATCH` due jobs for `owner`: expired leases first, then
 /// pending jobs in due order. Returns them with the earliest time another
 /// job falls due, for the worker's sleep.
@@ -546,7 +559,9 @@ fn take(
             // (reconcile lists it as overdue).
             continue;
         };
-        let lease_until = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let lease_until = lease_ends
+            .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
         // The barrier: one conditional UPDATE, decided by changes().
         let won = conn
             .prepare_cached(
@@ -633,7 +648,7 @@ fn take(
             event_id,
             action,
             n: n_before + 1,
-            lease_until,
+            lease_ends,
             budget_base,
             event_type,
             body,

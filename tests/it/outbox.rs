@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -1208,6 +1208,43 @@ fn a_worker_whose_lease_was_taken_over_cannot_record_its_late_result() {
         "b's resend carried the same Idempotency-Key"
     );
     assert_eq!(ds.effects(&key(id)), 1);
+}
+
+/// A lease only just longer than the timeout (which `check` accepts): an
+/// attempt that ends a little after its lease must not be sent again
+/// meanwhile by another worker. Process a's worker stalls 2.2 s after the
+/// downstream answered, standing in for an attempt that overran its
+/// timeout; process b looks for expired leases at least every 500 ms. The
+/// takeover waits for the lease (1.01 s) plus its grace (2 s), by which
+/// time a has recorded its result.
+#[test]
+fn an_attempt_that_ends_just_after_its_lease_is_not_sent_twice() {
+    let ds = Downstream::start();
+    let config =
+        one_action_config(&ds, &[("lease", &toml_str("1010ms"))]).set("forward_workers", "1");
+    let mut env_a = stripe_env();
+    env_a.push(("IDEMHOOK_FAILPOINTS", "forward.after_response=sleep(2200)"));
+    let a = Server::start(&config, &env_a);
+    let b = second_server(&a, &config, &stripe_env());
+    let id = "evt_overrun";
+    let sent = Instant::now();
+    assert_accepted(&deliver(&a, &stripe_event(id)), id, "delivery to a");
+    let db = a.db();
+    let j = wait_job(&db, id, ACTION, "done");
+    // Past the takeover time, had the job still been open.
+    let settle = Duration::from_millis(3500).saturating_sub(sent.elapsed());
+    std::thread::sleep(settle);
+    let context = format!("{}\n{}\n{}", outbox_dump(&db), a.logs(), b.logs());
+    assert_eq!(
+        attempt_headers(&ds.requests_for(&key(id))),
+        vec!["1".to_string()],
+        "sent once, by a\n{context}"
+    );
+    assert_eq!(
+        field(&attempts(&db, j.id), |r| (r.n, r.outcome.clone())),
+        vec![(1, Some("ok".into()))],
+        "{context}"
+    );
 }
 
 /// Regression guard for the batch-lease bug (fixed in b08ae99): a worker
