@@ -124,7 +124,9 @@ struct Shared {
     active: AtomicUsize,
     next_id: AtomicU64,
     /// Open connections, so shutdown can end their reads.
-    open: Mutex<HashMap<u64, TcpStream>>,
+    /// Each open connection's socket, and whether it is in the middle of
+    /// a request (from its first byte to its answer).
+    open: Mutex<HashMap<u64, (TcpStream, Arc<AtomicBool>)>>,
     drained: Condvar,
 }
 
@@ -179,10 +181,13 @@ impl Server {
             let _ = a.join();
         }
         // Idle connections wait in a read: end it. A connection in the
-        // middle of a request finishes it (its write side stays open).
+        // middle of a request reads the rest of it and answers; it ends at
+        // the top of its loop, where it sees the stop.
         if let Ok(open) = self.shared.open.lock() {
-            for stream in open.values() {
-                let _ = stream.shutdown(Shutdown::Read);
+            for (stream, in_request) in open.values() {
+                if !in_request.load(Ordering::SeqCst) {
+                    let _ = stream.shutdown(Shutdown::Read);
+                }
             }
         }
         let deadline = Instant::now() + grace;
@@ -226,8 +231,9 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let Ok(registered) = stream.try_clone() else {
             continue;
         };
+        let in_request = Arc::new(AtomicBool::new(false));
         if let Ok(mut open) = shared.open.lock() {
-            open.insert(id, registered);
+            open.insert(id, (registered, in_request.clone()));
         }
         shared.active.fetch_add(1, Ordering::SeqCst);
         let s = shared.clone();
@@ -237,7 +243,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             .spawn(move || {
                 // Gives the slot back however the thread ends, panics included.
                 let _slot = Slot(&s, id);
-                serve_connection(stream, &s);
+                serve_connection(stream, &s, &in_request);
             });
         if spawned.is_err() {
             finish(shared, id);
@@ -263,7 +269,7 @@ fn finish(shared: &Shared, id: u64) {
     }
 }
 
-fn serve_connection(stream: TcpStream, shared: &Shared) {
+fn serve_connection(stream: TcpStream, shared: &Shared, in_request: &AtomicBool) {
     let Ok(remote) = stream.peer_addr() else {
         return;
     };
@@ -287,15 +293,24 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         None => Box::new(stream),
     };
     let mut reader: Conn = BufReader::with_capacity(16 * 1024, io);
-    serve_requests(&mut reader, &out, remote, shared);
+    serve_requests(&mut reader, &out, remote, shared, in_request);
     // A promised answer is written before the connection closes.
     out.settle(&mut reader);
 }
 
-fn serve_requests(reader: &mut Conn, out: &Arc<Outbound>, remote: SocketAddr, shared: &Shared) {
+fn serve_requests(
+    reader: &mut Conn,
+    out: &Arc<Outbound>,
+    remote: SocketAddr,
+    shared: &Shared,
+    in_request: &AtomicBool,
+) {
     let limits = &shared.limits;
     let socket = &out.socket;
     loop {
+        // Idle from here, then the stop is checked: a stop that comes
+        // later sees this connection idle and ends its read (`stop`).
+        in_request.store(false, Ordering::SeqCst);
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
@@ -306,6 +321,7 @@ fn serve_requests(reader: &mut Conn, out: &Arc<Outbound>, remote: SocketAddr, sh
             Ok([]) | Err(_) => return,
             Ok(_) => {}
         }
+        in_request.store(true, Ordering::SeqCst);
         // The previous request's answer goes out before anything of this
         // one (only a pipelining client ever waits here).
         if !out.settle(reader) {
@@ -332,6 +348,15 @@ fn serve_requests(reader: &mut Conn, out: &Arc<Outbound>, remote: SocketAddr, sh
         } else {
             read_body(reader, socket, &head, limits)
         };
+        if body.is_err() && shared.stop.load(Ordering::SeqCst) {
+            // The stop ended the body's read (this connection looked idle
+            // to it a moment before its first byte): the request was cut
+            // by the shutdown, not malformed. The sender retries.
+            let reply = Reply::error(503, "the server is shutting down; retry later").retry_after();
+            let _ = write_out(reader, &serialize(reply, false, true));
+            let _ = socket.shutdown(Shutdown::Write);
+            return;
+        }
         let body_complete = matches!(&body, Ok(b) if b.len() <= limits.max_body_bytes);
         let later =
             (shared.tls.is_none() && head.keep_alive && body_complete && head.method == "POST")
