@@ -131,10 +131,15 @@ impl App {
         }
     }
 
-    /// Ready when the database takes a write: a recent good commit is proof
-    /// enough; otherwise a real probe write.
+    /// Ready when the database takes a write: not while a commit failed in
+    /// the last 2 s; a recent good commit is proof enough; otherwise a real
+    /// probe write.
     pub fn ready(&self) -> Result<(), StoreError> {
-        if self.writer.healthy() && self.writer.recently_committed(Duration::from_secs(2)) {
+        let window = Duration::from_secs(2);
+        if let Some(e) = self.writer.recent_failure(window) {
+            return Err(e);
+        }
+        if self.writer.healthy() && self.writer.recently_committed(window) {
             return Ok(());
         }
         self.writer.probe()

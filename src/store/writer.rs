@@ -144,6 +144,8 @@ struct Shared {
     healthy: AtomicBool,
     /// When the last commit (good or bad) finished, in ms.
     last_commit_at: AtomicI64,
+    /// The last failed commit: when (ms), and why.
+    last_failure: Mutex<Option<(i64, StoreError)>>,
     commits: AtomicU64,
     grouped_ops: AtomicU64,
     /// Frames in the WAL at the last checkpoint.
@@ -196,6 +198,7 @@ impl Writer {
         let shared = Arc::new(Shared {
             healthy: AtomicBool::new(true),
             last_commit_at: AtomicI64::new(0),
+            last_failure: Mutex::new(None),
             commits: AtomicU64::new(0),
             grouped_ops: AtomicU64::new(0),
             wal_frames: Arc::new(AtomicI64::new(0)),
@@ -340,6 +343,15 @@ impl Writer {
     /// Whether the last commit succeeded.
     pub fn healthy(&self) -> bool {
         self.shared.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Why a commit failed within `within`, if one did. Readiness looks at
+    /// it: with the disk nearly full, a small write can commit while the
+    /// groups that carry events fail.
+    pub fn recent_failure(&self, within: Duration) -> Option<StoreError> {
+        let last = self.shared.last_failure.lock().ok()?;
+        let (at, e) = last.as_ref()?;
+        (now_ms() - at <= within.as_millis() as i64).then(|| e.clone())
     }
 
     /// Whether a commit finished within `within`.
@@ -597,7 +609,12 @@ fn commit_group(
             shared.commits.fetch_add(1, Ordering::Relaxed);
             shared.grouped_ops.fetch_add(n, Ordering::Relaxed);
         }
-        Err(e) => crate::log::warn("storage", &[("error", &e.message)]),
+        Err(e) => {
+            crate::log::warn("storage", &[("error", &e.message)]);
+            if let Ok(mut last) = shared.last_failure.lock() {
+                *last = Some((now_ms(), e.clone()));
+            }
+        }
     }
     // Continuations go to the answer thread in one message; blocked
     // callers are woken here.

@@ -2028,6 +2028,77 @@ fn a_full_disk_answers_503_until_space_is_freed() {
     drop(server);
 }
 
+/// With the disk nearly full, a small write (the readiness probe) can
+/// commit while a group carrying a large event cannot: /readyz must follow
+/// the failed commit, not the probe.
+#[test]
+fn a_nearly_full_disk_refuses_a_large_event_and_readyz_says_so() {
+    let mnt = match Tmpfs::mount("8m") {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!("SKIPPED a_nearly_full_disk_refuses_a_large_event_and_readyz_says_so: {why}");
+            return;
+        }
+    };
+    let db = mnt.path().join("idemhook.db");
+    let server = start(&stripe_config().set("database", &toml_str(&db.display().to_string())));
+    let acked = Acked::default();
+    deliver(
+        &server,
+        &acked,
+        "evt_before_nearly_full",
+        "before the disk fills",
+    );
+    {
+        let conn = Connection::open(&db).expect("open the database");
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        wait_until(
+            Duration::from_secs(10),
+            "a TRUNCATE checkpoint empties the WAL",
+            || {
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+                .is_ok_and(|got| got == (0, 0, 0))
+            },
+        );
+    }
+    // Fill the disk, then give back 256 KiB: room for small commits only.
+    let filler = mnt.path().join("filler");
+    let filled = fill_disk(&filler, 16 * 1024 * 1024);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&filler)
+        .and_then(|f| f.set_len((filled - 256 * 1024) as u64))
+        .expect("free 256 KiB");
+
+    let id = "evt_too_big_for_the_disk";
+    let big = serde_json::json!({"id": id, "type": "charge.succeeded",
+                                 "data": {"object": {"pad": "x".repeat(700 * 1024)}}})
+    .to_string()
+    .into_bytes();
+    let resp = Client::new(BOUND).try_post(
+        &server.url("/hooks/stripe"),
+        &sign::stripe_now(SECRET, &big),
+        &big,
+    );
+    let resp = resp.unwrap_or_else(|e| panic!("the large event: {e}"));
+    assert_eq!(resp.status, 503, "the large event: {}", resp.text());
+    expect_not_ready(&server, "right after a commit failed for want of space");
+    std::fs::remove_file(&filler).expect("free the space");
+    expect_recovery(
+        &server,
+        &acked,
+        &[id.to_string()],
+        &db,
+        "a nearly full disk",
+    );
+}
+
 // ---------------------------------------------------------------------------
 // 5. A panic
 // ---------------------------------------------------------------------------
