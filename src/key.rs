@@ -474,6 +474,42 @@ mod tests {
         ));
     }
 
+    /// Numeric ids keep the digits as sent: two ids that differ only past
+    /// what an f64 or u64 holds are two events, not one. (An exponent is
+    /// written `e+N` or `e-N`.)
+    #[test]
+    fn numeric_ids_are_kept_as_written() {
+        let ids = [
+            "1.50",
+            "1e+3",
+            "2.5e-07",
+            "-9223372036854775809",
+            "18446744073709551616",
+            "18446744073709551617",
+            "123456789012345678901234567890",
+            "123456789012345678901234567891",
+            "9007199254740993",
+        ];
+        for id in ids {
+            let text = format!(r#"{{"id": {id}}}"#);
+            let doc = RawDoc::parse(&text).unwrap();
+            let parsed: Value = serde_json::from_str(&text).unwrap();
+            for json in [Json::Raw(&doc), Json::Parsed(&parsed)] {
+                let input = Input {
+                    headers: &[],
+                    json: Some(json),
+                };
+                assert_eq!(rule(&["json:/id"]).extract(&input), Ok(id.to_string()));
+            }
+        }
+        let spelled: Value = serde_json::from_str(r#"{"id": 1E3}"#).unwrap();
+        let input = Input {
+            headers: &[],
+            json: Some(Json::Parsed(&spelled)),
+        };
+        assert_eq!(rule(&["json:/id"]).extract(&input), Ok("1e+3".to_string()));
+    }
+
     #[test]
     fn a_repeated_key_header_is_ambiguous() {
         let body = json!({"id": "evt_1"});

@@ -921,6 +921,32 @@ fn status_400_for_repeated_id_or_type_headers_a_false_json_body_and_no_webhook_i
     assert_eq!(server.get("/healthz").status, 200, "server still up");
 }
 
+/// Numeric ids beyond what a u64 or an f64 holds keep their digits: two
+/// events whose ids differ in the last digit are two events (they were
+/// rounded to one, the second answered as a mismatched duplicate).
+#[test]
+fn large_numeric_ids_are_two_events_not_one() {
+    let server = Server::start(
+        &ServerConfig::new().tables(
+            "[sources.open]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\n",
+        ),
+        &[],
+    );
+    for id in [
+        "18446744073709551616",
+        "18446744073709551617",
+        "123456789012345678901234567890",
+        "123456789012345678901234567891",
+        "1.50",
+        "1.5",
+    ] {
+        let body = format!(r#"{{"id":{id},"type":"n"}}"#);
+        let resp = server.post("/hooks/open", &[], body.as_bytes());
+        assert_accepted(&resp, id, &format!("id {id}"));
+    }
+    assert_eq!(events_count(&server.db()), 6);
+}
+
 #[test]
 fn status_400_for_a_header_with_a_nul_byte() {
     let server = Server::start(
