@@ -192,6 +192,9 @@ pub struct Config {
     pub database: PathBuf,
     pub durability: Durability,
     pub admin_token: Option<Secret>,
+    /// The environment variable `admin_token` names when it is not set:
+    /// the admin API is then off, and serve and check say why.
+    pub admin_token_unset: Option<String>,
     pub max_body_bytes: usize,
     pub http_workers: usize,
     pub forward_workers: usize,
@@ -443,7 +446,17 @@ impl Config {
                 )));
             }
         };
+        // An `env:` token whose variable is not set turns the admin API off
+        // (as PRODUCT.md's example config reads), unlike a source secret,
+        // without which nothing could be verified.
+        let admin_token_unset = raw
+            .admin_token
+            .as_deref()
+            .and_then(|spec| spec.strip_prefix("env:"))
+            .filter(|name| std::env::var_os(name).is_none())
+            .map(str::to_string);
         let admin_token = match &raw.admin_token {
+            Some(_) if admin_token_unset.is_some() => None,
             Some(spec) => {
                 let token =
                     resolve_secret(spec, base).map_err(|e| err(format!("admin_token: {e}")))?;
@@ -527,6 +540,7 @@ impl Config {
             database: base.join(raw.database.unwrap_or_else(|| "idemhook.db".to_string())),
             durability,
             admin_token,
+            admin_token_unset,
             max_body_bytes: max_body_bytes as usize,
             http_workers,
             forward_workers,
@@ -1073,6 +1087,29 @@ lease = "5s"
         std::fs::write(dir.path().join("s.txt"), "sekrit\n").unwrap();
         let s = resolve_secret("file:s.txt", dir.path()).unwrap();
         assert_eq!(s.expose(), "sekrit");
+    }
+
+    #[test]
+    fn an_admin_token_from_an_unset_variable_turns_the_api_off() {
+        let unset = "IDEMHOOK_TEST_SURELY_UNSET_TOKEN";
+        let c = parse(&format!(
+            "admin_token = \"env:{unset}\"\n[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n"
+        ))
+        .expect("an unset admin token variable is not an error");
+        assert!(c.admin_token.is_none());
+        assert_eq!(c.admin_token_unset.as_deref(), Some(unset));
+        // A source secret from an unset variable still is.
+        assert!(
+            parse(&format!(
+                "[sources.a]\nkind = \"github\"\nsecrets = [\"env:{unset}\"]\n"
+            ))
+            .is_err()
+        );
+        // A literal token is on.
+        let c =
+            parse("admin_token = \"t0k3n\"\n[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n")
+                .expect("config");
+        assert!(c.admin_token.is_some() && c.admin_token_unset.is_none());
     }
 
     #[test]

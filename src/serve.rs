@@ -55,6 +55,15 @@ pub fn run(config: Config) -> Result<()> {
         crate::config::Durability::Full => "full",
         crate::config::Durability::Normal => "normal",
     };
+    if let Some(name) = &config.admin_token_unset {
+        crate::log::warn(
+            "admin API off",
+            &[(
+                "reason",
+                &format!("admin_token names {name}, which is not set"),
+            )],
+        );
+    }
     crate::log::info(
         "started",
         &[
@@ -185,15 +194,12 @@ pub fn describe(config: &Config) -> String {
             crate::config::Durability::Normal => "normal (survives a crash of the process only)",
         }
     );
-    let _ = writeln!(
-        out,
-        "admin API   {}",
-        if config.admin_token.is_some() {
-            "on (token set)"
-        } else {
-            "off (no admin_token)"
-        }
-    );
+    let admin = match (&config.admin_token, &config.admin_token_unset) {
+        (Some(_), _) => "on (token set)".to_string(),
+        (None, Some(name)) => format!("off (admin_token names {name}, which is not set)"),
+        (None, None) => "off (no admin_token)".to_string(),
+    };
+    let _ = writeln!(out, "admin API   {admin}");
     let _ = writeln!(
         out,
         "workers     {} http, {} forward; max body {} bytes",
