@@ -47,7 +47,7 @@ pub fn receive(app: &Arc<App>, source_name: &str, rq: &mut Incoming<'_>) -> Repl
     match result {
         Ok(reply) => reply,
         Err(r) => {
-            let reply = refuse(app, index, source_name, rq, &r, received_at);
+            let reply = refuse(app, index, source_name, &rq.remote, &r, received_at);
             // (After a 413 the server closes the connection itself: the
             // rest of the body was never read.)
             if r.status == 405 {
@@ -343,7 +343,7 @@ fn refuse(
     app: &App,
     index: Option<usize>,
     source_name: &str,
-    rq: &Incoming<'_>,
+    remote: &str,
     r: &Refused,
     received_at: i64,
 ) -> Reply {
@@ -351,7 +351,7 @@ fn refuse(
     app.metrics.delivery(index, outcome);
     // Request data never becomes a metric label; the database row keeps
     // the name asked for (bounded by the URL limit), for the operator.
-    app.record_refusal(source_name, outcome, &rq.remote, message, received_at);
+    app.record_refusal(source_name, outcome, remote, message, received_at);
     crate::log::info(
         "delivery",
         &[
@@ -359,10 +359,26 @@ fn refuse(
             ("outcome", &outcome.name()),
             ("status", &status),
             ("reason", &message),
-            ("remote", &rq.remote),
+            ("remote", &remote),
         ],
     );
     Reply::error(status, message)
+}
+
+/// A delivery the server refused while reading its head (malformed
+/// framing, a head over a limit): counted, recorded and logged like any
+/// refused delivery when its source is known. The server answers it.
+pub fn refused_head(app: &App, source_name: &str, remote: &str, status: u16, message: &str) {
+    let Some((index, _)) = app.source(source_name) else {
+        return;
+    };
+    let outcome = if status == 413 {
+        Delivery::TooLarge
+    } else {
+        Delivery::BadRequest
+    };
+    let r = refused(outcome, status, message);
+    let _ = refuse(app, Some(index), source_name, remote, &r, now_ms());
 }
 
 /// True for a JSON media type (`application/json`, `*/*+json`): such a

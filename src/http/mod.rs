@@ -78,9 +78,16 @@ impl HttpServer {
             config.http.idle_timeout,
         );
         let bind = |listen: &str, surface: Surface| {
-            let app = app.clone();
-            let handler = Box::new(move |rq: &mut server::Request| handle(&app, rq, surface));
-            server::Server::bind(listen, limits.clone(), tls.clone(), handler)
+            let for_handler = app.clone();
+            let handler =
+                Box::new(move |rq: &mut server::Request| handle(&for_handler, rq, surface));
+            let for_refused = app.clone();
+            let refused = Box::new(
+                move |target: &str, remote: SocketAddr, status: u16, message: &str| {
+                    refused_head(&for_refused, surface, target, remote, status, message);
+                },
+            );
+            server::Server::bind(listen, limits.clone(), tls.clone(), handler, refused)
                 .map_err(|e| format!("cannot listen on {listen}: {e}"))
         };
         let (main_surface, admin) = match &config.admin_listen {
@@ -146,6 +153,24 @@ fn handle(app: &Arc<App>, rq: &mut server::Request, surface: Surface) -> Reply {
         later: rq.later.take(),
     };
     route(app, &mut incoming, surface)
+}
+
+/// A request the server refused while reading its head: a delivery to a
+/// hook route is counted and recorded like any refused delivery.
+fn refused_head(
+    app: &App,
+    surface: Surface,
+    target: &str,
+    remote: SocketAddr,
+    status: u16,
+    message: &str,
+) {
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    if let Some(source) = path.strip_prefix("/hooks/")
+        && surface != Surface::Admin
+    {
+        hooks::refused_head(app, source, &remote.to_string(), status, message);
+    }
 }
 
 fn route(app: &Arc<App>, rq: &mut Incoming<'_>, surface: Surface) -> Reply {

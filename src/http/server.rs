@@ -109,6 +109,12 @@ pub enum BodyProblem {
 /// processing permit.
 pub type Handler = dyn Fn(&mut Request) -> Reply + Send + Sync;
 
+/// Told of a request refused while its head was read (malformed framing,
+/// a head over a limit, an unsupported version or encoding), before the
+/// handler could see it: its target when the request line was read, the
+/// client's address, and the status and message it is answered with.
+pub type RefusedHook = dyn Fn(&str, SocketAddr, u16, &str) + Send + Sync;
+
 pub struct Server {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -120,10 +126,10 @@ struct Shared {
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: Limits,
     handler: Box<Handler>,
+    refused: Box<RefusedHook>,
     permits: Arc<Semaphore>,
     active: AtomicUsize,
     next_id: AtomicU64,
-    /// Open connections, so shutdown can end their reads.
     /// Each open connection's socket, and whether it is in the middle of
     /// a request (from its first byte to its answer).
     open: Mutex<HashMap<u64, (TcpStream, Arc<AtomicBool>)>>,
@@ -137,6 +143,7 @@ impl Server {
         limits: Limits,
         tls: Option<Arc<rustls::ServerConfig>>,
         handler: Box<Handler>,
+        refused: Box<RefusedHook>,
     ) -> io::Result<Server> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
@@ -146,6 +153,7 @@ impl Server {
             permits: Arc::new(Semaphore::new(limits.workers.max(1))),
             limits,
             handler,
+            refused,
             active: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             open: Mutex::new(HashMap::new()),
@@ -330,7 +338,15 @@ fn serve_requests(
         let head = match read_head(reader, socket, limits) {
             Ok(h) => h,
             Err(HeadError::Closed) => return,
-            Err(HeadError::Reply(reply)) => {
+            Err(HeadError::Refused {
+                status,
+                message,
+                target,
+            }) => {
+                if let Some(target) = &target {
+                    (shared.refused)(target, remote, status, &message);
+                }
+                let reply = Reply::error(status, &message);
                 let _ = write_out(reader, &serialize(reply, false, true));
                 return;
             }
@@ -564,8 +580,21 @@ struct Head {
 enum HeadError {
     /// The client went away or stalled before a whole request line.
     Closed,
-    /// Answer this and close.
-    Reply(Reply),
+    /// Answer this status and message, and close. `target` is the request
+    /// line's target when that was read.
+    Refused {
+        status: u16,
+        message: String,
+        target: Option<String>,
+    },
+}
+
+/// The target of a request head's first line, once that line is whole.
+fn target_of(raw: &[u8]) -> Option<String> {
+    let line = &raw[..raw.iter().position(|&b| b == b'\n')?];
+    let line = std::str::from_utf8(line).ok()?;
+    let target = line.split(' ').nth(1)?;
+    target.starts_with('/').then(|| target.to_string())
 }
 
 /// Reads and parses a request head, within the head size and time limits.
@@ -689,18 +718,24 @@ fn read_head(reader: &mut Conn, socket: &TcpStream, limits: &Limits) -> Result<H
             Err(Stop::Eof) => return Err(HeadError::Closed),
             Err(Stop::TimedOut) if raw.is_empty() => return Err(HeadError::Closed),
             Err(Stop::TimedOut) => {
-                return Err(HeadError::Reply(Reply::error(
-                    408,
-                    "request head not received in time",
-                )));
+                return Err(HeadError::Refused {
+                    status: 408,
+                    message: "request head not received in time".into(),
+                    target: target_of(&raw),
+                });
             }
             Err(Stop::TooLong) => {
                 let first_line_done = raw[..before].contains(&b'\n');
-                return Err(HeadError::Reply(if first_line_done {
-                    Reply::error(431, "request headers too large")
+                let (status, message) = if first_line_done {
+                    (431, "request headers too large")
                 } else {
-                    Reply::error(414, "request target too long")
-                }));
+                    (414, "request target too long")
+                };
+                return Err(HeadError::Refused {
+                    status,
+                    message: message.into(),
+                    target: target_of(&raw[..before]),
+                });
             }
         }
         let line = &raw[before..];
@@ -714,11 +749,16 @@ fn read_head(reader: &mut Conn, socket: &TcpStream, limits: &Limits) -> Result<H
             break;
         }
     }
-    parse_head(&raw, limits).map_err(HeadError::Reply)
+    parse_head(&raw, limits).map_err(|(status, message)| HeadError::Refused {
+        status,
+        message,
+        target: target_of(&raw),
+    })
 }
 
-fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Reply> {
-    let bad = |m: &str| Reply::error(400, m);
+/// The head, or the status and message it is refused with.
+fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, (u16, String)> {
+    let bad = |m: &str| (400, m.to_string());
     let mut lines = raw
         .split(|&b| b == b'\n')
         .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
@@ -735,7 +775,7 @@ fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Reply> {
         return Err(bad("malformed method"));
     }
     if target.len() > limits.max_target_bytes {
-        return Err(Reply::error(414, "request target too long"));
+        return Err((414, "request target too long".into()));
     }
     if !target.starts_with('/') || target.bytes().any(|b| b <= b' ' || b == 0x7f) {
         return Err(bad("malformed request target"));
@@ -744,10 +784,7 @@ fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Reply> {
         "HTTP/1.1" => true,
         "HTTP/1.0" => false,
         _ => {
-            return Err(Reply::error(
-                505,
-                "only HTTP/1.0 and HTTP/1.1 are supported",
-            ));
+            return Err((505, "only HTTP/1.0 and HTTP/1.1 are supported".into()));
         }
     };
     let mut headers: Vec<(String, String)> = Vec::new();
@@ -756,7 +793,7 @@ fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Reply> {
             break;
         }
         if headers.len() >= limits.max_headers {
-            return Err(Reply::error(431, "too many request headers"));
+            return Err((431, "too many request headers".into()));
         }
         if line[0] == b' ' || line[0] == b'\t' {
             return Err(bad("folded header lines are not accepted"));
@@ -811,10 +848,7 @@ fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Reply> {
         [] => false,
         [one] if one.eq_ignore_ascii_case("chunked") => true,
         _ => {
-            return Err(Reply::error(
-                501,
-                "only Transfer-Encoding: chunked is supported",
-            ));
+            return Err((501, "only Transfer-Encoding: chunked is supported".into()));
         }
     };
     if chunked && content_length.is_some() {
@@ -1109,7 +1143,14 @@ mod tests {
             }
             Reply::text(200, "text/plain", "second".into())
         });
-        let server = Server::bind("127.0.0.1:0", limits(), None, handler).unwrap();
+        let server = Server::bind(
+            "127.0.0.1:0",
+            limits(),
+            None,
+            handler,
+            Box::new(|_, _, _, _| {}),
+        )
+        .unwrap();
         let mut client = TcpStream::connect(server.addr()).unwrap();
         client
             .set_read_timeout(Some(Duration::from_secs(5)))
@@ -1157,7 +1198,7 @@ mod tests {
     }
 
     fn parse(raw: &str) -> Result<Head, u16> {
-        parse_head(raw.as_bytes(), &limits()).map_err(|r| r.status)
+        parse_head(raw.as_bytes(), &limits()).map_err(|(status, _)| status)
     }
 
     #[test]

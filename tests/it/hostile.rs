@@ -33,8 +33,8 @@ use base64::Engine as _;
 use rusqlite::Connection;
 
 use crate::harness::{
-    Client, HttpResponse, Server, ServerConfig, count, dump, open_db_read_only, toml_str, wait_for,
-    wait_until,
+    Client, HttpResponse, Server, ServerConfig, count, dump, open_db_read_only, raw_exchange,
+    toml_str, wait_for, wait_until,
 };
 use crate::sign;
 
@@ -2097,6 +2097,82 @@ fn a_nearly_full_disk_refuses_a_large_event_and_readyz_says_so() {
         &db,
         "a nearly full disk",
     );
+}
+
+/// Requests refused while their head is read (before any handler sees
+/// them) are deliveries too: to a known source they are counted under
+/// bad_request and recorded in `deliveries`; to an unknown one, only
+/// answered.
+#[test]
+fn requests_refused_for_their_framing_are_recorded_and_counted() {
+    let server = start(&stripe_config());
+    let head = |extra: &str, version: &str| {
+        format!("POST /hooks/stripe {version}\r\nHost: x\r\n{extra}\r\n").into_bytes()
+    };
+    let many: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        (
+            "a signed length",
+            head("Content-Length: +5\r\n", "HTTP/1.1"),
+            400,
+        ),
+        (
+            "length and chunked",
+            head(
+                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                "HTTP/1.1",
+            ),
+            400,
+        ),
+        (
+            "gzip encoding",
+            head("Transfer-Encoding: gzip\r\n", "HTTP/1.1"),
+            501,
+        ),
+        ("HTTP/2.0", head("", "HTTP/2.0"), 505),
+        (
+            "a NUL in a header",
+            head("X-Note: a\0b\r\n", "HTTP/1.1"),
+            400,
+        ),
+        ("101 headers", head(&many, "HTTP/1.1"), 431),
+    ];
+    for (what, raw, want) in &cases {
+        let answer = raw_exchange(server.addr(), raw, Duration::from_secs(5));
+        assert_eq!(answer.status, Some(*want), "{what}: {}", answer.text());
+    }
+    // And one to a source that does not exist: answered, not recorded.
+    let unknown = b"POST /hooks/nope HTTP/2.0\r\nHost: x\r\n\r\n";
+    let answer = raw_exchange(server.addr(), unknown, Duration::from_secs(5));
+    assert_eq!(answer.status, Some(505));
+
+    let db = server.db();
+    wait_until(
+        Duration::from_secs(5),
+        "a deliveries row for each refused request to stripe",
+        || {
+            count(
+                &db,
+                "SELECT count(*) FROM deliveries WHERE source = 'stripe' AND outcome = 'bad_request'",
+                [],
+            ) == cases.len() as i64
+        },
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM deliveries", []),
+        cases.len() as i64,
+        "nothing recorded for the unknown source\n{}",
+        dump(&db, "SELECT source, outcome, detail FROM deliveries")
+    );
+    let metrics = server.get("/metrics").text();
+    assert!(
+        metrics.contains(&format!(
+            "idemhook_deliveries_total{{source=\"stripe\",outcome=\"bad_request\"}} {}",
+            cases.len()
+        )),
+        "{metrics}"
+    );
+    assert_eq!(server.get("/healthz").status, 200);
 }
 
 // ---------------------------------------------------------------------------
