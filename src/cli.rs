@@ -176,6 +176,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // Like every command: with no ./idemhook.toml, the development
             // default (what `serve` would run here) is what there is to check.
             let config = load_config(&cli.config)?;
+            crate::serve::check_sql_actions(&config).map_err(|e| anyhow::anyhow!(e))?;
             print!("{}", crate::serve::describe(&config));
             Ok(ExitCode::SUCCESS)
         }

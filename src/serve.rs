@@ -177,6 +177,38 @@ fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
 }
 
 /// What `idemhook check` prints: the resolved config, without secrets.
+/// `check`'s test of the SQL actions, which `serve` prepares at start:
+/// against an empty database with idemhook's schema and `setup_sql`, and,
+/// if that fails, against the configured database as it is (read-only;
+/// its tables may come from elsewhere). Changes nothing on disk.
+pub fn check_sql_actions(config: &Config) -> Result<(), String> {
+    let has_sql = config
+        .sources
+        .iter()
+        .flat_map(|s| &s.actions)
+        .any(|a| matches!(a.kind, ActionKind::Sql { .. }));
+    if !has_sql {
+        return Ok(());
+    }
+    let fresh = (|| {
+        let mut conn = Connection::open_in_memory().map_err(|e| e.to_string())?;
+        store::migrate(&mut conn).map_err(|e| e.to_string())?;
+        if let Some(sql) = &config.setup_sql {
+            conn.execute_batch(sql)
+                .map_err(|e| format!("setup_sql: {e}"))?;
+        }
+        crate::ingest::validate_sql_actions(&conn, &config.sources)
+    })();
+    match fresh {
+        Err(e) if config.database.exists() => {
+            let conn = store::open_read(&config.database, std::time::Duration::from_secs(5))
+                .map_err(|_| e.clone())?;
+            crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|_| e)
+        }
+        other => other,
+    }
+}
+
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
     let origin = config.file.as_ref().map_or(
@@ -291,6 +323,48 @@ mod tests {
     use std::path::Path;
 
     use crate::config::Config;
+
+    fn with_sql(sql: &str, setup: Option<&str>, database: &Path) -> Config {
+        let setup = setup.map_or(String::new(), |s| format!("setup_sql = \"{s}\"\n"));
+        Config::parse(
+            &format!(
+                "database = \"{}\"\n{setup}[sources.st]\nkind = \"stripe\"\nsecrets = [\"s\"]\n\
+                 [[sources.st.actions]]\nname = \"book\"\nsql = \"{sql}\"\n",
+                database.display()
+            ),
+            "test.toml",
+            Path::new("/tmp"),
+            Some("test.toml".into()),
+        )
+        .expect("config")
+    }
+
+    /// What serve would refuse at start, check refuses too, without
+    /// writing anything.
+    #[test]
+    fn check_prepares_the_sql_actions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("none.db");
+        let insert = "INSERT INTO ledgr (id) VALUES (:event_id)";
+        let e = super::check_sql_actions(&with_sql(insert, None, &db)).unwrap_err();
+        assert!(e.contains("no such table: ledgr"), "{e}");
+        assert!(!db.exists(), "check created the database");
+        // setup_sql makes the table: fine.
+        let setup = "CREATE TABLE ledgr (id TEXT)";
+        assert_eq!(
+            super::check_sql_actions(&with_sql(insert, Some(setup), &db)),
+            Ok(())
+        );
+        // The table exists only in the configured database: fine too.
+        let existing = dir.path().join("existing.db");
+        rusqlite::Connection::open(&existing)
+            .and_then(|c| c.execute_batch(setup))
+            .expect("a database with the table");
+        assert_eq!(
+            super::check_sql_actions(&with_sql(insert, None, &existing)),
+            Ok(())
+        );
+    }
 
     #[test]
     fn check_describes_only_what_applies_to_each_source() {
