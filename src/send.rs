@@ -115,11 +115,13 @@ pub fn run(
         Some(u) => u,
         None => default_url(config, source),
     };
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+    let mut agent_config = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(30)))
-        .build()
-        .into();
+        .timeout_global(Some(std::time::Duration::from_secs(30)));
+    if let Some(tls) = tls_for(config, &url)? {
+        agent_config = agent_config.tls_config(tls);
+    }
+    let agent: ureq::Agent = agent_config.build().into();
     let mut request = agent.post(&url);
     for (name, value) in &headers {
         request = request.header(name.as_str(), value.as_str());
@@ -152,12 +154,66 @@ pub fn run(
     }
 }
 
-fn default_url(config: &Config, source: &Source) -> String {
+/// The config's own listener, as a base URL (https with TLS).
+fn own_base(config: &Config) -> String {
     let listen = config
         .listen
         .replace("0.0.0.0", "127.0.0.1")
         .replace("[::]", "[::1]");
-    format!("http://{listen}/hooks/{}", source.name)
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://{listen}")
+}
+
+fn default_url(config: &Config, source: &Source) -> String {
+    format!("{}/hooks/{}", own_base(config), source.name)
+}
+
+/// The TLS settings for posting to `url`: to this machine's own TLS
+/// listener (https on a loopback address or the configured listen host),
+/// the config's `tls_cert` is the certificate to trust (it is often
+/// self-signed); anywhere else, the public roots.
+fn tls_for(config: &Config, url: &str) -> Result<Option<ureq::tls::TlsConfig>> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    let Ok(uri) = url.parse::<ureq::http::Uri>() else {
+        return Ok(None);
+    };
+    let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
+    let listen_host = config
+        .listen
+        .rsplit_once(':')
+        .map_or("", |(h, _)| h)
+        .trim_matches(['[', ']']);
+    let own = uri.scheme_str() == Some("https")
+        && (host == "localhost"
+            || host == listen_host
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()));
+    if !own {
+        return Ok(None);
+    }
+    let pem = std::fs::read(&files.cert)
+        .with_context(|| format!("cannot read tls_cert {}", files.cert.display()))?;
+    let certs = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    if certs.is_empty() {
+        bail!("tls_cert {} holds no certificate", files.cert.display());
+    }
+    Ok(Some(
+        ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+            .build(),
+    ))
 }
 
 fn default_type(kind: Kind) -> &'static str {

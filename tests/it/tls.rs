@@ -88,6 +88,39 @@ fn deliveries_over_tls_are_verified_and_stored() {
     );
 }
 
+/// `send` to the server's own TLS listener trusts the config's tls_cert
+/// (here self-signed), so the development loop works with TLS on.
+#[test]
+fn send_trusts_the_configured_certificate_on_its_own_listener() {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("generate a self-signed certificate");
+    let config = ServerConfig::new()
+        .set("tls_cert", &toml_str("cert.pem"))
+        .set("tls_key", &toml_str("key.pem"))
+        .tables(stripe_table());
+    let server = Server::start_with_files(
+        &config,
+        &[("PAY_SECRET", SECRET)],
+        &[
+            ("cert.pem", certified.cert.pem().as_bytes()),
+            ("key.pem", certified.signing_key.serialize_pem().as_bytes()),
+        ],
+    );
+    let base = server.base_url().to_string();
+    let out = server.run_cli(&["send", "pay", "--url", &base, "--id", "evt_tls_send"]);
+    assert!(out.success(), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("\"accepted\""), "{}", out.stdout);
+    assert_eq!(
+        count(
+            &server.db(),
+            "SELECT count(*) FROM events WHERE event_id = 'evt_tls_send'",
+            []
+        ),
+        1
+    );
+}
+
 #[test]
 fn tls_config_needs_both_files() {
     let config = ServerConfig::new()
