@@ -1972,48 +1972,51 @@ fn fill_disk(path: &Path, at_most: usize) -> usize {
     written
 }
 
-#[test]
-fn a_full_disk_answers_503_until_space_is_freed() {
-    // The database lives on a tmpfs of 8 MiB made for this test. Its WAL is
-    // emptied (a TRUNCATE checkpoint) and the rest of the space filled, so
-    // that every write, however small, needs space that is not there.
+/// A server whose database lives on a tmpfs of 8 MiB made for the test,
+/// with one event acknowledged and then its WAL emptied (a TRUNCATE
+/// checkpoint), so that what is left of the disk is what a test fills.
+/// None (the test is skipped) where mounting is not allowed.
+fn on_a_small_disk(test: &str) -> Option<(Tmpfs, PathBuf, Server, Acked)> {
     let mnt = match Tmpfs::mount("8m") {
         Ok(m) => m,
         Err(why) => {
-            eprintln!("SKIPPED a_full_disk_answers_503_until_space_is_freed: {why}");
-            return;
+            eprintln!("SKIPPED {test}: {why}");
+            return None;
         }
     };
     let db = mnt.path().join("idemhook.db");
     let server = start(&stripe_config().set("database", &toml_str(&db.display().to_string())));
     let acked = Acked::default();
-    deliver(
-        &server,
-        &acked,
-        "evt_before_full",
-        "before the disk is full",
+    deliver(&server, &acked, "evt_before_full", "before the disk fills");
+    // The server's own checkpointer may be mid-pass (busy = 1): retry until
+    // a TRUNCATE checkpoint goes through.
+    let conn = Connection::open(&db).expect("open the database");
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "a TRUNCATE checkpoint empties the WAL",
+        || {
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+            .is_ok_and(|got| got == (0, 0, 0))
+        },
     );
+    Some((mnt, db, server, acked))
+}
 
-    {
-        // The server's own checkpointer may be mid-pass (busy = 1): retry
-        // until a TRUNCATE checkpoint goes through.
-        let conn = Connection::open(&db).expect("open the database");
-        conn.busy_timeout(Duration::from_secs(5)).unwrap();
-        wait_until(
-            Duration::from_secs(10),
-            "a TRUNCATE checkpoint empties the WAL",
-            || {
-                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                })
-                .is_ok_and(|got| got == (0, 0, 0))
-            },
-        );
-    }
+#[test]
+fn a_full_disk_answers_503_until_space_is_freed() {
+    // Every write, however small, needs space that is not there.
+    let Some((mnt, db, server, acked)) =
+        on_a_small_disk("a_full_disk_answers_503_until_space_is_freed")
+    else {
+        return;
+    };
     let filler = mnt.path().join("filler");
     let filled = fill_disk(&filler, 16 * 1024 * 1024);
     assert!(filled > 0, "the filler took the free space");
@@ -2033,40 +2036,11 @@ fn a_full_disk_answers_503_until_space_is_freed() {
 /// the failed commit, not the probe.
 #[test]
 fn a_nearly_full_disk_refuses_a_large_event_and_readyz_says_so() {
-    let mnt = match Tmpfs::mount("8m") {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("SKIPPED a_nearly_full_disk_refuses_a_large_event_and_readyz_says_so: {why}");
-            return;
-        }
+    let Some((mnt, db, server, acked)) =
+        on_a_small_disk("a_nearly_full_disk_refuses_a_large_event_and_readyz_says_so")
+    else {
+        return;
     };
-    let db = mnt.path().join("idemhook.db");
-    let server = start(&stripe_config().set("database", &toml_str(&db.display().to_string())));
-    let acked = Acked::default();
-    deliver(
-        &server,
-        &acked,
-        "evt_before_nearly_full",
-        "before the disk fills",
-    );
-    {
-        let conn = Connection::open(&db).expect("open the database");
-        conn.busy_timeout(Duration::from_secs(5)).unwrap();
-        wait_until(
-            Duration::from_secs(10),
-            "a TRUNCATE checkpoint empties the WAL",
-            || {
-                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                })
-                .is_ok_and(|got| got == (0, 0, 0))
-            },
-        );
-    }
     // Fill the disk, then give back 256 KiB: room for small commits only.
     let filler = mnt.path().join("filler");
     let filled = fill_disk(&filler, 16 * 1024 * 1024);

@@ -12,8 +12,9 @@ fn stripe_table() -> &'static str {
     "[sources.pay]\nkind = \"stripe\"\nsecrets = [\"env:PAY_SECRET\"]\n"
 }
 
-#[test]
-fn deliveries_over_tls_are_verified_and_stored() {
+/// A server with TLS on, its certificate self-signed for 127.0.0.1 and
+/// localhost; and that certificate, PEM.
+fn tls_server() -> (Server, String) {
     let certified =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
             .expect("generate a self-signed certificate");
@@ -31,6 +32,12 @@ fn deliveries_over_tls_are_verified_and_stored() {
             ("key.pem", key_pem.as_bytes()),
         ],
     );
+    (server, cert_pem)
+}
+
+#[test]
+fn deliveries_over_tls_are_verified_and_stored() {
+    let (server, cert_pem) = tls_server();
     assert!(
         server.base_url().starts_with("https://"),
         "{}",
@@ -92,21 +99,7 @@ fn deliveries_over_tls_are_verified_and_stored() {
 /// (here self-signed), so the development loop works with TLS on.
 #[test]
 fn send_trusts_the_configured_certificate_on_its_own_listener() {
-    let certified =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .expect("generate a self-signed certificate");
-    let config = ServerConfig::new()
-        .set("tls_cert", &toml_str("cert.pem"))
-        .set("tls_key", &toml_str("key.pem"))
-        .tables(stripe_table());
-    let server = Server::start_with_files(
-        &config,
-        &[("PAY_SECRET", SECRET)],
-        &[
-            ("cert.pem", certified.cert.pem().as_bytes()),
-            ("key.pem", certified.signing_key.serialize_pem().as_bytes()),
-        ],
-    );
+    let (server, _) = tls_server();
     let base = server.base_url().to_string();
     let out = server.run_cli(&["send", "pay", "--url", &base, "--id", "evt_tls_send"]);
     assert!(out.success(), "{}\n{}", out.stdout, out.stderr);
