@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -130,10 +130,37 @@ struct Shared {
     permits: Arc<Semaphore>,
     active: AtomicUsize,
     next_id: AtomicU64,
-    /// Each open connection's socket, and whether it is in the middle of
-    /// a request (from its first byte to its answer).
-    open: Mutex<HashMap<u64, (TcpStream, Arc<AtomicBool>)>>,
+    /// Each open connection, by the order it was accepted.
+    open: Mutex<HashMap<u64, Registered>>,
     drained: Condvar,
+}
+
+/// An open connection as the acceptor and `stop` see it.
+struct Registered {
+    /// A second handle on its socket, to end its read.
+    socket: TcpStream,
+    /// Whether it is in the middle of a request, and since when it waits.
+    state: Arc<ConnState>,
+    /// Its read was ended to make room for a new connection.
+    evicted: bool,
+}
+
+/// What a connection's thread tells the acceptor and `stop`.
+struct ConnState {
+    /// In the middle of a request (from its first byte to its answer).
+    in_request: AtomicBool,
+    /// When it last started waiting for a request ([`mono_ms`]).
+    idle_since: AtomicI64,
+}
+
+/// How long a connection must have waited for a request before it may be
+/// let go to make room: a client that just connected gets time to send.
+const EVICTABLE_AFTER_MS: i64 = 1_000;
+
+/// Milliseconds on a monotonic clock (from the first call).
+fn mono_ms() -> i64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    i64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Server {
@@ -192,9 +219,9 @@ impl Server {
         // middle of a request reads the rest of it and answers; it ends at
         // the top of its loop, where it sees the stop.
         if let Ok(open) = self.shared.open.lock() {
-            for (stream, in_request) in open.values() {
-                if !in_request.load(Ordering::SeqCst) {
-                    let _ = stream.shutdown(Shutdown::Read);
+            for r in open.values() {
+                if !r.state.in_request.load(Ordering::SeqCst) {
+                    let _ = r.socket.shutdown(Shutdown::Read);
                 }
             }
         }
@@ -228,7 +255,9 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                 continue;
             }
         };
-        if shared.active.load(Ordering::SeqCst) >= shared.limits.max_connections {
+        if shared.active.load(Ordering::SeqCst) >= shared.limits.max_connections
+            && !evict_an_idle_connection(shared)
+        {
             let mut stream = stream;
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let reply = Reply::error(503, "too many connections, retry later").retry_after();
@@ -239,9 +268,19 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let Ok(registered) = stream.try_clone() else {
             continue;
         };
-        let in_request = Arc::new(AtomicBool::new(false));
+        let state = Arc::new(ConnState {
+            in_request: AtomicBool::new(false),
+            idle_since: AtomicI64::new(mono_ms()),
+        });
         if let Ok(mut open) = shared.open.lock() {
-            open.insert(id, (registered, in_request.clone()));
+            open.insert(
+                id,
+                Registered {
+                    socket: registered,
+                    state: state.clone(),
+                    evicted: false,
+                },
+            );
         }
         shared.active.fetch_add(1, Ordering::SeqCst);
         let s = shared.clone();
@@ -251,12 +290,39 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             .spawn(move || {
                 // Gives the slot back however the thread ends, panics included.
                 let _slot = Slot(&s, id);
-                serve_connection(stream, &s, &in_request);
+                serve_connection(stream, &s, &state);
             });
         if spawned.is_err() {
             finish(shared, id);
         }
     }
+}
+
+/// At the connection cap, makes room by ending the read of the oldest
+/// connection that has waited a second or more for a request (one that
+/// never sent a byte, or a keep-alive connection between requests): idle
+/// sockets must not keep deliveries out. A promised answer on it is still
+/// written. False when no connection has waited that long.
+fn evict_an_idle_connection(shared: &Shared) -> bool {
+    let Ok(mut open) = shared.open.lock() else {
+        return false;
+    };
+    let now = mono_ms();
+    let oldest_idle = open
+        .iter()
+        .filter(|(_, r)| {
+            !r.evicted
+                && !r.state.in_request.load(Ordering::SeqCst)
+                && now - r.state.idle_since.load(Ordering::SeqCst) >= EVICTABLE_AFTER_MS
+        })
+        .map(|(id, _)| *id)
+        .min();
+    let Some(r) = oldest_idle.and_then(|id| open.get_mut(&id)) else {
+        return false;
+    };
+    r.evicted = true;
+    let _ = r.socket.shutdown(Shutdown::Read);
+    true
 }
 
 struct Slot<'a>(&'a Shared, u64);
@@ -277,7 +343,7 @@ fn finish(shared: &Shared, id: u64) {
     }
 }
 
-fn serve_connection(stream: TcpStream, shared: &Shared, in_request: &AtomicBool) {
+fn serve_connection(stream: TcpStream, shared: &Shared, state: &ConnState) {
     let Ok(remote) = stream.peer_addr() else {
         return;
     };
@@ -301,7 +367,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared, in_request: &AtomicBool)
         None => Box::new(stream),
     };
     let mut reader: Conn = BufReader::with_capacity(16 * 1024, io);
-    serve_requests(&mut reader, &out, remote, shared, in_request);
+    serve_requests(&mut reader, &out, remote, shared, state);
     // A promised answer is written before the connection closes.
     out.settle(&mut reader);
 }
@@ -311,25 +377,37 @@ fn serve_requests(
     out: &Arc<Outbound>,
     remote: SocketAddr,
     shared: &Shared,
-    in_request: &AtomicBool,
+    state: &ConnState,
 ) {
     let limits = &shared.limits;
     let socket = &out.socket;
+    let mut first = true;
     loop {
         // Idle from here, then the stop is checked: a stop that comes
         // later sees this connection idle and ends its read (`stop`).
-        in_request.store(false, Ordering::SeqCst);
+        if !first {
+            state.idle_since.store(mono_ms(), Ordering::SeqCst);
+        }
+        state.in_request.store(false, Ordering::SeqCst);
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
         // Wait for the next request's first byte (a TLS handshake first,
-        // on a new TLS connection), then the whole head.
-        let _ = socket.set_read_timeout(Some(limits.idle_timeout));
+        // on a new TLS connection), then the whole head. A new connection
+        // gets the header timeout to start: one that says nothing is not
+        // kept for the keep-alive idle timeout.
+        let wait = if first {
+            limits.header_timeout.min(limits.idle_timeout)
+        } else {
+            limits.idle_timeout
+        };
+        first = false;
+        let _ = socket.set_read_timeout(Some(wait));
         match reader.fill_buf() {
             Ok([]) | Err(_) => return,
             Ok(_) => {}
         }
-        in_request.store(true, Ordering::SeqCst);
+        state.in_request.store(true, Ordering::SeqCst);
         // The previous request's answer goes out before anything of this
         // one (only a pipelining client ever waits here).
         if !out.settle(reader) {
@@ -948,7 +1026,14 @@ fn read_chunked(
             )));
         }
         let start = body.len();
-        let want = size.min(cap - start.min(cap));
+        if size > cap - start.min(cap) {
+            // This chunk alone takes the body past the limit: the answer
+            // is 413 now, without waiting for (or reading) its bytes. The
+            // connection closes after it, as for a declared length.
+            body.resize(cap, 0);
+            return Ok(body);
+        }
+        let want = size;
         read_into(reader, socket, deadline, want, &mut body)
             .map_err(|(s, got)| stopped(s, start + got))?;
         if body.len() >= cap {

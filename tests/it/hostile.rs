@@ -864,25 +864,53 @@ fn a_body_shorter_than_its_content_length_stores_nothing() {
 }
 
 #[test]
-fn the_connection_cap_answers_503_and_frees_slots_as_clients_leave() {
-    // At most max_connections open (1024 by default, 64 here); more are
-    // answered 503 with Retry-After and closed.
-    const CAP: usize = 64;
+fn at_the_connection_cap_idle_clients_make_room_and_busy_ones_get_503() {
+    // At most max_connections open (1024 by default, 16 here). Past it, the
+    // oldest connection that waits for a request makes room: sockets that
+    // say nothing must not keep deliveries out. Only when every connection
+    // is in the middle of a request is a new one answered 503.
+    const CAP: usize = 16;
     let server = start(&stripe_config().set("max_connections", &CAP.to_string()));
     let addr = server.addr();
     let acked = Acked::default();
     deliver(&server, &acked, "evt_cap_before", "before the cap");
-    let mut held: Vec<TcpStream> = (0..CAP)
-        .map(|_| TcpStream::connect(addr).expect("connect an idle client"))
+
+    // CAP silent clients: once they have said nothing for a second, a
+    // delivery still gets in, and the oldest silent client is let go.
+    let mut silent: Vec<Conn> = (0..CAP).map(|_| Conn::open(addr)).collect();
+    std::thread::sleep(Duration::from_millis(1300));
+    deliver(
+        &server,
+        &acked,
+        "evt_cap_idle",
+        "with every slot held by a silent client",
+    );
+    assert!(
+        silent[0].closed(BOUND).is_ok(),
+        "the oldest silent client was let go"
+    );
+    drop(silent);
+    // Let the server see those go, so the clients below are accepted under
+    // the cap.
+    std::thread::sleep(Duration::from_millis(500));
+
+    // CAP clients each in the middle of a head: no one to let go, so 503.
+    let busy: Vec<Conn> = (0..CAP)
+        .map(|_| {
+            let mut c = Conn::open(addr);
+            c.send(b"POST /hooks/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+            c
+        })
         .collect();
-    // The acceptor registers them in order; the first one it turns away
-    // shows the cap is reached.
+    // (Within the 10 s header timeout that the busy heads have.)
     let refused = wait_for(
-        Duration::from_secs(10),
+        Duration::from_secs(5),
         "a connection past the cap answered 503",
         || {
+            // (Connection: close, so that a probe answered 200 leaves no
+            // idle connection behind for the next one to make room with.)
             let mut c = Conn::open(addr);
-            c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+            c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
             match c.answer(BOUND) {
                 Ok(a) if a.status == 503 => Ok((a, c)),
                 Ok(a) => Err(format!("answered {}", a.describe())),
@@ -901,18 +929,17 @@ fn the_connection_cap_answers_503_and_frees_slots_as_clients_leave() {
         answer.describe()
     );
     assert!(conn.closed(BOUND).is_ok(), "the 503 connection is closed");
-    // The server still serves once clients leave.
-    held.truncate(CAP - 10);
+    // The server serves again once those clients leave.
+    drop(busy);
     let n = std::cell::Cell::new(0);
     wait_until(
         Duration::from_secs(10),
-        "a delivery accepted once 10 idle clients left",
+        "a delivery accepted once the busy clients left",
         || {
             n.set(n.get() + 1);
             try_deliver(server.base_url(), &acked, &format!("evt_cap_{}", n.get())).is_ok()
         },
     );
-    drop(held);
     still_serves(&server, &acked, "the connection cap");
     assert_stored_exactly(&server.db(), &acked, "after the connection cap");
 }
@@ -1206,6 +1233,18 @@ fn oversize_bodies_are_answered_413_before_they_are_sent() {
         a.describe()
     );
     assert!(conn.closed(BOUND).is_ok(), "closed after the chunked 413");
+
+    // The same chunk size with fewer bytes than the limit sent: the size
+    // alone is enough for 413 (it waited for the body timeout, then 408).
+    let mut conn = Conn::open(addr);
+    let mut bytes = signed_head("/hooks/stripe", &body, &[h("Transfer-Encoding", "chunked")]);
+    bytes.extend_from_slice(b"10000000\r\n");
+    bytes.extend_from_slice(&vec![b'x'; LIMIT / 2]);
+    conn.send(&bytes);
+    let a = conn.answer(BOUND).unwrap_or_else(|e| {
+        panic!("one chunk of 256 MiB declared, half the limit sent\n  expected: 413 within {BOUND:?}\n  got: {e}")
+    });
+    assert_eq!(a.status, 413, "{}", a.describe());
 
     still_serves(&server, &acked, "oversize bodies");
     assert_stored_exactly(&server.db(), &acked, "after oversize bodies");
