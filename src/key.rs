@@ -241,6 +241,8 @@ pub enum KeyError {
     RepeatedHeader(String),
     #[error("event id is longer than {MAX_EVENT_ID_BYTES} bytes")]
     TooLong,
+    #[error("event id contains a control character")]
+    ControlCharacter,
     #[error("event id must be text or a number: {0} is an object, array, boolean or null")]
     NotScalar(String),
 }
@@ -361,6 +363,12 @@ impl Rule {
             let id = values.pop().unwrap_or_default();
             if id.len() > MAX_EVENT_ID_BYTES {
                 return Err(KeyError::TooLong);
+            }
+            // The id travels in forwarded requests' headers, where a
+            // control character cannot go: refused now, not at every
+            // forward attempt.
+            if id.chars().any(|c| c.is_ascii_control()) {
+                return Err(KeyError::ControlCharacter);
             }
             return Ok(id);
         }
@@ -508,6 +516,29 @@ mod tests {
             json: Some(Json::Parsed(&spelled)),
         };
         assert_eq!(rule(&["json:/id"]).extract(&input), Ok("1e+3".to_string()));
+    }
+
+    #[test]
+    fn an_id_with_a_control_character_is_refused() {
+        for id in ["a\nb", "a\u{0}b", "a\u{7}b", "a\u{7f}b", "a\tb"] {
+            let body = json!({ "id": id });
+            let input = Input {
+                headers: &[],
+                json: Some(Json::Parsed(&body)),
+            };
+            assert_eq!(
+                rule(&["json:/id"]).extract(&input),
+                Err(KeyError::ControlCharacter),
+                "{id:?}"
+            );
+        }
+        // Not ASCII, not control: fine.
+        let body = json!({ "id": "évt-ü" });
+        let input = Input {
+            headers: &[],
+            json: Some(Json::Parsed(&body)),
+        };
+        assert_eq!(rule(&["json:/id"]).extract(&input), Ok("évt-ü".into()));
     }
 
     #[test]

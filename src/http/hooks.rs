@@ -151,6 +151,17 @@ fn accept(
         }
         None => None,
     };
+    if event_type
+        .as_deref()
+        .is_some_and(|t| t.chars().any(|c| c.is_ascii_control()))
+    {
+        // It travels in forwarded requests' headers, like the id.
+        return Err(refused(
+            Delivery::BadRequest,
+            400,
+            "event type contains a control character",
+        ));
+    }
     let hash = payload_hash(&source.hash, &body, &input);
     let kept_headers = kept_headers(source, &rq.headers);
     let content_type = rq.header("content-type").map(str::to_string);

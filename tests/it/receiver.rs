@@ -947,6 +947,28 @@ fn large_numeric_ids_are_two_events_not_one() {
     assert_eq!(events_count(&server.db()), 6);
 }
 
+/// An id or type with a control character could never be forwarded (it
+/// goes in a header): refused at receipt, not failed at every attempt.
+#[test]
+fn status_400_for_a_control_character_in_the_id_or_type() {
+    let server = Server::start(
+        &ServerConfig::new().tables(
+            "[sources.open]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\ntype = \"json:/type\"\n",
+        ),
+        &[],
+    );
+    for body in [
+        r#"{"id":"a\nb","type":"t"}"#,
+        r#"{"id":"a\u0000b","type":"t"}"#,
+        r#"{"id":"ok","type":"t\u0007"}"#,
+    ] {
+        let resp = server.post("/hooks/open", &[], body.as_bytes());
+        assert_eq!(resp.status, 400, "{body}: {}", resp.text());
+        assert!(resp.text().contains("control character"), "{}", resp.text());
+    }
+    assert_eq!(events_count(&server.db()), 0);
+}
+
 #[test]
 fn status_400_for_a_header_with_a_nul_byte() {
     let server = Server::start(
