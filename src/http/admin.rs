@@ -251,10 +251,15 @@ fn write<T: Send + 'static>(
     }
 }
 
-/// The request's JSON body as `T`; an empty body is `T::default()`.
-fn body<T: for<'de> Deserialize<'de> + Default>(rq: &mut Incoming<'_>) -> Result<T, Reply> {
+/// The request's JSON body as `T`; an empty body is `T::default()`. A
+/// body over `max_body_bytes` reaches here as that limit plus one byte
+/// (not read at all when declared), so it is 413 too.
+fn body<T: for<'de> Deserialize<'de> + Default>(
+    app: &App,
+    rq: &mut Incoming<'_>,
+) -> Result<T, Reply> {
     let bytes = match &rq.body {
-        Ok(b) if b.len() > MAX_ADMIN_BODY => {
+        Ok(b) if b.len() > MAX_ADMIN_BODY.min(app.config.max_body_bytes) => {
             return Err(Reply::error(413, "admin request body too large"));
         }
         Ok(b) => b,
@@ -335,7 +340,7 @@ struct EventReplayBody {
 }
 
 fn replay_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) -> Reply {
-    let b: EventReplayBody = match body(rq) {
+    let b: EventReplayBody = match body(app, rq) {
         Ok(b) => b,
         Err(reply) => return reply,
     };
@@ -380,7 +385,7 @@ struct BatchReplayBody {
 }
 
 fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
-    let b: BatchReplayBody = match body(rq) {
+    let b: BatchReplayBody = match body(app, rq) {
         Ok(b) => b,
         Err(reply) => return reply,
     };

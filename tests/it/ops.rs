@@ -1066,6 +1066,31 @@ fn admin_api_is_off_without_a_token_and_checks_it_when_set() {
     assert_eq!(rc["clean"], true, "{rc}");
 }
 
+/// An admin body over max_body_bytes is 413, as for a hook; it was
+/// answered 400 "invalid JSON" (the server hands an over-limit body on as
+/// the limit plus one byte, unread).
+#[test]
+fn an_admin_body_over_the_limit_is_413() {
+    let server = Server::start(
+        &config("", "")
+            .set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN"))
+            .set("max_body_bytes", "1024"),
+        &env(),
+    );
+    let big = format!(
+        r#"{{"source":"stripe","status":"failed","pad":"{}"}}"#,
+        "x".repeat(2000)
+    );
+    let (status, answer) = api(
+        &server,
+        "POST",
+        "/api/replay",
+        Some(ADMIN_TOKEN),
+        big.as_bytes(),
+    );
+    assert_eq!(status, 413, "{answer}");
+}
+
 #[test]
 fn admin_api_pauses_and_resumes_a_forward_action() {
     let server = Server::start(
