@@ -40,6 +40,11 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
     }
     if !authorized(rq, token.expose()) {
         app.admin_limiter.failed(&ip, now_ms());
+        // The address and path only: never what was sent as a token.
+        crate::log::warn(
+            "admin authentication failed",
+            &[("remote", &rq.remote), ("path", &rq.path)],
+        );
         return Reply::error(
             401,
             "missing or wrong admin token: send Authorization: Bearer <admin_token>",

@@ -936,6 +936,15 @@ fn admin_api_is_off_without_a_token_and_checks_it_when_set() {
         401,
         "a wrong token changes nothing"
     );
+    wait_until(
+        Duration::from_secs(5),
+        "the failed authentications are logged",
+        || server.logs().matches("admin authentication failed").count() == 3,
+    );
+    assert!(
+        !server.logs().contains("wrong-token"),
+        "a token sent is never logged"
+    );
 
     let (status, list) = api(&server, "GET", "/api/events", Some(ADMIN_TOKEN), b"");
     assert_eq!(status, 200);
