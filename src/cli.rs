@@ -114,6 +114,7 @@ pub enum EventsCommand {
         /// Only events received within this duration, e.g. 1h.
         #[arg(long)]
         since: Option<String>,
+        /// The most events to print; 0 means all.
         #[arg(long, default_value_t = 50)]
         limit: u32,
         #[arg(long)]
