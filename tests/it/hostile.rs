@@ -876,18 +876,15 @@ fn at_the_connection_cap_idle_clients_make_room_and_busy_ones_get_503() {
     deliver(&server, &acked, "evt_cap_before", "before the cap");
 
     // CAP silent clients: once they have said nothing for a second, a
-    // delivery still gets in, and the oldest silent client is let go.
-    let mut silent: Vec<Conn> = (0..CAP).map(|_| Conn::open(addr)).collect();
+    // delivery still gets in (the oldest idle connection is let go: a
+    // silent client, or the one the first delivery left open).
+    let silent: Vec<Conn> = (0..CAP).map(|_| Conn::open(addr)).collect();
     std::thread::sleep(Duration::from_millis(1300));
     deliver(
         &server,
         &acked,
         "evt_cap_idle",
         "with every slot held by a silent client",
-    );
-    assert!(
-        silent[0].closed(BOUND).is_ok(),
-        "the oldest silent client was let go"
     );
     drop(silent);
     // Let the server see those go, so the clients below are accepted under
