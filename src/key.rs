@@ -454,6 +454,14 @@ mod tests {
         }
     }
 
+    /// A request with no headers and `body` as parsed JSON.
+    fn parsed(body: &Value) -> Input<'_> {
+        Input {
+            headers: &[],
+            json: Some(Json::Parsed(body)),
+        }
+    }
+
     #[test]
     fn single_part_is_verbatim() {
         let body = json!({"id": "evt_1", "n": 42, "obj": {"a": 1}});
@@ -511,10 +519,7 @@ mod tests {
             }
         }
         let spelled: Value = serde_json::from_str(r#"{"id": 1E3}"#).unwrap();
-        let input = Input {
-            headers: &[],
-            json: Some(Json::Parsed(&spelled)),
-        };
+        let input = parsed(&spelled);
         assert_eq!(rule(&["json:/id"]).extract(&input), Ok("1e+3".to_string()));
     }
 
@@ -522,10 +527,7 @@ mod tests {
     fn an_id_with_a_control_character_is_refused() {
         for id in ["a\nb", "a\u{0}b", "a\u{7}b", "a\u{7f}b", "a\tb"] {
             let body = json!({ "id": id });
-            let input = Input {
-                headers: &[],
-                json: Some(Json::Parsed(&body)),
-            };
+            let input = parsed(&body);
             assert_eq!(
                 rule(&["json:/id"]).extract(&input),
                 Err(KeyError::ControlCharacter),
@@ -534,10 +536,7 @@ mod tests {
         }
         // Not ASCII, not control: fine.
         let body = json!({ "id": "évt-ü" });
-        let input = Input {
-            headers: &[],
-            json: Some(Json::Parsed(&body)),
-        };
+        let input = parsed(&body);
         assert_eq!(rule(&["json:/id"]).extract(&input), Ok("évt-ü".into()));
     }
 
@@ -571,18 +570,8 @@ mod tests {
         let a = json!({"x": "ab", "y": "c"});
         let b = json!({"x": "a", "y": "bc"});
         let r = rule(&["json:/x", "json:/y"]);
-        let ka = r
-            .extract(&Input {
-                headers: &[],
-                json: Some(Json::Parsed(&a)),
-            })
-            .unwrap();
-        let kb = r
-            .extract(&Input {
-                headers: &[],
-                json: Some(Json::Parsed(&b)),
-            })
-            .unwrap();
+        let ka = r.extract(&parsed(&a)).unwrap();
+        let kb = r.extract(&parsed(&b)).unwrap();
         assert_ne!(ka, kb);
         assert_eq!(ka.len(), 64);
         // The documented rule: sha256("2:ab" + "1:c").
@@ -610,16 +599,7 @@ mod tests {
             Part::parse("json:/type").unwrap(),
             Part::parse("json:/data").unwrap(),
         ];
-        let h = |v: &Value| {
-            payload_hash(
-                &parts,
-                b"",
-                &Input {
-                    headers: &[],
-                    json: Some(Json::Parsed(v)),
-                },
-            )
-        };
+        let h = |v: &Value| payload_hash(&parts, b"", &parsed(v));
         assert_eq!(h(&a), h(&b));
         assert_ne!(h(&a), h(&c));
     }
