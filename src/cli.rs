@@ -18,14 +18,17 @@ use crate::log::{Format, Level};
     about = "Receive webhooks, verify them, and turn at-least-once delivery into exactly-once effects, on one SQLite file."
 )]
 pub struct Cli {
-    /// The config file.
-    #[arg(long, global = true, default_value = "./idemhook.toml")]
-    pub config: PathBuf,
-    /// Log format: text or json (logs go to stderr).
+    /// The config file [default: $IDEMHOOK_CONFIG, else ./idemhook.toml].
+    /// A file named here or by IDEMHOOK_CONFIG must exist; without either
+    /// and without ./idemhook.toml, the development default is used.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Log format (logs go to stderr).
     #[arg(long, global = true, value_parser = ["text", "json"])]
     pub log_format: Option<String>,
-    /// Log level: debug, info, warn, error. Also IDEMHOOK_LOG.
-    #[arg(long, global = true)]
+    /// Log level [default: $IDEMHOOK_LOG, else info]; warn shows the
+    /// incidents only (dead letters, mismatches, bad signatures, storage errors).
+    #[arg(long, global = true, value_parser = Level::NAMES, ignore_case = true)]
     pub log_level: Option<String>,
     #[command(subcommand)]
     pub command: Command,
@@ -36,29 +39,30 @@ pub enum Command {
     /// Run the receiver (HTTP server, writer, forward workers).
     Serve {
         /// Address to listen on, overriding the config's `listen`.
-        #[arg(long)]
+        #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
         /// Database file, overriding the config's `database`.
-        #[arg(long)]
+        #[arg(long, value_name = "PATH")]
         database: Option<PathBuf>,
     },
     /// Validate the config and print its sources, actions and key rules.
     Check,
     /// Sign a sample (or given) body as SOURCE's provider would and POST it.
     Send {
+        /// The configured source to sign for (its kind and first secret).
         source: String,
         /// Where to post; default http://{listen}/hooks/{source}.
         #[arg(long)]
         url: Option<String>,
         /// The body to send, as it is: a file, or - for standard input. Its
         /// own id and type are kept unless --id or --type is given.
-        #[arg(long)]
+        #[arg(long, value_name = "BODY")]
         file: Option<String>,
         /// The event id, set wherever the kind carries it.
         #[arg(long)]
         id: Option<String>,
         /// The event type, set wherever the kind carries it.
-        #[arg(long = "type")]
+        #[arg(long = "type", value_name = "TYPE")]
         event_type: Option<String>,
     },
     /// List and inspect stored events.
@@ -70,12 +74,14 @@ pub enum Command {
     Replay(crate::ops::replay::ReplayArgs),
     /// Pause an action: its jobs wait, events keep being accepted.
     Pause {
-        /// SOURCE/ACTION
+        /// The forward action to pause, as SOURCE/ACTION.
+        #[arg(value_name = "SOURCE/ACTION")]
         target: String,
     },
     /// Resume a paused action.
     Resume {
-        /// SOURCE/ACTION
+        /// The action to resume, as SOURCE/ACTION; its waiting jobs are due at once.
+        #[arg(value_name = "SOURCE/ACTION")]
         target: String,
     },
     /// Delete keys and bodies past their retention.
@@ -86,84 +92,203 @@ pub enum Command {
     },
     /// Report stuck, overdue and failed jobs; exit 1 when any need attention.
     Reconcile {
+        /// Print the report as JSON (clean, stuck, overdue, failed, paused, counts).
         #[arg(long)]
         json: bool,
     },
     /// Drop an event's stored body and headers, keep its key.
     Erase {
+        /// The event's source.
         source: String,
+        /// The event id.
         event_id: String,
         /// Do it; without this only print what would happen.
         #[arg(long)]
         yes: bool,
     },
     /// Write a consistent copy of the database to PATH.
-    Backup { path: PathBuf },
+    Backup {
+        /// Where to write the copy: a new file (it must not exist yet).
+        path: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum EventsCommand {
     /// Newest first.
     List {
+        /// Only events of this source.
         #[arg(long)]
         source: Option<String>,
+        /// Only events in this state: accepted, processing, completed or failed.
         #[arg(long)]
         status: Option<String>,
-        #[arg(long = "type")]
+        /// Only events of this type.
+        #[arg(long = "type", value_name = "TYPE")]
         event_type: Option<String>,
         /// Only events received within this duration, e.g. 1h.
-        #[arg(long)]
+        #[arg(long, value_name = "DURATION")]
         since: Option<String>,
         /// The most events to print; 0 means all.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Print the events as JSON.
         #[arg(long)]
         json: bool,
     },
     /// One event: state, payload, jobs, attempts, deliveries, incidents.
     Show {
+        /// The event's source.
         source: String,
+        /// The event id.
         event_id: String,
+        /// Print the event as JSON.
         #[arg(long)]
         json: bool,
     },
 }
 
 pub fn main() -> ExitCode {
+    quiet_on_closed_pipe();
     let cli = Cli::parse();
-    let level = cli
-        .log_level
-        .clone()
-        .or_else(|| std::env::var("IDEMHOOK_LOG").ok())
-        .and_then(|l| Level::parse(&l))
-        .unwrap_or(Level::Info);
+    let level = match log_level(cli.log_level.as_deref(), std::env::var("IDEMHOOK_LOG").ok()) {
+        Ok(level) => level,
+        Err(e) => {
+            eprintln!("idemhook: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let format = match cli.log_format.as_deref() {
         Some("json") => Format::Json,
         _ => Format::Text,
     };
     crate::log::init(level, format);
-    match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli)));
+    match outcome {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => {
             eprintln!("idemhook: {e:#}");
             ExitCode::from(2)
+        }
+        // The reader of our output went away (`idemhook events list | head`):
+        // stop, quietly and successfully, as ripgrep does.
+        Err(payload) if is_closed_pipe(payload.as_ref()) => ExitCode::SUCCESS,
+        Err(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+/// The level from `--log-level`, else `IDEMHOOK_LOG` (empty counts as
+/// unset), else info. An unknown value is an error that lists the valid ones.
+fn log_level(flag: Option<&str>, env: Option<String>) -> Result<Level> {
+    let (value, from) = match (flag, env.as_deref()) {
+        (Some(v), _) => (v, "--log-level"),
+        (None, Some(v)) if !v.is_empty() => (v, "IDEMHOOK_LOG"),
+        _ => return Ok(Level::Info),
+    };
+    Level::parse(value).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown log level {value:?} (from {from}): expected one of {}",
+            Level::NAMES.join(", ")
+        )
+    })
+}
+
+/// `print!` panics when stdout is a pipe whose reader has gone (Rust
+/// ignores SIGPIPE, so the write fails with EPIPE). That one panic is not a
+/// bug: the hook keeps it quiet, and `main` turns it into exit 0. Every
+/// other panic is reported as before.
+fn quiet_on_closed_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !is_closed_pipe(info.payload()) {
+            default(info);
+        }
+    }));
+}
+
+fn is_closed_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
+    let message = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("");
+    // std's text for a failed print!/eprint!, and io::Error's for EPIPE.
+    (message.starts_with("failed printing to stdout")
+        || message.starts_with("failed printing to stderr"))
+        && message.contains("Broken pipe")
+}
+
+/// Where the config comes from: `--config`, else `$IDEMHOOK_CONFIG`, else
+/// `./idemhook.toml` when it exists, else the development default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// Named by `--config` or `IDEMHOOK_CONFIG` (the `&str` says which):
+    /// it must exist.
+    Named(PathBuf, &'static str),
+    /// `./idemhook.toml`, which exists.
+    Discovered(PathBuf),
+    /// No file: the development default.
+    DevDefault,
+}
+
+pub const DEFAULT_CONFIG: &str = "./idemhook.toml";
+
+impl ConfigSource {
+    pub fn find(flag: Option<&Path>, env: Option<std::ffi::OsString>) -> ConfigSource {
+        if let Some(path) = flag {
+            return ConfigSource::Named(path.to_path_buf(), "--config");
+        }
+        if let Some(path) = env.filter(|p| !p.is_empty()) {
+            return ConfigSource::Named(PathBuf::from(path), "IDEMHOOK_CONFIG");
+        }
+        let default = PathBuf::from(DEFAULT_CONFIG);
+        if default.exists() {
+            ConfigSource::Discovered(default)
+        } else {
+            ConfigSource::DevDefault
+        }
+    }
+
+    pub fn load(&self) -> Result<Config> {
+        match self {
+            ConfigSource::Named(path, by) => {
+                if !path.exists() {
+                    bail!(
+                        "config file {} (named by {by}) does not exist",
+                        path.display()
+                    );
+                }
+                Ok(Config::load(path)?)
+            }
+            ConfigSource::Discovered(path) => Ok(Config::load(path)?),
+            ConfigSource::DevDefault => Ok(Config::dev_default()),
         }
     }
 }
 
-/// The config file, or the development default when the default path does
-/// not exist. An explicitly named file that is missing is an error.
-pub fn load_config(path: &Path) -> Result<Config> {
-    if !path.exists() && path == Path::new("./idemhook.toml") {
-        return Ok(Config::dev_default());
+/// The config for a command other than `serve`: the same discovery, and a
+/// note on stderr when it is the development default, so that an operator
+/// command run in the wrong folder does not quietly report on another
+/// database.
+pub fn load_config(flag: Option<&Path>) -> Result<Config> {
+    let found = ConfigSource::find(flag, std::env::var_os("IDEMHOOK_CONFIG"));
+    let config = found.load()?;
+    if found == ConfigSource::DevDefault {
+        let database = std::path::absolute(&config.database).unwrap_or(config.database.clone());
+        eprintln!(
+            "idemhook: no config file (no --config, no IDEMHOOK_CONFIG, no {DEFAULT_CONFIG}): using the development default, database {}",
+            database.display()
+        );
     }
-    Ok(Config::load(path)?)
+    Ok(config)
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Serve { listen, database } => {
-            let mut config = load_config(&cli.config)?;
+            let mut config =
+                ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG"))
+                    .load()?;
             if let Some(l) = listen {
                 config.listen = l;
             }
@@ -176,9 +301,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Check => {
             // Like every command: with no ./idemhook.toml, the development
             // default (what `serve` would run here) is what there is to check.
-            let config = load_config(&cli.config)?;
+            let config = load_config(cli.config.as_deref())?;
             crate::serve::check_sql_actions(&config).map_err(|e| anyhow::anyhow!(e))?;
             print!("{}", crate::serve::describe(&config));
+            // Warnings do not fail the check: the config works as written.
+            for warning in &config.warnings {
+                eprintln!("warning: {warning}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Send {
@@ -188,11 +317,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             id,
             event_type,
         } => {
-            let config = load_config(&cli.config)?;
+            let config = load_config(cli.config.as_deref())?;
             crate::send::run(&config, &source, url, file, id, event_type)
         }
         Command::Events { command } => {
-            let config = load_config(&cli.config)?;
+            let config = load_config(cli.config.as_deref())?;
             match command {
                 EventsCommand::List {
                     source,
@@ -211,27 +340,127 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 } => crate::ops::inspect::show_cmd(&config, &source, &event_id, json),
             }
         }
-        Command::Replay(args) => crate::ops::replay::cmd(&load_config(&cli.config)?, &args),
+        Command::Replay(args) => {
+            crate::ops::replay::cmd(&load_config(cli.config.as_deref())?, &args)
+        }
         Command::Pause { target } => {
-            crate::ops::pause::cmd(&load_config(&cli.config)?, &target, true)
+            crate::ops::pause::cmd(&load_config(cli.config.as_deref())?, &target, true)
         }
         Command::Resume { target } => {
-            crate::ops::pause::cmd(&load_config(&cli.config)?, &target, false)
+            crate::ops::pause::cmd(&load_config(cli.config.as_deref())?, &target, false)
         }
-        Command::Prune { dry_run } => crate::ops::prune::cmd(&load_config(&cli.config)?, dry_run),
-        Command::Reconcile { json } => crate::ops::reconcile::cmd(&load_config(&cli.config)?, json),
+        Command::Prune { dry_run } => {
+            crate::ops::prune::cmd(&load_config(cli.config.as_deref())?, dry_run)
+        }
+        Command::Reconcile { json } => {
+            crate::ops::reconcile::cmd(&load_config(cli.config.as_deref())?, json)
+        }
         Command::Erase {
             source,
             event_id,
             yes,
-        } => crate::ops::erase::cmd(&load_config(&cli.config)?, &source, &event_id, yes),
+        } => crate::ops::erase::cmd(
+            &load_config(cli.config.as_deref())?,
+            &source,
+            &event_id,
+            yes,
+        ),
         Command::Backup { path } => {
-            let config = load_config(&cli.config)?;
+            let config = load_config(cli.config.as_deref())?;
             if path.exists() {
                 bail!("{} already exists; choose a new path", path.display());
             }
             crate::ops::backup::cmd(&config, &path).context("backup failed")?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `idemhook help CMD` explains every argument of every command.
+    #[test]
+    fn every_argument_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let text = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                if text.trim().is_empty() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (the command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "idemhook", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help text: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_log_level_is_an_error_naming_the_valid_ones() {
+        assert_eq!(log_level(None, None).unwrap(), Level::Info);
+        assert_eq!(log_level(None, Some(String::new())).unwrap(), Level::Info);
+        assert_eq!(log_level(None, Some("WARN".into())).unwrap(), Level::Warn);
+        assert_eq!(
+            log_level(Some("error"), Some("debug".into())).unwrap(),
+            Level::Error
+        );
+        let e = log_level(None, Some("verbose".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"verbose\"")
+                && e.contains("IDEMHOOK_LOG")
+                && e.contains("debug, info, warn, error"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn config_discovery_order() {
+        let flag = Path::new("a.toml");
+        assert_eq!(
+            ConfigSource::find(Some(flag), Some("b.toml".into())),
+            ConfigSource::Named("a.toml".into(), "--config")
+        );
+        assert_eq!(
+            ConfigSource::find(None, Some("b.toml".into())),
+            ConfigSource::Named("b.toml".into(), "IDEMHOOK_CONFIG")
+        );
+        let e = ConfigSource::Named("surely/missing.toml".into(), "IDEMHOOK_CONFIG")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("surely/missing.toml") && e.contains("IDEMHOOK_CONFIG"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn only_a_failed_print_to_a_closed_pipe_is_quiet() {
+        let closed = "failed printing to stdout: Broken pipe (os error 32)".to_string();
+        assert!(is_closed_pipe(&closed));
+        assert!(!is_closed_pipe(&"index out of bounds".to_string()));
+        assert!(!is_closed_pipe(
+            &"failed printing to stdout: No space left on device (os error 28)"
+        ));
     }
 }

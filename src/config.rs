@@ -119,6 +119,29 @@ impl Kind {
         Duration::from_secs(days * 86_400)
     }
 
+    /// The provider's documented retry (or redelivery) horizon, and how it
+    /// is documented: a key pruned sooner lets a redelivery through as a
+    /// new event. None for senders idemhook knows nothing about.
+    pub fn retry_horizon(self) -> Option<(Duration, &'static str)> {
+        let (secs, what) = match self {
+            Kind::Stripe => (3 * 86_400, "Stripe retries for up to 3 days"),
+            Kind::Paddle => (3 * 86_400, "Paddle retries for up to 3 days"),
+            Kind::Github => (
+                3 * 86_400,
+                "GitHub redelivers on request for 3 days (7 on Enterprise Server)",
+            ),
+            Kind::Shopify => (4 * 3600, "Shopify retries 8 times over 4 hours"),
+            Kind::Standard => (
+                76 * 3600,
+                "Svix retries for about 28 hours, the Standard Webhooks example schedule for about 76",
+            ),
+            Kind::Slack => (3600, "Slack retries 3 times within the hour"),
+            Kind::Linear => (7 * 3600, "Linear retries 3 times within about 7 hours"),
+            Kind::Hmac | Kind::None => return None,
+        };
+        Some((Duration::from_secs(secs), what))
+    }
+
     /// The key rule each kind uses unless the source overrides `key`.
     fn default_key(self) -> Option<Vec<Part>> {
         let rule = match self {
@@ -211,6 +234,10 @@ pub struct Config {
     pub admin_listen: Option<String>,
     pub http: HttpLimits,
     pub sources: Vec<Source>,
+    /// What is valid but will likely misbehave (a secret that looks like a
+    /// shell variable, a retention shorter than the provider retries):
+    /// `check` prints these and `serve` logs them at start.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -436,6 +463,19 @@ impl Config {
         let raw: RawConfig =
             toml::from_str(text).map_err(|e| ConfigError::new(origin, e.to_string()))?;
         let err = |msg: String| ConfigError::new(origin, msg);
+        let missing = unset_variables(&raw);
+        if !missing.is_empty() {
+            let list: Vec<String> = missing
+                .iter()
+                .map(|(name, key)| format!("{name} ({key})"))
+                .collect();
+            return Err(err(format!(
+                "environment variable{} not set: {}",
+                if list.len() == 1 { "" } else { "s" },
+                list.join(", ")
+            )));
+        }
+        let mut warnings = shell_variable_warnings(&raw);
 
         let durability = match raw.durability.as_deref().unwrap_or("full") {
             "full" => Durability::Full,
@@ -531,6 +571,7 @@ impl Config {
         for (name, rs) in raw.sources {
             let source =
                 resolve_source(&name, rs, base).map_err(|m| err(format!("sources.{name}.{m}")))?;
+            warnings.extend(retention_warning(&source));
             sources.push(source);
         }
 
@@ -551,12 +592,97 @@ impl Config {
             admin_listen: raw.admin_listen,
             http,
             sources,
+            warnings,
         })
     }
 
     pub fn source(&self, name: &str) -> Option<&Source> {
         self.sources.iter().find(|s| s.name == name)
     }
+}
+
+/// Every secret spec in the file with the key it sits under, except
+/// `admin_token` (whose unset variable turns the admin API off).
+fn secret_specs(raw: &RawConfig) -> Vec<(String, &str)> {
+    let mut out = Vec::new();
+    for (name, rs) in &raw.sources {
+        for (i, spec) in rs.secrets.iter().enumerate() {
+            out.push((format!("sources.{name}.secrets[{i}]"), spec.as_str()));
+        }
+        for (i, ra) in rs.actions.iter().enumerate() {
+            if let Some(spec) = &ra.sign_secret {
+                out.push((
+                    format!("sources.{name}.actions[{i}] ({}).sign_secret", ra.name),
+                    spec.as_str(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The `env:` variables that are not set, each with its key: all of them
+/// at once, so one run of `check` lists everything to export.
+fn unset_variables(raw: &RawConfig) -> Vec<(String, String)> {
+    secret_specs(raw)
+        .into_iter()
+        .filter_map(|(key, spec)| {
+            let name = spec.strip_prefix("env:")?;
+            std::env::var_os(name)
+                .is_none()
+                .then(|| (name.to_string(), key))
+        })
+        .collect()
+}
+
+/// A literal secret written like a shell variable (`$NAME`, `${NAME}`) is
+/// almost surely meant to be read from the environment: a TOML file is not
+/// expanded by a shell, so the secret would be those characters. The
+/// warning names the key, never the value.
+fn shell_variable_warnings(raw: &RawConfig) -> Vec<String> {
+    let admin = raw
+        .admin_token
+        .as_deref()
+        .map(|spec| ("admin_token".to_string(), spec));
+    admin
+        .into_iter()
+        .chain(secret_specs(raw))
+        .filter(|(_, spec)| looks_like_shell_variable(spec))
+        .map(|(key, _)| {
+            format!(
+                "{key}: the literal secret looks like a shell variable ($NAME or ${{NAME}}); the file is not expanded, so the secret is those characters: write \"env:NAME\" to read it from the environment"
+            )
+        })
+        .collect()
+}
+
+fn looks_like_shell_variable(spec: &str) -> bool {
+    let Some(rest) = spec.strip_prefix('$') else {
+        return false;
+    };
+    let name = rest
+        .strip_prefix('{')
+        .and_then(|r| r.strip_suffix('}'))
+        .unwrap_or(rest);
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A `retention` shorter than the provider's retry horizon: a key pruned
+/// before the provider stops retrying lets a redelivery in as a new event.
+fn retention_warning(source: &Source) -> Option<String> {
+    let (horizon, what) = source.kind.retry_horizon()?;
+    (source.retention < horizon).then(|| {
+        format!(
+            "sources.{}.retention: {} is shorter than {}'s retry horizon ({what}): a redelivery that comes after its key is pruned is processed again, as a new event",
+            source.name,
+            format_duration(source.retention),
+            source.kind
+        )
+    })
 }
 
 fn valid_name(name: &str) -> bool {
@@ -1110,6 +1236,73 @@ lease = "5s"
             parse("admin_token = \"t0k3n\"\n[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n")
                 .expect("config");
         assert!(c.admin_token.is_some() && c.admin_token_unset.is_none());
+    }
+
+    #[test]
+    fn every_unset_variable_is_named_at_once() {
+        let e = parse(
+            "[sources.a]\nkind = \"github\"\nsecrets = [\"env:IDEMHOOK_TEST_UNSET_A\", \"env:IDEMHOOK_TEST_UNSET_B\"]\n\
+             [[sources.a.actions]]\nname = \"f\"\nforward = \"http://x\"\nsign_secret = \"env:IDEMHOOK_TEST_UNSET_C\"\n\
+             [sources.b]\nkind = \"stripe\"\nsecrets = [\"env:IDEMHOOK_TEST_UNSET_D\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        for (name, key) in [
+            ("IDEMHOOK_TEST_UNSET_A", "sources.a.secrets[0]"),
+            ("IDEMHOOK_TEST_UNSET_B", "sources.a.secrets[1]"),
+            (
+                "IDEMHOOK_TEST_UNSET_C",
+                "sources.a.actions[0] (f).sign_secret",
+            ),
+            ("IDEMHOOK_TEST_UNSET_D", "sources.b.secrets[0]"),
+        ] {
+            assert!(e.contains(&format!("{name} ({key})")), "{name} in {e}");
+        }
+        assert!(e.contains("environment variables not set"), "{e}");
+    }
+
+    #[test]
+    fn check_warns_about_shell_variables_and_short_retention() {
+        let c = parse(
+            "admin_token = \"${ADMIN}\"\n[sources.a]\nkind = \"stripe\"\nsecrets = [\"$STRIPE_SECRET\", \"whsec_$x1\"]\nretention = \"1d\"\n\
+             [sources.b]\nkind = \"shopify\"\nsecrets = [\"s\"]\nretention = \"7d\"\n",
+        )
+        .expect("warnings are no errors");
+        let all = c.warnings.join("\n");
+        assert!(
+            all.contains("admin_token: the literal secret looks like a shell variable"),
+            "{all}"
+        );
+        assert!(
+            all.contains("sources.a.secrets[0]: the literal secret"),
+            "{all}"
+        );
+        assert!(
+            !all.contains("secrets[1]"),
+            "only a whole $NAME is a variable: {all}"
+        );
+        assert!(
+            !all.contains("STRIPE_SECRET"),
+            "a warning never shows the value: {all}"
+        );
+        assert!(
+            all.contains("sources.a.retention: 1d is shorter than stripe's retry horizon")
+                && all.contains("processed again"),
+            "{all}"
+        );
+        assert!(!all.contains("sources.b.retention"), "{all}");
+        assert_eq!(c.warnings.len(), 3, "{all}");
+        // Every kind's default retention covers its horizon.
+        for kind in Kind::ALL {
+            if let Some((horizon, _)) = kind.retry_horizon() {
+                assert!(kind.default_retention() >= horizon, "{kind}");
+            }
+        }
+        assert!(looks_like_shell_variable("$A_1"));
+        assert!(looks_like_shell_variable("${A_1}"));
+        assert!(!looks_like_shell_variable("$1abc"));
+        assert!(!looks_like_shell_variable("${A"));
+        assert!(!looks_like_shell_variable("$"));
     }
 
     #[test]

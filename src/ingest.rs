@@ -239,7 +239,9 @@ fn run_sql_job(
             let message = e.to_string();
             let job_id = insert_job(conn, source, action, c, "failed", Some(&message))?;
             insert_sql_attempt(conn, job_id, started, "failed", Some(&message))?;
-            crate::log::warn(
+            // A dead letter: the effect did not happen (error, like a
+            // forward job that failed for good).
+            crate::log::error(
                 "action failed",
                 &[
                     ("source", &source.name),

@@ -4,6 +4,13 @@
 //!
 //! Callers pass fields, never whole bodies, secrets or signatures; values
 //! are escaped so a hostile event id cannot forge a log line.
+//!
+//! Levels: `info` for the normal flow (a delivery accepted, a duplicate, an
+//! attempt that succeeded or will be retried); `warn` for what the alert
+//! rules call incidents (a bad signature, a payload mismatch, a storage
+//! error, a failed admin authentication, a changed key rule); `error` for
+//! an effect that did not happen (a dead letter: a job failed for good) and
+//! for bugs (a panic). `--log-level warn` shows exactly the incidents.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -20,11 +27,17 @@ pub enum Level {
 }
 
 impl Level {
+    /// The names `--log-level` and `IDEMHOOK_LOG` take (in any case).
+    pub const NAMES: [&'static str; 4] = ["debug", "info", "warn", "error"];
+
+    /// One of [`Level::NAMES`], in any case; anything else is None (and an
+    /// error for the caller: a mistyped level must not silently log more
+    /// or less than asked).
     pub fn parse(s: &str) -> Option<Level> {
         match s.to_ascii_lowercase().as_str() {
-            "debug" | "trace" => Some(Level::Debug),
+            "debug" => Some(Level::Debug),
             "info" => Some(Level::Info),
-            "warn" | "warning" => Some(Level::Warn),
+            "warn" => Some(Level::Warn),
             "error" => Some(Level::Error),
             _ => None,
         }

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -116,6 +116,8 @@ pub struct Outbox {
     waker: Waker,
     stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<()>>,
+    /// Attempts whose request is under way right now.
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Outbox {
@@ -123,6 +125,7 @@ impl Outbox {
     pub fn start(config: Arc<Config>, writer: Writer, metrics: Arc<Metrics>) -> Result<Outbox> {
         let waker = Waker::new();
         let stop = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let any_forward = config.sources.iter().any(|s| {
             s.actions
                 .iter()
@@ -158,6 +161,7 @@ impl Outbox {
                 signers: signers.clone(),
                 waker: waker.clone(),
                 stop: stop.clone(),
+                in_flight: in_flight.clone(),
             };
             let handle = std::thread::Builder::new()
                 .name(format!("idemhook-forward-{i}"))
@@ -169,7 +173,13 @@ impl Outbox {
             waker,
             stop,
             workers,
+            in_flight,
         })
+    }
+
+    /// Forward attempts whose request is under way (what a stop waits for).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     pub fn waker(&self) -> Waker {
@@ -254,6 +264,7 @@ struct Worker {
     signers: Arc<HashMap<(String, String), Verifier>>,
     waker: Waker,
     stop: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Worker {
@@ -317,7 +328,9 @@ impl Worker {
         };
         crate::failpoint::hit("forward.before_call");
         let clock = Instant::now();
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
         let attempt = self.call(&job, &fwd);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.metrics.downstream_duration.observe(clock.elapsed());
         crate::failpoint::hit("forward.after_response");
 
@@ -334,7 +347,14 @@ impl Worker {
             .http_status
             .map_or("-".to_string(), |s| s.to_string());
         let error = attempt.error.clone().unwrap_or_default();
-        crate::log::info(
+        // A job failed for good (a dead letter: the effect did not happen)
+        // is an error; a retry is the normal life of an outbox.
+        let level = match outcome {
+            AttemptOutcome::Failed => crate::log::Level::Error,
+            AttemptOutcome::Ok | AttemptOutcome::Retry => crate::log::Level::Info,
+        };
+        crate::log::write(
+            level,
             "attempt",
             &[
                 ("source", &job.source),

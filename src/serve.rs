@@ -55,6 +55,9 @@ pub fn run(config: Config) -> Result<()> {
         crate::config::Durability::Full => "full",
         crate::config::Durability::Normal => "normal",
     };
+    for warning in &config.warnings {
+        crate::log::warn("config", &[("warning", warning)]);
+    }
     if let Some(name) = &config.admin_token_unset {
         crate::log::warn(
             "admin API off",
@@ -79,32 +82,83 @@ pub fn run(config: Config) -> Result<()> {
         "http"
     };
     // The admin line first: "listening on" is the last line printed once
-    // everything accepts connections.
+    // everything accepts connections. Written without print!: a closed
+    // stdout must not stop a running server.
+    let mut lines = String::new();
     if let Some(admin) = http.admin_addr {
-        println!("idemhook admin API and metrics on {scheme}://{admin}");
+        let _ = writeln!(
+            lines,
+            "idemhook admin API and metrics on {scheme}://{admin}"
+        );
     }
-    println!("idemhook listening on {scheme}://{}", http.addr);
+    let _ = writeln!(lines, "idemhook listening on {scheme}://{}", http.addr);
     if dev_default {
-        println!(
+        let _ = writeln!(
+            lines,
             "no config file found: running the development default (database {}, one source \"demo\" of kind standard)",
             config.database.display()
         );
-        println!(
+        let _ = writeln!(
+            lines,
             "try it:  idemhook send demo --url http://{}/hooks/demo",
             http.addr
         );
     }
+    {
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(lines.as_bytes());
+        let _ = stdout.flush();
+    }
 
     wait_for_signal()?;
-    crate::log::info("stopping", &[("reason", &"signal")]);
+    // Say what the stop waits for: requests under way (up to the HTTP
+    // grace), then the forward attempts in flight, each up to its timeout.
+    let longest = longest_forward_timeout(&config);
+    crate::log::info(
+        "stopping",
+        &[
+            ("reason", &"signal"),
+            ("requests_grace", &format_duration(crate::http::STOP_GRACE)),
+            ("forward_in_flight", &outbox.in_flight()),
+            (
+                "forward_timeout_max",
+                &longest.map_or("-".into(), format_duration),
+            ),
+        ],
+    );
     http.stop();
     pruner.stop();
+    let in_flight = outbox.in_flight();
+    if in_flight > 0 {
+        crate::log::info(
+            "waiting for forward attempts in flight",
+            &[
+                ("forward_in_flight", &in_flight),
+                ("up_to", &longest.map_or("-".into(), format_duration)),
+            ],
+        );
+    }
     outbox.stop();
     drop(app);
     drop(writer);
     writer_threads.stop();
     crate::log::info("stopped", &[]);
     Ok(())
+}
+
+/// The longest `timeout` of any forward action: how long the stop may wait
+/// for an attempt in flight. None when nothing forwards.
+fn longest_forward_timeout(config: &Config) -> Option<std::time::Duration> {
+    config
+        .sources
+        .iter()
+        .flat_map(|s| &s.actions)
+        .filter_map(|a| match &a.kind {
+            ActionKind::Forward(f) => Some(f.timeout),
+            ActionKind::Sql { .. } => None,
+        })
+        .max()
 }
 
 fn wait_for_signal() -> Result<()> {

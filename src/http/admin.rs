@@ -34,22 +34,34 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
         .rsplit_once(':')
         .map_or(rq.remote.as_str(), |(ip, _)| ip)
         .to_string();
-    if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
-        return Reply::error(429, "too many failed admin authentications; retry later")
-            .with_header("Retry-After", wait.to_string());
-    }
+    // The throttle holds back guesses only: the right token always passes,
+    // and a request with no Authorization at all (a CORS preflight, a
+    // browser's first GET) is no guess, so it is answered 401 uncounted.
     if !authorized(rq, token.expose()) {
+        let unauthorized = || {
+            Reply::error(
+                401,
+                "missing or wrong admin token: send Authorization: Bearer <admin_token>",
+            )
+            .with_header("WWW-Authenticate", "Bearer")
+        };
+        if crate::verify::header_values(&rq.headers, "authorization")
+            .next()
+            .is_none()
+        {
+            return unauthorized();
+        }
+        if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
+            return Reply::error(429, "too many failed admin authentications; retry later")
+                .with_header("Retry-After", wait.to_string());
+        }
         app.admin_limiter.failed(&ip, now_ms());
         // The address and path only: never what was sent as a token.
         crate::log::warn(
             "admin authentication failed",
             &[("remote", &rq.remote), ("path", &rq.path)],
         );
-        return Reply::error(
-            401,
-            "missing or wrong admin token: send Authorization: Bearer <admin_token>",
-        )
-        .with_header("WWW-Authenticate", "Bearer");
+        return unauthorized();
     }
     let Some(segments) = segments(rq.path) else {
         return Reply::error(400, "the path is not valid percent-encoded UTF-8");
@@ -80,8 +92,9 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
 }
 
 /// Limits failed admin authentications per client address: after
-/// `MAX_FAILURES` within a window, that address gets 429 until the window
-/// ends. Bounded in memory: the table is cleared when it grows too large.
+/// `MAX_FAILURES` within a window, further failures from that address get
+/// 429 until the window ends (the right token still passes). Bounded in
+/// memory: the table is cleared when it grows too large.
 pub struct AuthLimiter {
     failures: std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>,
 }

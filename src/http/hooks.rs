@@ -273,7 +273,8 @@ impl Claimed {
                 ),
             },
         };
-        crate::log::info(
+        crate::log::write(
+            incident_level(delivery),
             "delivery",
             &[
                 ("source", name),
@@ -287,6 +288,23 @@ impl Claimed {
             ],
         );
         Reply::json(status, &body).with_failpoint("claim.after_commit")
+    }
+}
+
+/// A delivery's log level: the outcomes the alert rules call incidents (a
+/// bad signature, a payload mismatch; storage trouble is logged apart) are
+/// warnings, so `--log-level warn` shows them and only them; the normal
+/// flow and a sender's malformed requests are info.
+fn incident_level(delivery: Delivery) -> crate::log::Level {
+    match delivery {
+        Delivery::BadSignature | Delivery::Mismatch | Delivery::Unavailable => {
+            crate::log::Level::Warn
+        }
+        Delivery::Accepted
+        | Delivery::Duplicate
+        | Delivery::BadRequest
+        | Delivery::UnknownSource
+        | Delivery::TooLarge => crate::log::Level::Info,
     }
 }
 
@@ -354,7 +372,8 @@ fn refuse(
     // Request data never becomes a metric label; the database row keeps
     // the name asked for (bounded by the URL limit), for the operator.
     app.record_refusal(source_name, outcome, remote, message, received_at);
-    crate::log::info(
+    crate::log::write(
+        incident_level(outcome),
         "delivery",
         &[
             ("source", &source_name),

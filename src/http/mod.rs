@@ -52,6 +52,9 @@ pub enum Surface {
     Admin,
 }
 
+/// How long a stop waits for requests already under way to be answered.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// The running listeners.
 pub struct HttpServer {
     servers: Vec<server::Server>,
@@ -105,10 +108,10 @@ impl HttpServer {
     }
 
     /// Stops accepting, lets requests already read finish, and waits for
-    /// their connections (at most 10 s).
+    /// their connections (at most [`STOP_GRACE`]).
     pub fn stop(self) {
         for s in self.servers {
-            s.stop(Duration::from_secs(10));
+            s.stop(STOP_GRACE);
         }
     }
 }

@@ -938,8 +938,8 @@ fn admin_api_is_off_without_a_token_and_checks_it_when_set() {
     );
     wait_until(
         Duration::from_secs(5),
-        "the failed authentications are logged",
-        || server.logs().matches("admin authentication failed").count() == 3,
+        "the failed authentications are logged (a request without a token is no guess)",
+        || server.logs().matches("admin authentication failed").count() == 2,
     );
     assert!(
         !server.logs().contains("wrong-token"),
