@@ -136,7 +136,7 @@ impl Kind {
                 "Svix retries for about 28 hours, the Standard Webhooks example schedule for about 76",
             ),
             Kind::Slack => (3600, "Slack retries 3 times within the hour"),
-            Kind::Linear => (7 * 3600, "Linear retries 3 times within about 7 hours"),
+            Kind::Linear => (86_400, "Linear retries a few times, backing off over hours"),
             Kind::Hmac | Kind::None => return None,
         };
         Some((Duration::from_secs(secs), what))
