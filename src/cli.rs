@@ -154,7 +154,7 @@ pub fn main() -> ExitCode {
     let level = match log_level(cli.log_level.as_deref(), std::env::var("IDEMHOOK_LOG").ok()) {
         Ok(level) => level,
         Err(e) => {
-            eprintln!("idemhook: {e}");
+            report(&e);
             return ExitCode::from(2);
         }
     };
@@ -167,7 +167,7 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
-            eprintln!("idemhook: {e:#}");
+            report(&e);
             ExitCode::from(2)
         }
         // The reader of our output went away (`idemhook events list | head`):
@@ -175,6 +175,13 @@ pub fn main() -> ExitCode {
         Err(payload) if is_closed_pipe(payload.as_ref()) => ExitCode::SUCCESS,
         Err(payload) => std::panic::resume_unwind(payload),
     }
+}
+
+/// Prints an error with its context chain. Not with eprintln!, which
+/// panics when stderr is a closed pipe: the exit code still says it failed.
+fn report(e: &anyhow::Error) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "idemhook: {e:#}");
 }
 
 /// The level from `--log-level`, else `IDEMHOOK_LOG` (empty counts as
