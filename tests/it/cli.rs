@@ -641,3 +641,41 @@ fn the_example_systemd_unit_verifies() {
         out.status
     );
 }
+
+// ---------------------------------------------------------------------------
+// The README
+// ---------------------------------------------------------------------------
+
+/// The README speaks of the project only: no issue numbers, and every file
+/// it names (`*.md`, paths to `.rs`, `.sh` or `.service` files) is in the
+/// repository.
+#[test]
+fn the_readme_cites_only_files_in_the_repository_and_no_issues() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let words: Vec<&str> = readme
+        .split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+        .filter(|w| !w.is_empty())
+        .collect();
+    for pair in words.windows(2) {
+        assert!(
+            !(pair[0].eq_ignore_ascii_case("issue") && pair[1].bytes().all(|b| b.is_ascii_digit())),
+            "the README cites an issue: {} {}",
+            pair[0],
+            pair[1]
+        );
+    }
+    for word in words {
+        let word = word.trim_end_matches('.');
+        let is_doc = word.ends_with(".md");
+        let is_repo_path = word.contains('/')
+            && !word.starts_with('/')
+            && [".rs", ".sh", ".service"].iter().any(|e| word.ends_with(e));
+        if is_doc || is_repo_path {
+            assert!(
+                root.join(word).exists(),
+                "the README names {word}, which is not in the repository"
+            );
+        }
+    }
+}
