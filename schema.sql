@@ -146,6 +146,14 @@ CREATE TABLE IF NOT EXISTS incidents (
 );
 CREATE INDEX IF NOT EXISTS incidents_event ON incidents (source, event_id);
 
+-- The body of a mismatched duplicate (at most max_body_bytes), so an
+-- operator can see how it differs from the stored one. Dropped with the
+-- event's own body: by payload_retention and by erase.
+CREATE TABLE IF NOT EXISTS incident_payloads (
+    incident_id INTEGER PRIMARY KEY REFERENCES incidents (id) ON DELETE CASCADE,
+    payload     BLOB NOT NULL
+);
+
 -- Actions an operator paused; their jobs wait as 'paused' until resumed.
 CREATE TABLE IF NOT EXISTS paused_actions (
     source    TEXT NOT NULL,

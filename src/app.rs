@@ -24,6 +24,8 @@ pub struct App {
     /// Wakes the forward workers when new jobs were committed.
     pub wake_outbox: Box<dyn Fn() + Send + Sync>,
     pub admin_limiter: crate::http::admin::AuthLimiter,
+    /// The inspector's signed-in browsers (in memory: a restart ends them).
+    pub ui_sessions: crate::http::ui::Sessions,
 }
 
 impl App {

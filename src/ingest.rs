@@ -159,6 +159,10 @@ pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, S
                     c.remote
                 ),
             ])?;
+            conn.prepare_cached(
+                "INSERT INTO incident_payloads (incident_id, payload) VALUES (last_insert_rowid(), ?1)",
+            )?
+            .execute(params![c.body])?;
             Outcome::Mismatch { state }
         }
     };

@@ -14,11 +14,22 @@ use crate::http::HttpServer;
 use crate::metrics::Metrics;
 use crate::store::{self, Writer, now_ms};
 
-pub fn run(config: Config) -> Result<()> {
+pub fn run(mut config: Config) -> Result<()> {
     // Info lines in batches while serving; dropped last, so every line is
     // out before run returns.
     let _log = crate::log::buffer_lines();
     let dev_default = config.file.is_none();
+    // The development default on loopback gets an admin token for this
+    // run, printed with the inspector's address for a one-click sign-in.
+    let run_token = if dev_default && config.admin_token.is_none() && loopback_only(&config.listen)
+    {
+        crate::http::ui::random_token()
+    } else {
+        None
+    };
+    if let Some(token) = &run_token {
+        config.admin_token = Some(crate::verify::Secret::new(token.clone()));
+    }
     let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", config.database.display()))?;
     store::migrate(&mut conn).context("cannot apply schema.sql")?;
@@ -47,6 +58,7 @@ pub fn run(config: Config) -> Result<()> {
         metrics: metrics.clone(),
         wake_outbox: Box::new(move || waker.wake()),
         admin_limiter: Default::default(),
+        ui_sessions: Default::default(),
     });
     let pruner = crate::ops::prune::Background::start(config.clone(), writer.clone());
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
@@ -90,6 +102,16 @@ pub fn run(config: Config) -> Result<()> {
             lines,
             "idemhook admin API and metrics on {scheme}://{admin}"
         );
+    }
+    if config.admin_token.is_some() {
+        let at = http.admin_addr.unwrap_or(http.addr);
+        let _ = match &run_token {
+            Some(token) => writeln!(
+                lines,
+                "idemhook inspector on {scheme}://{at}/ui/#token={token} (a token for this run only)"
+            ),
+            None => writeln!(lines, "idemhook inspector on {scheme}://{at}/ui/"),
+        };
     }
     let _ = writeln!(lines, "idemhook listening on {scheme}://{}", http.addr);
     if dev_default {
@@ -159,6 +181,18 @@ fn longest_forward_timeout(config: &Config) -> Option<std::time::Duration> {
             ActionKind::Sql { .. } => None,
         })
         .max()
+}
+
+/// Whether every address `listen` names is a loopback one.
+fn loopback_only(listen: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    listen
+        .to_socket_addrs()
+        .map(|addrs| {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        })
+        .unwrap_or(false)
 }
 
 fn wait_for_signal() -> Result<()> {

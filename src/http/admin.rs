@@ -17,6 +17,7 @@ use super::reply::Reply;
 use crate::app::App;
 use crate::metrics::AttemptOutcome;
 use crate::ops::inspect::{self, ListFilter, OpError};
+use crate::ops::inspector;
 use crate::ops::{pause, reconcile, replay};
 use crate::store::{StoreError, now_ms};
 
@@ -25,10 +26,29 @@ const MAX_ADMIN_BODY: usize = 64 * 1024;
 /// The most events one list answers.
 const MAX_LIST: u32 = 10_000;
 
-pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
+pub fn handle(app: &App, rq: &mut Incoming<'_>, listener: &super::ui::Listener) -> Reply {
     let Some(token) = &app.config.admin_token else {
         return Reply::error(404, "the admin API is off: set admin_token to enable it");
     };
+    // The inspector's session cookie stands in for the token when no
+    // Authorization header is sent (ui.rs checks Host and origin).
+    let by_cookie = if rq.header("authorization").is_none() {
+        match super::ui::cookie_auth(app, rq, listener) {
+            super::ui::CookieAuth::Allowed => true,
+            super::ui::CookieAuth::Refused(reply) => return super::ui::secure(reply),
+            super::ui::CookieAuth::None => false,
+        }
+    } else {
+        false
+    };
+    let reply = route(app, rq, token.expose(), by_cookie);
+    // Answers carry payloads and headers: never cached, never sniffed.
+    reply
+        .with_header("Cache-Control", "no-store")
+        .with_header("X-Content-Type-Options", "nosniff")
+}
+
+fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Reply {
     let ip = rq
         .remote
         .rsplit_once(':')
@@ -37,7 +57,7 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
     // The throttle holds back guesses only: the right token always passes,
     // and a request with no Authorization at all (a CORS preflight, a
     // browser's first GET) is no guess, so it is answered 401 uncounted.
-    if !authorized(rq, token.expose()) {
+    if !by_cookie && !authorized(rq, token) {
         let unauthorized = || {
             Reply::error(
                 401,
@@ -87,6 +107,8 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>) -> Reply {
             })
         }
         ["api", "reconcile"] => only(rq, "GET", |_| reconcile_route(app)),
+        ["api", "actions"] => only(rq, "GET", |_| actions_route(app)),
+        ["api", "overview"] => only(rq, "GET", |_| overview_route(app)),
         _ => Reply::error(404, "no such admin route"),
     }
 }
@@ -113,14 +135,14 @@ impl Default for AuthLimiter {
 
 impl AuthLimiter {
     /// Seconds to wait, when `ip` is blocked.
-    fn blocked(&self, ip: &str, now: i64) -> Option<i64> {
+    pub(super) fn blocked(&self, ip: &str, now: i64) -> Option<i64> {
         let map = self.failures.lock().ok()?;
         let (count, since) = map.get(ip)?;
         let left = since + WINDOW_MS - now;
         (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
     }
 
-    fn failed(&self, ip: &str, now: i64) {
+    pub(super) fn failed(&self, ip: &str, now: i64) {
         if let Ok(mut map) = self.failures.lock() {
             if map.len() >= MAX_TRACKED {
                 map.retain(|_, (_, since)| now - *since < WINDOW_MS);
@@ -164,7 +186,13 @@ fn authorized(rq: &Incoming<'_>, token: &str) -> bool {
     if !scheme.eq_ignore_ascii_case("bearer") {
         return false;
     }
-    let a = Sha256::digest(given.trim().as_bytes());
+    same_token(given.trim(), token)
+}
+
+/// Whether `given` is the admin token, in constant time: both are hashed
+/// first, so neither the length nor a prefix leaks through timing.
+pub(super) fn same_token(given: &str, token: &str) -> bool {
+    let a = Sha256::digest(given.as_bytes());
     let b = Sha256::digest(token.as_bytes());
     let diff = a
         .iter()
@@ -296,6 +324,7 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
     };
     let (mut source, mut status, mut event_type, mut since, mut limit) =
         (None, None, None, None, 50u32);
+    let (mut until, mut id_prefix) = (None, None);
     for (k, v) in pairs {
         let v = Some(v).filter(|v| !v.is_empty());
         match k.as_str() {
@@ -303,6 +332,12 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
             "status" => status = v,
             "type" => event_type = v,
             "since" => since = v,
+            "id" => id_prefix = v,
+            "until" => match v.map(|v| v.parse::<i64>()) {
+                Some(Ok(secs)) => until = Some(secs.saturating_mul(1000)),
+                None => {}
+                Some(Err(_)) => return Reply::error(400, "until: expected unix seconds"),
+            },
             "limit" => match v.map(|v| v.parse::<u32>()) {
                 Some(Ok(n)) if (1..=MAX_LIST).contains(&n) => limit = n,
                 None => {}
@@ -317,13 +352,13 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
                 return Reply::error(
                     400,
                     &format!(
-                        "unknown query parameter {other:?}: use source, status, type, since, limit"
+                        "unknown query parameter {other:?}: use source, status, type, since, until, id, limit"
                     ),
                 );
             }
         }
     }
-    let filter = match ListFilter::new(
+    let mut filter = match ListFilter::new(
         source,
         status,
         event_type,
@@ -334,14 +369,41 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
         Ok(f) => f,
         Err(e) => return op_error(e),
     };
-    match read(app, |conn| inspect::list(conn, &filter)) {
-        Ok(v) => Reply::json(200, &v),
+    filter.until_ms = until;
+    filter.event_id_prefix = id_prefix;
+    // A poll that finds nothing new since its last answer gets a 304 from
+    // a few index look-ups. `since` moves with the clock, so it is left
+    // out of the tag only when absent.
+    let query = rq.query.to_string();
+    let known: Vec<String> = crate::verify::header_values(&rq.headers, "if-none-match")
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_string())
+        .collect();
+    let result = read(app, |conn| {
+        let tag = inspector::list_version(conn, &query)?;
+        if filter.since_ms.is_none() && known.contains(&tag) {
+            return Ok((tag, None));
+        }
+        let mut list = inspect::list(conn, &filter)?;
+        inspector::count_incidents(conn, &mut list)?;
+        Ok((tag, Some(list)))
+    });
+    match result {
+        Ok((tag, Some(list))) => Reply::json(200, &list).with_header("ETag", tag),
+        Ok((tag, None)) => {
+            Reply::text(304, "application/json", String::new()).with_header("ETag", tag)
+        }
         Err(e) => op_error(e),
     }
 }
 
 fn show(app: &App, source: &str, event_id: &str) -> Reply {
-    match read(app, |conn| inspect::show(conn, source, event_id)) {
+    let shown = read(app, |conn| {
+        let mut event = inspect::show(conn, source, event_id)?;
+        inspector::add_event_details(conn, &mut event)?;
+        Ok(event)
+    });
+    match shown {
         Ok(v) => Reply::json(200, &v),
         Err(e) => op_error(e),
     }
@@ -467,6 +529,20 @@ fn pause_or_resume(app: &App, source: &str, action: &str, pausing: bool) -> Repl
             }
             Reply::json(200, &v)
         }
+        Err(e) => op_error(e),
+    }
+}
+
+fn actions_route(app: &App) -> Reply {
+    match read(app, |conn| inspector::actions(conn, &app.config)) {
+        Ok(v) => Reply::json(200, &v),
+        Err(e) => op_error(e),
+    }
+}
+
+fn overview_route(app: &App) -> Reply {
+    match read(app, |conn| inspector::overview(conn, now_ms(), 60)) {
+        Ok(v) => Reply::json(200, &v),
         Err(e) => op_error(e),
     }
 }

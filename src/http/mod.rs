@@ -6,6 +6,7 @@ pub mod admin;
 pub mod hooks;
 pub mod reply;
 pub mod server;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,16 +83,22 @@ impl HttpServer {
         );
         let bind = |listen: &str, surface: Surface| {
             let for_handler = app.clone();
-            let handler =
-                Box::new(move |rq: &mut server::Request| handle(&for_handler, rq, surface));
+            let listener = Arc::new(ui::Listener::new(listen, tls.is_some()));
+            let for_checks = listener.clone();
+            let handler = Box::new(move |rq: &mut server::Request| {
+                handle(&for_handler, rq, surface, &for_checks)
+            });
             let for_refused = app.clone();
             let refused = Box::new(
                 move |target: &str, remote: SocketAddr, status: u16, message: &str| {
                     refused_head(&for_refused, surface, target, remote, status, message);
                 },
             );
-            server::Server::bind(listen, limits.clone(), tls.clone(), handler, refused)
-                .map_err(|e| format!("cannot listen on {listen}: {e}"))
+            let server =
+                server::Server::bind(listen, limits.clone(), tls.clone(), handler, refused)
+                    .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+            listener.bound(server.addr());
+            Ok::<_, String>(server)
         };
         let (main_surface, admin) = match &config.admin_listen {
             Some(admin_listen) => (Surface::Public, Some(bind(admin_listen, Surface::Admin)?)),
@@ -141,7 +148,12 @@ fn tls_config(files: &crate::config::TlsFiles) -> Result<Arc<rustls::ServerConfi
     Ok(Arc::new(config))
 }
 
-fn handle(app: &Arc<App>, rq: &mut server::Request, surface: Surface) -> Reply {
+fn handle(
+    app: &Arc<App>,
+    rq: &mut server::Request,
+    surface: Surface,
+    listener: &ui::Listener,
+) -> Reply {
     let target = rq.target.clone();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let mut incoming = Incoming {
@@ -155,7 +167,7 @@ fn handle(app: &Arc<App>, rq: &mut server::Request, surface: Surface) -> Reply {
         permit: Some(&mut rq.permit),
         later: rq.later.take(),
     };
-    route(app, &mut incoming, surface)
+    route(app, &mut incoming, surface, listener)
 }
 
 /// A request the server refused while reading its head: a delivery to a
@@ -176,7 +188,12 @@ fn refused_head(
     }
 }
 
-fn route(app: &Arc<App>, rq: &mut Incoming<'_>, surface: Surface) -> Reply {
+fn route(
+    app: &Arc<App>,
+    rq: &mut Incoming<'_>,
+    surface: Surface,
+    listener: &ui::Listener,
+) -> Reply {
     let path = rq.path;
     let admin_here = surface != Surface::Public;
     if let Some(source) = path.strip_prefix("/hooks/") {
@@ -186,7 +203,10 @@ fn route(app: &Arc<App>, rq: &mut Incoming<'_>, surface: Surface) -> Reply {
         return hooks::receive(app, source, rq);
     }
     if admin_here && (path == "/api" || path.starts_with("/api/")) {
-        return admin::handle(app, rq);
+        return admin::handle(app, rq, listener);
+    }
+    if admin_here && (path == "/ui" || path.starts_with("/ui/")) {
+        return ui::handle(app, rq, listener);
     }
     match path {
         "/healthz" => match rq.method {

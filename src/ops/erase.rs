@@ -1,7 +1,8 @@
 //! `idemhook erase SOURCE EVENT_ID [--yes]`: drop an event's stored body
-//! and headers (a personal-data request) and keep its key and payload
-//! hash, so a redelivery is still recognised as a duplicate. Without
-//! `--yes` it only prints what it would do.
+//! and headers, and the kept bodies of its mismatched duplicates (a
+//! personal-data request), and keep its key and payload hash, so a
+//! redelivery is still recognised as a duplicate. Without `--yes` it only
+//! prints what it would do.
 
 use std::process::ExitCode;
 
@@ -58,6 +59,11 @@ pub fn erase(conn: &Connection, source: &str, event_id: &str, now: i64) -> Resul
          WHERE source = ?1 AND event_id = ?2",
     )?
     .execute(params![source, event_id, now])?;
+    conn.prepare_cached(
+        "DELETE FROM incident_payloads WHERE incident_id IN
+             (SELECT id FROM incidents WHERE source = ?1 AND event_id = ?2)",
+    )?
+    .execute(params![source, event_id])?;
     let mut out = describe(conn, source, event_id)?;
     out["erased_bytes"] = before["payload_bytes"].clone();
     Ok(out)

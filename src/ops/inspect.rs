@@ -169,6 +169,10 @@ pub struct ListFilter {
     pub event_type: Option<String>,
     /// Only events received at or after this time (ms).
     pub since_ms: Option<i64>,
+    /// Only events received before this time (ms).
+    pub until_ms: Option<i64>,
+    /// Only events whose id starts with this.
+    pub event_id_prefix: Option<String>,
     /// 0 means no limit.
     pub limit: u32,
 }
@@ -205,6 +209,7 @@ impl ListFilter {
             event_type,
             since_ms,
             limit,
+            ..ListFilter::default()
         })
     }
 }
@@ -229,6 +234,15 @@ pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Value, OpError> {
     }
     if let Some(at) = filter.since_ms {
         add("received_at >=", at.into());
+    }
+    if let Some(at) = filter.until_ms {
+        add("received_at <", at.into());
+    }
+    if let Some(prefix) = &filter.event_id_prefix {
+        // Every id that starts with the prefix sorts from it up to it
+        // followed by the highest character (binary collation).
+        add("event_id >=", prefix.clone().into());
+        add("event_id <", format!("{prefix}\u{10FFFF}").into());
     }
     let limit = if filter.limit == 0 {
         -1
@@ -417,14 +431,16 @@ pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, Op
         .collect::<Result<Vec<_>, _>>()?;
     let incidents = conn
         .prepare_cached(
-            "SELECT kind, created_at, detail FROM incidents
-             WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+            "SELECT i.kind, i.created_at, i.detail, p.payload FROM incidents i
+             LEFT JOIN incident_payloads p ON p.incident_id = i.id
+             WHERE i.source = ?1 AND i.event_id = ?2 ORDER BY i.id",
         )?
         .query_map(params![source, event_id], |r| {
             Ok(json!({
                 "kind": r.get::<_, String>(0)?,
                 "created_at": ms_to_secs(r.get::<_, i64>(1)?),
                 "detail": r.get::<_, Option<String>>(2)?,
+                "payload": payload_value(r.get_ref(3)?),
             }))
         })?
         .collect::<Result<Vec<_>, _>>()?;

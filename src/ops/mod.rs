@@ -5,6 +5,7 @@
 pub mod backup;
 pub mod erase;
 pub mod inspect;
+pub mod inspector;
 pub mod pause;
 pub mod prune;
 pub mod reconcile;

@@ -117,6 +117,11 @@ pub fn delete_events_batch(
                 "DELETE FROM deliveries WHERE {DELIVERIES_OF_EVENT}"
             ))?
             .execute(params![source, id, received_at])? as u64;
+        conn.prepare_cached(
+            "DELETE FROM incident_payloads WHERE incident_id IN
+                 (SELECT id FROM incidents WHERE source = ?1 AND event_id = ?2)",
+        )?
+        .execute(key)?;
         conn.prepare_cached("DELETE FROM incidents WHERE source = ?1 AND event_id = ?2")?
             .execute(key)?;
         conn.prepare_cached("DELETE FROM events WHERE source = ?1 AND event_id = ?2")?
@@ -126,8 +131,9 @@ pub fn delete_events_batch(
 }
 
 /// Drops the body and headers of up to `limit` events of `source`
-/// received before `before` that no open or failed job holds. Runs in the
-/// caller's transaction.
+/// received before `before` that no open or failed job holds, and up to
+/// `limit` kept bodies of mismatched duplicates received before then.
+/// Runs in the caller's transaction.
 pub fn erase_bodies_batch(
     conn: &Connection,
     source: &str,
@@ -144,7 +150,16 @@ pub fn erase_bodies_batch(
                  LIMIT ?4)"
         ))?
         .execute(params![source, before, now, limit as i64])?;
-    Ok(n as u64)
+    // Bodies of mismatched duplicates go by the same rule, by the time
+    // they arrived (no job reads them).
+    let mismatched = conn
+        .prepare_cached(
+            "DELETE FROM incident_payloads WHERE incident_id IN
+                 (SELECT p.incident_id FROM incident_payloads p JOIN incidents i ON i.id = p.incident_id
+                  WHERE i.source = ?1 AND i.created_at < ?2 LIMIT ?3)",
+        )?
+        .execute(params![source, before, limit as i64])?;
+    Ok((n + mismatched) as u64)
 }
 
 /// Up to ?3 refused deliveries (no event) of source ?1 received before ?2.

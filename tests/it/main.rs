@@ -8,6 +8,7 @@ mod cli;
 mod downstream;
 mod harness;
 mod hostile;
+mod inspector;
 mod metrics;
 mod ops;
 mod outbox;

@@ -1,0 +1,203 @@
+//! What the web inspector reads beyond `events list` and `events show`:
+//! each action with its job counts, deliveries per minute for the
+//! overview chart, a cheap version of the event list (its ETag), incident
+//! counts for list rows, and an event's kept headers and replays. The
+//! admin API answers these (`GET /api/actions`, `GET /api/overview`, and
+//! fields added to list and show). Nothing here writes.
+
+use rusqlite::{Connection, params};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::inspect::OpError;
+use crate::config::Config;
+use crate::store::ms_to_secs;
+
+/// The job statuses an action's row counts (done jobs are the common
+/// case and not counted: that would read every job).
+const OPEN_STATUSES: [&str; 4] = ["pending", "processing", "failed", "paused"];
+
+/// Every configured action, in config order, with its open job counts
+/// and whether it is paused:
+/// `[{source, action, kind, paused, paused_at, counts: {pending, processing, failed, paused}}]`.
+pub fn actions(conn: &Connection, config: &Config) -> Result<Value, OpError> {
+    let mut counts = std::collections::HashMap::<(String, String, String), i64>::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT source, action, status, count(*) FROM jobs
+         WHERE status IN ('pending', 'processing', 'failed', 'paused')
+         GROUP BY source, action, status",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(((r.get(0)?, r.get(1)?, r.get(2)?), r.get::<_, i64>(3)?))
+    })?;
+    for row in rows {
+        let (key, n) = row?;
+        counts.insert(key, n);
+    }
+    let mut paused = std::collections::HashMap::<(String, String), i64>::new();
+    let mut stmt = conn.prepare_cached("SELECT source, action, paused_at FROM paused_actions")?;
+    for row in stmt.query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get::<_, i64>(2)?)))? {
+        let (key, at) = row?;
+        paused.insert(key, at);
+    }
+    let mut out = Vec::new();
+    for source in &config.sources {
+        for action in &source.actions {
+            let mut c = serde_json::Map::new();
+            for status in OPEN_STATUSES {
+                let key = (source.name.clone(), action.name.clone(), status.to_string());
+                c.insert(
+                    status.to_string(),
+                    json!(counts.get(&key).copied().unwrap_or(0)),
+                );
+            }
+            let paused_at = paused.get(&(source.name.clone(), action.name.clone()));
+            out.push(json!({
+                "source": source.name,
+                "action": action.name,
+                "kind": action.kind_name(),
+                "paused": paused_at.is_some(),
+                "paused_at": paused_at.map(|ms| ms_to_secs(*ms)),
+                "counts": c,
+            }));
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+/// Deliveries by outcome per minute over the `minutes` before `now`
+/// (ms), oldest first, and the jobs per status:
+/// `{from, to, bucket_secs, outcomes: [...], buckets: [{at, counts: {outcome: n}}], totals: {...}, jobs: {...}}`.
+pub fn overview(conn: &Connection, now: i64, minutes: i64) -> Result<Value, OpError> {
+    let bucket_ms = 60_000;
+    let end = (now.div_euclid(bucket_ms) + 1) * bucket_ms;
+    let from = end - minutes * bucket_ms;
+    let mut buckets: Vec<serde_json::Map<String, Value>> =
+        (0..minutes).map(|_| serde_json::Map::new()).collect();
+    let mut totals = serde_json::Map::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT (received_at - ?1) / ?2, outcome, count(*) FROM deliveries
+         WHERE received_at >= ?1 AND received_at < ?3 GROUP BY 1, 2",
+    )?;
+    let rows = stmt.query_map(params![from, bucket_ms, end], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (i, outcome, n) = row?;
+        if let Some(b) = usize::try_from(i).ok().and_then(|i| buckets.get_mut(i)) {
+            b.insert(outcome.clone(), json!(n));
+        }
+        let t = totals.get(&outcome).and_then(Value::as_i64).unwrap_or(0);
+        totals.insert(outcome, json!(t + n));
+    }
+    let mut jobs = serde_json::Map::new();
+    let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts ORDER BY status")?;
+    for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))? {
+        let (status, n) = row?;
+        jobs.insert(status, json!(n));
+    }
+    Ok(json!({
+        "from": ms_to_secs(from),
+        "to": ms_to_secs(end),
+        "bucket_secs": bucket_ms / 1000,
+        "outcomes": crate::metrics::Delivery::ALL.map(crate::metrics::Delivery::name),
+        "buckets": buckets.into_iter().enumerate().map(|(i, counts)| json!({
+            "at": ms_to_secs(from + i as i64 * bucket_ms),
+            "counts": counts,
+        })).collect::<Vec<_>>(),
+        "totals": totals,
+        "jobs": jobs,
+    }))
+}
+
+/// A tag that changes whenever anything an event list shows may have
+/// changed (a delivery, an attempt, a replay, an incident, a job moving),
+/// read in a few index look-ups so a poll that finds nothing new costs
+/// almost nothing.
+pub fn list_version(conn: &Connection, query: &str) -> Result<String, OpError> {
+    let (deliveries, attempts, replays, incidents, erased): (i64, i64, i64, i64, i64) = conn
+        .prepare_cached(
+            "SELECT (SELECT coalesce(max(id), 0) FROM deliveries),
+                    (SELECT coalesce(max(rowid), 0) FROM attempts),
+                    (SELECT coalesce(max(id), 0) FROM replays),
+                    (SELECT coalesce(max(id), 0) FROM incidents),
+                    (SELECT count(*) FROM paused_actions)",
+        )?
+        .query_row([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?;
+    let mut h = Sha256::new();
+    h.update(format!(
+        "{deliveries}/{attempts}/{replays}/{incidents}/{erased}/{query}"
+    ));
+    let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts ORDER BY status")?;
+    for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))? {
+        let (status, n) = row?;
+        h.update(format!("/{status}={n}"));
+    }
+    Ok(format!("W/\"{}\"", hex::encode(&h.finalize()[..12])))
+}
+
+/// Adds `incidents` (how many) to each event of a list.
+pub fn count_incidents(conn: &Connection, list: &mut Value) -> Result<(), OpError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT count(*) FROM incidents WHERE source = ?1 AND event_id = ?2")?;
+    for event in list.as_array_mut().into_iter().flatten() {
+        let (Some(source), Some(id)) = (event["source"].as_str(), event["event_id"].as_str())
+        else {
+            continue;
+        };
+        let n: i64 = stmt.query_row(params![source, id], |r| r.get(0))?;
+        event["incidents"] = json!(n);
+    }
+    Ok(())
+}
+
+/// Adds to one event's JSON what the inspector shows beside it: the kept
+/// `headers` (an object, or null once erased; unless already there),
+/// `content_type`, `erased_at` and `replays`
+/// (`[{action, replayed_at, from_status, forced, origin}]`).
+pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpError> {
+    let (Some(source), Some(event_id)) = (
+        event["source"].as_str().map(str::to_string),
+        event["event_id"].as_str().map(str::to_string),
+    ) else {
+        return Ok(());
+    };
+    let (content_type, headers, erased_at): (Option<String>, Option<String>, Option<i64>) = conn
+        .prepare_cached(
+            "SELECT content_type, headers, erased_at FROM events WHERE source = ?1 AND event_id = ?2",
+        )?
+        .query_row(params![source, event_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    if event.get("headers").is_none() {
+        event["headers"] = headers
+            .and_then(|h| serde_json::from_str::<Value>(&h).ok())
+            .unwrap_or(Value::Null);
+    }
+    event["content_type"] = json!(content_type);
+    event["erased_at"] = json!(erased_at.map(ms_to_secs));
+    let replays = conn
+        .prepare_cached(
+            "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin
+             FROM replays r JOIN jobs j ON j.id = r.job_id
+             WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
+        )?
+        .query_map(params![source, event_id], |r| {
+            Ok(json!({
+                "action": r.get::<_, String>(0)?,
+                "replayed_at": ms_to_secs(r.get::<_, i64>(1)?),
+                "from_status": r.get::<_, String>(2)?,
+                "forced": r.get::<_, bool>(3)?,
+                "origin": r.get::<_, String>(4)?,
+            }))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    event["replays"] = Value::Array(replays);
+    Ok(())
+}
