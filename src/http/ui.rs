@@ -273,15 +273,25 @@ pub fn cookie_auth(app: &App, rq: &Incoming<'_>, listener: &Listener) -> CookieA
     if !app.ui_sessions.touch(value, now_ms()) {
         return CookieAuth::None;
     }
+    let refused = |why: &str, reply: Reply| {
+        crate::log::warn(
+            "inspector session refused",
+            &[("remote", &rq.remote), ("path", &rq.path), ("why", &why)],
+        );
+        CookieAuth::Refused(reply)
+    };
     if let Err(reply) = check_host(rq, listener) {
-        return CookieAuth::Refused(reply);
+        return refused("host", reply);
     }
     let safe = matches!(rq.method, "GET" | "HEAD");
     if !safe && !same_origin(rq, listener) {
-        return CookieAuth::Refused(Reply::error(
-            403,
-            "a request carried by the inspector's session cookie must come from the inspector's own page",
-        ));
+        return refused(
+            "origin",
+            Reply::error(
+                403,
+                "a request carried by the inspector's session cookie must come from the inspector's own page",
+            ),
+        );
     }
     CookieAuth::Allowed
 }

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::inspect::OpError;
 use crate::config::Config;
+use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::store::ms_to_secs;
 
 /// The job statuses an action's row counts (done jobs are the common
@@ -160,7 +161,9 @@ pub fn count_incidents(conn: &Connection, list: &mut Value) -> Result<(), OpErro
 /// Adds to one event's JSON what the inspector shows beside it: the kept
 /// `headers` (an object, or null once erased; unless already there),
 /// `content_type`, `erased_at` and `replays`
-/// (`[{action, replayed_at, from_status, forced, origin}]`).
+/// (`[{action, replayed_at, from_status, forced, origin, after_attempt}]`,
+/// `after_attempt` the number of the job's last attempt before it, 0 for
+/// none: times are whole seconds, so this keeps the order exact).
 pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpError> {
     let (Some(source), Some(event_id)) = (
         event["source"].as_str().map(str::to_string),
@@ -168,13 +171,20 @@ pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpE
     ) else {
         return Ok(());
     };
-    let (content_type, headers, erased_at): (Option<String>, Option<String>, Option<i64>) = conn
+    let (content_type, headers, erased_at, received_at): (
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+        i64,
+    ) = conn
         .prepare_cached(
-            "SELECT content_type, headers, erased_at FROM events WHERE source = ?1 AND event_id = ?2",
+            "SELECT content_type, headers, erased_at, received_at FROM events
+             WHERE source = ?1 AND event_id = ?2",
         )?
         .query_row(params![source, event_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })?;
+    add_milliseconds(conn, event, &source, &event_id, received_at)?;
     if event.get("headers").is_none() {
         event["headers"] = headers
             .and_then(|h| serde_json::from_str::<Value>(&h).ok())
@@ -184,7 +194,9 @@ pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpE
     event["erased_at"] = json!(erased_at.map(ms_to_secs));
     let replays = conn
         .prepare_cached(
-            "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin
+            "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin,
+                    (SELECT coalesce(max(a.n), 0) FROM attempts a
+                     WHERE a.job_id = r.job_id AND a.started_at <= r.replayed_at)
              FROM replays r JOIN jobs j ON j.id = r.job_id
              WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
         )?
@@ -192,12 +204,72 @@ pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpE
             Ok(json!({
                 "action": r.get::<_, String>(0)?,
                 "replayed_at": ms_to_secs(r.get::<_, i64>(1)?),
+                "replayed_at_ms": r.get::<_, i64>(1)?,
                 "from_status": r.get::<_, String>(2)?,
                 "forced": r.get::<_, bool>(3)?,
                 "origin": r.get::<_, String>(4)?,
+                "after_attempt": r.get::<_, i64>(5)?,
             }))
         })?
         .collect::<Result<Vec<_>, _>>()?;
     event["replays"] = Value::Array(replays);
+    Ok(())
+}
+
+/// The times of an event's deliveries, attempts and incidents in
+/// milliseconds (`received_at_ms`, `started_at_ms`, `created_at_ms`), so
+/// a timeline of things within one second keeps their real order. Matched
+/// to the objects `inspect::show` built by their order there.
+fn add_milliseconds(
+    conn: &Connection,
+    event: &mut Value,
+    source: &str,
+    event_id: &str,
+    received_at: i64,
+) -> Result<(), OpError> {
+    let deliveries: Vec<i64> = conn
+        .prepare_cached(&format!(
+            "SELECT received_at FROM deliveries WHERE {DELIVERIES_OF_EVENT} ORDER BY id"
+        ))?
+        .query_map(params![source, event_id, received_at], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if let Some(list) = event["deliveries"].as_array_mut() {
+        for (d, ms) in list.iter_mut().zip(deliveries) {
+            d["received_at_ms"] = json!(ms);
+        }
+    }
+    let incidents: Vec<i64> = conn
+        .prepare_cached(
+            "SELECT created_at FROM incidents WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+        )?
+        .query_map(params![source, event_id], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if let Some(list) = event["incidents"].as_array_mut() {
+        for (i, ms) in list.iter_mut().zip(incidents) {
+            i["created_at_ms"] = json!(ms);
+        }
+    }
+    let mut attempts = std::collections::HashMap::<(String, i64), i64>::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT j.action, a.n, a.started_at FROM attempts a JOIN jobs j ON j.id = a.job_id
+         WHERE j.source = ?1 AND j.event_id = ?2",
+    )?;
+    for row in stmt.query_map(params![source, event_id], |r| {
+        Ok(((r.get(0)?, r.get(1)?), r.get(2)?))
+    })? {
+        let (key, ms) = row?;
+        attempts.insert(key, ms);
+    }
+    for job in event["jobs"].as_array_mut().into_iter().flatten() {
+        let action = job["action"].as_str().unwrap_or_default().to_string();
+        for a in job["attempts"].as_array_mut().into_iter().flatten() {
+            if let Some(ms) = a["n"]
+                .as_i64()
+                .and_then(|n| attempts.get(&(action.clone(), n)))
+            {
+                a["started_at_ms"] = json!(ms);
+            }
+        }
+    }
     Ok(())
 }

@@ -579,6 +579,36 @@ mod tests {
         );
     }
 
+    /// A mismatched duplicate's kept body goes with payload_retention (by
+    /// when it arrived), and with its event.
+    #[test]
+    fn mismatched_bodies_follow_payload_retention() {
+        let conn = db();
+        event(&conn, "e", 100, None);
+        for at in [200, 9_000] {
+            conn.execute(
+                "INSERT INTO incidents (source, event_id, kind, created_at) VALUES ('s', 'e', 'payload_mismatch', ?1)",
+                [at],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO incident_payloads (incident_id, payload) VALUES (last_insert_rowid(), x'7b7d')",
+                [],
+            )
+            .unwrap();
+        }
+        let dropped = erase_bodies_batch(&conn, "s", 5_000, 6_000, BATCH).unwrap();
+        assert_eq!(dropped, 2, "the event's body and the older mismatched one");
+        assert_eq!(n(&conn, "SELECT count(*) FROM incident_payloads"), 1);
+        assert_eq!(
+            n(&conn, "SELECT count(*) FROM incidents"),
+            2,
+            "the incidents stay"
+        );
+        assert_eq!(delete_events_batch(&conn, "s", 5_000, BATCH).unwrap().0, 1);
+        assert_eq!(n(&conn, "SELECT count(*) FROM incident_payloads"), 0);
+    }
+
     #[test]
     fn batches_are_bounded() {
         let conn = db();

@@ -493,9 +493,12 @@ fn browser() -> Option<MutexGuard<'static, Browser>> {
             Err(why) => panic!("cannot drive chromium: {why}"),
         }
     });
-    shared
+    let browser = shared
         .as_ref()
-        .map(|m| m.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+        .map(|m| m.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))?;
+    // What the console holds belongs to the test before.
+    let _ = browser.console();
+    Some(browser)
 }
 
 fn find_program(name: &str, fallbacks: &[&str]) -> Option<PathBuf> {
@@ -559,6 +562,7 @@ impl Browser {
         }
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {
                 "binary": chromium,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -723,6 +727,33 @@ impl Browser {
         path
     }
 
+    /// The browser's console holds no Content-Security-Policy violation
+    /// (and no other error) since the last look.
+    fn assert_no_policy_violations(&self) {
+        let logs = self.console();
+        let bad: Vec<&Value> = logs
+            .iter()
+            .filter(|e| {
+                let m = e["message"].as_str().unwrap_or_default();
+                e["level"] == "SEVERE" && !m.contains("favicon") && !m.contains("401")
+            })
+            .collect();
+        assert!(bad.is_empty(), "console errors: {bad:#?}");
+    }
+
+    /// The console's entries since the last call.
+    fn console(&self) -> Vec<Value> {
+        let logs = self.call(
+            "POST",
+            &format!("/session/{}/se/log", self.session),
+            Some(json!({"type": "browser"})),
+        );
+        match logs {
+            Ok(v) => v["value"].as_array().cloned().unwrap_or_default(),
+            Err(e) => panic!("the browser's console: {e}"),
+        }
+    }
+
     /// Every resource the page loaded came from its own origin.
     fn assert_only_own_origin(&self) {
         let foreign = self.eval(
@@ -865,9 +896,8 @@ fn browser_hostile_payloads_are_shown_as_text_and_run_nothing() {
     );
     assert!(canary.accept().is_err(), "the page fetched the canary");
     browser.assert_only_own_origin();
-    let shot = browser.screenshot("event");
-    // The README's picture comes from here.
-    let _ = std::fs::copy(&shot, screenshot_dir().join("docs-inspector.png"));
+    browser.assert_no_policy_violations();
+    browser.screenshot("event");
     browser.resize(400, 860);
     browser.screenshot("event-phone");
     browser.resize(1280, 900);
@@ -889,6 +919,8 @@ fn browser_replay_shows_its_plan_and_waits_for_the_confirming_click() {
     };
     wait_until(PAGE_TIMEOUT, "the forward job to fail", failed);
     assert_eq!(downstream.request_count(), 1);
+    // The provider's retry: a duplicate delivery, in the timeline too.
+    send(&server, "evt-replay", br#"{"replay":"me"}"#, &[]);
 
     let Some(browser) = browser() else { return };
     browser.resize(1280, 900);
@@ -923,7 +955,21 @@ fn browser_replay_shows_its_plan_and_waits_for_the_confirming_click() {
     assert_eq!(link, json!("/ui/events/gh/evt-replay#attempt-notify-2"));
     browser.click("#replay-result a.attempt-link");
     browser.wait_for("the new attempt in the timeline", "#attempt-notify-2");
+    let order = browser
+        .eval("return [...document.querySelectorAll('#timeline .t-kind')].map(e => e.textContent)");
+    assert_eq!(
+        order,
+        json!(["delivery", "attempt", "delivery", "replay", "attempt"])
+    );
     browser.screenshot("event-after-replay");
+    // The README's picture: the whole event page after the replay.
+    browser.eval("window.scrollTo(0, 0); return true");
+    browser.resize(1280, 1300);
+    browser.eval("window.scrollTo(0, 0); return true");
+    let shot = browser.screenshot("event-replayed");
+    let _ = std::fs::copy(&shot, screenshot_dir().join("docs-inspector.png"));
+    browser.resize(1280, 900);
+    browser.assert_no_policy_violations();
 }
 
 #[test]
@@ -967,11 +1013,18 @@ fn browser_pause_and_resume_change_what_the_outbox_does() {
     // (same site, so the cookie goes along) is refused.
     browser.go(&downstream.url());
     let resume_url = format!("{}/api/actions/gh/notify/resume", server.base_url());
-    let status = browser.eval_async(&format!(
+    // (The refusal carries Cross-Origin-Resource-Policy, so the fetch
+    // itself may fail in the page: what counts is what the server did.)
+    browser.eval_async(&format!(
         "fetch({}, {{method: 'POST', credentials: 'include', mode: 'no-cors'}}).then(() => done('sent'), e => done(String(e)))",
         json!(resume_url)
     ));
-    assert_eq!(status, json!("sent"));
+    wait_until(
+        PAGE_TIMEOUT,
+        "the server's refusal of the cross-origin POST",
+        || server.logs().contains("inspector session refused"),
+    );
+    assert!(server.logs().contains("why=origin"), "{}", server.logs());
     assert_eq!(
         count(&server.db(), "SELECT count(*) FROM paused_actions", []),
         1,

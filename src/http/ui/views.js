@@ -404,32 +404,52 @@ function mismatchSection(e) {
   );
 }
 
-/** Deliveries, attempts (and checks), replays and incidents, in time order. */
+/**
+ * Deliveries, attempts (and checks), replays and incidents, in time order.
+ * Sorted by the milliseconds the server adds when it has them; ties
+ * keep the order things were pushed in: each job's attempts by number,
+ * with each replay after the attempt it followed.
+ */
 function timelineSection(e) {
   const items = [];
+  const push = (item) => items.push({ ...item, order: items.length });
   for (const d of e.deliveries || []) {
-    items.push({ at: d.received_at, kind: "delivery", node: [badge(d.outcome), " from ", el("span", { class: "mono" }, d.remote ?? "?")] });
+    push({ at: d.received_at, ms: d.received_at_ms, kind: "delivery", node: [badge(d.outcome), " from ", el("span", { class: "mono" }, d.remote ?? "?")] });
   }
+  const replayNode = (r) => [el("strong", {}, r.action), ` replayed from ${r.from_status}${r.forced ? " (forced)" : ""} by ${r.origin}`];
+  const replays = e.replays || [];
+  const placed = new Set();
+  const replaysAfter = (action, n) => {
+    replays.forEach((r, i) => {
+      if (!placed.has(i) && r.action === action && (r.after_attempt ?? -1) === n) {
+        placed.add(i);
+        push({ at: r.replayed_at, ms: r.replayed_at_ms, kind: "replay", node: replayNode(r) });
+      }
+    });
+  };
   for (const j of e.jobs || []) {
+    replaysAfter(j.action, 0);
     for (const a of j.attempts || []) {
       const check = a.error_kind === "confirmed" || a.error_kind === "check";
       const bits = [el("strong", {}, j.action), ` #${a.n} `, badge(a.outcome ?? "running")];
       if (a.http_status !== null && a.http_status !== undefined) bits.push(` HTTP ${a.http_status}`);
       if (a.error_kind) bits.push(" ", el("span", { class: "tag" }, a.error_kind));
-      if (a.finished_at !== null && a.finished_at !== undefined) bits.push(el("span", { class: "muted" }, ` · ${Math.max(0, a.finished_at - a.started_at)} s`));
+      if (a.finished_at !== null && a.finished_at !== undefined) bits.push(el("span", { class: "muted" }, a.finished_at > a.started_at ? ` · ${a.finished_at - a.started_at} s` : " · under 1 s"));
       if (a.request_id) bits.push(el("span", { class: "muted" }, " · request "), el("span", { class: "mono" }, a.request_id));
       if (a.error) bits.push(el("div", { class: "error small" }, a.error));
       if (a.response) bits.push(el("details", {}, el("summary", {}, "response"), el("pre", { class: "response" }, a.response)));
-      items.push({ at: a.started_at, kind: check ? "check" : "attempt", id: `attempt-${j.action}-${a.n}`, node: bits });
+      push({ at: a.started_at, ms: a.started_at_ms, kind: check ? "check" : "attempt", id: `attempt-${j.action}-${a.n}`, node: bits });
+      replaysAfter(j.action, a.n);
     }
   }
-  for (const r of e.replays || []) {
-    items.push({ at: r.replayed_at, kind: "replay", node: [el("strong", {}, r.action), ` replayed from ${r.from_status}${r.forced ? " (forced)" : ""} by ${r.origin}`] });
-  }
+  replays.forEach((r, i) => {
+    if (!placed.has(i)) push({ at: r.replayed_at, ms: r.replayed_at_ms, kind: "replay", node: replayNode(r) });
+  });
   for (const i of e.incidents || []) {
-    items.push({ at: i.created_at, kind: "incident", node: [badge(i.kind), " ", i.detail || ""] });
+    push({ at: i.created_at, ms: i.created_at_ms, kind: "incident", node: [badge(i.kind), " ", i.detail || ""] });
   }
-  items.sort((a, b) => a.at - b.at);
+  const when = (it) => it.ms ?? it.at * 1000;
+  items.sort((a, b) => when(a) - when(b) || a.order - b.order);
   return el(
     "section",
     {},
@@ -467,7 +487,8 @@ export async function actions(main) {
           try {
             const verb = a.paused ? "resume" : "pause";
             const { data: done } = await api(`/api/actions/${encodeURIComponent(a.source)}/${encodeURIComponent(a.action)}/${verb}`, { method: "POST" });
-            note.textContent = `${a.source}/${a.action}: ${verb}d (${JSON.stringify(done)})`;
+            const held = done.jobs_paused ?? done.jobs_resumed ?? 0;
+            note.textContent = `${a.source}/${a.action} ${verb}d: ${held} waiting job${held === 1 ? "" : "s"} ${a.paused ? "released" : "held"}.`;
           } catch (e) {
             note.textContent = `Could not change ${a.source}/${a.action}: ${e.message}`;
           }
@@ -553,7 +574,7 @@ export async function overview(main) {
 function drawChart(box, data) {
   const buckets = data.buckets || [];
   const outcomes = (data.outcomes || []).filter((o) => buckets.some((b) => b.counts[o]));
-  const W = 720, H = 220, left = 36, bottom = 22, top = 8;
+  const W = 1000, H = 240, left = 36, bottom = 22, top = 8;
   const max = Math.max(1, ...buckets.map((b) => Object.values(b.counts).reduce((a, n) => a + n, 0)));
   const bw = (W - left - 4) / Math.max(1, buckets.length);
   const y = (n) => top + (H - top - bottom) * (1 - n / max);
