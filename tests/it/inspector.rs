@@ -970,6 +970,45 @@ fn browser_replay_shows_its_plan_and_waits_for_the_confirming_click() {
     let _ = std::fs::copy(&shot, screenshot_dir().join("docs-inspector.png"));
     browser.resize(1280, 900);
     browser.assert_no_policy_violations();
+
+    // A batch from the filtered list: the plan first, then the click.
+    let batch_key = "gh:evt-batch:notify";
+    downstream.script(batch_key, Behavior::Fail500(1));
+    send(&server, "evt-batch", br#"{"batch":1}"#, &[]);
+    wait_until(PAGE_TIMEOUT, "the second job to fail", || {
+        count(
+            &server.db(),
+            "SELECT count(*) FROM jobs WHERE status = 'failed'",
+            [],
+        ) == 1
+    });
+    browser.go(&format!("{}/ui/?source=gh", server.base_url()));
+    browser.wait_for(
+        "the failed event in the list",
+        "#events tr.s-failed a[href='/ui/events/gh/evt-batch']",
+    );
+    browser.click("#batch-replay");
+    browser.wait_for("the batch plan", "#replay-plan #confirm-replay");
+    assert!(
+        browser.text("#replay-plan").contains("gh/evt-batch"),
+        "{}",
+        browser.text("#replay-plan")
+    );
+    assert_eq!(browser.text("#confirm-replay"), "Confirm: replay 1 job");
+    browser.screenshot("batch-plan");
+    assert_eq!(
+        downstream.requests_for(batch_key).len(),
+        1,
+        "the plan sent nothing"
+    );
+    browser.click("#confirm-replay");
+    wait_until(PAGE_TIMEOUT, "the batch replay at the downstream", || {
+        downstream.effects(batch_key) == 1
+    });
+    browser.wait_for(
+        "the batch result",
+        "#replay-result a.attempt-link[href='/ui/events/gh/evt-batch#attempt-notify-2']",
+    );
 }
 
 #[test]

@@ -47,6 +47,7 @@ export async function events(main, query) {
     status: query.get("status") || "",
     type: query.get("type") || "",
     since: query.get("since") || "",
+    until: query.get("until") || "",
     id: query.get("id") || "",
   };
   const apiQuery = () => {
@@ -71,6 +72,12 @@ export async function events(main, query) {
     return s;
   };
   const search = input("id", "Search by event id  ( / )", { type: "search", class: "search" });
+  // "until": unix seconds in the URL and the API, local time in the field.
+  const untilInput = el("input", { type: "datetime-local", name: "until", id: "f-until", title: "received before" });
+  if (filters.until) {
+    const d = new Date(Number(filters.until) * 1000);
+    untilInput.value = new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
+  }
   const form = el(
     "form",
     { class: "filters", id: "filters" },
@@ -79,10 +86,12 @@ export async function events(main, query) {
     select("status", STATES.map((s) => [s, s || "any state"])),
     input("type", "type"),
     select("since", SINCE),
+    untilInput,
     el("button", { type: "submit" }, "Filter"),
   );
   const apply = () => {
     for (const k of Object.keys(filters)) filters[k] = form.elements[k].value.trim();
+    filters.until = untilInput.value ? String(Math.floor(new Date(untilInput.value).getTime() / 1000)) : "";
     history.replaceState(null, "", uiQuery());
     etag = null;
     refresh(false);
@@ -91,7 +100,7 @@ export async function events(main, query) {
     e.preventDefault();
     apply();
   });
-  for (const s of form.querySelectorAll("select")) s.addEventListener("change", apply);
+  for (const s of form.querySelectorAll("select, input[type=datetime-local]")) s.addEventListener("change", apply);
 
   const plan = el("div", { id: "batch-plan" });
   const batch = el("button", { type: "button", id: "batch-replay", title: "Replay the failed jobs this filter covers (shows the plan first)" }, "Replay failed…");
