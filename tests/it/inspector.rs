@@ -346,6 +346,35 @@ fn sessions_headers_and_the_origin_rule_over_http() {
 }
 
 #[test]
+fn behind_admin_listen_the_inspector_is_on_the_admin_listener_only() {
+    let server = Server::start(
+        &config_with("").set("admin_listen", &toml_str("127.0.0.1:0")),
+        &[],
+    );
+    let line = server
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("idemhook inspector on "))
+        .map(str::to_string)
+        .expect("the inspector's address is printed");
+    let admin: SocketAddr = line
+        .trim_start_matches("idemhook inspector on http://")
+        .trim_end_matches("/ui/")
+        .parse()
+        .unwrap_or_else(|e| panic!("{line}: {e}"));
+    let main = server.addr().to_string();
+    let r = exchange(server.addr(), "GET", "/ui/", &[("Host", &main)], b"");
+    assert_eq!(r.status, 404, "the public listener has no inspector");
+    let host = admin.to_string();
+    let r = exchange(admin, "GET", "/ui/", &[("Host", &host)], b"");
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("/ui/assets/app.js"));
+    // The admin listener's Host, not the main one's, is what it answers as.
+    let r = exchange(admin, "GET", "/ui/", &[("Host", &main)], b"");
+    assert_eq!(r.status, 403);
+}
+
+#[test]
 fn sessions_end_on_restart() {
     let mut server = Server::start(&config_with(""), &[]);
     let cookie = sign_in(&server);
@@ -525,28 +554,50 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", driver.display()))?;
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build()
+            .into();
+        let mut browser = Browser {
+            base: format!("http://127.0.0.1:{port}"),
+            session: String::new(),
+            agent,
+            _driver: child,
+        };
+        if let Err(e) = browser.start_session(chromium) {
+            let _ = browser._driver.kill();
+            let _ = browser._driver.wait();
+            return Err(e);
+        }
+        // When this test process ends, end the session (Chromium quits)
+        // and then chromedriver's whole process group.
         let watchdog = format!(
-            "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -TERM -- -{pg} 2>/dev/null; sleep 2; kill -KILL -- -{pg} 2>/dev/null",
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; \
+             if exec 3<>/dev/tcp/127.0.0.1/{port}; then \
+               printf 'DELETE /session/{session} HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n' >&3; \
+               timeout 10 cat <&3 >/dev/null; fi; \
+             kill -TERM -- -{pg} 2>/dev/null; sleep 2; kill -KILL -- -{pg} 2>/dev/null",
             me = std::process::id(),
-            pg = child.id()
+            session = browser.session,
+            pg = browser._driver.id()
         );
-        Command::new("sh")
+        Command::new("bash")
             .args(["-c", &watchdog])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start the watchdog: {e}"))?;
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
-            .build()
-            .into();
-        let base = format!("http://127.0.0.1:{port}");
+        Ok(browser)
+    }
+
+    fn start_session(&mut self, chromium: &std::path::Path) -> Result<(), String> {
         let started = Instant::now();
         loop {
-            let ready = agent
-                .get(&format!("{base}/status"))
+            let ready = self
+                .agent
+                .get(&format!("{}/status", self.base))
                 .call()
                 .ok()
                 .and_then(|mut r| r.body_mut().read_to_string().ok())
@@ -567,21 +618,16 @@ impl Browser {
                 "binary": chromium,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                          "--window-size=1280,900", "--no-first-run", "--disable-extensions",
-                         "--disable-background-networking", "--disable-sync"],
+                         "--disable-background-networking", "--disable-sync",
+                         "--disable-crash-reporter", "--disable-breakpad"],
             },
         }}});
-        let mut browser = Browser {
-            base,
-            session: String::new(),
-            agent,
-            _driver: child,
-        };
-        let created = browser.call("POST", "/session", Some(caps))?;
-        browser.session = created["value"]["sessionId"]
+        let created = self.call("POST", "/session", Some(caps))?;
+        self.session = created["value"]["sessionId"]
             .as_str()
             .ok_or_else(|| format!("no session: {created}"))?
             .to_string();
-        Ok(browser)
+        Ok(())
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
