@@ -89,7 +89,9 @@ fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Repl
     let parts: Vec<&str> = segments.iter().map(String::as_str).collect();
     match parts.as_slice() {
         ["api", "events"] => only(rq, "GET", |rq| list(app, rq)),
-        ["api", "events", source, event_id] => only(rq, "GET", |_| show(app, source, event_id)),
+        ["api", "events", source, event_id] => {
+            only(rq, "GET", |rq| show(app, rq, source, event_id))
+        }
         ["api", "events", source, event_id, "replay"] => {
             only(rq, "POST", |rq| replay_event(app, rq, source, event_id))
         }
@@ -322,6 +324,10 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
         Ok(p) => p,
         Err(m) => return Reply::error(400, &m),
     };
+    let details = match wants_details(&pairs) {
+        Ok(d) => d,
+        Err(reply) => return reply,
+    };
     let (mut source, mut status, mut event_type, mut since, mut limit) =
         (None, None, None, None, 50u32);
     let (mut until, mut id_prefix) = (None, None);
@@ -333,6 +339,7 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
             "type" => event_type = v,
             "since" => since = v,
             "id" => id_prefix = v,
+            "details" => {}
             "until" => match v.map(|v| v.parse::<i64>()) {
                 Some(Ok(secs)) => until = Some(secs.saturating_mul(1000)),
                 None => {}
@@ -352,7 +359,7 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
                 return Reply::error(
                     400,
                     &format!(
-                        "unknown query parameter {other:?}: use source, status, type, since, until, id, limit"
+                        "unknown query parameter {other:?}: use source, status, type, since, until, id, limit, details"
                     ),
                 );
             }
@@ -385,7 +392,9 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
             return Ok((tag, None));
         }
         let mut list = inspect::list(conn, &filter)?;
-        inspector::count_incidents(conn, &mut list)?;
+        if details {
+            inspector::count_incidents(conn, &mut list)?;
+        }
         Ok((tag, Some(list)))
     });
     match result {
@@ -397,10 +406,36 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
     }
 }
 
-fn show(app: &App, source: &str, event_id: &str) -> Reply {
+/// Whether the query asks for `details=true`: what the inspector shows
+/// beyond the CLI's JSON (which the answer is otherwise exactly).
+fn wants_details(pairs: &[(String, String)]) -> Result<bool, Reply> {
+    match pairs
+        .iter()
+        .find(|(k, _)| k == "details")
+        .map(|(_, v)| v.as_str())
+    {
+        None | Some("false") => Ok(false),
+        Some("true" | "") => Ok(true),
+        Some(_) => Err(Reply::error(400, "details: expected true or false")),
+    }
+}
+
+fn show(app: &App, rq: &Incoming<'_>, source: &str, event_id: &str) -> Reply {
+    let details = match query_pairs(rq.query).map_err(|m| Reply::error(400, &m)) {
+        Ok(pairs) if pairs.iter().any(|(k, _)| k != "details") => {
+            return Reply::error(400, "unknown query parameter: use details=true");
+        }
+        Ok(pairs) => match wants_details(&pairs) {
+            Ok(d) => d,
+            Err(reply) => return reply,
+        },
+        Err(reply) => return reply,
+    };
     let shown = read(app, |conn| {
         let mut event = inspect::show(conn, source, event_id)?;
-        inspector::add_event_details(conn, &mut event)?;
+        if details {
+            inspector::add_event_details(conn, &mut event)?;
+        }
         Ok(event)
     });
     match shown {

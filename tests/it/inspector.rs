@@ -419,6 +419,33 @@ fn a_mismatched_duplicate_keeps_its_body_until_erased() {
         shown["payload"]["amount"], 100,
         "the stored event is unchanged"
     );
+    // The API answers the CLI's JSON, and with details=true what the
+    // inspector shows besides.
+    let host = server.addr().to_string();
+    let bearer = format!("Bearer {TOKEN}");
+    let get = |path: &str| {
+        let r = exchange(
+            server.addr(),
+            "GET",
+            path,
+            &[("Host", &host), ("Authorization", &bearer)],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        serde_json::from_str::<Value>(&r.body).expect("json")
+    };
+    assert_eq!(get("/api/events/gh/evt-mm"), shown);
+    let detailed = get("/api/events/gh/evt-mm?details=true");
+    assert_eq!(detailed["headers"]["x-github-event"], "issues");
+    assert_eq!(detailed["replays"], json!([]));
+    assert!(
+        detailed["deliveries"][1]["received_at_ms"].is_i64(),
+        "{detailed}"
+    );
+    assert_eq!(get("/api/events")[0].get("incidents"), None);
+    assert_eq!(get("/api/events?details=true")[0]["incidents"], 1);
+    assert_eq!(get("/api/events?id=evt-m")[0]["event_id"], "evt-mm");
+    assert_eq!(get("/api/events?id=evt-x"), json!([]));
     server
         .run_cli(&["erase", "gh", "evt-mm", "--yes"])
         .assert_success();

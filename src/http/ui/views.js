@@ -51,7 +51,7 @@ export async function events(main, query) {
     id: query.get("id") || "",
   };
   const apiQuery = () => {
-    const q = new URLSearchParams({ limit: "200" });
+    const q = new URLSearchParams({ limit: "200", details: "true" });
     for (const [k, v] of Object.entries(filters)) if (v) q.set(k, v);
     return q.toString();
   };
@@ -275,7 +275,7 @@ export async function event(main, source, eventId) {
     }
   };
   const load = async () => {
-    const { data } = await api(apiEventPath(source, eventId));
+    const { data } = await api(`${apiEventPath(source, eventId)}?details=true`);
     const text = JSON.stringify(data);
     if (text !== last && !planOpen) {
       last = text;
