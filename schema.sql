@@ -92,6 +92,19 @@ CREATE TRIGGER IF NOT EXISTS job_counts_delete AFTER DELETE ON jobs BEGIN
     UPDATE job_counts SET n = n - 1 WHERE status = OLD.status;
 END;
 
+-- A forward job with `after` whose named jobs are not all done is parked by
+-- the worker that would take it: pending with no due time (next_attempt_at
+-- NULL, the reason in last_error). When any job of that event becomes done
+-- (a worker's completion, a replay, a resolve, reconcile --check --yes,
+-- from any process), the event's parked jobs are due again and the next
+-- take looks at their `after` once more.
+CREATE TRIGGER IF NOT EXISTS jobs_release_waiting AFTER UPDATE OF status ON jobs
+    WHEN NEW.status = 'done' AND OLD.status <> 'done' BEGIN
+    UPDATE jobs SET next_attempt_at = NEW.updated_at
+     WHERE source = NEW.source AND event_id = NEW.event_id
+       AND status = 'pending' AND next_attempt_at IS NULL;
+END;
+
 -- Every run of a job's action, numbered from 1 per job. Never rewritten
 -- except to fill in the end of the attempt it belongs to.
 CREATE TABLE IF NOT EXISTS attempts (
@@ -108,6 +121,25 @@ CREATE TABLE IF NOT EXISTS attempts (
     worker        TEXT,
     PRIMARY KEY (job_id, n)
 );
+
+-- Every question to a forward action's `check` URL (does the downstream
+-- already have this Idempotency-Key's effect?) and its answer: found (200),
+-- not_found (404) or error. n is the attempt it was asked for: a found or
+-- error answer is also that attempt's row in attempts (ok with error_kind
+-- confirmed, or retry with error_kind check); not_found is followed by the
+-- attempt's send.
+CREATE TABLE IF NOT EXISTS checks (
+    id          INTEGER PRIMARY KEY,
+    job_id      INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    n           INTEGER NOT NULL,
+    asked_at    INTEGER NOT NULL,
+    finished_at INTEGER NOT NULL,
+    answer      TEXT NOT NULL CHECK (answer IN ('found', 'not_found', 'error')),
+    http_status INTEGER,
+    error       TEXT,
+    worker      TEXT              -- the forward worker, or reconcile:cli / reconcile:api
+);
+CREATE INDEX IF NOT EXISTS checks_job ON checks (job_id);
 
 -- Every delivery that reached a route, accepted or not. event_id is NULL
 -- when the request was refused before its key was known. No body is kept.

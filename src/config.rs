@@ -355,6 +355,11 @@ pub struct Forward {
     pub sign_secret: Option<Secret>,
     /// The downstream header recorded as the attempt's request id.
     pub request_id_header: String,
+    /// Asked before an attempt whose predecessor's outcome is unknown
+    /// (`check.rs`).
+    pub check: Option<crate::check::Template>,
+    /// Actions of the same event that must be done before this one is sent.
+    pub after: Vec<String>,
 }
 
 // ---------------------------------------------------------------------------
@@ -423,6 +428,8 @@ struct RawAction {
     lease: Option<String>,
     sign_secret: Option<String>,
     request_id_header: Option<String>,
+    check: Option<String>,
+    after: Option<Vec<String>>,
 }
 
 /// The development default that `serve` runs when there is no config file.
@@ -854,6 +861,7 @@ fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, Stri
             resolve_action(ra, base).map_err(|e| format!("actions[{i}] ({action_name}).{e}"))?,
         );
     }
+    check_after(&actions)?;
 
     Ok(Source {
         name: name.to_string(),
@@ -885,6 +893,8 @@ fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, String> {
         ("lease", ra.lease.is_some()),
         ("sign_secret", ra.sign_secret.is_some()),
         ("request_id_header", ra.request_id_header.is_some()),
+        ("check", ra.check.is_some()),
+        ("after", ra.after.is_some()),
     ];
     let kind = match (ra.sql, ra.forward) {
         (Some(_), Some(_)) => {
@@ -937,6 +947,19 @@ fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, String> {
                     format_duration(timeout)
                 ));
             }
+            let check = match &ra.check {
+                Some(text) => {
+                    Some(crate::check::Template::parse(text).map_err(|e| format!("check: {e}"))?)
+                }
+                None => None,
+            };
+            if check.is_some() && lease <= timeout * 2 {
+                return Err(format!(
+                    "lease: must be longer than twice the timeout when check is set ({} <= 2 x {}): a check and then a send each take up to timeout",
+                    format_duration(lease),
+                    format_duration(timeout)
+                ));
+            }
             let retry_initial = opt_duration(&ra.retry_initial, "retry_initial", "1s")?;
             let retry_max = opt_duration(&ra.retry_max, "retry_max", "1h")?;
             if retry_max < retry_initial {
@@ -963,6 +986,8 @@ fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, String> {
                 request_id_header: ra
                     .request_id_header
                     .unwrap_or_else(|| "X-Request-Id".to_string()),
+                check,
+                after: ra.after.unwrap_or_default(),
             })
         }
     };
@@ -971,6 +996,74 @@ fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, String> {
         types,
         kind,
     })
+}
+
+/// Checks every forward action's `after`: it names other actions of the
+/// same source, each once, and following the names never comes back to
+/// where it started (a cycle would wait forever).
+fn check_after(actions: &[Action]) -> Result<(), String> {
+    fn after_of(a: &Action) -> &[String] {
+        match &a.kind {
+            ActionKind::Forward(f) => f.after.as_slice(),
+            ActionKind::Sql { .. } => &[],
+        }
+    }
+    for (i, a) in actions.iter().enumerate() {
+        let names = after_of(a);
+        for (j, name) in names.iter().enumerate() {
+            let at = format!("actions[{i}] ({}).after", a.name);
+            if name == &a.name {
+                return Err(format!("{at}: an action cannot wait for itself"));
+            }
+            if !actions.iter().any(|b| &b.name == name) {
+                let known: Vec<&str> = actions.iter().map(|b| b.name.as_str()).collect();
+                return Err(format!(
+                    "{at}: no action {name:?} in this source (after names actions of the same source: {})",
+                    known.join(", ")
+                ));
+            }
+            if names[..j].contains(name) {
+                return Err(format!("{at}: {name:?} is named twice"));
+            }
+        }
+    }
+    // Depth-first, from each action: a name met again on the current
+    // path closes a cycle.
+    fn visit<'a>(
+        actions: &'a [Action],
+        name: &'a str,
+        path: &mut Vec<&'a str>,
+        finished: &mut Vec<&'a str>,
+    ) -> Result<(), String> {
+        if finished.contains(&name) {
+            return Ok(());
+        }
+        if let Some(start) = path.iter().position(|n| *n == name) {
+            let mut cycle: Vec<&str> = path[start..].to_vec();
+            cycle.push(name);
+            return Err(format!(
+                "actions ({}).after: a cycle, {}: each would wait for the other forever",
+                path[start],
+                cycle.join(" -> ")
+            ));
+        }
+        path.push(name);
+        if let Some(ActionKind::Forward(f)) =
+            actions.iter().find(|a| a.name == name).map(|a| &a.kind)
+        {
+            for next in &f.after {
+                visit(actions, next, path, finished)?;
+            }
+        }
+        path.pop();
+        finished.push(name);
+        Ok(())
+    }
+    let mut finished = Vec::new();
+    for a in actions {
+        visit(actions, &a.name, &mut Vec::new(), &mut finished)?;
+    }
+    Ok(())
 }
 
 /// Built-in SQL action parameters.
@@ -1236,6 +1329,117 @@ lease = "5s"
             parse("admin_token = \"t0k3n\"\n[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n")
                 .expect("config");
         assert!(c.admin_token.is_some() && c.admin_token_unset.is_none());
+    }
+
+    fn with_actions(actions: &str) -> Result<Config, ConfigError> {
+        parse(&format!(
+            "[sources.s]\nkind = \"stripe\"\nsecrets = [\"whsec_x\"]\n{actions}"
+        ))
+    }
+
+    fn sql_action(name: &str) -> String {
+        format!("[[sources.s.actions]]\nname = \"{name}\"\nsql = \"SELECT 1\"\n")
+    }
+
+    fn forward_action(name: &str, extra: &str) -> String {
+        format!(
+            "[[sources.s.actions]]\nname = \"{name}\"\nforward = \"http://127.0.0.1:9/x\"\n{extra}\n"
+        )
+    }
+
+    #[test]
+    fn check_and_after_resolve_on_forward_actions() {
+        let c = with_actions(&format!(
+            "{}{}{}",
+            sql_action("credit"),
+            forward_action(
+                "notify",
+                "check = \"http://127.0.0.1:9/e/{idempotency_key}\"\nafter = [\"credit\"]"
+            ),
+            forward_action("audit", "after = [\"notify\", \"credit\"]"),
+        ))
+        .unwrap();
+        let s = c.source("s").unwrap();
+        let ActionKind::Forward(f) = &s.action("notify").unwrap().kind else {
+            panic!("notify is a forward action");
+        };
+        assert_eq!(
+            f.check.as_ref().map(|t| t.render("s", "e/1", "notify")),
+            Some("http://127.0.0.1:9/e/s%3Ae%2F1%3Anotify".to_string())
+        );
+        assert_eq!(f.after, ["credit"]);
+    }
+
+    #[test]
+    fn bad_check_or_after_is_a_config_error_naming_the_key() {
+        let cases = [
+            (
+                forward_action("f", "check = \"http://x/{key}\""),
+                "actions[0] (f).check: unknown placeholder {key}",
+            ),
+            (
+                forward_action("f", "check = \"x/{event_id}\""),
+                "actions[0] (f).check: expected an http://",
+            ),
+            (
+                forward_action(
+                    "f",
+                    "check = \"http://x/{event_id}\"\ntimeout = \"10s\"\nlease = \"15s\"",
+                ),
+                "actions[0] (f).lease: must be longer than twice the timeout when check is set",
+            ),
+            (
+                format!(
+                    "{}{}",
+                    sql_action("credit"),
+                    "check = \"http://x/{event_id}\"\n"
+                ),
+                "actions[0] (credit).check: only forward actions take this key",
+            ),
+            (
+                format!("{}{}", sql_action("credit"), "after = [\"credit\"]\n"),
+                "actions[0] (credit).after: only forward actions take this key",
+            ),
+            (
+                forward_action("f", "after = [\"nope\"]"),
+                "actions[0] (f).after: no action \"nope\" in this source",
+            ),
+            (
+                forward_action("f", "after = [\"f\"]"),
+                "actions[0] (f).after: an action cannot wait for itself",
+            ),
+            (
+                format!(
+                    "{}{}",
+                    sql_action("c"),
+                    forward_action("f", "after = [\"c\", \"c\"]")
+                ),
+                "actions[1] (f).after: \"c\" is named twice",
+            ),
+            (
+                format!(
+                    "{}{}{}",
+                    forward_action("a", "after = [\"b\"]"),
+                    forward_action("b", "after = [\"c\"]"),
+                    forward_action("c", "after = [\"a\"]"),
+                ),
+                "after: a cycle, a -> b -> c -> a",
+            ),
+        ];
+        for (actions, want) in cases {
+            let e = with_actions(&actions).unwrap_err().to_string();
+            assert!(e.contains(want), "expected {want:?} in {e:?}");
+            assert!(e.contains("sources.s."), "{e}");
+        }
+        // An action of another source is not known here.
+        let e = parse(&format!(
+            "[sources.t]\nkind = \"stripe\"\nsecrets = [\"whsec_x\"]\n{}\n{}",
+            "[[sources.t.actions]]\nname = \"credit\"\nsql = \"SELECT 1\"",
+            "[sources.s]\nkind = \"stripe\"\nsecrets = [\"whsec_x\"]\n[[sources.s.actions]]\nname = \"f\"\nforward = \"http://x\"\nafter = [\"credit\"]"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no action \"credit\" in this source"), "{e}");
     }
 
     #[test]

@@ -158,6 +158,9 @@ pub struct Metrics {
     /// [source index (last = unknown)][outcome]
     deliveries: Vec<[AtomicU64; 8]>,
     attempts: Vec<[AtomicU64; 3]>,
+    /// [action index][answer], rendered for actions with a `check` only.
+    checks: Vec<[AtomicU64; 3]>,
+    has_check: Vec<bool>,
     pub claim_duration: Histogram,
     pub downstream_duration: Histogram,
     /// Log lines or records dropped because a queue was full.
@@ -172,8 +175,22 @@ impl Metrics {
             .iter()
             .flat_map(|s| s.actions.iter().map(|a| (s.name.clone(), a.name.clone())))
             .collect();
+        let has_check = config
+            .sources
+            .iter()
+            .flat_map(|s| {
+                s.actions.iter().map(|a| {
+                    matches!(&a.kind, crate::config::ActionKind::Forward(f) if f.check.is_some())
+                })
+            })
+            .collect();
         Metrics {
             started: Instant::now(),
+            checks: actions
+                .iter()
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            has_check,
             deliveries: (0..=sources.len())
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
@@ -211,6 +228,21 @@ impl Metrics {
                 .position(|x| *x == outcome)
                 .unwrap_or(0);
             self.attempts[i][o].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one question to a downstream's `check` URL.
+    pub fn downstream_check(&self, source: &str, action: &str, answer: crate::check::Answer) {
+        if let Some(i) = self
+            .actions
+            .iter()
+            .position(|(s, a)| s == source && a == action)
+        {
+            let o = crate::check::Answer::ALL
+                .iter()
+                .position(|x| *x == answer)
+                .unwrap_or(0);
+            self.checks[i][o].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -257,6 +289,23 @@ impl Metrics {
                     escape(a),
                     outcome.name(),
                     self.attempts[i][o].load(Ordering::Relaxed)
+                );
+            }
+        }
+        out.push_str("# HELP idemhook_downstream_checks_total Questions to forward actions' check URLs, by answer (found: 200, not_found: 404, error: anything else or no answer).\n");
+        out.push_str("# TYPE idemhook_downstream_checks_total counter\n");
+        for (i, (s, a)) in self.actions.iter().enumerate() {
+            if !self.has_check[i] {
+                continue;
+            }
+            for (o, answer) in crate::check::Answer::ALL.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "idemhook_downstream_checks_total{{source=\"{}\",action=\"{}\",answer=\"{}\"}} {}",
+                    escape(s),
+                    escape(a),
+                    answer.name(),
+                    self.checks[i][o].load(Ordering::Relaxed)
                 );
             }
         }

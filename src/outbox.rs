@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::check::{self, Answer, Asked};
 use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state;
 use crate::metrics::{AttemptOutcome, Metrics};
@@ -136,19 +137,23 @@ impl Outbox {
         } else {
             0
         };
-        let agent_config = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .max_idle_connections(64.max(n * 2))
-            .max_idle_connections_per_host(n.max(1) * 2)
-            .user_agent(concat!("idemhook/", env!("CARGO_PKG_VERSION")))
-            .build();
-        let agent = ureq::Agent::with_parts(
-            agent_config,
-            ureq::unversioned::transport::DefaultConnector::new(),
-            crate::resolve::Resolver::default(),
-        );
+        let agent = http_agent(n);
         let signers = Arc::new(signers(&config)?);
+        if any_forward {
+            // Jobs parked waiting for an `after` action are released by a
+            // trigger when that action's job is done; one parked under a
+            // config that has since changed is looked at again here.
+            writer
+                .call(|conn| {
+                    conn.prepare_cached(
+                        "UPDATE jobs SET next_attempt_at = ?1
+                         WHERE status = 'pending' AND next_attempt_at IS NULL",
+                    )?
+                    .execute([now_ms()])?;
+                    Ok(())
+                })
+                .context("cannot release the jobs waiting for other actions")?;
+        }
         let nonce = fastrand::u32(..);
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
@@ -197,8 +202,25 @@ impl Outbox {
     }
 }
 
+/// The HTTP agent of forward workers (and of `reconcile --check`), for
+/// `workers` threads: no redirects, statuses as answers, the cached resolver.
+pub(crate) fn http_agent(workers: usize) -> ureq::Agent {
+    let agent_config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .max_idle_connections(64.max(workers * 2))
+        .max_idle_connections_per_host(workers.max(1) * 2)
+        .user_agent(concat!("idemhook/", env!("CARGO_PKG_VERSION")))
+        .build();
+    ureq::Agent::with_parts(
+        agent_config,
+        ureq::unversioned::transport::DefaultConnector::new(),
+        crate::resolve::Resolver::default(),
+    )
+}
+
 /// Standard Webhooks signers for actions with a `sign_secret`.
-fn signers(config: &Config) -> Result<HashMap<(String, String), Verifier>> {
+pub(crate) fn signers(config: &Config) -> Result<HashMap<(String, String), Verifier>> {
     let mut out = HashMap::new();
     for s in &config.sources {
         for a in &s.actions {
@@ -240,6 +262,9 @@ struct Leased {
     event_type: Option<String>,
     body: Vec<u8>,
     content_type: Option<String>,
+    /// The action has a `check` and an earlier attempt may have had its
+    /// effect: ask the downstream before sending.
+    needs_check: bool,
 }
 
 /// What one attempt came to.
@@ -303,11 +328,13 @@ impl Worker {
                 // A job whose lease could run out during the call is given
                 // back rather than sent: once the lease ends another worker
                 // may take it, and two workers would send it at once.
+                // A check before the send may take a timeout of its own.
+                let calls = if job.needs_check { 2 } else { 1 };
                 let timeout = self.forward_of(&job.source, &job.action).map_or(0, |f| {
-                    i64::try_from(f.timeout.as_millis()).unwrap_or(i64::MAX / 2)
+                    i64::try_from(f.timeout.as_millis()).unwrap_or(i64::MAX / 4) * calls
                 });
                 if self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends {
-                    self.release(&job);
+                    self.release(&job, None);
                     continue;
                 }
                 self.deliver(job);
@@ -326,13 +353,47 @@ impl Worker {
         let Some(fwd) = self.forward_of(&job.source, &job.action).cloned() else {
             return;
         };
-        crate::failpoint::hit("forward.before_call");
         let clock = Instant::now();
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let attempt = self.call(&job, &fwd);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.metrics.downstream_duration.observe(clock.elapsed());
-        crate::failpoint::hit("forward.after_response");
+        let asked = match &fwd.check {
+            Some(template) if job.needs_check => {
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                let asked = check::ask(
+                    &self.agent,
+                    &fwd,
+                    template,
+                    (&job.source, &job.event_id, &job.action),
+                    self.signers.get(&(job.source.clone(), job.action.clone())),
+                );
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                self.metrics
+                    .downstream_check(&job.source, &job.action, asked.answer);
+                log_check(&job, &asked);
+                let timeout = i64::try_from(fwd.timeout.as_millis()).unwrap_or(i64::MAX / 2);
+                if asked.answer == Answer::NotFound
+                    && (self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends)
+                {
+                    // No time left in the lease for the send: give the job
+                    // back; the next take asks again.
+                    self.release(&job, Some(asked));
+                    return;
+                }
+                Some(asked)
+            }
+            _ => None,
+        };
+        let attempt = match &asked {
+            Some(asked) if asked.answer != Answer::NotFound => Attempt::decided_by(asked),
+            _ => {
+                crate::failpoint::hit("forward.before_call");
+                let clock = Instant::now();
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                let attempt = self.call(&job, &fwd);
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                self.metrics.downstream_duration.observe(clock.elapsed());
+                crate::failpoint::hit("forward.after_response");
+                attempt
+            }
+        };
 
         let outcome = match attempt.verdict {
             Verdict::Done => AttemptOutcome::Ok,
@@ -379,6 +440,9 @@ impl Worker {
         });
         let owner = self.owner.clone();
         let recorded = self.writer.send_with(Guard::Group, move |conn| {
+            if let Some(asked) = &asked {
+                record_check(conn, job.job_id, job.n, &owner, asked)?;
+            }
             complete(conn, &job, &owner, outcome, next_attempt_at, &attempt)
         });
         if recorded.is_err() {
@@ -482,11 +546,15 @@ impl Worker {
         attempt
     }
 
-    /// Gives back a job taken but not started (shutdown).
-    fn release(&self, job: &Leased) {
+    /// Gives back a job taken but not sent (shutdown, or too little of the
+    /// lease left), recording the check asked for it, if any.
+    fn release(&self, job: &Leased, asked: Option<Asked>) {
         let (id, n, owner) = (job.job_id, job.n, self.owner.clone());
         let (source, action) = (job.source.clone(), job.action.clone());
         let _ = self.writer.send(move |conn| {
+            if let Some(asked) = &asked {
+                record_check(conn, id, n, &owner, asked)?;
+            }
             let status = if is_paused(conn, &source, &action)? {
                 "paused"
             } else {
@@ -503,7 +571,69 @@ impl Worker {
     }
 }
 
-fn classify_error(e: &ureq::Error) -> (&'static str, String) {
+impl Attempt {
+    /// The attempt a check decided without sending: found is done
+    /// (`ok`, error kind `confirmed`), an error is a retry (`check`).
+    fn decided_by(asked: &Asked) -> Attempt {
+        let found = asked.answer == Answer::Found;
+        Attempt {
+            started_at: asked.started_at,
+            finished_at: asked.finished_at,
+            http_status: asked.http_status,
+            error_kind: Some(if found { "confirmed" } else { "check" }),
+            error: if found { None } else { asked.error.clone() },
+            request_id: asked.request_id.clone(),
+            response_head: asked.response_head.clone(),
+            retry_after: asked.retry_after,
+            verdict: if found { Verdict::Done } else { Verdict::Retry },
+        }
+    }
+}
+
+fn log_check(job: &Leased, asked: &Asked) {
+    let status = asked.http_status.map_or("-".to_string(), |s| s.to_string());
+    let ms = (asked.finished_at - asked.started_at).to_string();
+    crate::log::info(
+        "check",
+        &[
+            ("source", &job.source),
+            ("event_id", &job.event_id),
+            ("action", &job.action),
+            ("n", &job.n),
+            ("answer", &asked.answer.name()),
+            ("http_status", &status),
+            ("ms", &ms),
+            ("error", &asked.error.as_deref().unwrap_or_default()),
+        ],
+    );
+}
+
+/// Records one check (whatever it answered) in `checks`, for attempt `n`.
+pub(crate) fn record_check(
+    conn: &Connection,
+    job_id: i64,
+    n: i64,
+    worker: &str,
+    asked: &Asked,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO checks (job_id, n, asked_at, finished_at, answer, http_status, error, worker)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        job_id,
+        n,
+        asked.started_at,
+        asked.finished_at,
+        asked.answer.name(),
+        asked.http_status,
+        asked.error,
+        worker,
+    ])?;
+    Ok(())
+}
+
+pub(crate) fn classify_error(e: &ureq::Error) -> (&'static str, String) {
     use std::io::ErrorKind;
     match e {
         ureq::Error::Timeout(t) => ("timeout", format!("timed out ({t})")),
@@ -545,7 +675,10 @@ fn take(
         let mut expired = conn.prepare_cached(EXPIRED_JOBS)?;
         let rows = expired.query_map(params![now], Candidate::from_row)?;
         for row in rows {
-            candidates.push(row?);
+            candidates.push(Candidate {
+                pending: false,
+                ..row?
+            });
         }
         let mut due = conn.prepare_cached(DUE_JOBS)?;
         let rows = due.query_map(params![now], Candidate::from_row)?;
@@ -562,6 +695,7 @@ fn take(
         n_before,
         leased_at,
         previous_owner,
+        pending,
     } in candidates
     {
         if taken.len() >= TAKE_BATCH {
@@ -579,6 +713,17 @@ fn take(
             // (reconcile lists it as overdue).
             continue;
         };
+        // A job with `after` is not due while a named job of its event is
+        // not done: it is parked (no due time) until a trigger releases it
+        // (schema.sql, jobs_release_waiting). A job taken over after its
+        // lease was let through once already.
+        if pending && !fwd.after.is_empty() {
+            let waiting = waiting_for(conn, &source, &event_id, &fwd.after)?;
+            if !waiting.is_empty() {
+                park(conn, job_id, n_before, &waiting, now)?;
+                continue;
+            }
+        }
         let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
         let lease_until = lease_ends
             .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
@@ -656,6 +801,18 @@ fn take(
             refresh_event_state(conn, &source, &event_id, now)?;
             continue;
         };
+        // Asked only when an earlier attempt since the last success may
+        // have reached the downstream: any but a refused connection.
+        let needs_check = n_before > 0
+            && fwd.check.is_some()
+            && conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1
+                       AND n > (SELECT coalesce(max(n), 0) FROM attempts
+                                 WHERE job_id = ?1 AND outcome = 'ok')
+                       AND coalesce(error_kind, '') <> 'connect')",
+                )?
+                .query_row(params![job_id], |r| r.get::<_, bool>(0))?;
         // accepted -> processing; a cheap conditional update, not a
         // recount of the event's jobs.
         conn.prepare_cached(
@@ -673,6 +830,7 @@ fn take(
             event_type,
             body,
             content_type,
+            needs_check,
         });
     }
     let next_due: Option<i64> = conn
@@ -684,6 +842,60 @@ fn take(
         )?
         .query_row([], |r| r.get(0))?;
     Ok((taken, next_due))
+}
+
+/// The jobs named by `after` that are not done yet, with their status.
+fn waiting_for(
+    conn: &Connection,
+    source: &str,
+    event_id: &str,
+    after: &[String],
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT action, status FROM jobs WHERE source = ?1 AND event_id = ?2 AND status <> 'done'",
+    )?;
+    let rows = stmt.query_map(params![source, event_id], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (action, status) = row?;
+        if after.contains(&action) {
+            out.push((action, status));
+        }
+    }
+    Ok(out)
+}
+
+/// Parks a pending job that waits for other actions: no due time, and the
+/// reason in `last_error` (shown by `events show`).
+fn park(
+    conn: &Connection,
+    job_id: i64,
+    n_attempts: i64,
+    waiting: &[(String, String)],
+    now: i64,
+) -> Result<(), StoreError> {
+    let names: Vec<String> = waiting
+        .iter()
+        .map(|(action, status)| format!("{action} ({status})"))
+        .collect();
+    let failed = waiting.iter().any(|(_, status)| status == "failed");
+    let reason = format!(
+        "waiting for {} of the same event{}",
+        names.join(", "),
+        if failed {
+            ": a successful replay or a resolve of it releases this job"
+        } else {
+            ": sent once done"
+        }
+    );
+    conn.prepare_cached(
+        "UPDATE jobs SET next_attempt_at = NULL, last_error = ?3, updated_at = ?4
+         WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'",
+    )?
+    .execute(params![job_id, n_attempts, reason, now])?;
+    Ok(())
 }
 
 fn is_paused(conn: &Connection, source: &str, action: &str) -> Result<bool, StoreError> {
@@ -704,6 +916,8 @@ struct Candidate {
     /// When the job was last leased or changed.
     leased_at: i64,
     previous_owner: Option<String>,
+    /// Pending and due (not a lease that ran out).
+    pending: bool,
 }
 
 impl Candidate {
@@ -716,6 +930,7 @@ impl Candidate {
             n_before: r.get(4)?,
             leased_at: r.get(5)?,
             previous_owner: r.get(6)?,
+            pending: true,
         })
     }
 }
