@@ -92,9 +92,15 @@ pub enum Command {
     },
     /// Report stuck, overdue and failed jobs; exit 1 when any need attention.
     Reconcile {
-        /// Print the report as JSON (clean, stuck, overdue, failed, paused, counts).
+        /// Print the report as JSON (clean, stuck, overdue, failed, waiting, paused, counts).
         #[arg(long)]
         json: bool,
+        /// Also ask the downstream about stuck and failed jobs whose action has a check.
+        #[arg(long)]
+        check: bool,
+        /// With --check: mark done the jobs the downstream has done.
+        #[arg(long)]
+        yes: bool,
     },
     /// Drop an event's stored body and headers, keep its key.
     Erase {
@@ -359,8 +365,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Prune { dry_run } => {
             crate::ops::prune::cmd(&load_config(cli.config.as_deref())?, dry_run)
         }
-        Command::Reconcile { json } => {
-            crate::ops::reconcile::cmd(&load_config(cli.config.as_deref())?, json)
+        Command::Reconcile { json, check, yes } => {
+            crate::ops::reconcile::cmd(&load_config(cli.config.as_deref())?, json, check, yes)
         }
         Command::Erase {
             source,

@@ -399,6 +399,16 @@ pub fn describe(config: &Config) -> String {
                         format_duration(f.retry_initial),
                         format_duration(f.retry_max)
                     );
+                    if let Some(check) = &f.check {
+                        let _ = writeln!(out, "    check before a resend: GET {check}");
+                    }
+                    if !f.after.is_empty() {
+                        let _ = writeln!(
+                            out,
+                            "    after: sent once {} of the same event are done",
+                            f.after.join(", ")
+                        );
+                    }
                 }
             }
         }

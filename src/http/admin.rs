@@ -108,7 +108,8 @@ fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Repl
                 pause_or_resume(app, source, action, pausing)
             })
         }
-        ["api", "reconcile"] => only(rq, "GET", |_| reconcile_route(app)),
+        ["api", "reconcile"] if rq.method == "POST" => reconcile_apply(app, rq),
+        ["api", "reconcile"] => only(rq, "GET", |rq| reconcile_route(app, rq)),
         ["api", "actions"] => only(rq, "GET", |_| actions_route(app)),
         ["api", "overview"] => only(rq, "GET", |_| overview_route(app)),
         _ => Reply::error(404, "no such admin route"),
@@ -542,7 +543,9 @@ fn replayed(app: &App, done: &[replay::Done]) {
         };
         app.metrics.attempt(&d.source, &d.action, outcome);
     }
-    if replay::requeued_forward(done) {
+    // A forward job re-opened, or an SQL job done now that forward jobs
+    // of its event may wait for (after): wake the outbox.
+    if replay::requeued_forward(done) || done.iter().any(|d| d.kind == "sql" && d.result == "ok") {
         (app.wake_outbox)();
     }
 }
@@ -582,10 +585,113 @@ fn overview_route(app: &App) -> Reply {
     }
 }
 
-fn reconcile_route(app: &App) -> Reply {
-    match read(app, |conn| reconcile::reconcile(conn, now_ms())) {
-        Ok(v) => Reply::json(200, &v),
+/// `GET /api/reconcile`, and with `?check=1` what the downstream says
+/// about each stuck and failed job with a check (nothing is changed).
+fn reconcile_route(app: &App, rq: &Incoming<'_>) -> Reply {
+    let mut check = false;
+    match query_pairs(rq.query) {
+        Ok(pairs) => {
+            for (k, v) in pairs {
+                match (k.as_str(), v.as_str()) {
+                    ("check", "1" | "true") => check = true,
+                    ("check", "0" | "false" | "") => check = false,
+                    ("check", other) => {
+                        return Reply::error(
+                            400,
+                            &format!("check: expected 1 or 0, got {other:?}"),
+                        );
+                    }
+                    (other, _) => {
+                        return Reply::error(
+                            400,
+                            &format!("unknown query parameter {other:?}: use check"),
+                        );
+                    }
+                }
+            }
+        }
+        Err(m) => return Reply::error(400, &m),
+    }
+    let report = match read(app, |conn| {
+        reconcile::reconcile(conn, &app.config, now_ms())
+    }) {
+        Ok(v) => v,
+        Err(e) => return op_error(e),
+    };
+    if !check {
+        return Reply::json(200, &report);
+    }
+    match reconcile::ask_downstream(&app.config, &report) {
+        Ok(checked) => {
+            count_checks(app, &checked);
+            Reply::json(200, &reconcile::with_checks(report, &checked, false))
+        }
         Err(e) => op_error(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReconcileBody {
+    #[serde(default)]
+    check: bool,
+}
+
+/// `POST /api/reconcile` with `{"check": true}`: asks the downstream like
+/// `?check=1`, then marks done the jobs it has done (`reconcile --check
+/// --yes`), and answers the report after.
+fn reconcile_apply(app: &App, rq: &mut Incoming<'_>) -> Reply {
+    let b: ReconcileBody = match body(app, rq) {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    if !b.check {
+        return Reply::error(
+            400,
+            "POST /api/reconcile marks done what a check finds done downstream: send {\"check\": true}",
+        );
+    }
+    let report = match read(app, |conn| {
+        reconcile::reconcile(conn, &app.config, now_ms())
+    }) {
+        Ok(v) => v,
+        Err(e) => return op_error(e),
+    };
+    let checked = match reconcile::ask_downstream(&app.config, &report) {
+        Ok(c) => c,
+        Err(e) => return op_error(e),
+    };
+    count_checks(app, &checked);
+    let config = app.config.clone();
+    let result = write(app, move |conn| {
+        let mut checked = checked;
+        let now = now_ms();
+        reconcile::mark_done(conn, &mut checked, "reconcile:api", now)?;
+        let after = reconcile::reconcile(conn, &config, now)?;
+        Ok((checked, after))
+    });
+    match result {
+        Ok((checked, after)) => {
+            let marked: Vec<&reconcile::Checked> =
+                checked.iter().filter(|c| c.marked_done.is_some()).collect();
+            for c in &marked {
+                app.metrics
+                    .attempt(&c.source, &c.action, AttemptOutcome::Ok);
+            }
+            if !marked.is_empty() {
+                // Jobs waiting for these (after) are due now.
+                (app.wake_outbox)();
+            }
+            Reply::json(200, &reconcile::with_checks(after, &checked, true))
+        }
+        Err(e) => op_error(e),
+    }
+}
+
+fn count_checks(app: &App, checked: &[reconcile::Checked]) {
+    for c in checked {
+        app.metrics
+            .downstream_check(&c.source, &c.action, c.asked.answer);
     }
 }
 

@@ -1,20 +1,30 @@
-//! `idemhook reconcile` and `GET /api/reconcile`: what needs an operator.
+//! `idemhook reconcile` and `/api/reconcile`: what needs an operator.
 //! Jobs processing past their lease (a worker died holding them), pending
 //! jobs overdue by more than [`OVERDUE_AFTER_MS`] (no worker is taking
-//! them), failed jobs (dead letters waiting for a replay) and paused
-//! actions with waiting jobs. Exit 0 when clean, 1 when anything needs
-//! attention, so cron or a monitor can run it. Reads only.
+//! them), failed jobs (dead letters waiting for a replay), jobs waiting
+//! for other actions of their event (`after`) and paused actions with
+//! waiting jobs. Exit 0 when clean, 1 when anything needs attention, so
+//! cron or a monitor can run it. Reads only, unless `--check --yes`.
+//!
+//! With `--check` it also asks the downstream about every stuck and failed
+//! job whose action has a `check` ([`ask_downstream`], outside any
+//! transaction); with `--yes` it marks those the downstream has done as
+//! done ([`mark_done`], in the caller's write transaction): a new attempt
+//! `ok` with error kind `confirmed`, nothing rewritten.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Result;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, cell, finish, fmt_json_time, open_read};
-use crate::config::Config;
-use crate::store::{ms_to_secs, now_ms};
+use super::inspect::{OpError, cell, clean, finish, fmt_json_time, open_read, open_write};
+use crate::check::{Answer, Asked};
+use crate::config::{ActionKind, Config, Forward};
+use crate::store::{StoreError, ms_to_secs, now_ms};
 
 /// A pending job this far past its due time counts as overdue.
 pub const OVERDUE_AFTER_MS: i64 = 60_000;
@@ -25,8 +35,13 @@ fn secs(ms: Option<i64>) -> Value {
     ms.map_or(Value::Null, |ms| json!(ms_to_secs(ms)))
 }
 
-/// The report: `{"clean", "stuck", "overdue", "failed", "paused", "counts"}`.
-pub fn reconcile(conn: &Connection, now: i64) -> Result<Value, OpError> {
+/// How many checks `--check` asks at once.
+const CHECKS_AT_ONCE: usize = 8;
+
+/// The report: `{"clean", "stuck", "overdue", "failed", "waiting",
+/// "paused", "counts"}`. Waiting jobs (parked by `after`) do not make it
+/// unclean by themselves: what they wait for is listed in its own right.
+pub fn reconcile(conn: &Connection, config: &Config, now: i64) -> Result<Value, OpError> {
     let job = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Value> {
         Ok(json!({
             "source": r.get::<_, String>(0)?,
@@ -45,9 +60,11 @@ pub fn reconcile(conn: &Connection, now: i64) -> Result<Value, OpError> {
     let columns = "source, event_id, action, kind, status, n_attempts, lease_owner, lease_until, \
                    next_attempt_at, last_error, updated_at";
     let stuck_where = "status = 'processing' AND coalesce(lease_until, 0) < ?1";
-    let overdue_where = "status = 'pending' AND coalesce(next_attempt_at, created_at) < ?1";
-    // Every clause takes ?1 so the three queries bind alike.
+    // A pending job without a due time is parked by `after` (waiting).
+    let overdue_where = "status = 'pending' AND next_attempt_at < ?1";
+    // Every clause takes ?1 so the queries bind alike.
     let failed_where = "status = 'failed' AND ?1 = ?1";
+    let waiting_where = "status = 'pending' AND next_attempt_at IS NULL AND ?1 = ?1";
 
     let mut lists = Vec::new();
     let mut counts = Vec::new();
@@ -60,13 +77,19 @@ pub fn reconcile(conn: &Connection, now: i64) -> Result<Value, OpError> {
             now - OVERDUE_AFTER_MS,
         ),
         ("failed", failed_where, "updated_at DESC", now),
+        ("waiting", waiting_where, "created_at", now),
     ] {
-        let items = conn
+        let mut items = conn
             .prepare(&format!(
                 "SELECT {columns} FROM jobs WHERE {clause} ORDER BY {order} LIMIT ?2"
             ))?
             .query_map(params![at, LIST_LIMIT], job)?
             .collect::<Result<Vec<_>, _>>()?;
+        if name == "waiting" {
+            for item in &mut items {
+                item["waiting_for"] = waiting_for(conn, config, item)?;
+            }
+        }
         let n: i64 = conn
             .prepare(&format!("SELECT count(*) FROM jobs WHERE {clause}"))?
             .query_row([at], |r| r.get(0))?;
@@ -91,7 +114,7 @@ pub fn reconcile(conn: &Connection, now: i64) -> Result<Value, OpError> {
     counts.push(("paused", paused.len() as i64));
     lists.push(("paused", Value::Array(paused)));
 
-    let clean = counts.iter().all(|(_, n)| *n == 0);
+    let clean = counts.iter().all(|(name, n)| *n == 0 || *name == "waiting");
     let mut out = json!({ "clean": clean });
     for (name, list) in lists {
         out[name] = list;
@@ -105,10 +128,288 @@ pub fn reconcile(conn: &Connection, now: i64) -> Result<Value, OpError> {
     Ok(out)
 }
 
+/// The jobs a parked job waits for: the actions its `after` names that are
+/// not done for its event, with their status (every job of the event that
+/// is not done when the action is no longer in the config).
+fn waiting_for(conn: &Connection, config: &Config, item: &Value) -> Result<Value, OpError> {
+    let (source, event_id, action) = (
+        item["source"].as_str().unwrap_or_default(),
+        item["event_id"].as_str().unwrap_or_default(),
+        item["action"].as_str().unwrap_or_default(),
+    );
+    let after = forward_of(config, source, action).map(|f| f.after.as_slice());
+    let mut stmt = conn.prepare_cached(
+        "SELECT action, status FROM jobs
+         WHERE source = ?1 AND event_id = ?2 AND action <> ?3 AND status <> 'done' ORDER BY id",
+    )?;
+    let rows = stmt.query_map(params![source, event_id, action], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, status) = row?;
+        if after.is_none_or(|a| a.contains(&name)) {
+            out.push(json!({"action": name, "status": status}));
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+fn forward_of<'a>(config: &'a Config, source: &str, action: &str) -> Option<&'a Forward> {
+    match &config.source(source)?.action(action)?.kind {
+        ActionKind::Forward(f) => Some(f),
+        ActionKind::Sql { .. } => None,
+    }
+}
+
+/// One stuck or failed job asked about, and what the downstream answered.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    /// The job's status and attempt count when it was asked about.
+    pub status: String,
+    pub attempts: i64,
+    pub asked: Asked,
+    /// Set by [`mark_done`]: the confirmed attempt's number, or why the
+    /// job was left alone.
+    pub marked_done: Option<i64>,
+    pub left_alone: Option<String>,
+}
+
+impl Checked {
+    pub fn to_json(&self) -> Value {
+        let note = match (self.asked.answer, self.marked_done, &self.left_alone) {
+            (_, Some(n), _) => format!("done downstream: marked done as attempt {n}"),
+            (_, None, Some(why)) => why.clone(),
+            (Answer::Found, None, None) => {
+                "done downstream: reconcile --check --yes marks it done".to_string()
+            }
+            (Answer::NotFound, ..) => {
+                "not done downstream: a replay sends it (once it is failed)".to_string()
+            }
+            (Answer::Error, ..) => "the downstream did not say; nothing decided".to_string(),
+        };
+        json!({
+            "source": self.source,
+            "event_id": self.event_id,
+            "action": self.action,
+            "status": self.status,
+            "attempts": self.attempts,
+            "answer": self.asked.answer.name(),
+            "http_status": self.asked.http_status,
+            "error": self.asked.error,
+            "marked_done": self.marked_done.is_some(),
+            "attempt": self.marked_done,
+            "note": note,
+        })
+    }
+}
+
+/// Asks the downstream about every stuck and failed job in `report` whose
+/// action has a `check`, a few at a time, each within its action's
+/// timeout. No transaction is open meanwhile.
+pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, OpError> {
+    let mut targets = Vec::new();
+    for list in ["stuck", "failed"] {
+        for j in report[list]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let (source, event_id, action) = (
+                j["source"].as_str().unwrap_or_default(),
+                j["event_id"].as_str().unwrap_or_default(),
+                j["action"].as_str().unwrap_or_default(),
+            );
+            if forward_of(config, source, action).is_some_and(|f| f.check.is_some()) {
+                targets.push((
+                    source.to_string(),
+                    event_id.to_string(),
+                    action.to_string(),
+                    j["status"].as_str().unwrap_or_default().to_string(),
+                    j["attempts"].as_i64().unwrap_or(0),
+                ));
+            }
+        }
+    }
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let signers = crate::outbox::signers(config).map_err(|e| OpError::Invalid(format!("{e:#}")))?;
+    let agent = crate::outbox::http_agent(CHECKS_AT_ONCE);
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Asked>>> = Mutex::new(vec![None; targets.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..CHECKS_AT_ONCE.min(targets.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((source, event_id, action, _, _)) = targets.get(i) else {
+                        break;
+                    };
+                    let Some(fwd) = forward_of(config, source, action) else {
+                        continue;
+                    };
+                    let Some(template) = &fwd.check else {
+                        continue;
+                    };
+                    let asked = crate::check::ask(
+                        &agent,
+                        fwd,
+                        template,
+                        (source, event_id, action),
+                        signers.get(&(source.clone(), action.clone())),
+                    );
+                    if let Ok(mut r) = results.lock() {
+                        r[i] = Some(asked);
+                    }
+                }
+            });
+        }
+    });
+    let results = results
+        .into_inner()
+        .map_err(|_| OpError::Store(StoreError::other("a check thread panicked")))?;
+    Ok(targets
+        .into_iter()
+        .zip(results)
+        .filter_map(|((source, event_id, action, status, attempts), asked)| {
+            Some(Checked {
+                source,
+                event_id,
+                action,
+                status,
+                attempts,
+                asked: asked?,
+                marked_done: None,
+                left_alone: None,
+            })
+        })
+        .collect())
+}
+
+/// A job's row as [`mark_done`] finds it.
+struct JobNow {
+    id: i64,
+    status: String,
+    n_attempts: i64,
+    lease_until: Option<i64>,
+    updated_at: i64,
+    lease_owner: Option<String>,
+}
+
+/// Marks done, in the caller's write transaction, every checked job the
+/// downstream has done and that has not moved on since it was asked
+/// about (same status and attempt count; a stuck one still past its
+/// lease): a new attempt `ok` with error kind `confirmed` (a stuck job's
+/// cut-short attempt is first recorded as `retry`, `lease`, as a takeover
+/// would), the check in `checks`, the event's state recomputed. Returns
+/// how many were marked.
+pub fn mark_done(
+    conn: &Connection,
+    checked: &mut [Checked],
+    worker: &str,
+    now: i64,
+) -> Result<usize, StoreError> {
+    let mut marked = 0;
+    for c in checked.iter_mut() {
+        if c.asked.answer != Answer::Found {
+            continue;
+        }
+        let current = conn
+            .prepare_cached(
+                "SELECT id, status, n_attempts, lease_until, updated_at, lease_owner FROM jobs
+                 WHERE source = ?1 AND event_id = ?2 AND action = ?3",
+            )?
+            .query_row(params![c.source, c.event_id, c.action], |r| {
+                Ok(JobNow {
+                    id: r.get(0)?,
+                    status: r.get(1)?,
+                    n_attempts: r.get(2)?,
+                    lease_until: r.get(3)?,
+                    updated_at: r.get(4)?,
+                    lease_owner: r.get(5)?,
+                })
+            })
+            .optional()?;
+        let Some(JobNow {
+            id: job_id,
+            status,
+            n_attempts,
+            lease_until,
+            updated_at,
+            lease_owner: owner,
+        }) = current
+        else {
+            c.left_alone = Some("the job is gone (pruned); left alone".to_string());
+            continue;
+        };
+        let lease_ran_out = lease_until.is_none_or(|at| at < now);
+        if status != c.status
+            || n_attempts != c.attempts
+            || (status == "processing" && !lease_ran_out)
+        {
+            c.left_alone = Some(format!(
+                "the job moved on since it was asked about (now {status}, {n_attempts} attempt(s)); left alone"
+            ));
+            continue;
+        }
+        let last_recorded: i64 = conn
+            .prepare_cached("SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1")?
+            .query_row([job_id], |r| r.get(0))?;
+        if status == "processing" && last_recorded < n_attempts {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
+                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)",
+            )?
+            .execute(params![job_id, n_attempts, updated_at, now, owner])?;
+        }
+        let n = n_attempts.max(last_recorded) + 1;
+        let a = &c.asked;
+        conn.prepare_cached(
+            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
+                                   error_kind, request_id, response_head, worker)
+             VALUES (?1, ?2, ?3, ?4, 'ok', ?5, 'confirmed', ?6, ?7, ?8)",
+        )?
+        .execute(params![
+            job_id,
+            n,
+            a.started_at,
+            a.finished_at,
+            a.http_status,
+            a.request_id,
+            a.response_head,
+            worker,
+        ])?;
+        crate::outbox::record_check(conn, job_id, n, worker, a)?;
+        conn.prepare_cached(
+            "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
+                    lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
+             WHERE id = ?1",
+        )?
+        .execute(params![job_id, n, now])?;
+        crate::ingest::refresh_event_state(conn, &c.source, &c.event_id, now)?;
+        c.marked_done = Some(n);
+        marked += 1;
+    }
+    Ok(marked)
+}
+
+/// The report with what was asked: `checks` (one object per job asked
+/// about) and `applied` (whether found jobs were marked done).
+pub fn with_checks(mut report: Value, checked: &[Checked], applied: bool) -> Value {
+    report["checks"] = Value::Array(checked.iter().map(Checked::to_json).collect());
+    report["applied"] = json!(applied);
+    report
+}
+
 fn render(report: &Value) -> String {
     let mut out = String::new();
     let counts = &report["counts"];
-    if report["clean"].as_bool() == Some(true) {
+    let checks = report["checks"].as_array().map(Vec::as_slice);
+    if report["clean"].as_bool() == Some(true) && checks.is_none_or(<[Value]>::is_empty) {
         let _ = writeln!(
             out,
             "clean: no stuck, overdue or failed jobs and no paused action has waiting jobs"
@@ -125,6 +426,10 @@ fn render(report: &Value) -> String {
             "pending more than 60s past due (are the forward workers running? forward_workers > 0?)",
         ),
         ("failed", "failed: fix the cause, then replay"),
+        (
+            "waiting",
+            "waiting for other actions of their event (after): sent once those are done",
+        ),
     ];
     for (name, what) in sections {
         let _ = writeln!(out, "{name}: {} {what}", counts[name]);
@@ -152,6 +457,16 @@ fn render(report: &Value) -> String {
                 }
                 "overdue" => {
                     let _ = write!(line, "  due {}", fmt_json_time(&j["next_attempt_at"]));
+                }
+                "waiting" => {
+                    let names: Vec<String> = j["waiting_for"]
+                        .as_array()
+                        .map(Vec::as_slice)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|w| format!("{} ({})", cell(&w["action"]), cell(&w["status"])))
+                        .collect();
+                    let _ = write!(line, "  waiting for {}", names.join(", "));
                 }
                 _ => {
                     let _ = write!(
@@ -186,6 +501,9 @@ fn render(report: &Value) -> String {
             cell(&p["action"]),
         );
     }
+    if let Some(checks) = checks {
+        render_checks(&mut out, checks, report["applied"].as_bool() == Some(true));
+    }
     if counts["failed"].as_i64().unwrap_or(0) > 0 {
         let _ = writeln!(
             out,
@@ -195,11 +513,66 @@ fn render(report: &Value) -> String {
     out
 }
 
-pub fn cmd(config: &Config, json: bool) -> Result<ExitCode> {
+fn render_checks(out: &mut String, checks: &[Value], applied: bool) {
+    let count = |answer: &str| checks.iter().filter(|c| c["answer"] == answer).count();
+    let _ = writeln!(
+        out,
+        "asked the downstream about {} stuck or failed job(s) with a check: {} done there, {} not, {} no answer",
+        checks.len(),
+        count("found"),
+        count("not_found"),
+        count("error"),
+    );
+    for c in checks {
+        let status = c["http_status"]
+            .as_u64()
+            .map_or_else(String::new, |s| format!(" ({s})"));
+        let error = c["error"]
+            .as_str()
+            .map_or_else(String::new, |e| format!(": {}", clean(e)));
+        let _ = writeln!(
+            out,
+            "  {}/{}  {} ({}, {} attempt(s))  {}{status}{error}; {}",
+            cell(&c["source"]),
+            cell(&c["event_id"]),
+            cell(&c["action"]),
+            cell(&c["status"]),
+            cell(&c["attempts"]),
+            cell(&c["answer"]),
+            cell(&c["note"]),
+        );
+    }
+    let found_unmarked = checks
+        .iter()
+        .filter(|c| c["answer"] == "found" && c["marked_done"] != true)
+        .count();
+    if !applied && found_unmarked > 0 {
+        let _ = writeln!(
+            out,
+            "next: idemhook reconcile --check --yes marks the {found_unmarked} done downstream as done"
+        );
+    }
+}
+
+pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<ExitCode> {
+    if yes && !check {
+        return finish(Err(OpError::Invalid(
+            "--yes marks done what --check finds done downstream: give --check --yes".to_string(),
+        )));
+    }
     let conn = open_read(config)?;
-    let report = match reconcile(&conn, now_ms()) {
+    let report = match reconcile(&conn, config, now_ms()) {
         Ok(r) => r,
         Err(e) => return finish(Err(e)),
+    };
+    let report = if check {
+        drop(conn);
+        match check_and_apply(config, report, yes) {
+            Ok(r) => r,
+            Err(e) => return finish(Err(e)),
+        }
+    } else {
+        report
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -211,4 +584,22 @@ pub fn cmd(config: &Config, json: bool) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `--check` (and `--yes`): asks, marks the found ones done in one write
+/// transaction when `yes`, and reports the state after.
+fn check_and_apply(config: &Config, report: Value, yes: bool) -> Result<Value, OpError> {
+    let mut checked = ask_downstream(config, &report)?;
+    if !yes || !checked.iter().any(|c| c.asked.answer == Answer::Found) {
+        return Ok(with_checks(report, &checked, false));
+    }
+    let mut conn = open_write(config).map_err(|e| OpError::Invalid(format!("{e:#}")))?;
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(OpError::from)?;
+    let now = now_ms();
+    mark_done(&tx, &mut checked, "reconcile:cli", now)?;
+    let after = reconcile(&tx, config, now)?;
+    tx.commit().map_err(OpError::from)?;
+    Ok(with_checks(after, &checked, true))
 }
