@@ -10,6 +10,13 @@
 //! Every answer carries a unique `X-Request-Id` (recorded with the request),
 //! and a test can hold all requests at a gate or slow every request down.
 //!
+//! It also serves a check endpoint, `GET /effects/{key}` (the key
+//! URL-encoded): 200 when the key has had an effect, 404 when not,
+//! scriptable per key to answer 500 or hang ([`CheckBehavior`]). Started
+//! with [`Downstream::start_without_dedupe`] it is a downstream that cannot
+//! dedupe: every processed request is an effect, repeats of a key too, so
+//! its per-key count shows a second send.
+//!
 //! Owns no knowledge of idemhook beyond the header names in PRODUCT.md.
 
 #![allow(dead_code)] // not every test module uses every helper
@@ -38,6 +45,19 @@ pub enum Behavior {
     Reject400,
     /// Answer 429 with `Retry-After: retry_after_secs` (no effect), this many times.
     TooMany { retry_after_secs: u64, times: u32 },
+    /// Process the request (the effect counts), then hold the answer for
+    /// this long and close the connection without answering. One request.
+    ProcessThenHang(Duration),
+}
+
+/// One scripted step for checks (`GET /effects/{key}`) of a key; queued
+/// like [`Behavior`]. When none is left the check answers from the effects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckBehavior {
+    /// Answer 500, this many times.
+    Fail500(u32),
+    /// Hold the check this long, then close without answering. One check.
+    Hang(Duration),
 }
 
 /// What the downstream did with a request.
@@ -57,6 +77,17 @@ pub enum Outcome {
     TooMany {
         retry_after_secs: u64,
     },
+    /// Processed (effect if first, or always without dedupe), then held
+    /// and dropped without an answer.
+    ProcessedThenHung {
+        new_effect: bool,
+    },
+    /// A check answered 200 (found) or 404 (not found).
+    Checked {
+        found: bool,
+    },
+    CheckFailed500,
+    CheckHung,
 }
 
 /// One request as received.
@@ -87,12 +118,19 @@ impl RecordedRequest {
     pub fn idempotency_key(&self) -> Option<&str> {
         self.header("Idempotency-Key")
     }
+
+    /// A request to the check endpoint (not a forward).
+    pub fn is_check(&self) -> bool {
+        self.method == "GET" && self.path.starts_with("/effects/")
+    }
 }
 
 #[derive(Default)]
 struct State {
     scripts: HashMap<String, VecDeque<Behavior>>,
-    /// Keys processed at least once, with the number of effects (always 1).
+    check_scripts: HashMap<String, VecDeque<CheckBehavior>>,
+    /// Keys processed at least once, with the number of effects (1 unless
+    /// the downstream does not dedupe).
     effects: HashMap<String, u64>,
     /// Requests without an Idempotency-Key that were processed.
     keyless_effects: u64,
@@ -113,6 +151,8 @@ struct Shared {
     delay_ms: AtomicU64,
     /// Source of `X-Request-Id` values.
     next_request_id: AtomicU64,
+    /// False: every processed request is an effect, repeats too.
+    dedupe: bool,
 }
 
 /// The running fake downstream. Stops accepting on drop.
@@ -132,6 +172,16 @@ struct WireRequest {
 
 impl Downstream {
     pub fn start() -> Downstream {
+        Downstream::start_with(true)
+    }
+
+    /// A downstream that cannot dedupe by `Idempotency-Key`: every
+    /// processed request is a new effect (`effects(key)` counts them).
+    pub fn start_without_dedupe() -> Downstream {
+        Downstream::start_with(false)
+    }
+
+    fn start_with(dedupe: bool) -> Downstream {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind downstream");
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
@@ -143,6 +193,7 @@ impl Downstream {
             released: AtomicUsize::new(0),
             delay_ms: AtomicU64::new(0),
             next_request_id: AtomicU64::new(1),
+            dedupe,
         });
         let accept_shared = Arc::clone(&shared);
         std::thread::spawn(move || {
@@ -177,7 +228,39 @@ impl Downstream {
             .push_back(behavior);
     }
 
-    /// Effects for `key`: 0 or 1 (a repeat is not a new effect).
+    /// Queue a behaviour for checks (`GET /effects/{key}`) of `key`.
+    pub fn script_check(&self, key: &str, behavior: CheckBehavior) {
+        let mut state = self.shared.state.lock().unwrap();
+        state
+            .check_scripts
+            .entry(key.to_string())
+            .or_default()
+            .push_back(behavior);
+    }
+
+    /// `http://127.0.0.1:PORT/effects/{idempotency_key}`: a `check` template.
+    pub fn check_template(&self) -> String {
+        format!("{}/effects/{{idempotency_key}}", self.url())
+    }
+
+    /// Forwards (not checks) carrying `Idempotency-Key: key`.
+    pub fn posts_for(&self, key: &str) -> Vec<RecordedRequest> {
+        self.requests_for(key)
+            .into_iter()
+            .filter(|r| !r.is_check())
+            .collect()
+    }
+
+    /// Checks asked for `key`.
+    pub fn checks_for(&self, key: &str) -> Vec<RecordedRequest> {
+        self.requests_for(key)
+            .into_iter()
+            .filter(RecordedRequest::is_check)
+            .collect()
+    }
+
+    /// Effects for `key`: 0 or 1 (a repeat is not a new effect), or every
+    /// processing of it without dedupe.
     pub fn effects(&self, key: &str) -> u64 {
         self.shared
             .state
@@ -318,25 +401,24 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
         // resolve to exactly one effect.
         let (outcome, hang) = {
             let mut state = shared.state.lock().unwrap();
-            let step = key.as_ref().and_then(|k| next_step(&mut state, k));
-            let (outcome, hang) = match step {
-                Some(Behavior::Fail500(_)) => (Outcome::Failed500, None),
-                Some(Behavior::Hang(d)) => (Outcome::Hung, Some(d)),
-                Some(Behavior::Reject400) => (Outcome::Rejected400, None),
-                Some(Behavior::TooMany {
-                    retry_after_secs, ..
-                }) => (Outcome::TooMany { retry_after_secs }, None),
-                Some(Behavior::ProcessThenDrop(_)) => {
-                    let new_effect = process(&mut state, key.as_deref());
-                    (Outcome::ProcessedThenDropped { new_effect }, None)
+            let check_key = (request.method == "GET")
+                .then(|| request.path.strip_prefix("/effects/"))
+                .flatten()
+                .map(percent_decode);
+            let (outcome, hang) = if let Some(k) = check_key {
+                match next_check_step(&mut state, &k) {
+                    Some(CheckBehavior::Fail500(_)) => (Outcome::CheckFailed500, None),
+                    Some(CheckBehavior::Hang(d)) => (Outcome::CheckHung, Some(d)),
+                    None => (
+                        Outcome::Checked {
+                            found: state.effects.get(&k).is_some_and(|n| *n > 0),
+                        },
+                        None,
+                    ),
                 }
-                None => {
-                    if process(&mut state, key.as_deref()) {
-                        (Outcome::Effect, None)
-                    } else {
-                        (Outcome::Repeat, None)
-                    }
-                }
+            } else {
+                let step = key.as_ref().and_then(|k| next_step(&mut state, k));
+                decide(&mut state, step, key.as_deref(), shared.dedupe)
             };
             state.requests.push(RecordedRequest {
                 method: request.method.clone(),
@@ -387,8 +469,24 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
                     keep_alive,
                 )
             }
+            Outcome::Checked { found } => {
+                let (code, reason, body): (u16, &str, &[u8]) = if found {
+                    (200, "OK", br#"{"done":true}"#)
+                } else {
+                    (404, "Not Found", br#"{"done":false}"#)
+                };
+                respond(&mut writer, code, reason, rid, body, keep_alive)
+            }
+            Outcome::CheckFailed500 => respond(
+                &mut writer,
+                500,
+                "Internal Server Error",
+                rid,
+                br#"{"error":"scripted check 500"}"#,
+                keep_alive,
+            ),
             Outcome::ProcessedThenDropped { .. } => false,
-            Outcome::Hung => {
+            Outcome::Hung | Outcome::CheckHung | Outcome::ProcessedThenHung { .. } => {
                 let until = Instant::now() + hang.unwrap_or_default();
                 while Instant::now() < until && !shared.shutdown.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(20));
@@ -401,6 +499,89 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             return;
         }
     }
+}
+
+/// What a forward does, given the scripted step for its key.
+fn decide(
+    state: &mut State,
+    step: Option<Behavior>,
+    key: Option<&str>,
+    dedupe: bool,
+) -> (Outcome, Option<Duration>) {
+    match step {
+        Some(Behavior::Fail500(_)) => (Outcome::Failed500, None),
+        Some(Behavior::Hang(d)) => (Outcome::Hung, Some(d)),
+        Some(Behavior::Reject400) => (Outcome::Rejected400, None),
+        Some(Behavior::TooMany {
+            retry_after_secs, ..
+        }) => (Outcome::TooMany { retry_after_secs }, None),
+        Some(Behavior::ProcessThenDrop(_)) => {
+            let new_effect = process(state, key, dedupe);
+            (Outcome::ProcessedThenDropped { new_effect }, None)
+        }
+        Some(Behavior::ProcessThenHang(d)) => {
+            let new_effect = process(state, key, dedupe);
+            (Outcome::ProcessedThenHung { new_effect }, Some(d))
+        }
+        None => {
+            if process(state, key, dedupe) {
+                (Outcome::Effect, None)
+            } else {
+                (Outcome::Repeat, None)
+            }
+        }
+    }
+}
+
+/// Consume one unit of the front check step for `key`.
+fn next_check_step(state: &mut State, key: &str) -> Option<CheckBehavior> {
+    let queue = state.check_scripts.get_mut(key)?;
+    loop {
+        let front = queue.front_mut()?;
+        let (apply, exhausted) = match front {
+            CheckBehavior::Fail500(n) => {
+                if *n == 0 {
+                    (false, true)
+                } else {
+                    *n -= 1;
+                    (true, *n == 0)
+                }
+            }
+            CheckBehavior::Hang(_) => (true, true),
+        };
+        let step = front.clone();
+        if exhausted {
+            queue.pop_front();
+        }
+        if apply {
+            return Some(step);
+        }
+    }
+}
+
+/// `%XX` decoded (the check endpoint's key); undecodable bytes kept as is.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = (bytes[i] == b'%')
+            .then(|| bytes.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Wait while the gate is closed (or until shutdown), counting the request
@@ -434,7 +615,7 @@ fn next_step(state: &mut State, key: &str) -> Option<Behavior> {
                     (true, *n == 0)
                 }
             }
-            Behavior::Hang(_) => (true, true),
+            Behavior::Hang(_) | Behavior::ProcessThenHang(_) => (true, true),
             Behavior::Reject400 => (true, false),
         };
         let step = front.clone();
@@ -447,18 +628,20 @@ fn next_step(state: &mut State, key: &str) -> Option<Behavior> {
     }
 }
 
-/// Record processing; true when it is a new effect.
-fn process(state: &mut State, key: Option<&str>) -> bool {
+/// Record processing; true when it is a new effect (a repeat of a key is
+/// one only without dedupe).
+fn process(state: &mut State, key: Option<&str>, dedupe: bool) -> bool {
     match key {
         None => {
             state.keyless_effects += 1;
             true
         }
         Some(k) => {
-            if state.effects.contains_key(k) {
+            let n = state.effects.entry(k.to_string()).or_insert(0);
+            if *n > 0 && dedupe {
                 false
             } else {
-                state.effects.insert(k.to_string(), 1);
+                *n += 1;
                 true
             }
         }
@@ -716,6 +899,49 @@ mod self_test {
             assert_eq!(client.post(&url, &key_headers("r"), b"1").status, 400);
         }
         assert_eq!(ds.effects("r"), 0);
+    }
+
+    #[test]
+    fn the_check_endpoint_answers_from_the_effects_and_without_dedupe_every_send_counts() {
+        let ds = Downstream::start_without_dedupe();
+        let client = Client::new(Duration::from_secs(5));
+        let key = "s:evt/1:a";
+        let check_url = format!("{}/effects/s%3Aevt%2F1%3Aa", ds.url());
+        let check = |client: &Client| client.get(&check_url).status;
+        assert_eq!(check(&client), 404, "no effect yet");
+        let url = format!("{}/x", ds.url());
+        for _ in 0..2 {
+            assert_eq!(client.post(&url, &key_headers(key), b"1").status, 200);
+        }
+        assert_eq!(ds.effects(key), 2, "without dedupe a repeat is an effect");
+        assert_eq!(check(&client), 200);
+        ds.script_check(key, CheckBehavior::Fail500(1));
+        ds.script_check(key, CheckBehavior::Hang(Duration::from_secs(3)));
+        assert_eq!(check(&client), 500);
+        let short = Client::new(Duration::from_millis(300));
+        assert!(short.try_get(&check_url).is_err(), "expected a hung check");
+        assert_eq!(check(&client), 200, "scripts used up");
+        assert_eq!(ds.posts_for(key).len(), 2);
+        ds.script(key, Behavior::ProcessThenHang(Duration::from_secs(3)));
+        assert!(short.try_post(&url, &key_headers(key), b"1").is_err());
+        assert_eq!(ds.effects(key), 3, "processed before the hang");
+        // Checks are recorded but carry no key header here: counted by path.
+        let checks = ds
+            .requests()
+            .into_iter()
+            .filter(RecordedRequest::is_check)
+            .map(|r| r.outcome)
+            .collect::<Vec<_>>();
+        assert_eq!(
+            checks,
+            vec![
+                Outcome::Checked { found: false },
+                Outcome::Checked { found: true },
+                Outcome::CheckFailed500,
+                Outcome::CheckHung,
+                Outcome::Checked { found: true },
+            ]
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! shared fixtures in `harness`, independent signers in `sign`, a fake
 //! downstream in `downstream`.
 
+mod check;
 mod cli;
 mod downstream;
 mod harness;
