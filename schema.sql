@@ -100,9 +100,12 @@ END;
 -- take looks at their `after` once more.
 CREATE TRIGGER IF NOT EXISTS jobs_release_waiting AFTER UPDATE OF status ON jobs
     WHEN NEW.status = 'done' AND OLD.status <> 'done' BEGIN
+    -- The unary + keeps the planner on the (source, event_id) prefix of
+    -- the UNIQUE index: through jobs_due it would walk every parked job
+    -- at every completion (INDEXED BY is not allowed in a trigger).
     UPDATE jobs SET next_attempt_at = NEW.updated_at
      WHERE source = NEW.source AND event_id = NEW.event_id
-       AND status = 'pending' AND next_attempt_at IS NULL;
+       AND +status = 'pending' AND +next_attempt_at IS NULL;
 END;
 
 -- Every run of a job's action, numbered from 1 per job. Never rewritten

@@ -108,8 +108,11 @@ fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Repl
                 pause_or_resume(app, source, action, pausing)
             })
         }
-        ["api", "reconcile"] if rq.method == "POST" => reconcile_apply(app, rq),
-        ["api", "reconcile"] => only(rq, "GET", |rq| reconcile_route(app, rq)),
+        ["api", "reconcile"] => match rq.method {
+            "GET" | "HEAD" => reconcile_route(app, rq),
+            "POST" => reconcile_apply(app, rq),
+            _ => Reply::method_not_allowed("GET, POST"),
+        },
         ["api", "actions"] => only(rq, "GET", |_| actions_route(app)),
         ["api", "overview"] => only(rq, "GET", |_| overview_route(app)),
         _ => Reply::error(404, "no such admin route"),

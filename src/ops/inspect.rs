@@ -413,6 +413,9 @@ pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, Op
             })?
             .collect::<Result<Vec<_>, _>>()?;
         job["attempts"] = Value::Array(attempts);
+        if job["kind"] == "forward" {
+            job["checks"] = job_checks(conn, job_id)?;
+        }
         jobs.push(job);
     }
 
@@ -600,6 +603,25 @@ fn render(event: &Value, extras: &Extras) -> String {
             }
             let _ = writeln!(out, "{line}");
         }
+        for c in job["checks"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let _ = writeln!(
+                out,
+                "    check for #{} {}: {}{}{}",
+                cell(&c["n"]),
+                fmt_json_time(&c["asked_at"]),
+                cell(&c["answer"]),
+                c["http_status"]
+                    .as_i64()
+                    .map_or_else(String::new, |s| format!(" (http {s})")),
+                c["error"]
+                    .as_str()
+                    .map_or_else(String::new, |e| format!("  error: {}", clean(e))),
+            );
+        }
         if !job["last_error"].is_null() && attempts.is_empty() {
             let _ = writeln!(out, "    last error: {}", cell(&job["last_error"]));
         }
@@ -696,4 +718,25 @@ mod tests {
             ListFilter::new(None, Some("failed".into()), None, Some("1m"), 10, 100_000).unwrap();
         assert_eq!(f.since_ms, Some(40_000));
     }
+}
+
+/// The questions asked of a forward job's `check` URL (`checks`), oldest
+/// first: `[{"n", "asked_at", "answer", "http_status", "error"}]`; `n` is
+/// the attempt each was asked for.
+fn job_checks(conn: &Connection, job_id: i64) -> Result<Value, OpError> {
+    let checks = conn
+        .prepare_cached(
+            "SELECT n, asked_at, answer, http_status, error FROM checks WHERE job_id = ?1 ORDER BY id",
+        )?
+        .query_map([job_id], |r| {
+            Ok(json!({
+                "n": r.get::<_, i64>(0)?,
+                "asked_at": ms_to_secs(r.get::<_, i64>(1)?),
+                "answer": r.get::<_, String>(2)?,
+                "http_status": r.get::<_, Option<i64>>(3)?,
+                "error": r.get::<_, Option<String>>(4)?,
+            }))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Value::Array(checks))
 }

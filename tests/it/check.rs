@@ -352,6 +352,31 @@ fn a_404_check_sends_once() {
         recorded_checks(&db, "evt_404"),
         vec![(2, "not_found".to_string(), Some(404))]
     );
+    // events show has every check, the ones that sent too.
+    let shown = server
+        .run_cli(&["events", "show", SOURCE, "evt_404", "--json"])
+        .json();
+    let checks = &shown["jobs"][0]["checks"];
+    assert_eq!(
+        (
+            &checks[0]["n"],
+            &checks[0]["answer"],
+            &checks[0]["http_status"]
+        ),
+        (
+            &Value::from(2),
+            &Value::from("not_found"),
+            &Value::from(404)
+        ),
+        "{shown:#}"
+    );
+    let text = server
+        .run_cli(&["events", "show", SOURCE, "evt_404"])
+        .stdout;
+    assert!(
+        text.contains("    check for #2 ") && text.contains(": not_found (http 404)"),
+        "{text}"
+    );
 }
 
 /// A check that answers 500, then one that hangs past the timeout: each is
