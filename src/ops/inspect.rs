@@ -692,6 +692,27 @@ pub fn show_cmd(config: &Config, source: &str, event_id: &str, json: bool) -> Re
     Ok(ExitCode::SUCCESS)
 }
 
+/// The questions asked of a forward job's `check` URL (`checks`), oldest
+/// first: `[{"n", "asked_at", "answer", "http_status", "error"}]`; `n` is
+/// the attempt each was asked for.
+fn job_checks(conn: &Connection, job_id: i64) -> Result<Value, OpError> {
+    let checks = conn
+        .prepare_cached(
+            "SELECT n, asked_at, answer, http_status, error FROM checks WHERE job_id = ?1 ORDER BY id",
+        )?
+        .query_map([job_id], |r| {
+            Ok(json!({
+                "n": r.get::<_, i64>(0)?,
+                "asked_at": ms_to_secs(r.get::<_, i64>(1)?),
+                "answer": r.get::<_, String>(2)?,
+                "http_status": r.get::<_, Option<i64>>(3)?,
+                "error": r.get::<_, Option<String>>(4)?,
+            }))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Value::Array(checks))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -718,25 +739,4 @@ mod tests {
             ListFilter::new(None, Some("failed".into()), None, Some("1m"), 10, 100_000).unwrap();
         assert_eq!(f.since_ms, Some(40_000));
     }
-}
-
-/// The questions asked of a forward job's `check` URL (`checks`), oldest
-/// first: `[{"n", "asked_at", "answer", "http_status", "error"}]`; `n` is
-/// the attempt each was asked for.
-fn job_checks(conn: &Connection, job_id: i64) -> Result<Value, OpError> {
-    let checks = conn
-        .prepare_cached(
-            "SELECT n, asked_at, answer, http_status, error FROM checks WHERE job_id = ?1 ORDER BY id",
-        )?
-        .query_map([job_id], |r| {
-            Ok(json!({
-                "n": r.get::<_, i64>(0)?,
-                "asked_at": ms_to_secs(r.get::<_, i64>(1)?),
-                "answer": r.get::<_, String>(2)?,
-                "http_status": r.get::<_, Option<i64>>(3)?,
-                "error": r.get::<_, Option<String>>(4)?,
-            }))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Value::Array(checks))
 }
