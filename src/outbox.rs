@@ -11,14 +11,26 @@
 //! and a grace ([`takeover_grace`]); the cut-short attempt is then
 //! recorded as a `retry` with error kind `lease`.
 //!
+//! Two per-action refinements. A job whose action has `after` is not taken
+//! while a named job of its event is not done: the take parks it (pending,
+//! no due time) and the `jobs_release_waiting` trigger (schema.sql) makes
+//! it due again when one of the event's jobs becomes done. A job whose
+//! action has a `check`, and one of whose attempts since its last success
+//! may have reached the downstream, is asked about first (`check.rs`),
+//! under the same lease: 200 is done without a send (`confirmed`), 404
+//! sends, anything else is a retry (`check`) with nothing sent.
+//!
 //! Job life cycle:
 //! ```text
-//!   (claim) --> pending --take--> processing --2xx--> done
+//!   (claim) --> pending --take--> processing --2xx (or check 200)--> done
 //!               ^  |                |  |
 //!   pause/resume|  v   retryable &  |  +--4xx or attempts used up--> failed
 //!             paused   attempts left|                                  |
 //!               ^                   v                                  |
 //!               +------------- pending (next_attempt_at = backoff) <---+ replay
+//!
+//!   pending (after: a named job not done) --take--> parked (pending, no
+//!   due time) --any job of the event done (trigger)--> pending, due now
 //! ```
 //! Takes and completions go through the one writer; the HTTP call happens
 //! outside any transaction.
