@@ -893,3 +893,51 @@ fn check_prints_the_check_and_after_and_refuses_bad_ones() {
         "{out:?}"
     );
 }
+
+/// `after` naming another forward action: the second is sent only once
+/// the first is done (here after two 500s), released by the completion.
+#[test]
+fn a_forward_after_another_forward_is_sent_once_that_one_is_done() {
+    let ds = Downstream::start_without_dedupe();
+    let first = format!("{SOURCE}:evt_ff:first");
+    ds.script(&first, Behavior::Fail500(2));
+    let tables = ServerConfig::new()
+        .tables(&source())
+        .tables(&format!(
+            "[[sources.{SOURCE}.actions]]\nname = \"first\"\nforward = {}\n\
+             retry_initial = \"100ms\"\nretry_max = \"300ms\"\n",
+            toml_str(&format!("{}/in/first", ds.url()))
+        ))
+        .tables(&notify(&ds, "1s", "3s", "after = [\"first\"]"));
+    let server = Server::start(&tables, &env());
+    deliver(&server, "evt_ff");
+    let db = server.db();
+    wait_job(&db, "evt_ff", ACTION, "done");
+
+    let firsts = ds.posts_for(&first);
+    let seconds = ds.posts_for(&key("evt_ff"));
+    assert_eq!(
+        (
+            ds.effects(&first),
+            ds.effects(&key("evt_ff")),
+            seconds.len()
+        ),
+        (1, 1, 1),
+        "{}",
+        dump_jobs(&db)
+    );
+    let first_done = firsts
+        .iter()
+        .find(|r| r.outcome == Outcome::Effect)
+        .map(|r| r.at)
+        .unwrap_or_else(|| panic!("no effect for {first}: {firsts:?}"));
+    assert!(
+        seconds[0].at >= first_done,
+        "notify was sent at {:?}, before first was done at {first_done:?}",
+        seconds[0].at
+    );
+    assert_eq!(
+        kinds(&attempts(&db, "evt_ff", ACTION)),
+        vec![kind("ok", None)]
+    );
+}
