@@ -397,15 +397,15 @@ struct SignIn {
 }
 
 /// `POST /ui/session` signs in with the admin token; `DELETE` signs out;
-/// `GET` answers 204 while signed in, else 401.
+/// `GET` answers `{"signed_in": true|false}`.
 fn session(app: &App, rq: &mut Incoming<'_>, listener: &Listener, token: &str) -> Reply {
     match rq.method {
-        "GET" | "HEAD" => match session_cookie(rq) {
-            Some(value) if app.ui_sessions.touch(value, now_ms()) => {
-                Reply::text(204, "text/plain", String::new())
-            }
-            _ => Reply::error(401, "not signed in"),
-        },
+        "GET" | "HEAD" => {
+            let signed_in =
+                session_cookie(rq).is_some_and(|value| app.ui_sessions.touch(value, now_ms()));
+            Reply::json(200, &serde_json::json!({ "signed_in": signed_in }))
+                .with_header("Cache-Control", "no-store")
+        }
         "POST" => {
             if !same_origin(rq, listener) {
                 return Reply::error(403, "sign in from the inspector's own page");

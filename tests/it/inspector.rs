@@ -221,6 +221,14 @@ fn sessions_headers_and_the_origin_rule_over_http() {
     assert_eq!(wrong.status, 401);
     assert!(wrong.header("set-cookie").is_none());
     let cookie = sign_in(&server);
+    let state = exchange(
+        addr,
+        "GET",
+        "/ui/session",
+        &[("Host", &host), ("Cookie", &cookie)],
+        b"",
+    );
+    assert_eq!(state.body, r#"{"signed_in":true}"#);
 
     // The cookie reads the admin API; answers with payloads are not stored.
     let list = exchange(
@@ -322,6 +330,14 @@ fn sessions_headers_and_the_origin_rule_over_http() {
         b"",
     );
     assert_eq!(out.status, 204);
+    let state = exchange(
+        addr,
+        "GET",
+        "/ui/session",
+        &[("Host", &host), ("Cookie", &cookie)],
+        b"",
+    );
+    assert_eq!(state.body, r#"{"signed_in":false}"#);
     let after = exchange(
         addr,
         "GET",
@@ -808,7 +824,7 @@ impl Browser {
             .iter()
             .filter(|e| {
                 let m = e["message"].as_str().unwrap_or_default();
-                e["level"] == "SEVERE" && !m.contains("favicon") && !m.contains("401")
+                e["level"] == "SEVERE" && !m.contains("favicon")
             })
             .collect();
         assert!(bad.is_empty(), "console errors: {bad:#?}");

@@ -140,8 +140,9 @@ async function start() {
     const result = await postToken(token);
     if (result !== true) return signInForm(result);
   }
-  const session = await fetch("/ui/session", { credentials: "same-origin" });
-  if (session.status !== 204) return signInForm();
+  const session = await fetch("/ui/session", { credentials: "same-origin", cache: "no-store" });
+  const state = session.ok ? await session.json() : { signed_in: false };
+  if (!state.signed_in) return signInForm();
   signedIn(true);
   render();
 }

@@ -114,12 +114,14 @@ export async function events(main, query) {
     el("thead", {}, el("tr", {}, el("th", {}, "Received"), el("th", { class: "wide" }, "Source"), el("th", {}, "Event id"), el("th", { class: "wide" }, "Type"), el("th", {}, "State"))),
     tbody,
   );
+  const older = el("p", { class: "more" });
   replace(
     main,
     heading("Events", status, batch),
     form,
     plan,
     el("div", { class: "scroll" }, table),
+    older,
     el("p", { class: "muted hint" }, "Keys: j / k to move, Enter to open, / to search. New events appear by themselves."),
   );
 
@@ -160,6 +162,12 @@ export async function events(main, query) {
     if (rows.length) replace(tbody, rows);
     else replace(tbody, el("tr", {}, el("td", { colspan: 5, class: "muted empty" }, "No events match.")));
     status.textContent = `${list.length}${list.length === 200 ? "+" : ""} shown · updated ${new Date().toLocaleTimeString()}`;
+    replace(older);
+    if (list.length === 200) {
+      const q = new URLSearchParams(uiQuery().split("?")[1] || "");
+      q.set("until", String(list[list.length - 1].received_at));
+      older.append(el("a", { href: `/ui/?${q}`, "data-link": true }, "Older events →"));
+    }
     select_(Math.min(selected, rows.length - 1));
   }
   await refresh(false);
