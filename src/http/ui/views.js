@@ -424,12 +424,22 @@ function mismatchSection(e) {
 /**
  * Deliveries, attempts (and checks), replays and incidents, in time order.
  * Sorted by the milliseconds the server adds when it has them; ties
- * keep the order things were pushed in: each job's attempts by number,
- * with each replay after the attempt it followed.
+ * keep the order things were pushed in: each job's checks and attempts by
+ * number, with each replay after the attempt it followed.
  */
 function timelineSection(e) {
   const items = [];
-  const push = (item) => items.push({ ...item, order: items.length });
+  // Within one job, things happen in the order pushed: a time known only
+  // to the second is held no earlier than the job's previous item.
+  let jobMs = null;
+  const push = (item) => {
+    let ms = item.ms ?? item.at * 1000;
+    if (jobMs !== null) {
+      ms = Math.max(ms, jobMs);
+      jobMs = ms;
+    }
+    items.push({ ...item, ms, order: items.length });
+  };
   for (const d of e.deliveries || []) {
     push({ at: d.received_at, ms: d.received_at_ms, kind: "delivery", node: [badge(d.outcome), " from ", el("span", { class: "mono" }, d.remote ?? "?")] });
   }
@@ -445,8 +455,19 @@ function timelineSection(e) {
     });
   };
   for (const j of e.jobs || []) {
+    jobMs = -Infinity;
+    const checks = j.checks || [];
+    const checksFor = (n) => {
+      for (const c of checks.filter((c) => c.n === n)) {
+        const bits = [el("strong", {}, j.action), ` asked before #${c.n}: `, badge(c.answer === "found" ? "found" : c.answer)];
+        if (c.http_status !== null && c.http_status !== undefined) bits.push(` HTTP ${c.http_status}`);
+        if (c.error) bits.push(el("div", { class: "error small" }, c.error));
+        push({ at: c.asked_at, ms: c.asked_at_ms, kind: "check", node: bits });
+      }
+    };
     replaysAfter(j.action, 0);
     for (const a of j.attempts || []) {
+      checksFor(a.n);
       const check = a.error_kind === "confirmed" || a.error_kind === "check";
       const bits = [el("strong", {}, j.action), ` #${a.n} `, badge(a.outcome ?? "running")];
       if (a.http_status !== null && a.http_status !== undefined) bits.push(` HTTP ${a.http_status}`);
@@ -458,6 +479,11 @@ function timelineSection(e) {
       push({ at: a.started_at, ms: a.started_at_ms, kind: check ? "check" : "attempt", id: `attempt-${j.action}-${a.n}`, node: bits });
       replaysAfter(j.action, a.n);
     }
+    // Checks for an attempt not made yet (the answer said "already done",
+    // or the next attempt is still to come).
+    const made = new Set((j.attempts || []).map((a) => a.n));
+    for (const n of new Set(checks.map((c) => c.n))) if (!made.has(n)) checksFor(n);
+    jobMs = null;
   }
   replays.forEach((r, i) => {
     if (!placed.has(i)) push({ at: r.replayed_at, ms: r.replayed_at_ms, kind: "replay", node: replayNode(r) });
@@ -465,8 +491,7 @@ function timelineSection(e) {
   for (const i of e.incidents || []) {
     push({ at: i.created_at, ms: i.created_at_ms, kind: "incident", node: [badge(i.kind), " ", i.detail || ""] });
   }
-  const when = (it) => it.ms ?? it.at * 1000;
-  items.sort((a, b) => when(a) - when(b) || a.order - b.order);
+  items.sort((a, b) => a.ms - b.ms || a.order - b.order);
   return el(
     "section",
     {},
