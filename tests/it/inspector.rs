@@ -987,6 +987,9 @@ fn browser_hostile_payloads_are_shown_as_text_and_run_nothing() {
     browser.assert_only_own_origin();
     browser.assert_no_policy_violations();
     browser.screenshot("event");
+    browser.eval("document.querySelector('#mismatch').scrollIntoView(); return true");
+    browser.screenshot("mismatch-diff");
+    browser.eval("window.scrollTo(0, 0); return true");
     browser.resize(400, 860);
     browser.screenshot("event-phone");
     browser.resize(1280, 900);
@@ -1181,4 +1184,60 @@ fn browser_pause_and_resume_change_what_the_outbox_does() {
     browser.wait_for("the chart's bars", "#chart svg rect");
     browser.screenshot("overview");
     browser.assert_only_own_origin();
+}
+
+#[test]
+fn browser_a_check_and_the_attempt_it_confirmed_are_in_the_timeline() {
+    let downstream = Downstream::start();
+    let action = format!(
+        "{}check = {}\n",
+        forward_action(&downstream, 4),
+        toml_str(&downstream.check_template())
+    );
+    let server = Server::start(&config_with(&action), &[]);
+    let key = "gh:evt-check:notify";
+    // The downstream does the work but the answer is lost: the retry asks
+    // first, and the check says it is done.
+    downstream.script(key, Behavior::ProcessThenDrop(1));
+    send(&server, "evt-check", br#"{"check":"me"}"#, &[]);
+    wait_until(PAGE_TIMEOUT, "the job to be confirmed done", || {
+        count(
+            &server.db(),
+            "SELECT count(*) FROM jobs WHERE event_id = 'evt-check' AND status = 'done'",
+            [],
+        ) == 1
+    });
+    assert_eq!(downstream.effects(key), 1);
+
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/events/gh/evt-check", server.base_url()));
+    browser.wait_for("the timeline", "#timeline");
+    let kinds = browser
+        .eval("return [...document.querySelectorAll('#timeline .t-kind')].map(e => e.textContent)");
+    // The attempt the check confirmed is labelled a check once the event
+    // JSON carries its error kind ("confirmed").
+    let shown = server
+        .run_cli(&["events", "show", "gh", "evt-check", "--json"])
+        .assert_success()
+        .json();
+    let confirmed = shown["jobs"][0]["attempts"][1]["error_kind"] == "confirmed";
+    let last = if confirmed { "check" } else { "attempt" };
+    assert_eq!(
+        kinds,
+        json!(["delivery", "attempt", "check", last]),
+        "{}",
+        browser.text("#timeline")
+    );
+    let timeline = browser.text("#timeline");
+    assert!(
+        timeline.contains("asked before #2") && timeline.contains("found"),
+        "{timeline}"
+    );
+    assert_eq!(timeline.contains("confirmed"), confirmed, "{timeline}");
+    browser.assert_no_policy_violations();
+    browser.eval("document.querySelector('#timeline').scrollIntoView(); return true");
+    browser.screenshot("event-check");
 }

@@ -329,10 +329,10 @@ function eventView(e, { onPlan }) {
     el("div", { class: "heading" }, el("h1", { class: "mono id-title" }, e.event_id), copyButton(e.event_id, "Copy id"), badge(e.state)),
     el("section", { class: "card" }, summary),
     el("section", {}, el("h2", {}, "Actions"), jobs.length ? el("div", { class: "jobs" }, jobs) : el("p", { class: "muted" }, "No action takes this event's type."), planBox),
+    timelineSection(e),
+    mismatchSection(e),
     payloadSection(e),
     headersSection(e),
-    mismatchSection(e),
-    timelineSection(e),
   );
 }
 
