@@ -24,7 +24,9 @@
 //!
 //! Checkpoints run on a second thread with its own connection
 //! (`Checkpointer`), never inside a commit, so the latency tail does not
-//! carry them; it also keeps the WAL bounded.
+//! carry them; it also keeps the WAL bounded. With durability full it is
+//! woken after every commit; with normal, where a checkpoint's two fsyncs
+//! would be the only ones, once the WAL holds 1,000 frames, else every 10 s.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -155,6 +157,9 @@ struct Shared {
     queued: AtomicUsize,
     /// How long a group no caller waits on stays open ([`LINGER`]).
     linger: Duration,
+    /// Full: the checkpointer is woken after every commit. Normal: only
+    /// once the WAL holds [`CHECKPOINT_FRAMES`], else by its timer.
+    durability: Durability,
 }
 
 /// Joins the writer and checkpointer threads on shutdown.
@@ -189,6 +194,11 @@ impl Writer {
         // pending-byte page number, SQLite walks the whole page cache on
         // every commit (ARCHITECTURE.md, "Performance").
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -8192;")?;
+        // After wal_autocheckpoint, which replaces the WAL hook: with
+        // durability normal the writer learns the WAL's size from it.
+        if durability == Durability::Normal {
+            conn.wal_hook(Some(note_wal_pages));
+        }
         // Every statement the writer runs is a cached one; rusqlite keeps 16
         // by default, fewer than the claim, outbox and admin statements
         // together, and an evicted statement is parsed again (1.3% of W4's
@@ -205,6 +215,7 @@ impl Writer {
             busy_timeout,
             queued: AtomicUsize::new(0),
             linger,
+            durability,
         });
         let checkpointer =
             Checkpointer::start(path, durability, busy_timeout, shared.wal_frames.clone())?;
@@ -354,14 +365,10 @@ impl Writer {
         (now_ms() - at <= within.as_millis() as i64).then(|| e.clone())
     }
 
-    /// Whether a commit finished within `within`.
-    pub fn recently_committed(&self, within: Duration) -> bool {
-        let at = self.shared.last_commit_at.load(Ordering::Relaxed);
-        at > 0 && now_ms() - at <= within.as_millis() as i64
-    }
-
-    /// Proves the database takes a write right now: a tiny real write that
-    /// rides along with whatever group is committing.
+    /// Proves the database takes a write right now: a tiny real write made
+    /// for this call. It joins the next group, which begins after the call
+    /// (so a commit that started earlier never answers for it), and fails
+    /// when that group cannot take the write lock within the busy timeout.
     pub fn probe(&self) -> Result<(), StoreError> {
         self.call(|conn| {
             conn.prepare_cached(
@@ -440,7 +447,9 @@ fn run(
             commit_group(&conn, &mut group.ops, &shared, &answers);
         }
         group.waited = false;
-        kick.notify();
+        if wants_checkpoint(&shared) {
+            kick.notify();
+        }
         bound_wal(&conn, &shared, &mut last_restart);
     }
     // Drain what was queued before the stop so no caller waits forever.
@@ -482,6 +491,37 @@ impl Group {
                 false
             }
             Msg::Stop => true,
+        }
+    }
+}
+
+/// Pages in the WAL after the last commit, as SQLite's WAL hook reports
+/// them (with durability normal). The hook is a plain function, which
+/// cannot reach the writer's state, hence a static: the server runs one
+/// writer. -1 until the first commit.
+static WAL_PAGES: AtomicI64 = AtomicI64::new(-1);
+
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.store(i64::from(pages), Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whether to wake the checkpointer after a commit. With durability full,
+/// always: the commit has fsynced the WAL anyway, and copying at once keeps
+/// the WAL short. With normal, a commit costs no fsync, but a checkpoint
+/// costs two (the WAL, then the database): waking it after every commit
+/// made a lone delivery cost about three fsyncs. So only once the WAL holds
+/// [`CHECKPOINT_FRAMES`]; below that the checkpointer's timer
+/// ([`NORMAL_CHECKPOINT_INTERVAL`]) copies what there is.
+fn wants_checkpoint(shared: &Shared) -> bool {
+    match shared.durability {
+        Durability::Full => true,
+        Durability::Normal => {
+            let pages = WAL_PAGES.load(Ordering::Relaxed);
+            if pages >= 0 {
+                shared.wal_frames.store(pages, Ordering::Relaxed);
+            }
+            pages >= CHECKPOINT_FRAMES
         }
     }
 }
@@ -678,8 +718,14 @@ struct Checkpointer {
 /// Frames (pages) in the WAL after which a blocking checkpoint is forced:
 /// 16,384 frames of 4 KiB is 64 MiB.
 const STARVED_FRAMES: i64 = 16_384;
-/// Frames worth a passive checkpoint.
+/// Frames worth a passive checkpoint (SQLite's own autocheckpoint size,
+/// about 4 MiB).
 const CHECKPOINT_FRAMES: i64 = 1_000;
+/// How often the checkpointer looks without being woken. With durability
+/// normal this is what checkpoints a WAL that stays small (low load):
+/// at most two fsyncs per interval, however many deliveries it held.
+const FULL_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+const NORMAL_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Checkpointer {
     fn start(
@@ -698,7 +744,13 @@ impl Checkpointer {
         let (k, s, w) = (kick.clone(), stop.clone(), wal_frames.clone());
         let handle = std::thread::Builder::new()
             .name("idemhook-checkpoint".into())
-            .spawn(move || checkpoint_loop(conn, &k, &s, &w))
+            .spawn(move || {
+                let interval = match durability {
+                    Durability::Full => FULL_CHECKPOINT_INTERVAL,
+                    Durability::Normal => NORMAL_CHECKPOINT_INTERVAL,
+                };
+                checkpoint_loop(conn, &k, &s, &w, interval)
+            })
             .map_err(|e| StoreError::other(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(Checkpointer {
             kick,
@@ -716,13 +768,19 @@ impl Checkpointer {
     }
 }
 
-fn checkpoint_loop(conn: Connection, kick: &Kick, stop: &AtomicBool, wal_gauge: &AtomicI64) {
+fn checkpoint_loop(
+    conn: Connection,
+    kick: &Kick,
+    stop: &AtomicBool,
+    wal_gauge: &AtomicI64,
+    interval: Duration,
+) {
     let mut wal_frames: i64 = 0;
     loop {
-        // Wait for commits, at most a second, so the WAL is tidied at idle.
+        // Wait to be woken, at most `interval`, so the WAL is tidied at idle.
         if let Ok(mut pending) = kick.pending.lock() {
             if !*pending {
-                pending = match kick.cv.wait_timeout(pending, Duration::from_secs(1)) {
+                pending = match kick.cv.wait_timeout(pending, interval) {
                     Ok((p, _)) => p,
                     Err(_) => return,
                 };
