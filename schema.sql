@@ -7,7 +7,12 @@
 --     config name of the webhook source, event_id the provider's event id or
 --     the derived key (see README, "How keys are derived");
 --   * rows move forward only: a state or status never goes back, except
---     that an operator's replay re-opens a failed job (recorded in replays).
+--     that an operator's replay re-opens a failed job (recorded in replays);
+--     an operator's resolve closes a failed job as done with a new attempt;
+--   * a new database is created with auto_vacuum = INCREMENTAL (store::migrate
+--     sets it before this file runs), so pruning can give space back;
+--   * a column added to an existing table is also listed in
+--     store::ADDED_COLUMNS, which adds it to databases of an older version.
 
 -- Schema version, key rules and small bits of state, as key/value pairs.
 CREATE TABLE IF NOT EXISTS meta (
@@ -109,7 +114,8 @@ CREATE TRIGGER IF NOT EXISTS jobs_release_waiting AFTER UPDATE OF status ON jobs
 END;
 
 -- Every run of a job's action, numbered from 1 per job. Never rewritten
--- except to fill in the end of the attempt it belongs to.
+-- except to fill in the end of the attempt it belongs to. An operator's
+-- resolve is an attempt too: outcome ok, error_kind operator, with a note.
 CREATE TABLE IF NOT EXISTS attempts (
     job_id        INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     n             INTEGER NOT NULL,
@@ -118,10 +124,12 @@ CREATE TABLE IF NOT EXISTS attempts (
     outcome       TEXT CHECK (outcome IN ('ok', 'retry', 'failed')),
     http_status   INTEGER,
     error         TEXT,
-    error_kind    TEXT,             -- connect, timeout, status, protocol, sql
+    error_kind    TEXT,             -- connect, timeout, status, protocol, lease, sql, check,
+                                    -- operator (closed by resolve), confirmed; NULL for a plain ok
     request_id    TEXT,             -- the downstream's request id header
     response_head TEXT,             -- the first KiB of the downstream's answer
-    worker        TEXT,
+    worker        TEXT,             -- the worker, or replay:cli / resolve:api and the like
+    note          TEXT,             -- the operator's note on a resolve (added in version 2)
     PRIMARY KEY (job_id, n)
 );
 

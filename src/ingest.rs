@@ -342,7 +342,8 @@ fn bind_value(
     })
 }
 
-/// JSON values bind as their SQLite types; objects and arrays as JSON text.
+/// JSON values bind as their SQLite types; objects and arrays as JSON text
+/// (compact, keys sorted: `key::canonical_json`).
 pub fn json_to_sql(v: &Value) -> SqlValue {
     match v {
         Value::Null => SqlValue::Null,
@@ -354,7 +355,7 @@ pub fn json_to_sql(v: &Value) -> SqlValue {
                 .map_or(SqlValue::Text(n.to_string()), SqlValue::Real),
         },
         Value::String(s) => SqlValue::Text(s.clone()),
-        other => SqlValue::Text(other.to_string()),
+        other => SqlValue::Text(crate::key::canonical_json(other)),
     }
 }
 

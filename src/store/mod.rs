@@ -18,7 +18,7 @@ pub const SCHEMA: &str = include_str!("../../schema.sql");
 
 /// The schema version this build writes. A database with a higher version
 /// was written by a newer idemhook and is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Why storage failed, sorted by what the caller should do about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,20 +83,24 @@ impl From<rusqlite::Error> for StoreError {
 }
 
 /// Opens a read-write connection: WAL, the durability's synchronous level,
-/// a busy timeout, foreign keys on.
+/// a busy timeout, foreign keys on. Creates the database file when it is
+/// missing, but never a missing folder: a mistyped `database` path must
+/// fail, not start an empty database (and process every old event again).
 pub fn open(
     path: &Path,
     durability: Durability,
     busy_timeout: Duration,
 ) -> Result<Connection, StoreError> {
-    if let Some(dir) = path.parent()
-        && !dir.as_os_str().is_empty()
-        && !dir.exists()
-    {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError {
+    if let Some(dir) = missing_folder(path) {
+        return Err(StoreError {
             kind: StoreErrorKind::ReadOnly,
-            message: format!("cannot create {}: {e}", dir.display()),
-        })?;
+            message: format!(
+                "database {}: the folder {} does not exist (idemhook never creates folders: \
+                 create it, or correct `database`)",
+                path.display(),
+                dir.display()
+            ),
+        });
     }
     let conn = Connection::open_with_flags(
         path,
@@ -126,6 +130,12 @@ pub fn open(
     Ok(conn)
 }
 
+/// The folder `path` would be created in, when that folder does not exist.
+pub fn missing_folder(path: &Path) -> Option<&Path> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty())?;
+    (!dir.is_dir()).then_some(dir)
+}
+
 /// Opens a connection for reading (operator commands that only look).
 pub fn open_read(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
     if !path.exists() {
@@ -143,7 +153,17 @@ pub fn open_read(path: &Path, busy_timeout: Duration) -> Result<Connection, Stor
 }
 
 /// Applies the schema and checks the version, in one transaction.
+///
+/// A new database (no table yet) is first set to incremental auto-vacuum,
+/// so that pruning can give space back (`incremental_vacuum`); SQLite
+/// allows that only before the first table. Version 2 added
+/// `attempts.note` (an operator's note on a `resolve`); older databases get
+/// the column here.
 pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tables: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+    if tables == 0 {
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
+    }
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute_batch(SCHEMA)?;
     let stored: Option<String> = tx
@@ -166,6 +186,18 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         )));
     }
     if stored < SCHEMA_VERSION {
+        // Columns that schema.sql's CREATE TABLE has, added to tables
+        // created by an older version.
+        for (table, column, decl) in ADDED_COLUMNS {
+            let present: bool = tx.query_row(
+                &format!("SELECT count(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+                [column],
+                |r| r.get(0),
+            )?;
+            if !present {
+                tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+            }
+        }
         tx.execute(
             "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?1)",
             [SCHEMA_VERSION.to_string()],
@@ -174,6 +206,33 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     tx.commit()?;
     Ok(())
 }
+
+/// (table, column, declaration) added after version 1, in order.
+const ADDED_COLUMNS: [(&str, &str, &str); 1] = [("attempts", "note", "TEXT")];
+
+/// One step of giving the pages that deletes freed back to the file
+/// system: frees up to [`INCREMENTAL_PAGES`] of them, in the caller's
+/// transaction (or its own, in autocommit mode). Returns the free pages
+/// left; 0 also for a database without incremental auto-vacuum (one
+/// created before it was the default; VACUUM converts it while serve is
+/// stopped, README "Housekeeping"). Callers repeat it while pages are left
+/// and each step made progress.
+pub fn vacuum_step(conn: &Connection) -> Result<i64, StoreError> {
+    let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+    if mode != 2 {
+        return Ok(0);
+    }
+    let mut stmt =
+        conn.prepare_cached(&format!("PRAGMA incremental_vacuum({INCREMENTAL_PAGES})"))?;
+    let mut rows = stmt.query([])?;
+    while rows.next()?.is_some() {}
+    drop(rows);
+    Ok(conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?)
+}
+
+/// Pages one incremental vacuum step frees at most (4 MiB of 4 KiB pages),
+/// so that it holds the write lock only briefly.
+pub const INCREMENTAL_PAGES: i64 = 1024;
 
 /// Runs `body` inside a savepoint: released on Ok, rolled back on Err, so a
 /// failure undoes only what `body` did.
