@@ -72,6 +72,9 @@ pub enum Command {
     },
     /// Re-open failed (or, with --force, done) jobs of an event, or in batch.
     Replay(crate::ops::replay::ReplayArgs),
+    /// Close a failed job by hand, after a compensation: recorded as a new
+    /// attempt (ok, error kind operator) with the note; dry run without --yes.
+    Resolve(crate::ops::resolve::ResolveArgs),
     /// Pause an action: its jobs wait, events keep being accepted.
     Pause {
         /// The forward action to pause, as SOURCE/ACTION.
@@ -355,6 +358,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Replay(args) => {
             crate::ops::replay::cmd(&load_config(cli.config.as_deref())?, &args)
+        }
+        Command::Resolve(args) => {
+            crate::ops::resolve::cmd(&load_config(cli.config.as_deref())?, &args)
         }
         Command::Pause { target } => {
             crate::ops::pause::cmd(&load_config(cli.config.as_deref())?, &target, true)

@@ -651,8 +651,10 @@ mod tests {
     #[test]
     fn hash_parts_sort_object_keys_whatever_order_they_came_in() {
         let parts = vec![Part::parse("json:/data").unwrap()];
-        let a: Value = serde_json::from_str(r#"{"data": {"b": 1, "a": [{"y": 2, "x": 1}]}}"#).unwrap();
-        let b: Value = serde_json::from_str(r#"{"data": {"a": [{"x": 1, "y": 2}], "b": 1}}"#).unwrap();
+        let a: Value =
+            serde_json::from_str(r#"{"data": {"b": 1, "a": [{"y": 2, "x": 1}]}}"#).unwrap();
+        let b: Value =
+            serde_json::from_str(r#"{"data": {"a": [{"x": 1, "y": 2}], "b": 1}}"#).unwrap();
         let h = |v: &Value| payload_hash(&parts, b"", &parsed(v));
         assert_eq!(h(&a), h(&b));
         let text = r#"{"a":[{"x":1,"y":2}],"b":1}"#;

@@ -30,9 +30,25 @@ pub fn run(mut config: Config) -> Result<()> {
     if let Some(token) = &run_token {
         config.admin_token = Some(crate::verify::Secret::new(token.clone()));
     }
+    let new_database = !config.database.exists();
     let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", config.database.display()))?;
     store::migrate(&mut conn).context("cannot apply schema.sql")?;
+    if new_database {
+        // Loud: a mistyped `database` path starts an empty database, and
+        // every event the providers send again would be processed again.
+        let path = std::path::absolute(&config.database).unwrap_or(config.database.clone());
+        crate::log::warn(
+            "NEW DATABASE created",
+            &[
+                ("database", &path.display()),
+                (
+                    "note",
+                    &"no event is stored yet, so none is recognised as a duplicate: if this installation has history, stop and correct `database`",
+                ),
+            ],
+        );
+    }
     if let Some(sql) = &config.setup_sql {
         conn.execute_batch(sql).context("setup_sql failed")?;
     }
@@ -264,12 +280,19 @@ fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
     Ok(())
 }
 
-/// What `idemhook check` prints: the resolved config, without secrets.
-/// `check`'s test of the SQL actions, which `serve` prepares at start:
+/// `check`'s tests of what `serve` would refuse at start: a database whose
+/// folder does not exist, and the SQL actions, which `serve` prepares
 /// against an empty database with idemhook's schema and `setup_sql`, and,
 /// if that fails, against the configured database as it is (read-only;
 /// its tables may come from elsewhere). Changes nothing on disk.
 pub fn check_sql_actions(config: &Config) -> Result<(), String> {
+    if let Some(dir) = store::missing_folder(&config.database) {
+        return Err(format!(
+            "database {}: the folder {} does not exist (serve never creates folders: create it, or correct `database`)",
+            config.database.display(),
+            dir.display()
+        ));
+    }
     let has_sql = config
         .sources
         .iter()
@@ -297,15 +320,84 @@ pub fn check_sql_actions(config: &Config) -> Result<(), String> {
     }
 }
 
+/// What the configured database holds, for `check`: whether it exists,
+/// its events, and the key and hash rules recorded per source.
+#[derive(Debug, Default)]
+struct DatabaseReport {
+    /// One line after `database    PATH`.
+    summary: String,
+    /// (source, recorded key rule, recorded hash rule, events of the source).
+    rules: Vec<(String, String, String, i64)>,
+}
+
+fn database_report(config: &Config) -> DatabaseReport {
+    if !config.database.exists() {
+        return DatabaseReport {
+            summary: "does not exist yet: serve will create it, empty (no event known, so none is a duplicate)".to_string(),
+            ..DatabaseReport::default()
+        };
+    }
+    let read = || -> Result<DatabaseReport, String> {
+        let conn = store::open_read(&config.database, std::time::Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        let has_events: bool = conn
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'events'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| e.to_string())?;
+        if !has_events {
+            return Ok(DatabaseReport {
+                summary: "exists, but is not an idemhook database yet (no events table)"
+                    .to_string(),
+                ..DatabaseReport::default()
+            });
+        }
+        let events: i64 = conn
+            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
+        let mut stmt = conn
+            .prepare(
+                "SELECT r.source, r.key_rule, r.hash_rule,
+                        (SELECT count(*) FROM events e WHERE e.source = r.source)
+                 FROM source_rules r ORDER BY r.source",
+            )
+            .map_err(|e| e.to_string())?;
+        let rules = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| e.to_string())?;
+        Ok(DatabaseReport {
+            summary: format!(
+                "exists, {events} event{} stored",
+                if events == 1 { "" } else { "s" }
+            ),
+            rules,
+        })
+    };
+    read().unwrap_or_else(|e| DatabaseReport {
+        summary: format!("exists, but cannot be read: {e}"),
+        ..DatabaseReport::default()
+    })
+}
+
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
+    let database = database_report(config);
+    let mut warnings = Vec::new();
     let origin = config.file.as_ref().map_or(
         "development default (no ./idemhook.toml; what `idemhook serve` runs here)".to_string(),
         |p| p.display().to_string(),
     );
     let _ = writeln!(out, "config {origin}: ok");
     let _ = writeln!(out, "listen      {}", config.listen);
-    let _ = writeln!(out, "database    {}", config.database.display());
+    let _ = writeln!(
+        out,
+        "database    {} ({})",
+        config.database.display(),
+        database.summary
+    );
     let _ = writeln!(
         out,
         "durability  {}",
@@ -332,6 +424,24 @@ pub fn describe(config: &Config) -> String {
             s.name, s.kind, s.name
         );
         let _ = writeln!(out, "  key        {}", s.key);
+        if let Some((_, key_rule, hash_rule, events)) =
+            database.rules.iter().find(|(name, ..)| name == &s.name)
+        {
+            if key_rule != &s.key.to_string() {
+                warnings.push(format!(
+                    "source {}: the key rule differs from the one recorded in the database ({} -> {}; {events} events stored under the old one): redeliveries keyed by the new rule will not match them, so old events could be processed again",
+                    s.name, key_rule, s.key
+                ));
+            }
+            if hash_rule != &s.hash_rule() {
+                warnings.push(format!(
+                    "source {}: the hash rule differs from the one recorded in the database ({} -> {}): redeliveries of stored events will be reported as payload mismatches",
+                    s.name,
+                    hash_rule,
+                    s.hash_rule()
+                ));
+            }
+        }
         let _ = writeln!(
             out,
             "  type       {}",
@@ -412,6 +522,9 @@ pub fn describe(config: &Config) -> String {
                 }
             }
         }
+    }
+    for w in warnings {
+        let _ = writeln!(out, "\nwarning: {w}");
     }
     out
 }

@@ -18,7 +18,7 @@ use crate::app::App;
 use crate::metrics::AttemptOutcome;
 use crate::ops::inspect::{self, ListFilter, OpError};
 use crate::ops::inspector;
-use crate::ops::{pause, reconcile, replay};
+use crate::ops::{pause, reconcile, replay, resolve};
 use crate::store::{StoreError, now_ms};
 
 /// The largest admin request body we read.
@@ -94,6 +94,9 @@ fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Repl
         }
         ["api", "events", source, event_id, "replay"] => {
             only(rq, "POST", |rq| replay_event(app, rq, source, event_id))
+        }
+        ["api", "events", source, event_id, "resolve"] => {
+            only(rq, "POST", |rq| resolve_event(app, rq, source, event_id))
         }
         ["api", "replay"] => only(rq, "POST", |rq| replay_batch(app, rq)),
         [
@@ -550,6 +553,60 @@ fn replayed(app: &App, done: &[replay::Done]) {
     // of its event may wait for (after): wake the outbox.
     if replay::requeued_forward(done) || done.iter().any(|d| d.kind == "sql" && d.result == "ok") {
         (app.wake_outbox)();
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    action: Option<String>,
+    note: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Closes a failed job by hand (`idemhook resolve`): 409 when the job is
+/// not failed, 400 without an action or a note.
+fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) -> Reply {
+    let b: ResolveBody = match body(app, rq) {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    let (Some(action), Some(note)) = (b.action, b.note) else {
+        return Reply::error(
+            400,
+            "a resolve needs {\"action\": ..., \"note\": ...}: the failed job's action, and what was done instead",
+        );
+    };
+    let (source, event_id) = (source.to_string(), event_id.to_string());
+    if b.dry_run {
+        return match read(app, |conn| {
+            resolve::plan(conn, &source, &event_id, &action, &note)
+        }) {
+            Ok(plan) => match &plan.refused {
+                Some(reason) => Reply::error(409, reason),
+                None => Reply::json(200, &resolve::report(&plan, None)),
+            },
+            Err(e) => op_error(e),
+        };
+    }
+    let result = write(app, move |conn| {
+        let plan = resolve::plan(conn, &source, &event_id, &action, &note)?;
+        if plan.refused.is_some() {
+            return Ok((plan, None));
+        }
+        let done = resolve::apply(conn, &plan, replay::Origin::Api, now_ms())?;
+        Ok((plan, Some(done)))
+    });
+    match result {
+        Ok((plan, None)) => Reply::error(409, plan.refused.as_deref().unwrap_or("not failed")),
+        Ok((_, Some(Err(reason)))) => Reply::error(409, &reason),
+        Ok((plan, Some(Ok(done)))) => {
+            // A forward job waiting on this action (`after`) may be due now.
+            (app.wake_outbox)();
+            Reply::json(200, &resolve::report(&plan, Some(&done)))
+        }
+        Err(e) => op_error(e),
     }
 }
 

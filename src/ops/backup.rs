@@ -17,12 +17,25 @@ use crate::config::Config;
 const MAX_BUSY_RETRIES: u32 = 100;
 
 pub fn cmd(config: &Config, path: &Path) -> Result<()> {
+    if let Some(dir) = crate::store::missing_folder(path) {
+        bail!(
+            "cannot create {}: the folder {} does not exist (backup creates the file, not folders)",
+            path.display(),
+            dir.display()
+        );
+    }
     // create_new: refuse an existing file, even one created a moment ago.
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(path)
-        .with_context(|| format!("cannot create {} (it must not exist yet)", path.display()))?;
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                anyhow::anyhow!("{} already exists; choose a new path", path.display())
+            } else {
+                anyhow::anyhow!("cannot create {}: {e}", path.display())
+            }
+        })?;
     let result = copy(config, path);
     if result.is_err() {
         let _ = std::fs::remove_file(path);

@@ -343,11 +343,22 @@ fn payload_value(raw: ValueRef<'_>) -> Value {
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
-/// One event, exactly the object of PRODUCT.md's "JSON shapes".
+/// The kept headers as JSON: the stored object (in the order received),
+/// null once erased.
+fn headers_value(stored: Option<&str>) -> Value {
+    stored
+        .and_then(|h| serde_json::from_str::<Value>(h).ok())
+        .filter(Value::is_object)
+        .unwrap_or(Value::Null)
+}
+
+/// One event, the object of PRODUCT.md's "JSON shapes", plus the kept
+/// `headers` and each attempt's operator `note`.
 pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, OpError> {
     let event = conn
         .prepare_cached(
-            "SELECT type, state, received_at, completed_at, payload, payload_hash, verified_with
+            "SELECT type, state, received_at, completed_at, payload, payload_hash, verified_with,
+                    headers
              FROM events WHERE source = ?1 AND event_id = ?2",
         )?
         .query_row(params![source, event_id], |r| {
@@ -363,6 +374,7 @@ pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, Op
                     "payload_hash": r.get::<_, String>(5)?,
                     "verified_with": r.get::<_, Option<i64>>(6)?,
                     "payload": payload_value(r.get_ref(4)?),
+                    "headers": headers_value(r.get::<_, Option<String>>(7)?.as_deref()),
                 }),
                 received_at,
             ))
@@ -395,7 +407,8 @@ pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, Op
         rows.collect::<Result<_, _>>()?
     };
     let mut attempts_stmt = conn.prepare_cached(
-        "SELECT n, started_at, finished_at, outcome, http_status, error, request_id
+        "SELECT n, started_at, finished_at, outcome, http_status, error, error_kind,
+                response_head, request_id, note
          FROM attempts WHERE job_id = ?1 ORDER BY n",
     )?;
     for (job_id, mut job) in job_rows {
@@ -408,7 +421,10 @@ pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, Op
                     "outcome": r.get::<_, Option<String>>(3)?,
                     "http_status": r.get::<_, Option<i64>>(4)?,
                     "error": r.get::<_, Option<String>>(5)?,
-                    "request_id": r.get::<_, Option<String>>(6)?,
+                    "error_kind": r.get::<_, Option<String>>(6)?,
+                    "response": r.get::<_, Option<String>>(7)?,
+                    "request_id": r.get::<_, Option<String>>(8)?,
+                    "note": r.get::<_, Option<String>>(9)?,
                 }))
             })?
             .collect::<Result<Vec<_>, _>>()?;
@@ -592,16 +608,25 @@ fn render(event: &Value, extras: &Extras) -> String {
                 fmt_json_time(&a["finished_at"]),
                 cell(&a["outcome"]),
             );
+            if !a["error_kind"].is_null() {
+                let _ = write!(line, " ({})", cell(&a["error_kind"]));
+            }
             if !a["http_status"].is_null() {
                 let _ = write!(line, "  http {}", cell(&a["http_status"]));
             }
             if !a["request_id"].is_null() {
-                let _ = write!(line, "  request {}", cell(&a["request_id"]));
+                let _ = write!(line, "  request id {}", cell(&a["request_id"]));
             }
             if !a["error"].is_null() {
                 let _ = write!(line, "  error: {}", cell(&a["error"]));
             }
             let _ = writeln!(out, "{line}");
+            if let Some(response) = a["response"].as_str().filter(|r| !r.is_empty()) {
+                let _ = writeln!(out, "       answer: {}", clean(response));
+            }
+            if !a["note"].is_null() {
+                let _ = writeln!(out, "       note: {}", cell(&a["note"]));
+            }
         }
         for c in job["checks"]
             .as_array()

@@ -10,3 +10,4 @@ pub mod pause;
 pub mod prune;
 pub mod reconcile;
 pub mod replay;
+pub mod resolve;

@@ -390,7 +390,75 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
         counts.kept = count_kept(&conn, &c).unwrap_or(0);
     }
     print_counts(config, &all, false);
+    // Each step is its own short transaction (autocommit).
+    let mut first = true;
+    let given = give_back(&|| false, &mut |op| {
+        if !first {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        first = false;
+        op(&conn)
+    });
+    match given {
+        Ok(Some((pages, left))) => println!(
+            "gave {} KiB back to the file system{}",
+            pages * page_size(&conn) / 1024,
+            if left != 0 {
+                format!(" ({left} free pages left)")
+            } else {
+                String::new()
+            }
+        ),
+        Ok(None) => println!(
+            "the database was created without incremental auto-vacuum, so freed pages stay in the file for reuse; \
+             to give them back, stop serve and run VACUUM once (README, \"Housekeeping\")"
+        ),
+        Err(e) => return finish(Err(OpError::Store(e))),
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn page_size(conn: &Connection) -> i64 {
+    conn.query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap_or(4096)
+}
+
+/// One step of giving space back, run through `step` (a short write
+/// transaction each): (free pages before, free pages left).
+type VacuumOp = Box<dyn FnOnce(&Connection) -> Result<(i64, i64), StoreError> + Send>;
+
+/// Gives the pages pruning freed back to the file system, a few MiB per
+/// step. Returns (pages given back, free pages left), or None when the
+/// database has no incremental auto-vacuum (created before it was the
+/// default).
+fn give_back(
+    stop: &dyn Fn() -> bool,
+    step: &mut dyn FnMut(VacuumOp) -> Result<(i64, i64), StoreError>,
+) -> Result<Option<(i64, i64)>, StoreError> {
+    let mut given = 0;
+    loop {
+        if stop() {
+            return Ok(Some((given, -1)));
+        }
+        let (before, left) = step(Box::new(|conn: &Connection| {
+            let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+            if mode != 2 {
+                return Ok((-1, 0));
+            }
+            let before: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+            if before == 0 {
+                return Ok((0, 0));
+            }
+            Ok((before, crate::store::vacuum_step(conn)?))
+        }))?;
+        if before < 0 {
+            return Ok(None);
+        }
+        given += (before - left).max(0);
+        if left == 0 || left >= before {
+            return Ok(Some((given, left)));
+        }
+    }
 }
 
 fn print_counts(config: &Config, all: &[Counts], dry_run: bool) {
@@ -472,6 +540,18 @@ fn run(config: &Config, writer: &Writer, signal: &StopSignal) {
         let mut batch = |op: BatchOp| writer.call(op);
         match prune_all(config, now_ms(), &stopping, &mut batch) {
             Ok(all) => {
+                if all.iter().any(|c| c.events + c.bodies + c.deliveries > 0) {
+                    let mut step = |op: VacuumOp| writer.call(op);
+                    if let Err(e) = give_back(&stopping, &mut step) {
+                        crate::log::warn(
+                            "giving space back failed",
+                            &[
+                                ("error", &e.message),
+                                ("effect", &"the freed pages stay in the file for reuse"),
+                            ],
+                        );
+                    }
+                }
                 for c in all
                     .iter()
                     .filter(|c| c.events + c.bodies + c.deliveries > 0)

@@ -175,6 +175,9 @@ pub struct Done {
     /// moved on since the plan).
     pub result: String,
     pub error: Option<String>,
+    /// The job's status afterwards (None when skipped). A forced SQL run
+    /// that failed leaves it `done`.
+    pub status: Option<String>,
 }
 
 struct JobRow {
@@ -216,7 +219,7 @@ fn step(job: &JobRow, forced: bool) -> Step {
         if forced {
             format!(
                 "run the sql statement again now on the stored body, as attempt {attempt}: \
-                 its effect happens a second time"
+                 its effect happens a second time (if the statement fails, the job stays done)"
             )
         } else {
             format!("run the sql statement again now on the stored body, as attempt {attempt}")
@@ -554,6 +557,7 @@ pub fn apply(
             forced: s.forced,
             result: "skipped".to_string(),
             error: None,
+            status: None,
         };
         let current: Option<(String, i64)> = conn
             .prepare_cached("SELECT status, n_attempts FROM jobs WHERE id = ?1")?
@@ -591,6 +595,7 @@ pub fn apply(
             .execute(params![s.job_id, now])?;
             done.attempt = n_attempts + 1;
             done.result = "requeued".to_string();
+            done.status = Some("pending".to_string());
         }
         events.insert((s.source.clone(), s.event_id.clone()));
         out.push(done);
@@ -629,8 +634,12 @@ fn rerun_sql(
         .query_row([s.job_id], |r| r.get(0))?;
     let n = n_attempts.max(max_n) + 1;
     let finished = now_ms().max(now);
+    // A forced re-run of a done job that fails leaves the job done: its
+    // effect already happened once (PRODUCT.md, rule 6). The failed attempt
+    // is recorded and reported all the same.
     let (status, outcome, error) = match &result {
         Ok(()) => ("done", "ok", None),
+        Err(e) if s.from_status == "done" => ("done", "failed", Some(e.as_str())),
         Err(e) => ("failed", "failed", Some(e.as_str())),
     };
     conn.prepare_cached(
@@ -649,13 +658,14 @@ fn rerun_sql(
     ])?;
     conn.prepare_cached(
         "UPDATE jobs SET status = ?2, n_attempts = ?3, next_attempt_at = NULL,
-                last_error = coalesce(?4, last_error), updated_at = ?5
+                last_error = CASE WHEN ?2 = 'failed' THEN ?4 ELSE last_error END, updated_at = ?5
          WHERE id = ?1",
     )?
     .execute(params![s.job_id, status, n, error, finished])?;
     done.attempt = n;
     done.result = outcome.to_string();
     done.error = error.map(str::to_string);
+    done.status = Some(status.to_string());
     Ok(())
 }
 
@@ -979,6 +989,11 @@ fn render_done(done: &[Done]) -> String {
                 d.attempt
             ),
             "ok" => format!("ran again as attempt {}: ok", d.attempt),
+            "failed" if d.status.as_deref() == Some("done") => format!(
+                "ran again as attempt {}: failed: {}; the job stays done (its effect happened once already; the failed attempt is recorded)",
+                d.attempt,
+                clean(d.error.as_deref().unwrap_or(""))
+            ),
             "failed" => format!(
                 "ran again as attempt {}: failed: {}",
                 d.attempt,
