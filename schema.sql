@@ -9,8 +9,8 @@
 --   * rows move forward only: a state or status never goes back, except
 --     that an operator's replay re-opens a failed job (recorded in replays);
 --     an operator's resolve closes a failed job as done with a new attempt;
---   * a new database is created with auto_vacuum = INCREMENTAL (store::migrate
---     sets it before this file runs), so pruning can give space back;
+--   * a new database is created with auto_vacuum = INCREMENTAL (store::open
+--     sets it before the first page is written), so pruning can give space back;
 --   * a column added to an existing table is also listed in
 --     store::ADDED_COLUMNS, which adds it to databases of an older version.
 

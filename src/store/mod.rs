@@ -110,6 +110,13 @@ pub fn open(
             | OpenFlags::SQLITE_OPEN_URI,
     )?;
     conn.busy_timeout(busy_timeout)?;
+    // A new file first gets incremental auto-vacuum, so that pruning can
+    // give space back (`vacuum_step`). SQLite allows that only before the
+    // first page is written, which switching to WAL already does.
+    let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    if pages == 0 {
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
+    }
     let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !journal.eq_ignore_ascii_case("wal") {
         return Err(StoreError::other(format!(
@@ -154,16 +161,10 @@ pub fn open_read(path: &Path, busy_timeout: Duration) -> Result<Connection, Stor
 
 /// Applies the schema and checks the version, in one transaction.
 ///
-/// A new database (no table yet) is first set to incremental auto-vacuum,
-/// so that pruning can give space back (`incremental_vacuum`); SQLite
-/// allows that only before the first table. Version 2 added
+/// Version 2 added
 /// `attempts.note` (an operator's note on a `resolve`); older databases get
 /// the column here.
 pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    let tables: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
-    if tables == 0 {
-        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
-    }
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute_batch(SCHEMA)?;
     let stored: Option<String> = tx

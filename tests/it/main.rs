@@ -16,4 +16,5 @@ mod outbox;
 mod receiver;
 mod send;
 mod sign;
+mod store;
 mod tls;
