@@ -255,6 +255,7 @@ fn events_list_and_show_print_the_contract_json() {
             "payload_hash",
             "verified_with",
             "payload",
+            "headers",
             "jobs",
             "deliveries",
             "incidents",
@@ -295,7 +296,10 @@ fn events_list_and_show_print_the_contract_json() {
             "outcome",
             "http_status",
             "error",
-            "request_id"
+            "error_kind",
+            "response",
+            "request_id",
+            "note"
         ])
     );
     assert_eq!(attempt["n"], 1);
