@@ -339,8 +339,44 @@ fn payload_value(raw: ValueRef<'_>) -> Value {
         ValueRef::Integer(i) => return json!(i),
         ValueRef::Real(f) => return json!(f),
     };
-    serde_json::from_slice(bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+    let as_text = || Value::String(String::from_utf8_lossy(bytes).into_owned());
+    // A body no JSON kind took (a `none` or `hmac` source, another media
+    // type) may nest deeper than receipt allows; building its tree could
+    // overflow a request thread's stack, so it is shown as text.
+    if nesting(bytes) > MAX_SHOWN_NESTING {
+        return as_text();
+    }
+    serde_json::from_slice(bytes).unwrap_or_else(|_| as_text())
+}
+
+/// Deeper than this, a stored body is shown as text, not as JSON (receipt
+/// refuses JSON nested deeper than 64 for the kinds that read it).
+const MAX_SHOWN_NESTING: usize = 64;
+
+/// How deep brackets nest in `bytes`, outside strings.
+fn nesting(bytes: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// The kept headers as JSON: the stored object (in the order received),
@@ -754,6 +790,9 @@ mod tests {
         assert_eq!(payload_value(ValueRef::Blob(b"{\"a\":1}")), json!({"a": 1}));
         assert_eq!(payload_value(ValueRef::Blob(b"a=1&b=2")), json!("a=1&b=2"));
         assert_eq!(payload_value(ValueRef::Null), Value::Null);
+        let deep = format!("{}1{}", "[".repeat(65), "]".repeat(65));
+        assert_eq!(payload_value(ValueRef::Blob(deep.as_bytes())), json!(deep));
+        assert_eq!(nesting(br#"{"a":"[[[[","b":[{"c":"\"]"}]}"#), 3);
     }
 
     #[test]
