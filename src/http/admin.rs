@@ -46,6 +46,7 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>, listener: &super::ui::Listener) 
     reply
         .with_header("Cache-Control", "no-store")
         .with_header("X-Content-Type-Options", "nosniff")
+        .with_header("Cross-Origin-Resource-Policy", "same-origin")
 }
 
 fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Reply {
@@ -446,7 +447,20 @@ fn show(app: &App, rq: &Incoming<'_>, source: &str, event_id: &str) -> Reply {
         Ok(event)
     });
     match shown {
-        Ok(v) => Reply::json(200, &v),
+        Ok(v) => {
+            // A tag of the answer itself: a page that polls one event gets
+            // a 304 instead of the same payload again.
+            let reply = Reply::json(200, &v);
+            let tag = format!("\"{}\"", hex::encode(&Sha256::digest(&reply.body)[..12]));
+            let known = crate::verify::header_values(&rq.headers, "if-none-match")
+                .flat_map(|v| v.split(','))
+                .any(|t| t.trim() == tag);
+            if known {
+                Reply::text(304, "application/json", String::new()).with_header("ETag", tag)
+            } else {
+                reply.with_header("ETag", tag)
+            }
+        }
         Err(e) => op_error(e),
     }
 }

@@ -451,6 +451,27 @@ fn a_mismatched_duplicate_keeps_its_body_until_erased() {
         serde_json::from_str::<Value>(&r.body).expect("json")
     };
     assert_eq!(get("/api/events/gh/evt-mm"), shown);
+    // One event polled again unchanged is a 304.
+    let first = exchange(
+        server.addr(),
+        "GET",
+        "/api/events/gh/evt-mm?details=true",
+        &[("Host", &host), ("Authorization", &bearer)],
+        b"",
+    );
+    let tag = first.header("etag").expect("an event's tag").to_string();
+    let again = exchange(
+        server.addr(),
+        "GET",
+        "/api/events/gh/evt-mm?details=true",
+        &[
+            ("Host", &host),
+            ("Authorization", &bearer),
+            ("If-None-Match", &tag),
+        ],
+        b"",
+    );
+    assert_eq!(again.status, 304);
     let detailed = get("/api/events/gh/evt-mm?details=true");
     assert_eq!(detailed["headers"]["x-github-event"], "issues");
     assert_eq!(detailed["replays"], json!([]));
@@ -1045,8 +1066,10 @@ fn browser_replay_shows_its_plan_and_waits_for_the_confirming_click() {
         "return document.querySelector('#replay-result a.attempt-link').getAttribute('href')",
     );
     assert_eq!(link, json!("/ui/events/gh/evt-replay#attempt-notify-2"));
-    browser.click("#replay-result a.attempt-link");
+    // The result stays while the page redraws with the new attempt.
     browser.wait_for("the new attempt in the timeline", "#attempt-notify-2");
+    browser.click("#replay-result a.attempt-link");
+    browser.wait_for("the new attempt, highlighted", "#attempt-notify-2.target");
     let order = browser
         .eval("return [...document.querySelectorAll('#timeline .t-kind')].map(e => e.textContent)");
     assert_eq!(

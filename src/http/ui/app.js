@@ -59,7 +59,10 @@ document.addEventListener("click", (e) => {
   e.preventDefault();
   if (url.pathname === location.pathname && url.search === location.search && url.hash) {
     history.replaceState(null, "", url.pathname + url.search + url.hash);
-    document.getElementById(url.hash.slice(1))?.scrollIntoView({ block: "center" });
+    const target = document.getElementById(decodeURIComponent(url.hash.slice(1)));
+    for (const t of document.querySelectorAll(".target")) t.classList.remove("target");
+    target?.classList.add("target");
+    target?.scrollIntoView({ block: "center" });
     return;
   }
   go(url.pathname + url.search + url.hash);

@@ -9,8 +9,8 @@ import {
 const POLL_MS = 2000;
 const go = (href) => window.dispatchEvent(new CustomEvent("idemhook:go", { detail: { href } }));
 
-/** Runs `tick` now and then every POLL_MS while the tab is visible. */
-function poll(tick) {
+/** Runs `tick` every `every` ms while the tab is visible. */
+function poll(tick, every = POLL_MS) {
   let stopped = false;
   let timer = null;
   const loop = async () => {
@@ -22,9 +22,9 @@ function poll(tick) {
         // The next tick tries again; a 401 already shows the sign-in.
       }
     }
-    if (!stopped) timer = setTimeout(loop, POLL_MS);
+    if (!stopped) timer = setTimeout(loop, every);
   };
-  timer = setTimeout(loop, POLL_MS);
+  timer = setTimeout(loop, every);
   return () => {
     stopped = true;
     clearTimeout(timer);
@@ -273,21 +273,33 @@ function showDone(box, report) {
 export async function event(main, source, eventId) {
   let last = "";
   let planOpen = false;
+  // The last replay's result stays shown while the page redraws.
+  let replayed = null;
+  let first = true;
+  const onPlan = (open, report) => {
+    planOpen = open;
+    if (report) replayed = report;
+  };
   const draw = (e) => {
     document.title = `${e.source}/${e.event_id} · idemhook`;
-    replace(main, eventView(e, { onPlan: (open) => (planOpen = open) }));
+    replace(main, eventView(e, { onPlan }));
+    if (replayed) showDone(main.querySelector("#event-plan"), replayed);
     const target = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
     if (target) {
       target.classList.add("target");
-      target.scrollIntoView({ block: "center" });
+      if (first) target.scrollIntoView({ block: "center" });
     }
+    first = false;
   };
+  let etag = null;
   const load = async () => {
-    const { data } = await api(`${apiEventPath(source, eventId)}?details=true`);
-    const text = JSON.stringify(data);
+    const result = await api(`${apiEventPath(source, eventId)}?details=true`, { etag: planOpen ? null : etag });
+    if (result.notModified) return;
+    const text = JSON.stringify(result.data);
     if (text !== last && !planOpen) {
       last = text;
-      draw(data);
+      etag = result.etag;
+      draw(result.data);
     }
   };
   try {
@@ -352,7 +364,7 @@ function jobCard(e, j, planBox, onPlan) {
       const { data } = await api(`${apiEventPath(e.source, e.event_id)}/replay`, { method: "POST", body: { ...body, dry_run: true } });
       showPlan(planBox, data, async () => {
         const { data: done } = await api(`${apiEventPath(e.source, e.event_id)}/replay`, { method: "POST", body });
-        onPlan(false);
+        onPlan(false, done);
         return done;
       });
       planBox.querySelector("button.quiet")?.addEventListener("click", () => onPlan(false));
@@ -597,10 +609,12 @@ export async function reconcile(main) {
 export async function overview(main) {
   const chart = el("div", { class: "chart", id: "chart" });
   const totals = el("div", { class: "totals" });
-  replace(main, heading("Overview"), el("p", { class: "muted" }, "Deliveries by outcome per minute, over the last hour."), el("section", { class: "card" }, chart), totals);
+  const updated = el("span", { class: "muted" });
+  replace(main, heading("Overview", updated), el("p", { class: "muted" }, "Deliveries by outcome per minute, over the last hour."), el("section", { class: "card" }, chart), totals);
   const load = async () => {
     const { data } = await api("/api/overview");
     drawChart(chart, data);
+    updated.textContent = `updated ${new Date().toLocaleTimeString()} · every 30 s`;
     const t = data.totals || {};
     const jobs = data.jobs || {};
     replace(
@@ -610,7 +624,9 @@ export async function overview(main) {
     );
   };
   await load();
-  return poll(load);
+  // The last hour of deliveries is a range read that grows with traffic:
+  // not every 2 s.
+  return poll(load, 30_000);
 }
 
 function drawChart(box, data) {
