@@ -957,12 +957,30 @@ struct StoredEvent {
 
 fn fail_job(conn: &Connection, job_id: i64, now: i64, error: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "UPDATE jobs SET status = 'failed', lease_owner = NULL, lease_until = NULL,
+        "UPDATE jobs SET status = ?4, lease_owner = NULL, lease_until = NULL,
                 last_error = ?3, updated_at = ?2
          WHERE id = ?1",
     )?
-    .execute(params![job_id, now, error])?;
+    .execute(params![job_id, now, error, failed_status(conn, job_id)?])?;
     Ok(())
+}
+
+/// The status a job takes when an attempt fails for good: `failed`, except
+/// in a forced re-run of a done job (its latest replay came from `done`),
+/// which stays done: its effect already happened once.
+/// The failed attempt is recorded all the same.
+fn failed_status(conn: &Connection, job_id: i64) -> Result<&'static str, StoreError> {
+    let from: Option<String> = conn
+        .prepare_cached(
+            "SELECT from_status FROM replays WHERE job_id = ?1 ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row([job_id], |r| r.get(0))
+        .optional()?;
+    Ok(if from.as_deref() == Some("done") {
+        "done"
+    } else {
+        "failed"
+    })
 }
 
 /// Records an attempt's result, if this worker still owns the job.
@@ -979,7 +997,7 @@ fn complete(
         // An action paused while this attempt was in flight waits for resume.
         AttemptOutcome::Retry if is_paused(conn, &job.source, &job.action)? => "paused",
         AttemptOutcome::Retry => "pending",
-        AttemptOutcome::Failed => "failed",
+        AttemptOutcome::Failed => failed_status(conn, job.job_id)?,
     };
     // Fenced by owner and attempt number: a worker that lost its lease
     // to another cannot overwrite the new owner's result.

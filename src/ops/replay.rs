@@ -635,7 +635,7 @@ fn rerun_sql(
     let n = n_attempts.max(max_n) + 1;
     let finished = now_ms().max(now);
     // A forced re-run of a done job that fails leaves the job done: its
-    // effect already happened once (PRODUCT.md, rule 6). The failed attempt
+    // effect already happened once. The failed attempt
     // is recorded and reported all the same.
     let (status, outcome, error) = match &result {
         Ok(()) => ("done", "ok", None),

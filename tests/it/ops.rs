@@ -626,6 +626,48 @@ fn replay_of_a_failed_forward_job_completes_it_once_downstream() {
         1,
         "still one effect after a forced replay"
     );
+
+    // A forced re-run that fails for good leaves the done job done: its
+    // effect happened once already. The failed attempt is recorded.
+    downstream.script(key, Behavior::Reject400);
+    server
+        .run_cli(&[
+            "replay", "stripe", "evt_fwd", "--force", "--action", "notify", "--yes",
+        ])
+        .assert_success();
+    wait_for(
+        Duration::from_secs(15),
+        "the failing forced run is recorded",
+        || {
+            let failed = count(
+                &server.db(),
+                "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id
+                 WHERE j.event_id = 'evt_fwd' AND a.n = 4 AND a.outcome = 'failed' AND a.http_status = 400",
+                [],
+            );
+            let status = job_status(&server, "evt_fwd", "notify");
+            if failed == 1
+                && status.as_deref() != Some("processing")
+                && status.as_deref() != Some("pending")
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "attempt 4 failed with 400: {failed}, job {status:?}"
+                ))
+            }
+        },
+    );
+    assert_eq!(
+        job_status(&server, "evt_fwd", "notify").as_deref(),
+        Some("done"),
+        "a failed forced re-run leaves the job done"
+    );
+    assert_eq!(
+        event_state(&server, "evt_fwd").as_deref(),
+        Some("completed")
+    );
+    server.run_cli(&["reconcile"]).assert_success();
 }
 
 #[test]
