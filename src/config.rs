@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::key::{Part, Rule};
+use crate::store::DatabaseUrl;
 use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Secret, Verifier};
 
 /// A configuration problem, with the file it came from when there was one.
@@ -535,6 +536,7 @@ impl Config {
         let prune_interval =
             opt_duration(&raw.prune_interval, "prune_interval", "1h").map_err(err)?;
         let busy_timeout = opt_duration(&raw.busy_timeout, "busy_timeout", "5s").map_err(err)?;
+        let database = resolve_database(raw.database.as_deref(), base).map_err(err)?;
 
         let tls = match (&raw.tls_cert, &raw.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {
@@ -585,7 +587,7 @@ impl Config {
         Ok(Config {
             file,
             listen: raw.listen.unwrap_or_else(|| "127.0.0.1:8080".to_string()),
-            database: base.join(raw.database.unwrap_or_else(|| "idemhook.db".to_string())),
+            database,
             durability,
             admin_token,
             admin_token_unset,
@@ -609,9 +611,13 @@ impl Config {
 }
 
 /// Every secret spec in the file with the key it sits under, except
-/// `admin_token` (whose unset variable turns the admin API off).
+/// `admin_token` (whose unset variable turns the admin API off); `database`
+/// counts too, for its `env:NAME` form.
 fn secret_specs(raw: &RawConfig) -> Vec<(String, &str)> {
     let mut out = Vec::new();
+    if let Some(spec) = &raw.database {
+        out.push(("database".to_string(), spec.as_str()));
+    }
     for (name, rs) in &raw.sources {
         for (i, spec) in rs.secrets.iter().enumerate() {
             out.push((format!("sources.{name}.secrets[{i}]"), spec.as_str()));
@@ -1088,6 +1094,24 @@ fn opt_duration(value: &Option<String>, key: &str, default: &str) -> Result<Dura
     parse_duration(value.as_deref().unwrap_or(default)).map_err(|e| format!("{key}: {e}"))
 }
 
+/// The `database` value: a path, `sqlite:PATH`, or a PostgreSQL URL,
+/// directly or through `env:NAME` (an unset variable is reported with the
+/// others before this runs). The backend is decided here, once.
+fn resolve_database(spec: Option<&str>, base: &Path) -> Result<PathBuf, String> {
+    let spec = spec.unwrap_or("idemhook.db");
+    let value = match spec.strip_prefix("env:") {
+        Some(name) => std::env::var(name)
+            .map_err(|_| format!("database: environment variable {name} is not set"))?,
+        None => spec.to_string(),
+    };
+    match DatabaseUrl::parse(&value, base).map_err(|e| format!("database: {e}"))? {
+        DatabaseUrl::Sqlite(path) => Ok(path),
+        DatabaseUrl::Postgres(url) => Err(format!(
+            "database: {url}: this build of idemhook cannot use PostgreSQL yet; use a SQLite file path"
+        )),
+    }
+}
+
 /// Resolves a secret spec: a literal, `env:NAME` or `file:PATH` (relative to
 /// `base`, trailing newline trimmed). Errors never contain the secret.
 pub fn resolve_secret(spec: &str, base: &Path) -> Result<Secret, String> {
@@ -1515,5 +1539,44 @@ lease = "5s"
         assert_eq!(c.listen, "127.0.0.1:8080");
         assert_eq!(c.sources[0].name, "demo");
         assert_eq!(c.sources[0].kind, Kind::Standard);
+    }
+
+    #[test]
+    fn database_names_its_backend_once() {
+        let src = "[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n";
+        let c = parse(&format!("database = \"sqlite:data/x.db\"\n{src}")).unwrap();
+        assert_eq!(c.database, Path::new("/tmp/data/x.db"));
+
+        // env:NAME, with a variable every test process has (setting one
+        // would need unsafe code, which the crate forbids).
+        if let Ok(home) = std::env::var("HOME") {
+            let c = parse(&format!("database = \"env:HOME\"\n{src}")).unwrap();
+            assert_eq!(c.database, Path::new("/tmp").join(home));
+        }
+
+        let e = parse(&format!(
+            "database = \"env:IDEMHOOK_TEST_DATABASE_UNSET\"\n{src}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("IDEMHOOK_TEST_DATABASE_UNSET (database)"), "{e}");
+
+        let e = parse(&format!("database = \"mysql://root:hunter2@h/db\"\n{src}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("database: unknown scheme \"mysql\""), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+
+        let e = parse(&format!(
+            "database = \"postgres://idemhook:hunter2@db/app?sslmode=require\"\n{src}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("database: postgres://idemhook:[REDACTED]@db/app"),
+            "{e}"
+        );
+        assert!(e.contains("cannot use PostgreSQL yet"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
     }
 }

@@ -1,7 +1,7 @@
 //! The claim: the one transaction step that turns a verified delivery into
 //! a stored event, exactly once.
 //!
-//! `INSERT OR IGNORE` into `events` and `changes()` decide who owns the
+//! Inserting into `events` unless the key is stored decides who owns the
 //! event; there is never a read before the insert. The owner, in the same
 //! transaction, runs each matching SQL action in its own savepoint together
 //! with its job row (a failing action rolls back only itself and leaves a
@@ -9,17 +9,20 @@
 //! outbox). A loser reads the stored state and hash to answer "duplicate"
 //! or records a mismatch incident. Every delivery gets a row.
 //!
-//! [`claim`] runs on the writer thread inside the group transaction; it
-//! does no IO besides SQL and never commits.
+//! These are the decisions; the SQL of each step is the backend's, behind
+//! `store::Tx`. [`claim_in`] is generic over it; [`claim`] is SQLite's, on
+//! the writer thread inside the group transaction. It does no IO besides
+//! SQL and never commits.
 
-use rusqlite::types::Value as SqlValue;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 use serde_json::Value;
 
 use crate::config::{Action, ActionKind, Source};
 use crate::key::{Input, Part};
 use crate::metrics::Delivery;
-use crate::store::{StoreError, in_savepoint};
+use crate::store::sqlite::Sqlite;
+use crate::store::tx::{ActionError, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::{StoreError, StoreErrorKind};
 
 /// A verified delivery, ready to claim.
 pub struct Claim {
@@ -69,8 +72,14 @@ impl Outcome {
     }
 }
 
-/// Claims the event for `source`. Runs inside the caller's transaction.
+/// Claims the event for `source` on SQLite. Runs inside the caller's
+/// transaction.
 pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
+    claim_in(&mut Sqlite::new(conn), source, c)
+}
+
+/// Claims the event for `source` in the open transaction `tx`.
+pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
     let matching: Vec<(usize, &Action)> = source
         .actions
         .iter()
@@ -82,38 +91,31 @@ pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, S
     } else {
         "accepted"
     };
-    let completed_at = matching.is_empty().then_some(c.received_at);
-    let inserted = conn
-        .prepare_cached(
-            "INSERT OR IGNORE INTO events (source, event_id, type, state, received_at, completed_at,
-                 payload, content_type, headers, payload_hash, verified_with, signed_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-        )?
-        .execute(params![
-            source.name,
-            c.event_id,
-            c.event_type,
-            initial_state,
-            c.received_at,
-            completed_at,
-            c.body,
-            c.content_type,
-            c.kept_headers,
-            c.payload_hash,
-            c.verified_with.map(|i| i as i64),
-            c.signed_at,
-        ])?;
+    let inserted = tx.insert_event(&NewEvent {
+        source: &source.name,
+        event_id: &c.event_id,
+        event_type: c.event_type.as_deref(),
+        state: initial_state,
+        received_at: c.received_at,
+        completed_at: matching.is_empty().then_some(c.received_at),
+        payload: &c.body,
+        content_type: c.content_type.as_deref(),
+        headers: &c.kept_headers,
+        payload_hash: &c.payload_hash,
+        verified_with: c.verified_with.map(|i| i as i64),
+        signed_at: c.signed_at,
+    })?;
 
-    let outcome = if inserted == 1 {
+    let outcome = if inserted {
         let (mut forward_jobs, mut sql_runs) = (0, Vec::new());
         for &(index, action) in &matching {
             match &action.kind {
                 ActionKind::Sql { sql, params } => {
-                    let ok = run_sql_job(conn, source, action, sql, params, c)?;
+                    let ok = run_sql_job(tx, source, action, sql, params, c)?;
                     sql_runs.push((index, ok));
                 }
                 ActionKind::Forward(_) => {
-                    insert_forward_job(conn, source, action, c)?;
+                    insert_forward_job(tx, source, action, c)?;
                     forward_jobs += 1;
                 }
             }
@@ -125,7 +127,7 @@ pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, S
         let state = if forward_jobs == matching.len() {
             initial_state.to_string()
         } else {
-            refresh_event_state(conn, &source.name, &c.event_id, c.received_at)?
+            refresh_event_state_in(tx, &source.name, &c.event_id, c.received_at)?
         };
         Outcome::Accepted {
             state,
@@ -133,45 +135,31 @@ pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, S
             sql_runs,
         }
     } else {
-        let (state, stored_hash): (String, String) = conn
-            .prepare_cached(
-                "SELECT state, payload_hash FROM events WHERE source = ?1 AND event_id = ?2",
-            )?
-            .query_row(params![source.name, c.event_id], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?;
+        let (state, stored_hash) = tx.event_state_and_hash(&source.name, &c.event_id)?;
         if stored_hash == c.payload_hash {
             Outcome::Duplicate { state }
         } else {
-            conn.prepare_cached(
-                "INSERT INTO incidents (source, event_id, kind, created_at, payload_hash, detail)
-                 VALUES (?1, ?2, 'payload_mismatch', ?3, ?4, ?5)",
-            )?
-            .execute(params![
-                source.name,
-                c.event_id,
+            tx.insert_mismatch(
+                &source.name,
+                &c.event_id,
                 c.received_at,
-                c.payload_hash,
-                format!(
+                &c.payload_hash,
+                &format!(
                     "duplicate delivery with a different payload hash (stored {}, received {}) from {}",
                     short(&stored_hash),
                     short(&c.payload_hash),
                     c.remote
                 ),
-            ])?;
-            conn.prepare_cached(
-                "INSERT INTO incident_payloads (incident_id, payload) VALUES (last_insert_rowid(), ?1)",
-            )?
-            .execute(params![c.body])?;
+                &c.body,
+            )?;
             Outcome::Mismatch { state }
         }
     };
-    record_delivery(
-        conn,
+    tx.insert_delivery(
         &source.name,
         Some(&c.event_id),
         c.received_at,
-        outcome.delivery(),
+        outcome.delivery().name(),
         &c.remote,
         None,
     )?;
@@ -192,8 +180,8 @@ pub const DELIVERIES_OF_EVENT: &str = "id IN (
     SELECT id FROM deliveries
      WHERE received_at = ?3 AND source = ?1 AND event_id = ?2 AND outcome = 'accepted')";
 
-/// Records one delivery. `event_id` is None when the request was refused
-/// before its key was known.
+/// Records one delivery on SQLite. `event_id` is None when the request was
+/// refused before its key was known.
 pub fn record_delivery(
     conn: &Connection,
     source: &str,
@@ -203,26 +191,21 @@ pub fn record_delivery(
     remote: &str,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO deliveries (source, event_id, received_at, outcome, remote, detail)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
+    Sqlite::new(conn).insert_delivery(
         source,
         event_id,
         received_at,
         outcome.name(),
         remote,
-        detail
-    ])?;
-    Ok(())
+        detail,
+    )
 }
 
 /// Runs one SQL action with its job row in a savepoint. A failing statement
 /// rolls back only itself; the job is then written as failed, with the
 /// error, outside that savepoint. True when the action succeeded.
-fn run_sql_job(
-    conn: &Connection,
+fn run_sql_job<T: Tx>(
+    tx: &mut T,
     source: &Source,
     action: &Action,
     sql: &str,
@@ -230,19 +213,25 @@ fn run_sql_job(
     c: &Claim,
 ) -> Result<bool, StoreError> {
     let started = crate::store::now_ms();
-    let result = in_savepoint(conn, "action", |conn| -> Result<(), ActionError> {
-        execute_action(conn, source, sql, sql_params, c)?;
-        let job_id = insert_job(conn, source, action, c, "done", None)?;
-        insert_sql_attempt(conn, job_id, started, "ok", None)?;
+    let result = tx.in_savepoint("action", |tx| -> Result<(), ActionError> {
+        execute_action(tx, source, sql, sql_params, c)?;
+        let job_id = insert_job(tx, source, action, c, "done", None)?;
+        tx.insert_sql_attempt(job_id, started, crate::store::now_ms(), "ok", None)?;
         Ok(())
     });
     match result {
         Ok(()) => Ok(true),
-        Err(ActionError::Store(e)) if e.kind != crate::store::StoreErrorKind::Other => Err(e),
+        Err(ActionError::Store(e)) if e.kind != StoreErrorKind::Other => Err(e),
         Err(e) => {
             let message = e.to_string();
-            let job_id = insert_job(conn, source, action, c, "failed", Some(&message))?;
-            insert_sql_attempt(conn, job_id, started, "failed", Some(&message))?;
+            let job_id = insert_job(tx, source, action, c, "failed", Some(&message))?;
+            tx.insert_sql_attempt(
+                job_id,
+                started,
+                crate::store::now_ms(),
+                "failed",
+                Some(&message),
+            )?;
             // A dead letter: the effect did not happen (error, like a
             // forward job that failed for good).
             crate::log::error(
@@ -259,61 +248,18 @@ fn run_sql_job(
     }
 }
 
-/// Why an SQL action failed: its own statement (the action's bug, recorded
-/// on its job) or storage (the whole claim fails and is answered 503).
-#[derive(Debug, thiserror::Error)]
-enum ActionError {
-    #[error("{0}")]
-    Statement(String),
-    #[error("{0}")]
-    Store(StoreError),
-}
-
-impl From<rusqlite::Error> for ActionError {
-    fn from(e: rusqlite::Error) -> ActionError {
-        ActionError::Store(StoreError::from(e))
-    }
-}
-
-impl From<StoreError> for ActionError {
-    fn from(e: StoreError) -> ActionError {
-        ActionError::Store(e)
-    }
-}
-
-fn execute_action(
-    conn: &Connection,
+fn execute_action<T: Tx>(
+    tx: &mut T,
     source: &Source,
     sql: &str,
     sql_params: &[(String, Part)],
     c: &Claim,
 ) -> Result<(), ActionError> {
-    let statement_error = |e: rusqlite::Error| {
-        let store = StoreError::from(e);
-        if store.kind == crate::store::StoreErrorKind::Other {
-            ActionError::Statement(store.message)
-        } else {
-            ActionError::Store(store)
-        }
-    };
-    let mut stmt = conn.prepare_cached(sql).map_err(statement_error)?;
     let input = Input {
         headers: &c.headers,
         json: c.json.as_ref().map(crate::key::Json::Parsed),
     };
-    for i in 1..=stmt.parameter_count() {
-        let name = stmt
-            .parameter_name(i)
-            .map(|n| n.trim_start_matches([':', '@', '$']).to_string())
-            .ok_or_else(|| {
-                ActionError::Statement(format!("parameter {i} has no name: use :name"))
-            })?;
-        let value = bind_value(&name, sql_params, source, &input, c)
-            .ok_or_else(|| ActionError::Statement(format!("unknown parameter :{name}")))?;
-        stmt.raw_bind_parameter(i, value).map_err(statement_error)?;
-    }
-    stmt.raw_execute().map_err(statement_error)?;
-    Ok(())
+    tx.execute_action(sql, |name| bind_value(name, sql_params, source, &input, c))
 }
 
 /// The value of a named parameter: the action's `params` first, then the
@@ -324,144 +270,112 @@ fn bind_value(
     source: &Source,
     input: &Input<'_>,
     c: &Claim,
-) -> Option<SqlValue> {
+) -> Option<ParamValue> {
     if let Some((_, part)) = sql_params.iter().find(|(n, _)| n == name) {
         return Some(match part.lookup(input) {
-            Some(crate::key::Found::Json(v)) => json_to_sql(&v),
-            Some(crate::key::Found::Header(h)) => SqlValue::Text(h.to_string()),
-            None => SqlValue::Null,
+            Some(crate::key::Found::Json(v)) => json_to_param(&v),
+            Some(crate::key::Found::Header(h)) => ParamValue::Text(h.to_string()),
+            None => ParamValue::Null,
         });
     }
     Some(match name {
-        "source" => SqlValue::Text(source.name.clone()),
-        "event_id" => SqlValue::Text(c.event_id.clone()),
-        "type" => c.event_type.clone().map_or(SqlValue::Null, SqlValue::Text),
-        "payload" => SqlValue::Text(String::from_utf8_lossy(&c.body).into_owned()),
-        "received_at" => SqlValue::Integer(crate::store::ms_to_secs(c.received_at)),
+        "source" => ParamValue::Text(source.name.clone()),
+        "event_id" => ParamValue::Text(c.event_id.clone()),
+        "type" => c
+            .event_type
+            .clone()
+            .map_or(ParamValue::Null, ParamValue::Text),
+        "payload" => ParamValue::Text(String::from_utf8_lossy(&c.body).into_owned()),
+        "received_at" => ParamValue::Integer(crate::store::ms_to_secs(c.received_at)),
         _ => return None,
     })
 }
 
-/// JSON values bind as their SQLite types; objects and arrays as JSON text
-/// (compact, keys sorted: `key::canonical_json`).
-pub fn json_to_sql(v: &Value) -> SqlValue {
+/// A JSON value as a parameter: numbers as integers when they fit i64,
+/// else as written; objects and arrays as JSON text (compact, keys
+/// sorted: `key::canonical_json`). Each backend binds
+/// these as its own types (`store::sqlite::to_sql_value`,
+/// `store::pg_tx::PgParam`).
+pub fn json_to_param(v: &Value) -> ParamValue {
     match v {
-        Value::Null => SqlValue::Null,
-        Value::Bool(b) => SqlValue::Integer(i64::from(*b)),
+        Value::Null => ParamValue::Null,
+        Value::Bool(b) => ParamValue::Bool(*b),
         Value::Number(n) => match n.as_i64() {
-            Some(i) => SqlValue::Integer(i),
-            None => n
-                .as_f64()
-                .map_or(SqlValue::Text(n.to_string()), SqlValue::Real),
+            Some(i) => ParamValue::Integer(i),
+            None => ParamValue::Number(n.to_string()),
         },
-        Value::String(s) => SqlValue::Text(s.clone()),
-        other => SqlValue::Text(crate::key::canonical_json(other)),
+        Value::String(s) => ParamValue::Text(s.clone()),
+        other => ParamValue::Json(crate::key::canonical_json(other)),
     }
 }
 
-fn insert_job(
-    conn: &Connection,
+fn insert_job<T: Tx>(
+    tx: &mut T,
     source: &Source,
     action: &Action,
     c: &Claim,
     status: &str,
     error: Option<&str>,
 ) -> Result<i64, StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
-                           last_error, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
-    )?
-    .execute(params![
-        source.name,
-        c.event_id,
-        action.name,
-        action.kind_name(),
+    tx.insert_job(&NewJob {
+        source: &source.name,
+        event_id: &c.event_id,
+        action: &action.name,
+        kind: action.kind_name(),
         status,
-        i64::from(action.kind_name() == "sql"),
-        (status == "pending").then_some(c.received_at),
-        error,
-        c.received_at,
-    ])?;
-    Ok(conn.last_insert_rowid())
+        n_attempts: i64::from(action.kind_name() == "sql"),
+        next_attempt_at: (status == "pending").then_some(c.received_at),
+        last_error: error,
+        created_at: c.received_at,
+    })
 }
 
-fn insert_sql_attempt(
-    conn: &Connection,
-    job_id: i64,
-    started: i64,
-    outcome: &str,
-    error: Option<&str>,
-) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
-         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        job_id,
-        started,
-        crate::store::now_ms(),
-        outcome,
-        error,
-        error.map(|_| "sql"),
-    ])?;
-    Ok(())
-}
-
-fn insert_forward_job(
-    conn: &Connection,
+fn insert_forward_job<T: Tx>(
+    tx: &mut T,
     source: &Source,
     action: &Action,
     c: &Claim,
 ) -> Result<(), StoreError> {
-    let paused: Option<i64> = conn
-        .prepare_cached("SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2")?
-        .query_row(params![source.name, action.name], |r| r.get(0))
-        .optional()?;
-    let status = if paused.is_some() {
+    let status = if tx.is_paused(&source.name, &action.name)? {
         "paused"
     } else {
         "pending"
     };
-    insert_job(conn, source, action, c, status, None)?;
+    insert_job(tx, source, action, c, status, None)?;
     Ok(())
 }
 
-/// Sets an event's state from its jobs: failed when one has failed,
-/// completed when all are done, processing once any attempt has started,
-/// accepted before that. Returns the new state.
+/// Sets an event's state from its jobs on SQLite (see
+/// [`refresh_event_state_in`]).
 pub fn refresh_event_state(
     conn: &Connection,
     source: &str,
     event_id: &str,
     now: i64,
 ) -> Result<String, StoreError> {
-    let (failed, open, started): (i64, i64, i64) = conn
-        .prepare_cached(
-            "SELECT
-                 coalesce(sum(status = 'failed'), 0),
-                 coalesce(sum(status IN ('pending', 'processing', 'paused')), 0),
-                 coalesce(sum(status = 'processing' OR n_attempts > 0), 0)
-             FROM jobs WHERE source = ?1 AND event_id = ?2",
-        )?
-        .query_row(params![source, event_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })?;
-    let state = if failed > 0 {
+    refresh_event_state_in(&mut Sqlite::new(conn), source, event_id, now)
+}
+
+/// Sets an event's state from its jobs: failed when one has failed,
+/// completed when all are done, processing once any attempt has started,
+/// accepted before that. Returns the new state.
+pub fn refresh_event_state_in<T: Tx>(
+    tx: &mut T,
+    source: &str,
+    event_id: &str,
+    now: i64,
+) -> Result<String, StoreError> {
+    let t = tx.job_tallies(source, event_id)?;
+    let state = if t.failed > 0 {
         "failed"
-    } else if open == 0 {
+    } else if t.open == 0 {
         "completed"
-    } else if started > 0 {
+    } else if t.started > 0 {
         "processing"
     } else {
         "accepted"
     };
-    conn.prepare_cached(
-        "UPDATE events SET state = ?3,
-                completed_at = CASE WHEN ?3 = 'completed' THEN coalesce(completed_at, ?4) ELSE NULL END
-         WHERE source = ?1 AND event_id = ?2 AND state <> ?3",
-    )?
-    .execute(params![source, event_id, state, now])?;
+    tx.set_event_state(source, event_id, state, now)?;
     Ok(state.to_string())
 }
 
@@ -512,14 +426,24 @@ pub fn rerun_sql_action(
     action: &Action,
     c: &Claim,
 ) -> Result<Result<(), String>, StoreError> {
+    rerun_sql_action_in(&mut Sqlite::new(conn), source, action, c)
+}
+
+/// [`rerun_sql_action`] in the open transaction `tx` of any backend.
+pub fn rerun_sql_action_in<T: Tx>(
+    tx: &mut T,
+    source: &Source,
+    action: &Action,
+    c: &Claim,
+) -> Result<Result<(), String>, StoreError> {
     let ActionKind::Sql { sql, params } = &action.kind else {
         return Ok(Err(format!("action {} is not an sql action", action.name)));
     };
-    match in_savepoint(conn, "replay_action", |conn| {
-        execute_action(conn, source, sql, params, c)
+    match tx.in_savepoint("replay_action", |tx| {
+        execute_action(tx, source, sql, params, c)
     }) {
         Ok(()) => Ok(Ok(())),
-        Err(ActionError::Store(e)) if e.kind != crate::store::StoreErrorKind::Other => Err(e),
+        Err(ActionError::Store(e)) if e.kind != StoreErrorKind::Other => Err(e),
         Err(e) => Ok(Err(e.to_string())),
     }
 }
@@ -534,6 +458,7 @@ mod tests {
     use crate::config::{Config, Durability};
     use crate::store::writer::Held;
     use crate::store::{self, Writer};
+    use rusqlite::params;
 
     const CONFIG: &str = r#"
 [sources.pay]

@@ -1,7 +1,13 @@
-//! SQLite: opening connections with the right pragmas, applying
-//! `schema.sql`, classifying errors. Only `store/`, `ingest.rs` and the
+//! Storage. Here: SQLite's connections with the right pragmas, applying
+//! `schema.sql`, classifying errors. Beside it: what the `database`
+//! setting names (`url.rs`), the claim's storage steps as a trait
+//! (`tx.rs`) with SQLite's SQL for them (`sqlite.rs`), and the
+//! group-commit writer (`writer.rs`). Only `store/`, `ingest.rs` and the
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 
+pub mod sqlite;
+pub mod tx;
+pub mod url;
 pub mod writer;
 
 use std::path::Path;
@@ -11,6 +17,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::config::Durability;
 
+pub use url::{DatabaseUrl, PostgresUrl};
 pub use writer::{Guard, Writer};
 
 /// The whole schema, applied on every start (every statement is idempotent).

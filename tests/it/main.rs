@@ -6,6 +6,7 @@
 
 mod check;
 mod cli;
+mod database;
 mod downstream;
 mod harness;
 mod hostile;
