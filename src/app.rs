@@ -26,6 +26,8 @@ pub struct App {
     pub admin_limiter: crate::http::admin::AuthLimiter,
     /// The inspector's signed-in browsers (in memory: a restart ends them).
     pub ui_sessions: crate::http::ui::Sessions,
+    /// The inspector's overview: delivery counts of minutes that are over.
+    pub overview_cache: crate::ops::inspector::OverviewCache,
 }
 
 impl App {

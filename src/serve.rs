@@ -75,6 +75,7 @@ pub fn run(mut config: Config) -> Result<()> {
         wake_outbox: Box::new(move || waker.wake()),
         admin_limiter: Default::default(),
         ui_sessions: Default::default(),
+        overview_cache: Default::default(),
     });
     let pruner = crate::ops::prune::Background::start(config.clone(), writer.clone());
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;

@@ -653,7 +653,9 @@ fn actions_route(app: &App) -> Reply {
 }
 
 fn overview_route(app: &App) -> Reply {
-    match read(app, |conn| inspector::overview(conn, now_ms(), 60)) {
+    match read(app, |conn| {
+        inspector::overview(conn, &app.overview_cache, now_ms(), 60)
+    }) {
         Ok(v) => Reply::json(200, &v),
         Err(e) => op_error(e),
     }

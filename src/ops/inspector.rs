@@ -5,6 +5,8 @@
 //! admin API answers these (`GET /api/actions`, `GET /api/overview`, and
 //! fields added to list and show). Nothing here writes.
 
+use std::collections::BTreeMap;
+
 use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -66,21 +68,53 @@ pub fn actions(conn: &Connection, config: &Config) -> Result<Value, OpError> {
     Ok(Value::Array(out))
 }
 
+/// Per-minute delivery counts of minutes that are over, kept between
+/// overview requests: only the last minutes are read again, so an open
+/// overview does not re-read an hour of deliveries every refresh.
+#[derive(Default)]
+pub struct OverviewCache {
+    /// Minute start (ms) -> outcome -> count.
+    minutes: std::sync::Mutex<BTreeMap<i64, BTreeMap<String, i64>>>,
+}
+
+/// A minute is taken as settled (no more deliveries will be recorded in
+/// it) this long after it ended: refusals are recorded a moment after
+/// they arrive.
+const SETTLE_MS: i64 = 60_000;
+const BUCKET_MS: i64 = 60_000;
+
 /// Deliveries by outcome per minute over the `minutes` before `now`
 /// (ms), oldest first, and the jobs per status:
 /// `{from, to, bucket_secs, outcomes: [...], buckets: [{at, counts: {outcome: n}}], totals: {...}, jobs: {...}}`.
-pub fn overview(conn: &Connection, now: i64, minutes: i64) -> Result<Value, OpError> {
-    let bucket_ms = 60_000;
-    let end = (now.div_euclid(bucket_ms) + 1) * bucket_ms;
-    let from = end - minutes * bucket_ms;
-    let mut buckets: Vec<serde_json::Map<String, Value>> =
-        (0..minutes).map(|_| serde_json::Map::new()).collect();
-    let mut totals = serde_json::Map::new();
+pub fn overview(
+    conn: &Connection,
+    cache: &OverviewCache,
+    now: i64,
+    minutes: i64,
+) -> Result<Value, OpError> {
+    let end = (now.div_euclid(BUCKET_MS) + 1) * BUCKET_MS;
+    let from = end - minutes * BUCKET_MS;
+    let settled_before = now - SETTLE_MS;
+    let mut known = match cache.minutes.lock() {
+        Ok(m) => m.clone(),
+        Err(_) => BTreeMap::new(),
+    };
+    known.retain(|at, _| *at >= from);
+    // The cache holds a run of settled minutes from `from` on; read from
+    // the first minute it does not hold.
+    let mut read_from = from;
+    while read_from < end
+        && read_from + BUCKET_MS <= settled_before
+        && known.contains_key(&read_from)
+    {
+        read_from += BUCKET_MS;
+    }
+    let mut fresh: BTreeMap<i64, BTreeMap<String, i64>> = BTreeMap::new();
     let mut stmt = conn.prepare_cached(
         "SELECT (received_at - ?1) / ?2, outcome, count(*) FROM deliveries
          WHERE received_at >= ?1 AND received_at < ?3 GROUP BY 1, 2",
     )?;
-    let rows = stmt.query_map(params![from, bucket_ms, end], |r| {
+    let rows = stmt.query_map(params![read_from, BUCKET_MS, end], |r| {
         Ok((
             r.get::<_, i64>(0)?,
             r.get::<_, String>(1)?,
@@ -89,11 +123,29 @@ pub fn overview(conn: &Connection, now: i64, minutes: i64) -> Result<Value, OpEr
     })?;
     for row in rows {
         let (i, outcome, n) = row?;
-        if let Some(b) = usize::try_from(i).ok().and_then(|i| buckets.get_mut(i)) {
-            b.insert(outcome.clone(), json!(n));
+        fresh
+            .entry(read_from + i * BUCKET_MS)
+            .or_default()
+            .insert(outcome, n);
+    }
+    let mut at = read_from;
+    while at < end {
+        let counts = fresh.remove(&at).unwrap_or_default();
+        known.insert(at, counts);
+        at += BUCKET_MS;
+    }
+    if let Ok(mut m) = cache.minutes.lock() {
+        *m = known
+            .iter()
+            .filter(|(at, _)| **at + BUCKET_MS <= settled_before)
+            .map(|(at, c)| (*at, c.clone()))
+            .collect();
+    }
+    let mut totals = BTreeMap::<String, i64>::new();
+    for counts in known.values() {
+        for (outcome, n) in counts {
+            *totals.entry(outcome.clone()).or_default() += n;
         }
-        let t = totals.get(&outcome).and_then(Value::as_i64).unwrap_or(0);
-        totals.insert(outcome, json!(t + n));
     }
     let mut jobs = serde_json::Map::new();
     let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts ORDER BY status")?;
@@ -104,10 +156,10 @@ pub fn overview(conn: &Connection, now: i64, minutes: i64) -> Result<Value, OpEr
     Ok(json!({
         "from": ms_to_secs(from),
         "to": ms_to_secs(end),
-        "bucket_secs": bucket_ms / 1000,
+        "bucket_secs": BUCKET_MS / 1000,
         "outcomes": crate::metrics::Delivery::ALL.map(crate::metrics::Delivery::name),
-        "buckets": buckets.into_iter().enumerate().map(|(i, counts)| json!({
-            "at": ms_to_secs(from + i as i64 * bucket_ms),
+        "buckets": known.iter().map(|(at, counts)| json!({
+            "at": ms_to_secs(*at),
             "counts": counts,
         })).collect::<Vec<_>>(),
         "totals": totals,
@@ -272,4 +324,65 @@ fn add_milliseconds(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Connection {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::store::migrate(&mut conn).unwrap();
+        conn
+    }
+
+    fn delivery(conn: &Connection, at: i64, outcome: &str) {
+        conn.execute(
+            "INSERT INTO deliveries (source, received_at, outcome) VALUES ('s', ?1, ?2)",
+            params![at, outcome],
+        )
+        .unwrap();
+    }
+
+    fn counts(v: &Value, minute: usize) -> Value {
+        v["buckets"][minute]["counts"].clone()
+    }
+
+    /// Minutes that are over are read once; the current ones every time.
+    #[test]
+    fn the_overview_reads_settled_minutes_once() {
+        let conn = db();
+        let cache = OverviewCache::default();
+        let now = 10 * 3_600_000 + 30_000; // half a minute into a minute
+        let from = (now / BUCKET_MS + 1) * BUCKET_MS - 60 * BUCKET_MS;
+        delivery(&conn, from + 5, "accepted");
+        delivery(&conn, from + 6, "duplicate");
+        delivery(&conn, now - 1_000, "accepted");
+        let first = overview(&conn, &cache, now, 60).unwrap();
+        assert_eq!(first["buckets"].as_array().map(Vec::len), Some(60));
+        assert_eq!(counts(&first, 0), json!({"accepted": 1, "duplicate": 1}));
+        assert_eq!(counts(&first, 59), json!({"accepted": 1}));
+        assert_eq!(first["totals"], json!({"accepted": 2, "duplicate": 1}));
+        // A row that appears in a settled minute is not read again (the
+        // cache has that minute); one in the current minute is.
+        delivery(&conn, from + 7, "accepted");
+        delivery(&conn, now, "mismatch");
+        let second = overview(&conn, &cache, now, 60).unwrap();
+        assert_eq!(counts(&second, 0), json!({"accepted": 1, "duplicate": 1}));
+        assert_eq!(counts(&second, 59), json!({"accepted": 1, "mismatch": 1}));
+        // A fresh cache reads everything.
+        let cold = overview(&conn, &OverviewCache::default(), now, 60).unwrap();
+        assert_eq!(counts(&cold, 0), json!({"accepted": 2, "duplicate": 1}));
+        // An hour later the old minutes have left the window and the cache.
+        let later = overview(&conn, &cache, now + 3_600_000, 60).unwrap();
+        assert_eq!(later["totals"], json!({}));
+        assert!(
+            cache
+                .minutes
+                .lock()
+                .unwrap()
+                .keys()
+                .all(|at| *at >= from + 3_600_000)
+        );
+    }
 }

@@ -614,7 +614,7 @@ export async function overview(main) {
   const load = async () => {
     const { data } = await api("/api/overview");
     drawChart(chart, data);
-    updated.textContent = `updated ${new Date().toLocaleTimeString()} · every 30 s`;
+    updated.textContent = `updated ${new Date().toLocaleTimeString()} · every 10 s`;
     const t = data.totals || {};
     const jobs = data.jobs || {};
     replace(
@@ -624,9 +624,9 @@ export async function overview(main) {
     );
   };
   await load();
-  // The last hour of deliveries is a range read that grows with traffic:
-  // not every 2 s.
-  return poll(load, 30_000);
+  // Per-minute counts change slowly; the server re-reads only the last
+  // two minutes (ops::inspector::OverviewCache).
+  return poll(load, 10_000);
 }
 
 function drawChart(box, data) {
