@@ -251,6 +251,10 @@ pub struct TlsFiles {
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
     pub max_connections: usize,
+    /// Open connections from one address (an IPv6 /64).
+    pub max_connections_per_address: usize,
+    /// Bytes a second a request must average after its first 2 s; 0: none.
+    pub min_receive_rate: u64,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
     pub idle_timeout: Duration,
@@ -383,6 +387,8 @@ struct RawConfig {
     tls_key: Option<String>,
     admin_listen: Option<String>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
+    min_receive_rate: Option<u64>,
     header_timeout: Option<String>,
     body_timeout: Option<String>,
     idle_timeout: Option<String>,
@@ -552,8 +558,27 @@ impl Config {
                 "max_connections: must be 1 to 65536, got {max_connections}"
             )));
         }
+        // A cap per address that defaults to 128, never above the cap in
+        // all.
+        let max_connections_per_address = match raw.max_connections_per_address {
+            None => max_connections.min(128),
+            Some(n) if (1..=max_connections).contains(&n) => n,
+            Some(n) => {
+                return Err(err(format!(
+                    "max_connections_per_address: must be 1 to max_connections ({max_connections}), got {n}"
+                )));
+            }
+        };
+        let min_receive_rate = raw.min_receive_rate.unwrap_or(1024);
+        if min_receive_rate > 1 << 30 {
+            return Err(err(format!(
+                "min_receive_rate: must be 0 (no minimum) to 1073741824 bytes a second, got {min_receive_rate}"
+            )));
+        }
         let http = HttpLimits {
             max_connections,
+            max_connections_per_address,
+            min_receive_rate,
             header_timeout: nonzero(
                 opt_duration(&raw.header_timeout, "header_timeout", "10s"),
                 "header_timeout",
@@ -1221,6 +1246,41 @@ mod tests {
         }
         assert_eq!(format_duration(Duration::from_secs(3600)), "1h");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn per_address_cap_and_minimum_rate() {
+        let src = "[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n";
+        let c = parse(src).unwrap();
+        assert_eq!(c.http.max_connections_per_address, 128);
+        assert_eq!(c.http.min_receive_rate, 1024);
+        let c = parse(&format!("max_connections = 16\n{src}")).unwrap();
+        assert_eq!(
+            c.http.max_connections_per_address, 16,
+            "never above the cap"
+        );
+        let c = parse(&format!(
+            "max_connections_per_address = 4\nmin_receive_rate = 0\n{src}"
+        ))
+        .unwrap();
+        assert_eq!(
+            (c.http.max_connections_per_address, c.http.min_receive_rate),
+            (4, 0)
+        );
+        for (bad, key) in [
+            (
+                "max_connections_per_address = 0",
+                "max_connections_per_address",
+            ),
+            (
+                "max_connections = 8\nmax_connections_per_address = 9",
+                "max_connections_per_address",
+            ),
+            ("min_receive_rate = 2000000000", "min_receive_rate"),
+        ] {
+            let e = parse(&format!("{bad}\n{src}")).unwrap_err().to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
     }
 
     #[test]

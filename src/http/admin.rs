@@ -185,6 +185,15 @@ fn only(
 /// Compares the bearer token with the configured one in constant time: both
 /// are hashed first, so neither the length nor a prefix leaks through
 /// timing.
+/// Whether `/metrics` may be answered on the public listener: always
+/// without an admin token, else only with it.
+pub fn metrics_allowed(app: &App, rq: &Incoming<'_>) -> bool {
+    app.config
+        .admin_token
+        .as_ref()
+        .is_none_or(|token| authorized(rq, token.expose()))
+}
+
 fn authorized(rq: &Incoming<'_>, token: &str) -> bool {
     let mut values = crate::verify::header_values(&rq.headers, "authorization");
     let (Some(value), None) = (values.next(), values.next()) else {
@@ -307,9 +316,8 @@ fn write<T: Send + 'static>(
     }
 }
 
-/// The request's JSON body as `T`; an empty body is `T::default()`. A
-/// body over `max_body_bytes` reaches here as that limit plus one byte
-/// (not read at all when declared), so it is 413 too.
+/// The request's JSON body as `T`; an empty body is `T::default()`. (A
+/// body over `max_body_bytes` never reaches here: the server answers 413.)
 fn body<T: for<'de> Deserialize<'de> + Default>(
     app: &App,
     rq: &mut Incoming<'_>,

@@ -16,8 +16,8 @@ use crate::app::App;
 use reply::Reply;
 pub use server::BodyProblem;
 
-/// A request as the handlers see it. The body has already been read (up to
-/// `max_body_bytes` + 1 bytes) by the connection thread.
+/// A request as the handlers see it. The body has already been read whole
+/// (within `max_body_bytes`) by the connection thread.
 pub struct Incoming<'a> {
     pub method: &'a str,
     pub path: &'a str,
@@ -26,8 +26,9 @@ pub struct Incoming<'a> {
     pub remote: String,
     /// The declared body length, if any.
     pub content_length: Option<usize>,
-    /// The body, at most `max_body_bytes` + 1 bytes (one more means "too
-    /// large"), or why it could not be read whole.
+    /// The body. (A body too large, late, short or malformed is answered
+    /// by the server before any handler; `Err` stays for the handlers'
+    /// own checks.)
     pub body: Result<Vec<u8>, BodyProblem>,
     /// The processing permit, for a handler that gives it back before a
     /// long wait.
@@ -73,13 +74,22 @@ impl HttpServer {
             Some(files) => Some(tls_config(files)?),
             None => None,
         };
+        let listeners = 1 + usize::from(config.admin_listen.is_some());
+        // Descriptors kept for the database, logs and downstream calls.
+        let reserve = 64 + 2 * config.forward_workers;
+        let max_connections =
+            server::fit_to_descriptors(config.http.max_connections, listeners, reserve);
         let limits = server::Limits::new(
             config.http_workers,
             config.max_body_bytes,
-            config.http.max_connections,
+            max_connections,
             config.http.header_timeout,
             config.http.body_timeout,
             config.http.idle_timeout,
+        )
+        .per_address(
+            config.http.max_connections_per_address,
+            config.http.min_receive_rate,
         );
         let bind = |listen: &str, surface: Surface| {
             let for_handler = app.clone();
@@ -221,6 +231,15 @@ fn route(
             _ => Reply::method_not_allowed("GET"),
         },
         "/metrics" if admin_here => match rq.method {
+            // On the public listener (no admin_listen), with a token set,
+            // metrics take the admin token too.
+            "GET" | "HEAD" if surface == Surface::All && !admin::metrics_allowed(app, rq) => {
+                Reply::error(
+                    401,
+                    "missing or wrong admin token: send Authorization: Bearer <admin_token>",
+                )
+                .with_header("WWW-Authenticate", "Bearer")
+            }
             "GET" | "HEAD" => Reply::text(
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",

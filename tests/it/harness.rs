@@ -132,6 +132,8 @@ pub struct Server {
     config_path: Option<PathBuf>,
     env: BTreeMap<String, String>,
     extra_args: Vec<String>,
+    /// A command the binary runs under (`prlimit ... --`), if any.
+    wrapper: Vec<String>,
     child: Option<Child>,
     base_url: String,
     stdout: Captured,
@@ -165,6 +167,18 @@ impl Server {
         server
     }
 
+    /// Like `start`, the binary run under `wrapper` (a command and its
+    /// arguments, such as `prlimit --nofile=256:4096 --`).
+    pub fn start_wrapped(config: &ServerConfig, env: &[(&str, &str)], wrapper: &[&str]) -> Server {
+        let dir = tempdir();
+        let config_path = dir.path().join("idemhook.toml");
+        std::fs::write(&config_path, config.render()).expect("write config");
+        let mut server = Server::new_stopped(dir, Some(config_path), env, Vec::new());
+        server.wrapper = wrapper.iter().map(|a| a.to_string()).collect();
+        server.spawn();
+        server
+    }
+
     /// Start `serve` with no config file in an empty temp dir (the documented
     /// development default), passing `--listen 127.0.0.1:0`.
     pub fn start_zero_config(env: &[(&str, &str)]) -> Server {
@@ -189,6 +203,7 @@ impl Server {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             extra_args,
+            wrapper: Vec::new(),
             child: None,
             base_url: String::new(),
             stdout: Arc::new(Mutex::new(Vec::new())),
@@ -221,7 +236,19 @@ impl Server {
                 .unwrap()
                 .extend_from_slice(marker.as_bytes());
         }
-        let mut cmd = scrubbed_command(&self.env);
+        let mut cmd = match self.wrapper.split_first() {
+            None => scrubbed_command(&self.env),
+            Some((program, args)) => {
+                let mut cmd = scrubbed_command(&self.env);
+                let mut wrapped = Command::new(program);
+                wrapped
+                    .env_clear()
+                    .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))));
+                wrapped.args(args).arg(cmd.get_program());
+                cmd = wrapped;
+                cmd
+            }
+        };
         cmd.args(self.serve_args())
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
@@ -768,6 +795,16 @@ impl Client {
             .call()
             .map_err(|e| format!("GET {url}: {e}"))?;
         convert(resp).map_err(|e| format!("GET {url}: reading body: {e}"))
+    }
+
+    /// GET with these request headers; panics on transport failures.
+    pub fn get_with(&self, url: &str, headers: &[(String, String)]) -> HttpResponse {
+        let mut req = self.agent.get(url);
+        for (k, v) in headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let resp = req.call().unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        convert(resp).unwrap_or_else(|e| panic!("GET {url}: reading body: {e}"))
     }
 
     pub fn post(&self, url: &str, headers: &[(String, String)], body: &[u8]) -> HttpResponse {

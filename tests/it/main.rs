@@ -8,6 +8,7 @@ mod check;
 mod cli;
 mod database;
 mod downstream;
+mod edge;
 mod harness;
 mod hostile;
 mod inspector;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use prometheus_parse::{Scrape, Value};
 
 use crate::downstream::{Behavior, Downstream};
-use crate::harness::{Server, ServerConfig, headers, toml_str, wait_until};
+use crate::harness::{Client, Server, ServerConfig, headers, toml_str, wait_until};
 use crate::sign;
 
 const SECRET: &str = "whsec_metrics_test_secret_abcdef";
@@ -23,7 +23,11 @@ fn event(id: &str, amount: i64) -> Vec<u8> {
 }
 
 fn scrape(server: &Server) -> Scrape {
-    let resp = server.get("/metrics");
+    // With admin_token set and no admin_listen, metrics take the token.
+    let resp = Client::new(Duration::from_secs(10)).get_with(
+        &server.url("/metrics"),
+        &headers(&[("Authorization", &format!("Bearer {ADMIN_TOKEN}"))]),
+    );
     assert_eq!(resp.status, 200, "GET /metrics: {}", resp.text());
     let ct = resp.header("content-type").unwrap_or_default().to_string();
     assert!(ct.starts_with("text/plain"), "content type {ct}");
