@@ -50,39 +50,8 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>, listener: &super::ui::Listener) 
 }
 
 fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Reply {
-    let ip = rq
-        .remote
-        .rsplit_once(':')
-        .map_or(rq.remote.as_str(), |(ip, _)| ip)
-        .to_string();
-    // The throttle holds back guesses only: the right token always passes,
-    // and a request with no Authorization at all (a CORS preflight, a
-    // browser's first GET) is no guess, so it is answered 401 uncounted.
-    if !by_cookie && !authorized(rq, token) {
-        let unauthorized = || {
-            Reply::error(
-                401,
-                "missing or wrong admin token: send Authorization: Bearer <admin_token>",
-            )
-            .with_header("WWW-Authenticate", "Bearer")
-        };
-        if crate::verify::header_values(&rq.headers, "authorization")
-            .next()
-            .is_none()
-        {
-            return unauthorized();
-        }
-        if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
-            return Reply::error(429, "too many failed admin authentications; retry later")
-                .with_header("Retry-After", wait.to_string());
-        }
-        app.admin_limiter.failed(&ip, now_ms());
-        // The address and path only: never what was sent as a token.
-        crate::log::warn(
-            "admin authentication failed",
-            &[("remote", &rq.remote), ("path", &rq.path)],
-        );
-        return unauthorized();
+    if !by_cookie && let Err(refused) = check_token(app, rq, token) {
+        return refused;
     }
     let Some(segments) = segments(rq.path) else {
         return Reply::error(400, "the path is not valid percent-encoded UTF-8");
@@ -185,13 +154,56 @@ fn only(
 /// Compares the bearer token with the configured one in constant time: both
 /// are hashed first, so neither the length nor a prefix leaks through
 /// timing.
-/// Whether `/metrics` may be answered on the public listener: always
-/// without an admin token, else only with it.
-pub fn metrics_allowed(app: &App, rq: &Incoming<'_>) -> bool {
-    app.config
-        .admin_token
-        .as_ref()
-        .is_none_or(|token| authorized(rq, token.expose()))
+/// The bearer token, with the throttle on wrong ones: `Err` is the answer
+/// (401, or 429 while the address is throttled).
+fn check_token(app: &App, rq: &Incoming<'_>, token: &str) -> Result<(), Reply> {
+    let ip = rq
+        .remote
+        .rsplit_once(':')
+        .map_or(rq.remote.as_str(), |(ip, _)| ip)
+        .to_string();
+    // The throttle holds back guesses only: the right token always passes,
+    // and a request with no Authorization at all (a CORS preflight, a
+    // browser's first GET) is no guess, so it is answered 401 uncounted.
+    if !authorized(rq, token) {
+        let unauthorized = || {
+            Reply::error(
+                401,
+                "missing or wrong admin token: send Authorization: Bearer <admin_token>",
+            )
+            .with_header("WWW-Authenticate", "Bearer")
+        };
+        if crate::verify::header_values(&rq.headers, "authorization")
+            .next()
+            .is_none()
+        {
+            return Err(unauthorized());
+        }
+        if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
+            return Err(
+                Reply::error(429, "too many failed admin authentications; retry later")
+                    .with_header("Retry-After", wait.to_string()),
+            );
+        }
+        app.admin_limiter.failed(&ip, now_ms());
+        // The address and path only: never what was sent as a token.
+        crate::log::warn(
+            "admin authentication failed",
+            &[("remote", &rq.remote), ("path", &rq.path)],
+        );
+        return Err(unauthorized());
+    }
+    Ok(())
+}
+
+/// Whether `/metrics` may be answered on the main listener when there is
+/// no `admin_listen`: always without an admin token, else only with it
+/// (under the same throttle as the admin API). `Err` is the answer.
+pub fn metrics_gate(app: &App, rq: &Incoming<'_>) -> Result<(), Reply> {
+    match &app.config.admin_token {
+        None => Ok(()),
+        Some(token) => check_token(app, rq, token.expose()),
+    }
 }
 
 fn authorized(rq: &Incoming<'_>, token: &str) -> bool {

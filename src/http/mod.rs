@@ -231,20 +231,20 @@ fn route(
             _ => Reply::method_not_allowed("GET"),
         },
         "/metrics" if admin_here => match rq.method {
-            // On the public listener (no admin_listen), with a token set,
-            // metrics take the admin token too.
-            "GET" | "HEAD" if surface == Surface::All && !admin::metrics_allowed(app, rq) => {
-                Reply::error(
-                    401,
-                    "missing or wrong admin token: send Authorization: Bearer <admin_token>",
+            "GET" | "HEAD" => {
+                // On the main listener (no admin_listen), with a token set,
+                // metrics take the admin token too.
+                if surface == Surface::All
+                    && let Err(refused) = admin::metrics_gate(app, rq)
+                {
+                    return refused;
+                }
+                Reply::text(
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    app.render_metrics(),
                 )
-                .with_header("WWW-Authenticate", "Bearer")
             }
-            "GET" | "HEAD" => Reply::text(
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                app.render_metrics(),
-            ),
             _ => Reply::method_not_allowed("GET"),
         },
         _ => Reply::error(404, "no such route: webhooks are posted to /hooks/{source}"),

@@ -1358,6 +1358,15 @@ fn metrics_on_the_public_listener_take_the_admin_token_when_one_is_set() {
     assert_eq!(open.header("www-authenticate"), Some("Bearer"));
     let wrong = client.get_with(&url, &headers(&[("Authorization", "Bearer nope")]));
     assert_eq!(wrong.status, 401);
+    // Guesses share the admin API's throttle.
+    let statuses: Vec<u16> = (0..11)
+        .map(|_| {
+            client
+                .get_with(&url, &headers(&[("Authorization", "Bearer nope")]))
+                .status
+        })
+        .collect();
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     let right = client.get_with(
         &url,
         &headers(&[("Authorization", &format!("Bearer {token}"))]),
