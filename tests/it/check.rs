@@ -216,8 +216,12 @@ fn exit_code(out: &CliOutput) -> Option<i32> {
 }
 
 fn metrics_line(server: &Server, prefix: &str) -> Option<String> {
-    server
-        .get("/metrics")
+    // (admin_token is set and there is no admin_listen: /metrics takes it.)
+    crate::harness::Client::new(HTTP_TIMEOUT)
+        .get_with(
+            &server.url("/metrics"),
+            &[("Authorization".to_string(), format!("Bearer {ADMIN_TOKEN}"))],
+        )
         .text()
         .lines()
         .find(|l| l.starts_with(prefix))
