@@ -5,6 +5,12 @@
 //! group-commit writer (`writer.rs`). Only `store/`, `ingest.rs` and the
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 
+pub mod named;
+pub mod pg;
+#[cfg(test)]
+#[path = "../../tests/support/pg_cluster.rs"]
+pub(crate) mod pg_cluster;
+pub mod pg_tx;
 pub mod sqlite;
 pub mod tx;
 pub mod url;

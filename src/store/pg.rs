@@ -1,0 +1,478 @@
+//! PostgreSQL: connection settings from the `database` URL (TLS, timeouts,
+//! durability), the numbered migrations under `migrations/postgres/`
+//! applied under an advisory lock, and classifying the server's errors
+//! into `StoreErrorKind`. Nothing here knows HTTP or the claim.
+//!
+//! TLS: `sslmode=disable` and `prefer` (the default) connect without TLS;
+//! `require`, `verify-ca` and `verify-full` require TLS and verify the
+//! server's certificate chain and host name, against the public roots or
+//! the CA file named by `sslrootcert=PATH`. (libpq's `require` encrypts
+//! without verifying; idemhook does not offer an unverified connection.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use postgres::error::SqlState;
+use postgres::{Client, NoTls};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::{PostgresUrl, StoreError, StoreErrorKind};
+use crate::config::Durability;
+
+/// The numbered migrations, in order: (version, name, SQL). A migration
+/// is never edited once released; a change is a new file.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../../migrations/postgres/0001_init.sql"),
+)];
+
+/// The key of the advisory lock held while migrating, so instances that
+/// start at once migrate one after another ("idemhook" in ASCII).
+pub const MIGRATION_LOCK: i64 = 0x6964_656d_686f_6f6b;
+
+/// How to reach the server: the driver's settings and the TLS to use.
+#[derive(Clone)]
+pub struct Settings {
+    pub config: postgres::Config,
+    pub tls: Tls,
+}
+
+/// The TLS a connection uses, from `sslmode`.
+#[derive(Clone)]
+pub enum Tls {
+    Plain,
+    Verified(MakeRustlsConnect),
+}
+
+/// What the URL may say that the driver does not parse itself.
+const OWN_PARAMS: &[&str] = &["sslmode", "sslrootcert"];
+
+impl Settings {
+    /// Settings from the URL. A statement or a connection attempt that
+    /// takes longer than `busy_timeout` fails (and the caller answers
+    /// 503); `durability` sets `synchronous_commit`.
+    pub fn from_url(
+        url: &PostgresUrl,
+        durability: Durability,
+        busy_timeout: Duration,
+    ) -> Result<Settings, String> {
+        let (rest, own) = split_own_params(url.expose());
+        let mut config: postgres::Config = rest.parse().map_err(|e| format!("{url}: {e}"))?;
+        let sslmode = own
+            .iter()
+            .find(|(k, _)| k == "sslmode")
+            .map_or("prefer", |(_, v)| v.as_str());
+        let rootcert = own
+            .iter()
+            .find(|(k, _)| k == "sslrootcert")
+            .map(|(_, v)| v.clone());
+        let tls = match sslmode {
+            "disable" | "prefer" | "allow" => {
+                config.ssl_mode(postgres::config::SslMode::Disable);
+                Tls::Plain
+            }
+            "require" | "verify-ca" | "verify-full" => {
+                config.ssl_mode(postgres::config::SslMode::Require);
+                Tls::Verified(
+                    tls_connector(rootcert.as_deref()).map_err(|e| format!("{url}: {e}"))?,
+                )
+            }
+            other => {
+                return Err(format!(
+                    "{url}: sslmode={other} is not one of disable, prefer, require, verify-ca, verify-full"
+                ));
+            }
+        };
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(busy_timeout.max(Duration::from_secs(1)));
+        }
+        // A hung server (a stopped process, a dead peer) shows as unacked
+        // data; without this a write to it could wait for minutes.
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(busy_timeout.max(Duration::from_secs(1)));
+        }
+        config.keepalives(true);
+        if config.get_application_name().is_none() {
+            config.application_name("idemhook");
+        }
+        let sync = match durability {
+            Durability::Full => "on",
+            Durability::Normal => "off",
+        };
+        let timeout_ms = busy_timeout.as_millis().max(1);
+        let ours = format!(
+            "-c synchronous_commit={sync} -c statement_timeout={timeout_ms} \
+             -c lock_timeout={timeout_ms} -c idle_in_transaction_session_timeout={}",
+            timeout_ms.saturating_mul(4).max(10_000)
+        );
+        let options = match config.get_options() {
+            Some(theirs) if !theirs.is_empty() => format!("{theirs} {ours}"),
+            _ => ours,
+        };
+        config.options(&options);
+        Ok(Settings { config, tls })
+    }
+
+    /// Opens one connection.
+    pub fn connect(&self) -> Result<Client, StoreError> {
+        let client = match &self.tls {
+            Tls::Plain => self.config.connect(NoTls),
+            Tls::Verified(tls) => self.config.connect(tls.clone()),
+        };
+        Ok(client?)
+    }
+}
+
+/// Removes the parameters idemhook reads itself from the query string.
+fn split_own_params(url: &str) -> (String, Vec<(String, String)>) {
+    let Some((head, query)) = url.split_once('?') else {
+        return (url.to_string(), Vec::new());
+    };
+    let mut own = Vec::new();
+    let mut kept = Vec::new();
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        if OWN_PARAMS.contains(&k) {
+            own.push((k.to_string(), percent_decode(v)));
+        } else {
+            kept.push(part);
+        }
+    }
+    if kept.is_empty() {
+        (head.to_string(), own)
+    } else {
+        (format!("{head}?{}", kept.join("&")), own)
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(h) = s.get(i + 1..i + 3)
+            && let Ok(b) = u8::from_str_radix(h, 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// rustls with the ring provider, verifying against the public roots, or
+/// only against the PEM CA file `rootcert` when one is named.
+fn tls_connector(rootcert: Option<&str>) -> Result<MakeRustlsConnect, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    match rootcert {
+        Some(path) => {
+            let mut n = 0;
+            for cert in CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("sslrootcert {path}: {e}"))?
+            {
+                let cert = cert.map_err(|e| format!("sslrootcert {path}: {e}"))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("sslrootcert {path}: {e}"))?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(format!("sslrootcert {path}: no certificate in the file"));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}
+
+/// Applies every migration newer than the database's version, each in the
+/// transaction that records it, all under the migration advisory lock. A
+/// database of a newer version than this build is refused.
+pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS idemhook_migrations (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at bigint NOT NULL
+         )",
+    )?;
+    let current: i32 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM idemhook_migrations",
+            &[],
+        )?
+        .get(0);
+    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > latest {
+        return Err(StoreError::other(format!(
+            "the database has schema version {current}, newer than this idemhook's {latest}: \
+             refusing to downgrade; run the newer idemhook"
+        )));
+    }
+    for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        tx.batch_execute(sql)
+            .map_err(|e| StoreError::other(format!("migration {version} ({name}): {e}")))?;
+        tx.execute(
+            "INSERT INTO idemhook_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+            &[version, name, &super::now_ms()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> StoreError {
+        let kind = match e.code() {
+            Some(code) => kind_of(code),
+            // No SQLSTATE: a value that does not convert is the caller's
+            // bug; anything else is the connection (refused, reset, timed
+            // out, closed, the server went away), which is transient.
+            None if is_conversion(&e) => StoreErrorKind::Other,
+            None => StoreErrorKind::Io,
+        };
+        let message = match e.as_db_error() {
+            Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
+            None => format!("postgres: {e}"),
+        };
+        StoreError { kind, message }
+    }
+}
+
+/// A client-side conversion failure (binding a parameter, reading a
+/// column), told from connection failures by the driver's words.
+fn is_conversion(e: &postgres::Error) -> bool {
+    let text = e.to_string();
+    [
+        "error serializing parameter",
+        "error deserializing column",
+        "invalid column",
+        "query returned an unexpected number of rows",
+        "invalid configuration",
+    ]
+    .iter()
+    .any(|p| text.starts_with(p))
+}
+
+/// What a SQLSTATE means for the caller.
+fn kind_of(code: &SqlState) -> StoreErrorKind {
+    let c = code.code();
+    if *code == SqlState::T_R_DEADLOCK_DETECTED
+        || *code == SqlState::T_R_SERIALIZATION_FAILURE
+        || *code == SqlState::LOCK_NOT_AVAILABLE
+        || *code == SqlState::QUERY_CANCELED
+    {
+        StoreErrorKind::Busy
+    } else if *code == SqlState::DISK_FULL || *code == SqlState::OUT_OF_MEMORY {
+        StoreErrorKind::Full
+    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+        StoreErrorKind::ReadOnly
+    } else if c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") || c == "58030" {
+        // Connection exceptions, the server shutting down or not yet
+        // accepting connections, insufficient resources, an I/O error.
+        StoreErrorKind::Io
+    } else {
+        StoreErrorKind::Other
+    }
+}
+
+/// Whether the whole transaction should simply be run again (a deadlock or
+/// a serialization failure: nothing of it was committed).
+pub fn is_retryable(e: &postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::DatabaseUrl;
+    use std::path::Path;
+
+    fn settings(url: &str) -> Result<Settings, String> {
+        let DatabaseUrl::Postgres(url) = DatabaseUrl::parse(url, Path::new("/")).unwrap() else {
+            panic!("{url} is not a PostgreSQL URL")
+        };
+        Settings::from_url(&url, Durability::Full, Duration::from_secs(5))
+    }
+
+    #[test]
+    fn sslmode_and_rootcert_are_read_here_and_not_passed_on() {
+        let (rest, own) = split_own_params(
+            "postgres://u@h/d?sslmode=require&application_name=x&sslrootcert=%2Fetc%2Fca.pem",
+        );
+        assert_eq!(rest, "postgres://u@h/d?application_name=x");
+        assert_eq!(
+            own,
+            vec![
+                ("sslmode".to_string(), "require".to_string()),
+                ("sslrootcert".to_string(), "/etc/ca.pem".to_string())
+            ]
+        );
+        assert!(matches!(
+            settings("postgres://u@h/d").unwrap().tls,
+            Tls::Plain
+        ));
+        assert!(matches!(
+            settings("postgres://u@h/d?sslmode=require").unwrap().tls,
+            Tls::Verified(_)
+        ));
+        let e = settings("postgres://u:pw@h/d?sslmode=sometimes")
+            .err()
+            .unwrap();
+        assert!(e.contains("sslmode=sometimes"), "{e}");
+        assert!(!e.contains("pw@"), "{e}");
+        let e = settings("postgres://u@h/d?sslmode=require&sslrootcert=/nonexistent/ca.pem")
+            .err()
+            .unwrap();
+        assert!(e.contains("sslrootcert /nonexistent/ca.pem"), "{e}");
+    }
+
+    #[test]
+    fn timeouts_and_durability_become_session_settings() {
+        let s = settings("postgres://u@h/d?options=-c%20search_path%3Dapp").unwrap();
+        assert_eq!(
+            s.config.get_connect_timeout(),
+            Some(&Duration::from_secs(5))
+        );
+        let options = s.config.get_options().unwrap();
+        assert!(options.starts_with("-c search_path=app "), "{options}");
+        assert!(options.contains("synchronous_commit=on"), "{options}");
+        assert!(options.contains("statement_timeout=5000"), "{options}");
+        assert_eq!(s.config.get_application_name(), Some("idemhook"));
+    }
+
+    #[test]
+    fn sqlstates_sort_into_kinds() {
+        assert_eq!(
+            kind_of(&SqlState::T_R_DEADLOCK_DETECTED),
+            StoreErrorKind::Busy
+        );
+        assert_eq!(kind_of(&SqlState::QUERY_CANCELED), StoreErrorKind::Busy);
+        assert_eq!(kind_of(&SqlState::ADMIN_SHUTDOWN), StoreErrorKind::Io);
+        assert_eq!(kind_of(&SqlState::CANNOT_CONNECT_NOW), StoreErrorKind::Io);
+        assert_eq!(kind_of(&SqlState::DISK_FULL), StoreErrorKind::Full);
+        assert_eq!(kind_of(&SqlState::UNIQUE_VIOLATION), StoreErrorKind::Other);
+    }
+
+    // Against a real server (the shared test cluster).
+
+    fn database(test: &str) -> Option<(Settings, String)> {
+        let Some(cluster) = crate::store::pg_cluster::cluster() else {
+            crate::store::pg_cluster::skipped(test);
+            return None;
+        };
+        let url = cluster.create_database(test);
+        Some((settings(&url).unwrap(), url))
+    }
+
+    #[test]
+    fn migrations_run_once_even_when_instances_start_together() {
+        let Some((s, _)) = database("migrations_once") else {
+            return;
+        };
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let mut c = s.connect()?;
+                    migrate(&mut c)
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        let mut c = s.connect().unwrap();
+        migrate(&mut c).unwrap();
+        let versions: Vec<i32> = c
+            .query(
+                "SELECT version FROM idemhook_migrations ORDER BY version",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(versions, MIGRATIONS.iter().map(|m| m.0).collect::<Vec<_>>());
+        let tables: i64 = c
+            .query_one(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' \
+                 AND table_name IN ('meta','source_rules','events','jobs','job_counts','attempts', \
+                 'checks','deliveries','incidents','incident_payloads','paused_actions','replays')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(tables, 12);
+
+        // A database migrated by a newer idemhook is refused.
+        c.execute(
+            "INSERT INTO idemhook_migrations VALUES (999, 'future', 0)",
+            &[],
+        )
+        .unwrap();
+        let e = migrate(&mut c).unwrap_err();
+        assert!(e.message.contains("refusing to downgrade"), "{e}");
+    }
+
+    #[test]
+    fn the_claim_insert_owns_exactly_once() {
+        let Some((s, _)) = database("claim_once") else {
+            return;
+        };
+        let mut c = s.connect().unwrap();
+        migrate(&mut c).unwrap();
+        let claim = "INSERT INTO events (source, event_id, state, received_at, payload_hash) \
+                     VALUES ($1, $2, 'accepted', $3, 'h') \
+                     ON CONFLICT (source, event_id) DO NOTHING RETURNING received_at";
+        let first = c.query(claim, &[&"a", &"e1", &1i64]).unwrap();
+        let second = c.query(claim, &[&"a", &"e1", &2i64]).unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(second.len(), 0);
+    }
+
+    #[test]
+    fn named_parameters_run_on_the_server_after_the_rewrite() {
+        let Some((s, _)) = database("named_params") else {
+            return;
+        };
+        let mut c = s.connect().unwrap();
+        let p = crate::store::named::to_positional(
+            "SELECT :a::int + 1, ':a', $$ :a $$, \"col\" FROM (SELECT :b::text AS \"col\") t -- :c",
+        )
+        .unwrap();
+        assert_eq!(p.names, ["a", "b"]);
+        let row = c
+            .query_one(&p.sql, &[&41i32, &"x"])
+            .unwrap_or_else(|e| panic!("{}: {e}", p.sql));
+        assert_eq!(row.get::<_, i32>(0), 42);
+        assert_eq!(row.get::<_, String>(1), ":a");
+        assert_eq!(row.get::<_, String>(2), " :a ");
+        assert_eq!(row.get::<_, String>(3), "x");
+    }
+
+    #[test]
+    fn a_server_that_is_not_there_is_a_transient_error() {
+        let s = settings("postgres://u@localhost/d?host=/nonexistent&port=1").unwrap();
+        let e = s.connect().err().unwrap();
+        assert_eq!(e.kind, StoreErrorKind::Io, "{e}");
+    }
+}

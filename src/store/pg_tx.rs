@@ -1,0 +1,674 @@
+//! PostgreSQL's side of the claim seam ([`Tx`]): the claim's statements in
+//! PostgreSQL's dialect, prepared once per connection, and SQL actions
+//! rewritten from `:name` to `$n` with each value bound as the type the
+//! server inferred for its parameter.
+//!
+//! A [`PgTx`] is a connection with a transaction its caller opened
+//! (`BEGIN`, READ COMMITTED) and will end. It counts the savepoints it
+//! opened, because more than 64 subtransactions in one transaction
+//! overflow PostgreSQL's per-backend cache and slow every session: the
+//! caller bounds a group by that count.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+
+use postgres::types::private::BytesMut;
+use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use postgres::{Client, Statement};
+
+use super::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use super::{StoreError, StoreErrorKind, named};
+
+/// Prepared statements of one connection, by their text as written (for an
+/// SQL action: with its `$n` names).
+#[derive(Default)]
+pub struct Statements {
+    cache: HashMap<String, (Statement, Vec<String>)>,
+}
+
+/// A connection inside an open transaction.
+pub struct PgTx<'a> {
+    client: &'a mut Client,
+    statements: &'a mut Statements,
+    /// Savepoints opened in this transaction so far.
+    pub savepoints: usize,
+}
+
+impl<'a> PgTx<'a> {
+    pub fn new(client: &'a mut Client, statements: &'a mut Statements) -> PgTx<'a> {
+        PgTx {
+            client,
+            statements,
+            savepoints: 0,
+        }
+    }
+
+    pub fn client(&mut self) -> &mut Client {
+        self.client
+    }
+
+    fn prepared(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some((s, _)) = self.statements.cache.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql)?;
+        self.statements
+            .cache
+            .insert(sql.to_string(), (s.clone(), Vec::new()));
+        Ok(s)
+    }
+}
+
+impl Tx for PgTx<'_> {
+    fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
+        let s = self.prepared(
+            "INSERT INTO events (source, event_id, type, state, received_at, completed_at,
+                 payload, content_type, headers, payload_hash, verified_with, signed_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             ON CONFLICT (source, event_id) DO NOTHING
+             RETURNING 1",
+        )?;
+        let verified_with = e
+            .verified_with
+            .map(|v| i32::try_from(v).unwrap_or(i32::MAX));
+        let rows = self.client.query(
+            &s,
+            &[
+                &e.source,
+                &e.event_id,
+                &e.event_type,
+                &e.state,
+                &e.received_at,
+                &e.completed_at,
+                &e.payload,
+                &e.content_type,
+                &e.headers,
+                &e.payload_hash,
+                &verified_with,
+                &e.signed_at,
+            ],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
+    fn event_state_and_hash(
+        &mut self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<(String, String), StoreError> {
+        let s = self.prepared(
+            "SELECT state, payload_hash FROM events WHERE source = $1 AND event_id = $2",
+        )?;
+        let row = self.client.query_one(&s, &[&source, &event_id])?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    fn insert_mismatch(
+        &mut self,
+        source: &str,
+        event_id: &str,
+        created_at: i64,
+        payload_hash: &str,
+        detail: &str,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        let s = self.prepared(
+            "WITH incident AS (
+                 INSERT INTO incidents (source, event_id, kind, created_at, payload_hash, detail)
+                 VALUES ($1, $2, 'payload_mismatch', $3, $4, $5)
+                 RETURNING id)
+             INSERT INTO incident_payloads (incident_id, payload) SELECT id, $6 FROM incident",
+        )?;
+        self.client.execute(
+            &s,
+            &[
+                &source,
+                &event_id,
+                &created_at,
+                &payload_hash,
+                &detail,
+                &payload,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn insert_delivery(
+        &mut self,
+        source: &str,
+        event_id: Option<&str>,
+        received_at: i64,
+        outcome: &str,
+        remote: &str,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let s = self.prepared(
+            "INSERT INTO deliveries (source, event_id, received_at, outcome, remote, detail)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )?;
+        self.client.execute(
+            &s,
+            &[&source, &event_id, &received_at, &outcome, &remote, &detail],
+        )?;
+        Ok(())
+    }
+
+    fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError> {
+        let s = self.prepared(
+            "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
+                               last_error, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+             RETURNING id",
+        )?;
+        let n_attempts = i32::try_from(j.n_attempts).unwrap_or(i32::MAX);
+        let row = self.client.query_one(
+            &s,
+            &[
+                &j.source,
+                &j.event_id,
+                &j.action,
+                &j.kind,
+                &j.status,
+                &n_attempts,
+                &j.next_attempt_at,
+                &j.last_error,
+                &j.created_at,
+            ],
+        )?;
+        Ok(row.get(0))
+    }
+
+    fn insert_sql_attempt(
+        &mut self,
+        job_id: i64,
+        started_at: i64,
+        finished_at: i64,
+        outcome: &str,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let s = self.prepared(
+            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
+             VALUES ($1, 1, $2, $3, $4, $5, $6)",
+        )?;
+        let kind = error.map(|_| "sql");
+        self.client.execute(
+            &s,
+            &[&job_id, &started_at, &finished_at, &outcome, &error, &kind],
+        )?;
+        Ok(())
+    }
+
+    fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError> {
+        let s = self.prepared("SELECT 1 FROM paused_actions WHERE source = $1 AND action = $2")?;
+        Ok(!self.client.query(&s, &[&source, &action])?.is_empty())
+    }
+
+    fn job_tallies(&mut self, source: &str, event_id: &str) -> Result<JobTallies, StoreError> {
+        let s = self.prepared(
+            "SELECT
+                 count(*) FILTER (WHERE status = 'failed'),
+                 count(*) FILTER (WHERE status IN ('pending', 'processing', 'paused')),
+                 count(*) FILTER (WHERE status = 'processing' OR n_attempts > 0)
+             FROM jobs WHERE source = $1 AND event_id = $2",
+        )?;
+        let row = self.client.query_one(&s, &[&source, &event_id])?;
+        Ok(JobTallies {
+            failed: row.get(0),
+            open: row.get(1),
+            started: row.get(2),
+        })
+    }
+
+    fn set_event_state(
+        &mut self,
+        source: &str,
+        event_id: &str,
+        state: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let s = self.prepared(
+            "UPDATE events SET state = $3::text,
+                    completed_at = CASE WHEN $3::text = 'completed'
+                                        THEN coalesce(completed_at, $4) ELSE NULL END
+             WHERE source = $1 AND event_id = $2 AND state <> $3::text",
+        )?;
+        self.client
+            .execute(&s, &[&source, &event_id, &state, &now])?;
+        Ok(())
+    }
+
+    fn in_savepoint<T, E: From<StoreError>>(
+        &mut self,
+        name: &'static str,
+        body: impl FnOnce(&mut Self) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.savepoints += 1;
+        self.client
+            .batch_execute(&format!("SAVEPOINT {name}"))
+            .map_err(StoreError::from)?;
+        match body(self) {
+            Ok(v) => {
+                self.client
+                    .batch_execute(&format!("RELEASE SAVEPOINT {name}"))
+                    .map_err(StoreError::from)?;
+                Ok(v)
+            }
+            Err(e) => {
+                // A broken connection has no savepoint left; the caller's
+                // COMMIT fails and nothing of the group is acknowledged.
+                let _ = self.client.batch_execute(&format!(
+                    "ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}"
+                ));
+                Err(e)
+            }
+        }
+    }
+
+    fn execute_action(
+        &mut self,
+        sql: &str,
+        mut value_of: impl FnMut(&str) -> Option<ParamValue>,
+    ) -> Result<(), ActionError> {
+        let (statement, names) = match self.statements.cache.get(sql) {
+            Some(found) => found.clone(),
+            None => {
+                let positional = named::to_positional(sql).map_err(ActionError::Statement)?;
+                let statement = self.client.prepare(&positional.sql).map_err(action_error)?;
+                let entry = (statement, positional.names);
+                self.statements.cache.insert(sql.to_string(), entry.clone());
+                entry
+            }
+        };
+        let mut values = Vec::with_capacity(names.len());
+        for name in &names {
+            let v = value_of(name)
+                .ok_or_else(|| ActionError::Statement(format!("unknown parameter :{name}")))?;
+            values.push(PgParam(v));
+        }
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        self.client
+            .execute(&statement, &refs)
+            .map_err(action_error)?;
+        Ok(())
+    }
+}
+
+/// An SQL action's failure: the statement's own (a constraint, a syntax
+/// error, a value that does not fit its parameter) is the action's; a
+/// connection or server failure is storage's.
+fn action_error(e: postgres::Error) -> ActionError {
+    let store = StoreError::from(e);
+    if store.kind == StoreErrorKind::Other {
+        ActionError::Statement(store.message)
+    } else {
+        ActionError::Store(store)
+    }
+}
+
+/// A parameter value bound as the type PostgreSQL inferred for it, the
+/// way SQLite's affinity would store it: integers into any integer, real
+/// or numeric column; other numbers into real, or into numeric with every
+/// digit; numbers, booleans and text into text; any value into json and jsonb (a string as a JSON
+/// string); text that reads as the target type into it. What does not fit
+/// is a statement error that names the type, so the action can cast.
+#[derive(Debug)]
+pub struct PgParam(pub ParamValue);
+
+type BoxError = Box<dyn StdError + Sync + Send>;
+
+impl ToSql for PgParam {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
+        use ParamValue as P;
+        let v = &self.0;
+        if *v == P::Null {
+            return Ok(IsNull::Yes);
+        }
+        match *ty {
+            Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                text_of(v).to_sql(&Type::TEXT, out)
+            }
+            Type::INT8 => int_of(v)?.to_sql(ty, out),
+            Type::INT4 => i32::try_from(int_of(v)?)?.to_sql(ty, out),
+            Type::INT2 => i16::try_from(int_of(v)?)?.to_sql(ty, out),
+            Type::FLOAT8 => real_of(v)?.to_sql(ty, out),
+            #[allow(clippy::cast_possible_truncation)]
+            Type::FLOAT4 => (real_of(v)? as f32).to_sql(ty, out),
+            Type::BOOL => match v {
+                P::Bool(b) => b.to_sql(ty, out),
+                P::Integer(0) => false.to_sql(ty, out),
+                P::Integer(1) => true.to_sql(ty, out),
+                P::Text(s) if s == "true" || s == "false" => (s == "true").to_sql(ty, out),
+                _ => Err(mismatch(v, ty)),
+            },
+            Type::NUMERIC => {
+                let text = match v {
+                    P::Integer(_) | P::Number(_) | P::Text(_) => text_of(v),
+                    _ => return Err(mismatch(v, ty)),
+                };
+                out.extend_from_slice(&numeric_binary(&text).ok_or_else(|| mismatch(v, ty))?);
+                Ok(IsNull::No)
+            }
+            Type::JSON | Type::JSONB => {
+                let json = match v {
+                    P::Json(s) | P::Number(s) => s.clone(),
+                    P::Text(s) => serde_json::Value::String(s.clone()).to_string(),
+                    _ => text_of(v),
+                };
+                if *ty == Type::JSONB {
+                    out.extend_from_slice(&[1]);
+                }
+                out.extend_from_slice(json.as_bytes());
+                Ok(IsNull::No)
+            }
+            Type::BYTEA => text_of(v).as_bytes().to_sql(ty, out),
+            _ => Err(mismatch(v, ty)),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+fn mismatch(v: &ParamValue, ty: &Type) -> BoxError {
+    format!(
+        "cannot bind {v:?} to a parameter of type {ty}: cast the parameter in the SQL (:name::text::{ty})"
+    )
+    .into()
+}
+
+fn text_of(v: &ParamValue) -> String {
+    match v {
+        ParamValue::Null => String::new(),
+        ParamValue::Bool(b) => b.to_string(),
+        ParamValue::Integer(i) => i.to_string(),
+        ParamValue::Number(s) | ParamValue::Text(s) | ParamValue::Json(s) => s.clone(),
+    }
+}
+
+fn int_of(v: &ParamValue) -> Result<i64, BoxError> {
+    match v {
+        ParamValue::Integer(i) => Ok(*i),
+        ParamValue::Bool(b) => Ok(i64::from(*b)),
+        ParamValue::Text(s) => s.trim().parse().map_err(|_| mismatch(v, &Type::INT8)),
+        _ => Err(mismatch(v, &Type::INT8)),
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn real_of(v: &ParamValue) -> Result<f64, BoxError> {
+    match v {
+        ParamValue::Integer(i) => Ok(*i as f64),
+        ParamValue::Number(s) | ParamValue::Text(s) => {
+            s.trim().parse().map_err(|_| mismatch(v, &Type::FLOAT8))
+        }
+        _ => Err(mismatch(v, &Type::FLOAT8)),
+    }
+}
+
+/// PostgreSQL's binary NUMERIC for a decimal number as JSON writes one
+/// (`-12.5`, `1e30`, `12345678901234567890.25`): base-10000 digits, a
+/// weight, a sign and the display scale. None when `text` is not such a
+/// number.
+fn numeric_binary(text: &str) -> Option<Vec<u8>> {
+    let t = text.trim();
+    let (negative, t) = match t.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, t.strip_prefix('+').unwrap_or(t)),
+    };
+    let (mantissa, exponent) = match t.find(['e', 'E']) {
+        Some(i) => (&t[..i], t[i + 1..].parse::<i32>().ok()?),
+        None => (t, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int_part.is_empty() && frac_part.is_empty() {
+        return None;
+    }
+    if !int_part
+        .bytes()
+        .chain(frac_part.bytes())
+        .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    // All the decimal digits, and where the point falls among them.
+    let digits: Vec<u8> = int_part
+        .bytes()
+        .chain(frac_part.bytes())
+        .map(|b| b - b'0')
+        .collect();
+    let point = i32::try_from(int_part.len()).ok()?.checked_add(exponent)?;
+    let scale = (i32::try_from(digits.len()).ok()? - point).max(0);
+    if !(-16_383..=16_383).contains(&point) || scale > 16_383 {
+        return None;
+    }
+    // Pad so the point sits on a base-10000 boundary on both sides.
+    let lead = (4 - point.rem_euclid(4)) % 4;
+    let mut padded: Vec<u8> = std::iter::repeat_n(0, lead as usize).collect();
+    padded.extend_from_slice(&digits);
+    let int_len = point + lead;
+    // Make sure the integer part is covered (point beyond the digits).
+    while (padded.len() as i32) < int_len {
+        padded.push(0);
+    }
+    while !padded.len().is_multiple_of(4) {
+        padded.push(0);
+    }
+    let mut groups: Vec<i16> = padded
+        .chunks(4)
+        .map(|c| c.iter().fold(0i16, |acc, &d| acc * 10 + i16::from(d)))
+        .collect();
+    let mut weight = int_len / 4 - 1;
+    // Strip leading and trailing zero groups.
+    while groups.first() == Some(&0) {
+        groups.remove(0);
+        weight -= 1;
+    }
+    while groups.last() == Some(&0) {
+        groups.pop();
+    }
+    if groups.is_empty() {
+        weight = 0;
+    }
+    let mut out = Vec::with_capacity(8 + groups.len() * 2);
+    out.extend_from_slice(&i16::try_from(groups.len()).ok()?.to_be_bytes());
+    out.extend_from_slice(&i16::try_from(weight).ok()?.to_be_bytes());
+    let sign: u16 = if negative && !groups.is_empty() {
+        0x4000
+    } else {
+        0
+    };
+    out.extend_from_slice(&sign.to_be_bytes());
+    out.extend_from_slice(&u16::try_from(scale).ok()?.to_be_bytes());
+    for g in groups {
+        out.extend_from_slice(&g.to_be_bytes());
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Config, Durability};
+    use crate::ingest::{Claim, Outcome, claim_in};
+    use crate::store::pg::{Settings, migrate};
+    use crate::store::pg_cluster;
+    use crate::store::{DatabaseUrl, now_ms};
+
+    const CONFIG: &str = r#"
+[sources.pay]
+kind = "stripe"
+secrets = ["whsec_unit"]
+[[sources.pay.actions]]
+name = "broken"
+sql = "INSERT INTO ledger (event_id, amount) VALUES ('same-for-all', 0)"
+[[sources.pay.actions]]
+name = "credit"
+sql = "INSERT INTO ledger (event_id, amount, at, meta, big, note) VALUES (:event_id, :amount, :received_at, :meta, :big, :note::text || '!')"
+params = { amount = "json:/amount", meta = "json:/meta", big = "json:/big", note = "json:/note" }
+[[sources.pay.actions]]
+name = "notify"
+forward = "http://127.0.0.1:9/"
+"#;
+
+    fn connect(test: &str) -> Option<Client> {
+        let Some(cluster) = pg_cluster::cluster() else {
+            pg_cluster::skipped(test);
+            return None;
+        };
+        let url = cluster.create_database(test);
+        let DatabaseUrl::Postgres(url) = DatabaseUrl::parse(&url, Path::new("/")).unwrap() else {
+            panic!("not a PostgreSQL URL")
+        };
+        let settings = Settings::from_url(&url, Durability::Full, Duration::from_secs(5)).unwrap();
+        let mut client = settings.connect().unwrap();
+        migrate(&mut client).unwrap();
+        Some(client)
+    }
+
+    fn claim_for(id: &str, hash: &str) -> Claim {
+        let json = serde_json::json!({
+            "id": id, "amount": 12.5, "meta": {"k": [1, 2]},
+            "big": 123456789012345678901234567890u128, "note": "hi"
+        });
+        Claim {
+            event_id: id.to_string(),
+            event_type: None,
+            body: json.to_string().into_bytes(),
+            json: Some(json),
+            content_type: None,
+            headers: Vec::new(),
+            kept_headers: "{}".to_string(),
+            payload_hash: hash.to_string(),
+            verified_with: Some(0),
+            signed_at: None,
+            received_at: now_ms(),
+            remote: "test".to_string(),
+        }
+    }
+
+    fn run(client: &mut Client, st: &mut Statements, c: &Claim) -> (Outcome, usize) {
+        let config = Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap();
+        client.batch_execute("BEGIN").unwrap();
+        let mut tx = PgTx::new(client, st);
+        let outcome = claim_in(&mut tx, &config.sources[0], c).unwrap();
+        let savepoints = tx.savepoints;
+        client.batch_execute("COMMIT").unwrap();
+        (outcome, savepoints)
+    }
+
+    /// The shared claim on PostgreSQL: one owner, the business row written
+    /// once with typed values, a failing action rolled back alone, a
+    /// duplicate and a mismatch told apart.
+    #[test]
+    fn the_claim_runs_on_postgres_with_typed_business_writes() {
+        let Some(mut client) = connect("claim_typed") else {
+            return;
+        };
+        client
+            .batch_execute(
+                "CREATE TABLE ledger (event_id text PRIMARY KEY, amount numeric NOT NULL,
+                                      at bigint, meta jsonb, big numeric, note text);
+                 INSERT INTO ledger (event_id, amount) VALUES ('same-for-all', 0);",
+            )
+            .unwrap();
+        let mut st = Statements::default();
+        let (first, savepoints) = run(&mut client, &mut st, &claim_for("e1", "h1"));
+        assert_eq!(
+            first,
+            Outcome::Accepted {
+                state: "failed".to_string(),
+                forward_jobs: 1,
+                sql_runs: vec![(0, false), (1, true)],
+            }
+        );
+        assert_eq!(savepoints, 2);
+        let (again, _) = run(&mut client, &mut st, &claim_for("e1", "h1"));
+        assert_eq!(
+            again,
+            Outcome::Duplicate {
+                state: "failed".to_string()
+            }
+        );
+        let (other, _) = run(&mut client, &mut st, &claim_for("e1", "h2"));
+        assert_eq!(
+            other,
+            Outcome::Mismatch {
+                state: "failed".to_string()
+            }
+        );
+
+        let row = client
+            .query_one(
+                "SELECT amount::text, at, meta::text, big::text, note FROM ledger WHERE event_id = 'e1'",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), "12.5");
+        assert!(row.get::<_, i64>(1) > 1_600_000_000);
+        assert_eq!(row.get::<_, String>(2), r#"{"k": [1, 2]}"#);
+        assert_eq!(row.get::<_, String>(3), "123456789012345678901234567890");
+        assert_eq!(row.get::<_, String>(4), "hi!");
+        let mut count = |sql: &str| -> i64 { client.query_one(sql, &[]).unwrap().get(0) };
+        assert_eq!(count("SELECT count(*) FROM ledger"), 2);
+        assert_eq!(count("SELECT count(*) FROM events"), 1);
+        assert_eq!(count("SELECT count(*) FROM deliveries"), 3);
+        assert_eq!(count("SELECT count(*) FROM incidents"), 1);
+        assert_eq!(count("SELECT count(*) FROM incident_payloads"), 1);
+        assert_eq!(
+            count("SELECT count(*) FROM jobs WHERE status = 'failed' AND action = 'broken'"),
+            1
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM jobs WHERE status = 'pending' AND kind = 'forward'"),
+            1
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM attempts WHERE error_kind = 'sql'"),
+            1
+        );
+    }
+
+    #[test]
+    fn numbers_bind_into_numeric_exactly() {
+        let Some(mut client) = connect("numeric_binary") else {
+            return;
+        };
+        for n in [
+            "0",
+            "1",
+            "-1",
+            "12.5",
+            "-0.001",
+            "10000",
+            "9999.9999",
+            "1e30",
+            "1.5E-7",
+            "123456789012345678901234567890.25",
+            "100",
+            "0.0001",
+            "-5e3",
+        ] {
+            let row = client
+                .query_one(
+                    "SELECT $1::numeric::text",
+                    &[&PgParam(ParamValue::Number(n.to_string()))],
+                )
+                .unwrap_or_else(|e| panic!("{n}: {e:?}"));
+            let back: String = row.get(0);
+            let want: String = client
+                .query_one(&format!("SELECT ('{n}'::numeric)::text"), &[])
+                .unwrap()
+                .get(0);
+            assert_eq!(back, want, "{n}");
+        }
+        assert!(numeric_binary("1.2.3").is_none());
+        assert!(numeric_binary("abc").is_none());
+    }
+}

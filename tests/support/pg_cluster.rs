@@ -1,0 +1,298 @@
+//! A throwaway PostgreSQL cluster for tests: one per test binary run,
+//! shared by its tests, each of which gets a database of its own.
+//!
+//! `IDEMHOOK_TEST_PG_URL` (a superuser's URL) is used when set. Otherwise
+//! `initdb` and `postgres` (from /usr/lib/postgresql/*/bin, or PATH) make
+//! a cluster in a temp dir, listening only on a unix socket in that dir.
+//! The server binaries refuse to run as root, so under root they run as
+//! the `postgres` user, in a dir owned by it. A watchdog process stops the
+//! server and removes the dir when the test process ends (libtest has no
+//! hook for the end of a run). Without PostgreSQL, `cluster()` is None and
+//! a loud SKIPPED line goes to the real stderr (not the captured one); an
+//! `IDEMHOOK_TEST_PG_URL` that cannot be reached fails the tests instead.
+//!
+//! Shared by the library's unit tests and the integration tests
+//! (included by `#[path]` in both).
+
+#![allow(dead_code)] // each user takes what it needs
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// A running server and how to reach it as a superuser.
+pub struct Cluster {
+    /// A URL without a database name: `{base}/dbname` reaches one.
+    base: String,
+    /// Query parameters after the database name (the socket dir).
+    query: String,
+    /// The data directory when this run made the cluster.
+    pub data_dir: Option<PathBuf>,
+    /// The postmaster's pid when this run started it.
+    pub pid: Option<u32>,
+}
+
+static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// The shared cluster, started on first use; None when PostgreSQL is not
+/// available (after saying so loudly, once).
+pub fn cluster() -> Option<&'static Cluster> {
+    CLUSTER
+        .get_or_init(|| match start() {
+            Ok(c) => Some(c),
+            // Asked for by name: a server that cannot be reached is a
+            // failure, not a skip.
+            Err(why) if std::env::var_os("IDEMHOOK_TEST_PG_URL").is_some() => {
+                panic!("IDEMHOOK_TEST_PG_URL is set but unusable: {why}")
+            }
+            Err(why) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n*** SKIPPED: PostgreSQL tests did not run: {why}. \
+                     Install PostgreSQL (apt-get install -y postgresql) or set \
+                     IDEMHOOK_TEST_PG_URL to a superuser's URL. ***\n"
+                );
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// Says loudly that the calling test did not run.
+pub fn skipped(test: &str) {
+    let _ = writeln!(std::io::stderr(), "*** SKIPPED (no PostgreSQL): {test} ***");
+}
+
+impl Cluster {
+    /// A superuser's URL for database `db`.
+    pub fn url(&self, db: &str) -> String {
+        format!("{}/{db}{}", self.base, self.query)
+    }
+
+    /// Creates a fresh, empty database for one test and returns its URL.
+    pub fn create_database(&self, hint: &str) -> String {
+        let n = NEXT_DB.fetch_add(1, Ordering::Relaxed);
+        let clean: String = hint
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .take(40)
+            .collect();
+        let name = format!("t{}_{n}_{clean}", std::process::id());
+        // One at a time: CREATE DATABASE copies template1 and refuses while
+        // another copy of it is under way.
+        static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = CREATING.lock().unwrap_or_else(|p| p.into_inner());
+        let mut client = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
+            .unwrap_or_else(|e| panic!("connect to the test cluster: {e:?}"));
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name}"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            client
+                .batch_execute(&sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        }
+        self.url(&name)
+    }
+}
+
+fn start() -> Result<Cluster, String> {
+    if let Ok(url) = std::env::var("IDEMHOOK_TEST_PG_URL")
+        && !url.is_empty()
+    {
+        return from_url(&url);
+    }
+    let bin = find_bin_dir().ok_or("no initdb in /usr/lib/postgresql/*/bin or on PATH")?;
+    let dir = std::env::temp_dir().join(format!(
+        "idemhook-pg-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let as_user = if is_root() {
+        let (uid, gid) = postgres_user().ok_or("running as root and there is no postgres user")?;
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+            .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+        Some((uid, gid))
+    } else {
+        None
+    };
+    let data = dir.join("data");
+    let run = |cmd: &mut Command| {
+        if let Some((uid, gid)) = as_user {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.current_dir(&dir);
+    };
+    let mut initdb = Command::new(bin.join("initdb"));
+    initdb
+        .args(["-D"])
+        .arg(&data)
+        .args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    run(&mut initdb);
+    let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let log = std::fs::File::create(dir.join("server.log"))
+        .map_err(|e| format!("create server.log: {e}"))?;
+    if let Some((uid, gid)) = as_user {
+        let _ = std::os::unix::fs::chown(dir.join("server.log"), Some(uid), Some(gid));
+    }
+    let log2 = log.try_clone().map_err(|e| e.to_string())?;
+    let mut server = Command::new(bin.join("postgres"));
+    server
+        .arg("-D")
+        .arg(&data)
+        .arg("-k")
+        .arg(&dir)
+        .args([
+            "-c",
+            "listen_addresses=",
+            "-c",
+            "port=5432",
+            "-c",
+            "max_connections=300",
+            "-c",
+            "shared_buffers=64MB",
+            "-c",
+            "fsync=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_locks_per_transaction=256",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    run(&mut server);
+    let child = server.spawn().map_err(|e| format!("start postgres: {e}"))?;
+    let pid = child.id();
+    // The watchdog: when this test process is gone, stop the server and
+    // remove its dir. Its own output goes nowhere, so cargo does not wait
+    // for it.
+    let script = format!(
+        "while [ -d /proc/{me} ]; do sleep 1; done; kill -INT {pid} 2>/dev/null; \
+         i=0; while [ -d /proc/{pid} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; \
+         kill -KILL {pid} 2>/dev/null; rm -rf '{dir}'",
+        me = std::process::id(),
+        dir = dir.display()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("start the watchdog: {e}"))?;
+    drop(child);
+
+    let socket_dir = dir.display().to_string();
+    let cluster = Cluster {
+        base: "postgresql://postgres@localhost".to_string(),
+        query: format!("?host={socket_dir}&port=5432"),
+        data_dir: Some(data),
+        pid: Some(pid),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls) {
+            Ok(_) => return Ok(cluster),
+            Err(e) if Instant::now() > deadline => {
+                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                return Err(format!(
+                    "postgres did not accept connections in 60 s: {e}\n{log}"
+                ));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// An existing server: `url` names a database the tests may create others
+/// beside; they connect to the same server with the same user.
+fn from_url(url: &str) -> Result<Cluster, String> {
+    let (head, query) = match url.split_once('?') {
+        Some((h, q)) => (h, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let after_scheme = head.find("://").map_or(0, |i| i + 3);
+    let base = match head[after_scheme..].find('/') {
+        Some(slash) => head[..after_scheme + slash].to_string(),
+        None => head.to_string(),
+    };
+    let cluster = Cluster {
+        base,
+        query,
+        data_dir: None,
+        pid: None,
+    };
+    postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls)
+        .map_err(|e| format!("IDEMHOOK_TEST_PG_URL: cannot connect: {e}"))?;
+    Ok(cluster)
+}
+
+fn find_bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return Some(bin);
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .find(|p| p.join("initdb").exists() && p.join("postgres").exists())
+    })
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// The uid and gid of the `postgres` user, from /etc/passwd.
+fn postgres_user() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string(Path::new("/etc/passwd")).ok()?;
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.first() == Some(&"postgres") && f.len() > 3)
+            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+            .flatten()
+    })
+}
