@@ -10,6 +10,7 @@ pub mod pg;
 #[cfg(test)]
 #[path = "../../tests/support/pg_cluster.rs"]
 pub(crate) mod pg_cluster;
+pub mod pg_group;
 pub mod pg_tx;
 pub mod sqlite;
 pub mod tx;

@@ -1,0 +1,370 @@
+//! Group commit on PostgreSQL: many claims of one instance in one READ
+//! COMMITTED transaction, run in the order of their keys so that two
+//! instances inserting overlapping keys wait on each other in one order
+//! and cannot deadlock on the barrier. A deadlock or serialization failure
+//! elsewhere (an SQL action's own tables) rolls the transaction back and
+//! runs the whole group again: nothing of it was committed, so no caller
+//! has been answered, and the retry decides every claim afresh. A group
+//! is cut into several transactions when its SQL actions would open more
+//! savepoints than PostgreSQL's per-backend subtransaction cache holds.
+
+use std::time::Duration;
+
+use postgres::Client;
+
+use super::pg_tx::{PgTx, Statements};
+use super::{StoreError, StoreErrorKind};
+
+/// Savepoints one transaction may open: below the 64 subtransactions
+/// PostgreSQL caches per backend (past them every snapshot gets slower, in
+/// every session).
+pub const MAX_SAVEPOINTS: usize = 56;
+
+/// How many times a group is run again after a deadlock or a
+/// serialization failure before its callers get the error (503).
+pub const MAX_RETRIES: usize = 8;
+
+/// One operation of a group: its key (the order it runs in), the
+/// savepoints it may open, and the work, which may run more than once.
+pub struct Op<'f, R> {
+    pub key: (String, String),
+    pub savepoints: usize,
+    pub run: Box<dyn FnMut(&mut PgTx<'_>) -> Result<R, StoreError> + 'f>,
+}
+
+/// Runs `ops` in key order, in as few transactions as the savepoint bound
+/// allows, retrying a transaction that hit a deadlock or a serialization
+/// failure. The results come back in the order of `ops`; an operation's
+/// result is only returned once its transaction has committed. When a
+/// transaction fails for good, each of its operations gets the error.
+pub fn run_group<R>(
+    client: &mut Client,
+    statements: &mut Statements,
+    ops: &mut [Op<'_, R>],
+) -> Vec<Result<R, StoreError>> {
+    let mut order: Vec<usize> = (0..ops.len()).collect();
+    order.sort_by(|&a, &b| ops[a].key.cmp(&ops[b].key));
+    let mut results: Vec<Option<Result<R, StoreError>>> = (0..ops.len()).map(|_| None).collect();
+
+    // Cut the sorted run into transactions under the savepoint bound.
+    let mut start = 0;
+    while start < order.len() {
+        let mut end = start;
+        let mut savepoints = 0;
+        while end < order.len() {
+            let s = ops[order[end]].savepoints;
+            if end > start && savepoints + s > MAX_SAVEPOINTS {
+                break;
+            }
+            savepoints += s;
+            end += 1;
+        }
+        let chunk = &order[start..end];
+        match run_transaction(client, statements, ops, chunk) {
+            Ok(values) => {
+                for (&i, v) in chunk.iter().zip(values) {
+                    results[i] = Some(Ok(v));
+                }
+            }
+            Err(e) => {
+                for &i in chunk {
+                    results[i] = Some(Err(e.clone()));
+                }
+            }
+        }
+        start = end;
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(StoreError::other("operation did not run"))))
+        .collect()
+}
+
+fn run_transaction<R>(
+    client: &mut Client,
+    statements: &mut Statements,
+    ops: &mut [Op<'_, R>],
+    chunk: &[usize],
+) -> Result<Vec<R>, StoreError> {
+    let mut attempt = 0;
+    loop {
+        match try_transaction(client, statements, ops, chunk) {
+            Ok(values) => return Ok(values),
+            Err((e, retryable)) => {
+                // Whatever failed, the transaction is over for the server
+                // only after a ROLLBACK (a no-op when it already ended).
+                let _ = client.batch_execute("ROLLBACK");
+                if !retryable || attempt >= MAX_RETRIES {
+                    return Err(e);
+                }
+                attempt += 1;
+                // A short, growing, jittered pause so that the two sides
+                // of a deadlock do not meet again at once.
+                let ms = fastrand::u64(1..=(2u64 << attempt.min(6)));
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+        }
+    }
+}
+
+/// One try: BEGIN, every operation in order, COMMIT. The error says
+/// whether running the whole transaction again may succeed.
+fn try_transaction<R>(
+    client: &mut Client,
+    statements: &mut Statements,
+    ops: &mut [Op<'_, R>],
+    chunk: &[usize],
+) -> Result<Vec<R>, (StoreError, bool)> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .map_err(|e| (StoreError::from(e), false))?;
+    let mut values = Vec::with_capacity(chunk.len());
+    {
+        let mut tx = PgTx::new(client, statements);
+        for &i in chunk {
+            match (ops[i].run)(&mut tx) {
+                Ok(v) => values.push(v),
+                Err(e) => {
+                    let retryable = is_retryable(&e);
+                    return Err((e, retryable));
+                }
+            }
+        }
+    }
+    match client.batch_execute("COMMIT") {
+        Ok(()) => Ok(values),
+        Err(e) => {
+            let retryable = super::pg::is_retryable(&e);
+            Err((StoreError::from(e), retryable))
+        }
+    }
+}
+
+/// A deadlock or serialization failure, as `StoreError` carries it (the
+/// kind is Busy and the message names the SQLSTATE).
+fn is_retryable(e: &StoreError) -> bool {
+    e.kind == StoreErrorKind::Busy
+        && (e.message.contains("(40P01)") || e.message.contains("(40001)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Config, Durability};
+    use crate::ingest::{Claim, Outcome, claim_in};
+    use crate::store::pg::{Settings, migrate};
+    use crate::store::{DatabaseUrl, now_ms, pg_cluster};
+
+    const CONFIG: &str = r#"
+[sources.pay]
+kind = "stripe"
+secrets = ["whsec_unit"]
+[[sources.pay.actions]]
+name = "credit"
+sql = "INSERT INTO ledger (event_id, instance) VALUES (:event_id, :instance)"
+params = { instance = "header:x-instance" }
+"#;
+
+    fn settings(test: &str) -> Option<Settings> {
+        let Some(cluster) = pg_cluster::cluster() else {
+            pg_cluster::skipped(test);
+            return None;
+        };
+        let url = cluster.create_database(test);
+        let DatabaseUrl::Postgres(url) = DatabaseUrl::parse(&url, Path::new("/")).unwrap() else {
+            panic!("not a PostgreSQL URL")
+        };
+        Some(Settings::from_url(&url, Durability::Full, Duration::from_secs(10)).unwrap())
+    }
+
+    fn claim_for(id: &str, instance: usize) -> Claim {
+        Claim {
+            event_id: id.to_string(),
+            event_type: None,
+            body: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+            json: None,
+            content_type: None,
+            headers: vec![("x-instance".to_string(), instance.to_string())],
+            kept_headers: "{}".to_string(),
+            payload_hash: format!("hash-{id}"),
+            verified_with: Some(0),
+            signed_at: None,
+            received_at: now_ms(),
+            remote: "test".to_string(),
+        }
+    }
+
+    /// Three instances on one database get 300 events, each delivered 6
+    /// times, in different orders and groups at once: every claim answers,
+    /// exactly one per event wins, and the business table has exactly one
+    /// row per event.
+    #[test]
+    fn three_instances_claim_each_event_exactly_once() {
+        let Some(settings) = settings("three_instances") else {
+            return;
+        };
+        let mut admin = settings.connect().unwrap();
+        migrate(&mut admin).unwrap();
+        admin
+            .batch_execute("CREATE TABLE ledger (event_id text PRIMARY KEY, instance text)")
+            .unwrap();
+        let config = Arc::new(Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap());
+
+        let instances: Vec<_> = (0..3)
+            .map(|instance| {
+                let settings = settings.clone();
+                let config = Arc::clone(&config);
+                std::thread::spawn(move || {
+                    let mut client = settings.connect().unwrap();
+                    let mut statements = Statements::default();
+                    // Each instance sees every event twice, in its own order.
+                    let mut ids: Vec<usize> = (0..300).chain(0..300).collect();
+                    fastrand::Rng::with_seed(instance as u64).shuffle(&mut ids);
+                    let mut outcomes = Vec::new();
+                    for group in ids.chunks(37) {
+                        let claims: Vec<Claim> = group
+                            .iter()
+                            .map(|i| claim_for(&format!("evt_{i:03}"), instance))
+                            .collect();
+                        let source = &config.sources[0];
+                        let mut ops: Vec<Op<'_, Outcome>> = claims
+                            .iter()
+                            .map(|c| Op {
+                                key: (source.name.clone(), c.event_id.clone()),
+                                savepoints: 1,
+                                run: Box::new(move |tx: &mut PgTx<'_>| claim_in(tx, source, c)),
+                            })
+                            .collect();
+                        for r in run_group(&mut client, &mut statements, &mut ops) {
+                            outcomes.push(r.expect("every claim is answered without an error"));
+                        }
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        let mut accepted = 0;
+        let mut answered = 0;
+        for t in instances {
+            for o in t.join().unwrap() {
+                answered += 1;
+                if matches!(o, Outcome::Accepted { .. }) {
+                    accepted += 1;
+                }
+            }
+        }
+        let count = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
+        assert_eq!(answered, 1800);
+        assert_eq!(accepted, 300);
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM events"), 300);
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM ledger"), 300);
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM deliveries"), 1800);
+        assert_eq!(
+            count(
+                &mut admin,
+                "SELECT count(*) FROM jobs WHERE status = 'done'"
+            ),
+            300
+        );
+    }
+
+    /// Two transactions that lock the same business rows in opposite
+    /// orders deadlock; the loser's group is run again and both succeed.
+    #[test]
+    fn a_deadlocked_group_is_run_again() {
+        let Some(settings) = settings("deadlock_retry") else {
+            return;
+        };
+        let mut admin = settings.connect().unwrap();
+        admin
+            .batch_execute(
+                "CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL);
+                 INSERT INTO counters VALUES (1, 0), (2, 0);",
+            )
+            .unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let sides: Vec<_> = [(1, 2), (2, 1)]
+            .into_iter()
+            .map(|(first, second)| {
+                let settings = settings.clone();
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    let mut client = settings.connect().unwrap();
+                    let mut statements = Statements::default();
+                    let mut tries = 0;
+                    let mut ops = vec![Op {
+                        key: ("k".to_string(), first.to_string()),
+                        savepoints: 0,
+                        run: Box::new(|tx: &mut PgTx<'_>| {
+                            tries += 1;
+                            let c = tx.client();
+                            c.execute("UPDATE counters SET n = n + 1 WHERE id = $1", &[&first])?;
+                            if tries == 1 {
+                                barrier.wait();
+                            }
+                            c.execute("UPDATE counters SET n = n + 1 WHERE id = $1", &[&second])?;
+                            Ok(())
+                        }),
+                    }];
+                    let results = run_group(&mut client, &mut statements, &mut ops);
+                    drop(ops);
+                    (results.into_iter().all(|r| r.is_ok()), tries)
+                })
+            })
+            .collect();
+        let outcomes: Vec<(bool, i32)> = sides.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(outcomes.iter().all(|(ok, _)| *ok), "{outcomes:?}");
+        assert!(
+            outcomes.iter().any(|(_, tries)| *tries > 1),
+            "one side was run again: {outcomes:?}"
+        );
+        let total: i64 = admin
+            .query_one("SELECT sum(n)::bigint FROM counters", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(total, 4, "each side's two updates committed once");
+    }
+
+    /// A group whose SQL actions need more savepoints than the bound is
+    /// cut into several transactions, each under it.
+    #[test]
+    fn groups_are_cut_under_the_savepoint_bound() {
+        let Some(settings) = settings("savepoint_bound") else {
+            return;
+        };
+        let mut client = settings.connect().unwrap();
+        let mut statements = Statements::default();
+        let mut seen: Vec<(i64, usize)> = Vec::new();
+        {
+            let mut ops: Vec<Op<'_, (i64, usize)>> = (0..100)
+                .map(|i| Op {
+                    key: ("k".to_string(), format!("{i:03}")),
+                    savepoints: 2,
+                    run: Box::new(move |tx: &mut PgTx<'_>| {
+                        let xid: i64 = tx.client().query_one("SELECT txid_current()", &[])?.get(0);
+                        Ok((xid, i))
+                    }),
+                })
+                .collect();
+            for r in run_group(&mut client, &mut statements, &mut ops) {
+                seen.push(r.unwrap());
+            }
+        }
+        let mut per_tx: std::collections::BTreeMap<i64, usize> = Default::default();
+        for (xid, _) in &seen {
+            *per_tx.entry(*xid).or_default() += 1;
+        }
+        assert_eq!(seen.len(), 100);
+        assert!(per_tx.len() >= 4, "{per_tx:?}");
+        assert!(
+            per_tx.values().all(|n| n * 2 <= MAX_SAVEPOINTS),
+            "{per_tx:?}"
+        );
+        // Results come back in the order of the operations.
+        assert!(seen.iter().enumerate().all(|(i, (_, j))| i == *j));
+    }
+}
