@@ -24,12 +24,15 @@ pub const MAX_SAVEPOINTS: usize = 56;
 /// serialization failure before its callers get the error (503).
 pub const MAX_RETRIES: usize = 8;
 
+/// The work of an operation; it may run more than once (a retried group).
+pub type Work<'f, R> = Box<dyn FnMut(&mut PgTx<'_>) -> Result<R, StoreError> + 'f>;
+
 /// One operation of a group: its key (the order it runs in), the
-/// savepoints it may open, and the work, which may run more than once.
+/// savepoints it may open, and the work.
 pub struct Op<'f, R> {
     pub key: (String, String),
     pub savepoints: usize,
-    pub run: Box<dyn FnMut(&mut PgTx<'_>) -> Result<R, StoreError> + 'f>,
+    pub run: Work<'f, R>,
 }
 
 /// Runs `ops` in key order, in as few transactions as the savepoint bound
