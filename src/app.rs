@@ -12,14 +12,14 @@ use rusqlite::OpenFlags;
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
 use crate::metrics::{AttemptOutcome, Delivery, JobGauges, Metrics, StorageGauges};
+use crate::store::pg_serve::PgStore;
 use crate::store::{Guard, StoreError, Writer};
 
 pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
 
 pub struct App {
     pub config: Arc<Config>,
-    pub writer: Writer,
-    pub readers: ReadPool,
+    pub storage: Storage,
     pub metrics: Arc<Metrics>,
     /// Wakes the forward workers when new jobs were committed.
     pub wake_outbox: Box<dyn Fn() + Send + Sync>,
@@ -30,7 +30,26 @@ pub struct App {
     pub overview_cache: crate::ops::inspector::OverviewCache,
 }
 
+/// Where the service stores events, chosen once at start by `database`.
+pub enum Storage {
+    /// One SQLite file: the one writer and a read pool.
+    Sqlite { writer: Writer, readers: ReadPool },
+    /// One PostgreSQL database shared by any number of instances.
+    Postgres(Arc<PgStore>),
+}
+
 impl App {
+    /// The SQLite writer and readers; an error for the admin operations
+    /// that do not run on PostgreSQL in this build yet.
+    pub fn sqlite(&self) -> Result<(&Writer, &ReadPool), StoreError> {
+        match &self.storage {
+            Storage::Sqlite { writer, readers } => Ok((writer, readers)),
+            Storage::Postgres(_) => Err(StoreError::other(
+                "this operation does not run on PostgreSQL in this build yet",
+            )),
+        }
+    }
+
     pub fn source(&self, name: &str) -> Option<(usize, &Source)> {
         self.config
             .sources
@@ -42,9 +61,22 @@ impl App {
     /// Claims an event through the writer; returns once it is committed.
     pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Outcome, StoreError> {
         let claim = Arc::new(claim);
-        let outcome = self
-            .writer
-            .call_with(Guard::Group, self.claim_op(source_index, claim.clone()));
+        let outcome = match &self.storage {
+            Storage::Sqlite { writer, .. } => {
+                writer.call_with(Guard::Group, self.claim_op(source_index, claim.clone()))
+            }
+            Storage::Postgres(pg) => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                pg.claim_then(
+                    source_index,
+                    claim.clone(),
+                    Box::new(move |outcome| {
+                        let _ = tx.send(outcome);
+                    }),
+                );
+                rx.recv().unwrap_or_else(|_| Err(StoreError::closed()))
+            }
+        };
         drop(claim);
         self.claimed(source_index, &outcome);
         outcome
@@ -60,13 +92,25 @@ impl App {
         then: impl FnOnce(Result<Outcome, StoreError>) + Send + 'static,
     ) {
         let claim = Arc::new(claim);
-        let op = self.claim_op(source_index, claim.clone());
         let app = self.clone();
-        self.writer.call_then(Guard::Group, op, move |outcome| {
-            drop(claim);
-            app.claimed(source_index, &outcome);
-            then(outcome);
-        });
+        match &self.storage {
+            Storage::Sqlite { writer, .. } => {
+                let op = self.claim_op(source_index, claim.clone());
+                writer.call_then(Guard::Group, op, move |outcome| {
+                    drop(claim);
+                    app.claimed(source_index, &outcome);
+                    then(outcome);
+                });
+            }
+            Storage::Postgres(pg) => pg.claim_then(
+                source_index,
+                claim,
+                Box::new(move |outcome| {
+                    app.claimed(source_index, &outcome);
+                    then(outcome);
+                }),
+            ),
+        }
     }
 
     /// The claim as the writer runs it. No savepoint of its own: a claim
@@ -126,8 +170,15 @@ impl App {
         detail: &str,
         at: i64,
     ) {
+        let writer = match &self.storage {
+            Storage::Sqlite { writer, .. } => writer,
+            Storage::Postgres(pg) => {
+                pg.record_refusal(source, outcome, remote, detail, at);
+                return;
+            }
+        };
         let (source, remote, detail) = (source.to_string(), remote.to_string(), detail.to_string());
-        let queued = self.writer.submit(move |conn| {
+        let queued = writer.submit(move |conn| {
             ingest::record_delivery(conn, &source, None, at, outcome, &remote, Some(&detail))
         });
         if !queued {
@@ -142,32 +193,71 @@ impl App {
     /// nearly full, a small probe can pass while the groups that carry
     /// events fail.
     pub fn ready(&self) -> Result<(), StoreError> {
-        if let Some(e) = self.writer.recent_failure(Duration::from_secs(2)) {
+        let writer = match &self.storage {
+            Storage::Sqlite { writer, .. } => writer,
+            Storage::Postgres(pg) => return pg.ready(),
+        };
+        if let Some(e) = writer.recent_failure(Duration::from_secs(2)) {
             return Err(e);
         }
-        self.writer.probe()
+        writer.probe()
     }
 
     pub fn render_metrics(&self) -> String {
-        let jobs = self.load_job_gauges().ok();
+        let (writer, readers) = match &self.storage {
+            Storage::Sqlite { writer, readers } => (writer, readers),
+            Storage::Postgres(pg) => return self.render_metrics_postgres(pg),
+        };
+        let jobs = load_job_gauges(readers).ok();
         let db = &self.config.database;
         let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let mut wal = db.as_os_str().to_owned();
         wal.push("-wal");
-        let (commits, grouped) = self.writer.group_stats();
+        let (commits, grouped) = writer.group_stats();
         let storage = StorageGauges {
             database_bytes: size(db),
             wal_bytes: size(std::path::Path::new(&wal)),
             writer_commits: commits,
             writer_grouped: grouped,
-            writer_queue: self.writer.queued(),
+            writer_queue: writer.queued(),
         };
         self.metrics.render(jobs.as_ref(), &storage)
     }
 
-    fn load_job_gauges(&self) -> Result<JobGauges, StoreError> {
-        let conn = self
-            .readers
+    /// The same metrics on PostgreSQL: no file sizes (the server owns its
+    /// storage); the commit groups are the claimers'.
+    fn render_metrics_postgres(&self, pg: &PgStore) -> String {
+        let jobs = pg.job_counts().ok().map(|(counts, oldest)| {
+            let mut g = JobGauges::default();
+            for (status, n) in counts {
+                match status.as_str() {
+                    "pending" => g.pending = n,
+                    "processing" => g.processing = n,
+                    "done" => g.done = n,
+                    "failed" => g.failed = n,
+                    "paused" => g.paused = n,
+                    _ => {}
+                }
+            }
+            g.oldest_pending_age_secs = oldest
+                .map(|at| ((crate::store::now_ms() - at).max(0) as f64) / 1000.0)
+                .unwrap_or(0.0);
+            g
+        });
+        let storage = StorageGauges {
+            database_bytes: 0,
+            wal_bytes: 0,
+            writer_commits: pg.commits.load(Ordering::Relaxed),
+            writer_grouped: pg.grouped.load(Ordering::Relaxed),
+            writer_queue: pg.queued(),
+        };
+        self.metrics.render(jobs.as_ref(), &storage)
+    }
+}
+
+fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
+    {
+        let conn = readers
             .get()
             .map_err(|e| StoreError::other(e.to_string()))?;
         let mut g = JobGauges::default();

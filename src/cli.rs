@@ -300,6 +300,19 @@ pub fn load_config(flag: Option<&Path>) -> Result<Config> {
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
+    // Only serve and check run on PostgreSQL in this build; every other
+    // command reads or writes the SQLite file and says so instead.
+    if !matches!(
+        cli.command,
+        Command::Serve { .. } | Command::Check | Command::Send { .. }
+    ) && let Ok(config) =
+        ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()
+        && let Some(url) = &config.postgres
+    {
+        anyhow::bail!(
+            "database is {url}: this command does not run on PostgreSQL in this build yet (serve and check do)"
+        );
+    }
     match cli.command {
         Command::Serve { listen, database } => {
             let mut config =

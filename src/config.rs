@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::key::{Part, Rule};
-use crate::store::DatabaseUrl;
+use crate::store::{DatabaseUrl, PostgresUrl};
 use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Secret, Verifier};
 
 /// A configuration problem, with the file it came from when there was one.
@@ -213,7 +213,10 @@ pub struct Config {
     /// The file it came from; None for the development default.
     pub file: Option<PathBuf>,
     pub listen: String,
+    /// The SQLite file; empty when `postgres` is set.
     pub database: PathBuf,
+    /// The PostgreSQL database, when `database` is a postgres:// URL.
+    pub postgres: Option<PostgresUrl>,
     pub durability: Durability,
     pub admin_token: Option<Secret>,
     /// The environment variable `admin_token` names when it is not set:
@@ -542,7 +545,7 @@ impl Config {
         let prune_interval =
             opt_duration(&raw.prune_interval, "prune_interval", "1h").map_err(err)?;
         let busy_timeout = opt_duration(&raw.busy_timeout, "busy_timeout", "5s").map_err(err)?;
-        let database = resolve_database(raw.database.as_deref(), base).map_err(err)?;
+        let (database, postgres) = resolve_database(raw.database.as_deref(), base).map_err(err)?;
 
         let tls = match (&raw.tls_cert, &raw.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {
@@ -613,6 +616,7 @@ impl Config {
             file,
             listen: raw.listen.unwrap_or_else(|| "127.0.0.1:8080".to_string()),
             database,
+            postgres,
             durability,
             admin_token,
             admin_token_unset,
@@ -1122,7 +1126,10 @@ fn opt_duration(value: &Option<String>, key: &str, default: &str) -> Result<Dura
 /// The `database` value: a path, `sqlite:PATH`, or a PostgreSQL URL,
 /// directly or through `env:NAME` (an unset variable is reported with the
 /// others before this runs). The backend is decided here, once.
-fn resolve_database(spec: Option<&str>, base: &Path) -> Result<PathBuf, String> {
+fn resolve_database(
+    spec: Option<&str>,
+    base: &Path,
+) -> Result<(PathBuf, Option<PostgresUrl>), String> {
     let spec = spec.unwrap_or("idemhook.db");
     let value = match spec.strip_prefix("env:") {
         Some(name) => std::env::var(name)
@@ -1130,10 +1137,8 @@ fn resolve_database(spec: Option<&str>, base: &Path) -> Result<PathBuf, String> 
         None => spec.to_string(),
     };
     match DatabaseUrl::parse(&value, base).map_err(|e| format!("database: {e}"))? {
-        DatabaseUrl::Sqlite(path) => Ok(path),
-        DatabaseUrl::Postgres(url) => Err(format!(
-            "database: {url}: this build of idemhook cannot use PostgreSQL yet; use a SQLite file path"
-        )),
+        DatabaseUrl::Sqlite(path) => Ok((path, None)),
+        DatabaseUrl::Postgres(url) => Ok((PathBuf::new(), Some(url))),
     }
 }
 
@@ -1627,16 +1632,18 @@ lease = "5s"
         assert!(e.contains("database: unknown scheme \"mysql\""), "{e}");
         assert!(!e.contains("hunter2"), "{e}");
 
-        let e = parse(&format!(
+        let c = parse(&format!(
             "database = \"postgres://idemhook:hunter2@db/app?sslmode=require\"\n{src}"
         ))
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("database: postgres://idemhook:[REDACTED]@db/app"),
-            "{e}"
+        .unwrap();
+        let url = c.postgres.as_ref().unwrap();
+        assert_eq!(
+            url.expose(),
+            "postgres://idemhook:hunter2@db/app?sslmode=require"
         );
-        assert!(e.contains("cannot use PostgreSQL yet"), "{e}");
-        assert!(!e.contains("hunter2"), "{e}");
+        assert!(
+            !format!("{c:?}").contains("hunter2"),
+            "the config's Debug shows no password"
+        );
     }
 }

@@ -30,6 +30,9 @@ pub fn run(mut config: Config) -> Result<()> {
     if let Some(token) = &run_token {
         config.admin_token = Some(crate::verify::Secret::new(token.clone()));
     }
+    if let Some(url) = config.postgres.clone() {
+        return run_postgres(config, &url);
+    }
     let new_database = !config.database.exists();
     let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", config.database.display()))?;
@@ -69,8 +72,10 @@ pub fn run(mut config: Config) -> Result<()> {
     let waker = outbox.waker();
     let app = Arc::new(App {
         config: config.clone(),
-        writer: writer.clone(),
-        readers: app::read_pool(&config)?,
+        storage: app::Storage::Sqlite {
+            writer: writer.clone(),
+            readers: app::read_pool(&config)?,
+        },
         metrics: metrics.clone(),
         wake_outbox: Box::new(move || waker.wake()),
         admin_limiter: Default::default(),
@@ -186,6 +191,62 @@ pub fn run(mut config: Config) -> Result<()> {
     Ok(())
 }
 
+/// `serve` on PostgreSQL: migrate (under the advisory lock), `setup_sql`,
+/// the SQL actions checked, the claimers, the HTTP server; then the same
+/// stop. Claims only in this build: forward actions, the key-rule record,
+/// the pruner and the admin operations do not run here yet.
+fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
+    use crate::store::pg_serve::{PgStore, prepare};
+    let settings = prepare(&config, url).map_err(|e| anyhow!(e))?;
+    let config = Arc::new(config);
+    let store =
+        Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
+    let metrics = Arc::new(Metrics::new(&config));
+    let app = Arc::new(App {
+        config: config.clone(),
+        storage: app::Storage::Postgres(store.clone()),
+        metrics,
+        wake_outbox: Box::new(|| {}),
+        admin_limiter: Default::default(),
+        ui_sessions: Default::default(),
+    });
+    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
+    for warning in &config.warnings {
+        crate::log::warn("config", &[("warning", warning)]);
+    }
+    let mode = match config.durability {
+        crate::config::Durability::Full => "full",
+        crate::config::Durability::Normal => "normal",
+    };
+    crate::log::info(
+        "started",
+        &[
+            ("listen", &http.addr),
+            ("database", url),
+            ("durability", &mode),
+            ("sources", &config.sources.len()),
+        ],
+    );
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    {
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "idemhook listening on {scheme}://{}", http.addr);
+        let _ = stdout.flush();
+    }
+    wait_for_signal()?;
+    crate::log::info("stopping", &[("reason", &"signal")]);
+    http.stop();
+    drop(app);
+    store.stop();
+    crate::log::info("stopped", &[]);
+    Ok(())
+}
+
 /// The longest `timeout` of any forward action: how long the stop may wait
 /// for an attempt in flight. None when nothing forwards.
 fn longest_forward_timeout(config: &Config) -> Option<std::time::Duration> {
@@ -287,6 +348,9 @@ fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
 /// if that fails, against the configured database as it is (read-only;
 /// its tables may come from elsewhere). Changes nothing on disk.
 pub fn check_sql_actions(config: &Config) -> Result<(), String> {
+    if let Some(url) = &config.postgres {
+        return crate::store::pg_serve::check(config, url);
+    }
     if let Some(dir) = store::missing_folder(&config.database) {
         return Err(format!(
             "database {}: the folder {} does not exist (serve never creates folders: create it, or correct `database`)",
@@ -332,6 +396,9 @@ struct DatabaseReport {
 }
 
 fn database_report(config: &Config) -> DatabaseReport {
+    if config.postgres.is_some() {
+        return DatabaseReport::default();
+    }
     if !config.database.exists() {
         return DatabaseReport {
             summary: "does not exist yet: serve will create it, empty (no event known, so none is a duplicate)".to_string(),
@@ -393,12 +460,15 @@ pub fn describe(config: &Config) -> String {
     );
     let _ = writeln!(out, "config {origin}: ok");
     let _ = writeln!(out, "listen      {}", config.listen);
-    let _ = writeln!(
-        out,
-        "database    {} ({})",
-        config.database.display(),
-        database.summary
-    );
+    let _ = match &config.postgres {
+        Some(url) => writeln!(out, "database    {url} (PostgreSQL)"),
+        None => writeln!(
+            out,
+            "database    {} ({})",
+            config.database.display(),
+            database.summary
+        ),
+    };
     let _ = writeln!(
         out,
         "durability  {}",

@@ -301,8 +301,8 @@ fn store_error(e: &StoreError) -> Reply {
 
 /// Runs `f` on a pooled read-only connection.
 fn read<T>(app: &App, f: impl FnOnce(&Connection) -> Result<T, OpError>) -> Result<T, OpError> {
-    let conn = app
-        .readers
+    let (_, readers) = app.sqlite().map_err(OpError::Store)?;
+    let conn = readers
         .get()
         .map_err(|e| OpError::Store(StoreError::other(format!("no read connection: {e}"))))?;
     f(&conn)
@@ -315,7 +315,8 @@ fn write<T: Send + 'static>(
     app: &App,
     f: impl FnOnce(&Connection) -> Result<T, OpError> + Send + 'static,
 ) -> Result<T, OpError> {
-    let result = app.writer.call(
+    let (writer, _) = app.sqlite().map_err(OpError::Store)?;
+    let result = writer.call(
         move |conn| match crate::store::in_savepoint(conn, "admin", f) {
             Ok(v) => Ok(Ok(v)),
             Err(OpError::Store(e)) => Err(e),
@@ -560,9 +561,11 @@ fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
     let mut all = Vec::with_capacity(plan.steps.len());
     for chunk in plan.steps.chunks(replay::APPLY_CHUNK) {
         let (config, steps) = (app.config.clone(), chunk.to_vec());
-        let done = app
-            .writer
-            .call(move |conn| replay::apply(conn, &config, &steps, replay::Origin::Api, now_ms()));
+        let done = match app.sqlite() {
+            Ok((writer, _)) => writer,
+            Err(e) => return store_error(&e),
+        }
+        .call(move |conn| replay::apply(conn, &config, &steps, replay::Origin::Api, now_ms()));
         match done {
             Ok(done) => all.extend(done),
             Err(e) => return store_error(&e),

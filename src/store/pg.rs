@@ -204,6 +204,14 @@ fn tls_connector(rootcert: Option<&str>) -> Result<MakeRustlsConnect, String> {
 /// database of a newer version than this build is refused.
 pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
     let mut tx = client.transaction()?;
+    migrate_in(&mut tx)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// [`migrate`] inside a transaction the caller ends: `check` rolls it
+/// back after preparing the SQL actions against the result.
+pub fn migrate_in(tx: &mut postgres::Transaction<'_>) -> Result<(), StoreError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS idemhook_migrations (
@@ -233,7 +241,6 @@ pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
             &[version, name, &super::now_ms()],
         )?;
     }
-    tx.commit()?;
     Ok(())
 }
 

@@ -80,16 +80,16 @@ fn other_schemes_are_refused_and_passwords_never_show() {
         "expected: exit 2 naming database and the scheme, no password\n{}",
         show(&out)
     );
+    // A PostgreSQL URL is accepted; `check` connects (refused here) and
+    // the error shows the URL with its password redacted.
     for url in [
-        "postgres://idemhook:hunter2@db.internal:5432/app?sslmode=require",
-        "postgresql://idemhook@db.internal/app?password=hunter2",
+        "postgres://idemhook:hunter2@127.0.0.1:1/app",
+        "postgresql://idemhook@127.0.0.1:1/app?password=hunter2",
     ] {
         let out = check_with(dir.path(), url, &[]);
         assert!(
             out.status.code() == Some(2)
-                && out.stderr.contains("database: ")
                 && out.stderr.contains("[REDACTED]")
-                && out.stderr.contains("cannot use PostgreSQL yet")
                 && !out.stderr.contains("hunter2")
                 && !out.stdout.contains("hunter2"),
             "expected: exit 2, the URL shown with [REDACTED], no password\n{}",

@@ -15,6 +15,9 @@ mod inspector;
 mod metrics;
 mod ops;
 mod outbox;
+mod pg;
+#[path = "../support/pg_cluster.rs"]
+mod pg_cluster;
 mod receiver;
 mod send;
 mod sign;

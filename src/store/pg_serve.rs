@@ -1,0 +1,461 @@
+//! `serve` on PostgreSQL: the claimers (a few threads, each with its own
+//! connection, taking every claim waiting in the queue into one group
+//! commit, `pg_group::run_group`), a small pool of connections for the
+//! readiness probe and the gauges, and start-up (migrations, `setup_sql`,
+//! the SQL actions prepared once to check them).
+//!
+//! A caller is answered only after its group committed, or with the
+//! error (503) when it could not; a claim that waited in the queue longer
+//! than `busy_timeout` (the server unreachable meanwhile) is answered 503
+//! without being tried. A connection that failed is dropped and made
+//! again for the next group, so a restarted server is used again without
+//! restarting idemhook.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+
+use super::pg::{Settings, Tls, migrate};
+use super::pg_group::{Op, run_group};
+use super::pg_tx::{PgTx, Statements};
+use super::tx::Tx;
+use super::{PostgresUrl, StoreError, StoreErrorKind};
+use crate::config::{ActionKind, Config};
+use crate::ingest::{Claim, Outcome, claim_in};
+use crate::metrics::Delivery;
+
+/// Claimer threads per instance: one group commits while the next forms.
+const CLAIMERS: usize = 2;
+/// Claims in one group at most.
+const MAX_GROUP: usize = 256;
+
+type Then = Box<dyn FnOnce(Result<Outcome, StoreError>) + Send>;
+
+/// Jobs per status, and when the oldest pending job was created.
+pub type JobCounts = (Vec<(String, i64)>, Option<i64>);
+
+enum Job {
+    Claim {
+        source_index: usize,
+        claim: Arc<Claim>,
+        then: Then,
+        queued_at: Instant,
+    },
+    Refusal {
+        source: String,
+        outcome: Delivery,
+        remote: String,
+        detail: String,
+        at: i64,
+    },
+}
+
+struct Queue {
+    jobs: Mutex<VecDeque<Job>>,
+    ready: Condvar,
+    stop: AtomicBool,
+}
+
+/// The PostgreSQL storage of a running `serve`.
+pub struct PgStore {
+    settings: Settings,
+    queue: Arc<Queue>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    pool: Pool,
+    pub commits: Arc<AtomicU64>,
+    pub grouped: Arc<AtomicU64>,
+}
+
+/// Pooled connections, with or without TLS (two driver types).
+enum Pool {
+    Plain(r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>),
+    Tls(
+        r2d2::Pool<
+            r2d2_postgres::PostgresConnectionManager<tokio_postgres_rustls::MakeRustlsConnect>,
+        >,
+    ),
+}
+
+impl Pool {
+    fn new(settings: &Settings, timeout: Duration) -> Result<Pool, StoreError> {
+        fn build<M: r2d2::ManageConnection>(manager: M, timeout: Duration) -> r2d2::Pool<M> {
+            r2d2::Pool::builder()
+                .max_size(4)
+                .min_idle(Some(0))
+                .connection_timeout(timeout.max(Duration::from_millis(500)))
+                .build_unchecked(manager)
+        }
+        let config = settings.config.clone();
+        let pool = match &settings.tls {
+            Tls::Plain => Pool::Plain(build(
+                r2d2_postgres::PostgresConnectionManager::new(config, postgres::NoTls),
+                timeout,
+            )),
+            Tls::Verified(tls) => Pool::Tls(build(
+                r2d2_postgres::PostgresConnectionManager::new(config, tls.clone()),
+                timeout,
+            )),
+        };
+        Ok(pool)
+    }
+
+    /// Runs `f` on a pooled connection.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let unavailable = |e: r2d2::Error| StoreError {
+            kind: StoreErrorKind::Io,
+            message: format!("postgres: no connection: {e}"),
+        };
+        match self {
+            Pool::Plain(p) => f(&mut *p.get().map_err(unavailable)?),
+            Pool::Tls(p) => f(&mut *p.get().map_err(unavailable)?),
+        }
+    }
+}
+
+/// Prepares the database for `serve`: migrations (under their advisory
+/// lock), `setup_sql`, and every SQL action prepared once after the
+/// rewrite of its parameters, so a typo fails the start, not a delivery.
+pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<Settings, String> {
+    let settings = Settings::from_url(url, config.durability, config.busy_timeout)?;
+    let mut client = settings
+        .connect()
+        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    migrate(&mut client).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
+    if let Some(sql) = &config.setup_sql {
+        client
+            .batch_execute(sql)
+            .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
+    }
+    check_actions(&mut client, config)?;
+    Ok(settings)
+}
+
+/// `check` on PostgreSQL: the migrations, `setup_sql` and every SQL
+/// action, in one transaction that is rolled back, so the database is
+/// left as it was.
+pub fn check(config: &Config, url: &PostgresUrl) -> Result<(), String> {
+    let settings = Settings::from_url(url, config.durability, config.busy_timeout)?;
+    let mut client = settings
+        .connect()
+        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    let mut tx = client
+        .transaction()
+        .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
+    super::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
+    if let Some(sql) = &config.setup_sql {
+        tx.batch_execute(sql)
+            .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
+    }
+    check_actions(&mut tx, config)
+    // Dropped without commit: rolled back.
+}
+
+/// Every SQL action rewritten to `$n` and prepared; forward actions are
+/// refused (they do not run on PostgreSQL in this build yet).
+fn check_actions(client: &mut impl postgres::GenericClient, config: &Config) -> Result<(), String> {
+    for source in &config.sources {
+        for action in &source.actions {
+            let where_ = format!("sources.{}.actions ({})", source.name, action.name);
+            match &action.kind {
+                ActionKind::Sql { sql, params } => {
+                    let p = super::named::to_positional(sql)
+                        .map_err(|e| format!("{where_}.sql: {e}"))?;
+                    for name in &p.names {
+                        let known = params.iter().any(|(n, _)| n == name)
+                            || crate::config::BUILTIN_PARAMS.contains(&name.as_str());
+                        if !known {
+                            return Err(format!(
+                                "{where_}.sql: parameter :{name} is neither in params nor built in"
+                            ));
+                        }
+                    }
+                    client
+                        .prepare(&p.sql)
+                        .map_err(|e| format!("{where_}.sql: {}", StoreError::from(e)))?;
+                }
+                ActionKind::Forward(_) => {
+                    return Err(format!(
+                        "{where_}: forward actions do not run on PostgreSQL in this build yet"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl PgStore {
+    pub fn start(config: Arc<Config>, settings: Settings) -> Result<PgStore, StoreError> {
+        let queue = Arc::new(Queue {
+            jobs: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let commits = Arc::new(AtomicU64::new(0));
+        let grouped = Arc::new(AtomicU64::new(0));
+        let mut threads = Vec::new();
+        for i in 0..CLAIMERS {
+            let (queue, settings, config) = (queue.clone(), settings.clone(), config.clone());
+            let (commits, grouped) = (commits.clone(), grouped.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("pg-claimer-{i}"))
+                    .spawn(move || claimer(&queue, &settings, &config, &commits, &grouped))
+                    .map_err(|e| StoreError::other(format!("cannot start a claimer: {e}")))?,
+            );
+        }
+        let pool = Pool::new(&settings, config.busy_timeout)?;
+        Ok(PgStore {
+            settings,
+            queue,
+            threads: Mutex::new(threads),
+            pool,
+            commits,
+            grouped,
+        })
+    }
+
+    /// Queues a claim; `then` gets its outcome after the commit.
+    pub fn claim_then(&self, source_index: usize, claim: Arc<Claim>, then: Then) {
+        self.push(Job::Claim {
+            source_index,
+            claim,
+            then,
+            queued_at: Instant::now(),
+        });
+    }
+
+    /// Queues the record of a refused delivery; nobody waits for it.
+    pub fn record_refusal(
+        &self,
+        source: &str,
+        outcome: Delivery,
+        remote: &str,
+        detail: &str,
+        at: i64,
+    ) {
+        self.push(Job::Refusal {
+            source: source.to_string(),
+            outcome,
+            remote: remote.to_string(),
+            detail: detail.to_string(),
+            at,
+        });
+    }
+
+    fn push(&self, job: Job) {
+        let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.push_back(job);
+        drop(jobs);
+        self.queue.ready.notify_one();
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Ready when the database takes a write now: a probe row written and
+    /// committed on a pooled connection.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        self.pool.with(|c| {
+            c.execute(
+                "INSERT INTO meta (key, value) VALUES ('ready_probe', $1)
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                &[&super::now_ms().to_string()],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Jobs per status and the oldest pending job's creation, for the
+    /// gauges (counted: PostgreSQL keeps no counter rows, see the
+    /// migration's note on job_counts).
+    pub fn job_counts(&self) -> Result<JobCounts, StoreError> {
+        self.pool.with(|c| {
+            let rows = c.query("SELECT status, count(*) FROM jobs GROUP BY status", &[])?;
+            let counts = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+            let oldest: Option<i64> = c
+                .query_one(
+                    "SELECT min(created_at) FROM jobs WHERE status = 'pending'",
+                    &[],
+                )?
+                .get(0);
+            Ok((counts, oldest))
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Stops the claimers once the queue is empty.
+    pub fn stop(&self) {
+        self.queue.stop.store(true, Ordering::SeqCst);
+        self.queue.ready.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn claimer(
+    queue: &Queue,
+    settings: &Settings,
+    config: &Config,
+    commits: &AtomicU64,
+    grouped: &AtomicU64,
+) {
+    let mut client: Option<Client> = None;
+    let mut statements = Statements::default();
+    loop {
+        let batch: Vec<Job> = {
+            let mut jobs = queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            while jobs.is_empty() {
+                if queue.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                jobs = queue
+                    .ready
+                    .wait_timeout(jobs, Duration::from_millis(200))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+            let n = jobs.len().min(MAX_GROUP);
+            jobs.drain(..n).collect()
+        };
+        // Claims that waited past busy_timeout are answered 503 untried.
+        let mut live = Vec::with_capacity(batch.len());
+        for job in batch {
+            match job {
+                Job::Claim {
+                    then, queued_at, ..
+                } if queued_at.elapsed() > config.busy_timeout => then(Err(StoreError {
+                    kind: StoreErrorKind::Busy,
+                    message: "postgres: the claim waited longer than busy_timeout".to_string(),
+                })),
+                other => live.push(other),
+            }
+        }
+        if live.is_empty() {
+            continue;
+        }
+        if client.is_none() {
+            match settings.connect() {
+                Ok(c) => {
+                    client = Some(c);
+                    statements = Statements::default();
+                }
+                Err(e) => {
+                    fail_all(live, &e);
+                    // Not a busy loop while the server is down.
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            }
+        }
+        let Some(c) = client.as_mut() else { continue };
+        let results = run_batch(c, &mut statements, config, &live);
+        commits.fetch_add(1, Ordering::Relaxed);
+        grouped.fetch_add(live.len() as u64, Ordering::Relaxed);
+        let mut broken = false;
+        for (job, result) in live.into_iter().zip(results) {
+            if let Err(e) = &result
+                && e.kind != StoreErrorKind::Other
+            {
+                broken = true;
+            }
+            if let Job::Claim { then, .. } = job {
+                then(result);
+            }
+        }
+        if broken || client.as_ref().is_some_and(Client::is_closed) {
+            client = None;
+        }
+    }
+}
+
+fn fail_all(jobs: Vec<Job>, e: &StoreError) {
+    for job in jobs {
+        if let Job::Claim { then, .. } = job {
+            then(Err(e.clone()));
+        }
+    }
+}
+
+/// One group: the claims and refusal records of `jobs`, in key order.
+fn run_batch(
+    client: &mut Client,
+    statements: &mut Statements,
+    config: &Config,
+    jobs: &[Job],
+) -> Vec<Result<Outcome, StoreError>> {
+    let mut ops: Vec<Op<'_, Outcome>> = jobs
+        .iter()
+        .map(|job| match job {
+            Job::Claim {
+                source_index,
+                claim,
+                ..
+            } => {
+                let source = config.sources.get(*source_index);
+                let savepoints = source.map_or(0, |s| {
+                    s.actions
+                        .iter()
+                        .filter(|a| {
+                            matches!(a.kind, ActionKind::Sql { .. })
+                                && a.takes(claim.event_type.as_deref())
+                        })
+                        .count()
+                });
+                Op {
+                    key: (
+                        source.map_or(String::new(), |s| s.name.clone()),
+                        claim.event_id.clone(),
+                    ),
+                    savepoints,
+                    run: Box::new(move |tx: &mut PgTx<'_>| {
+                        let source =
+                            source.ok_or_else(|| StoreError::other("source index out of range"))?;
+                        claim_in(tx, source, claim)
+                    }),
+                }
+            }
+            Job::Refusal {
+                source,
+                outcome,
+                remote,
+                detail,
+                at,
+            } => Op {
+                key: (source.clone(), String::new()),
+                savepoints: 0,
+                run: Box::new(move |tx: &mut PgTx<'_>| {
+                    tx.insert_delivery(source, None, *at, outcome.name(), remote, Some(detail))?;
+                    // Not a claim: nobody reads this outcome.
+                    Ok(Outcome::Duplicate {
+                        state: String::new(),
+                    })
+                }),
+            },
+        })
+        .collect();
+    run_group(client, statements, &mut ops)
+}
