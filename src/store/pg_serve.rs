@@ -38,12 +38,43 @@ type Then = Box<dyn FnOnce(Result<Outcome, StoreError>) + Send>;
 /// Jobs per status, and when the oldest pending job was created.
 pub type JobCounts = (Vec<(String, i64)>, Option<i64>);
 
+/// A caller waiting for its claim: answered once, by the claimer after
+/// the commit, or by the reaper with a 503 once `busy_timeout` has passed
+/// (a hung server). A 503 for a claim that then commits is safe: the
+/// provider delivers again and gets "duplicate".
+struct Pending {
+    then: Mutex<Option<Then>>,
+    deadline: Instant,
+}
+
+impl Pending {
+    fn answer(&self, result: Result<Outcome, StoreError>) {
+        let then = self.then.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(then) = then {
+            then(result);
+        }
+    }
+
+    fn answered(&self) -> bool {
+        self.then
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+}
+
+fn timed_out() -> StoreError {
+    StoreError {
+        kind: StoreErrorKind::Busy,
+        message: "postgres: no commit within busy_timeout".to_string(),
+    }
+}
+
 enum Job {
     Claim {
         source_index: usize,
         claim: Arc<Claim>,
-        then: Then,
-        queued_at: Instant,
+        pending: Arc<Pending>,
     },
     Refusal {
         source: String,
@@ -58,6 +89,8 @@ struct Queue {
     jobs: Mutex<VecDeque<Job>>,
     ready: Condvar,
     stop: AtomicBool,
+    /// Claims not answered yet, for the reaper.
+    waiting: Mutex<Vec<Arc<Pending>>>,
 }
 
 /// The PostgreSQL storage of a running `serve`.
@@ -65,7 +98,8 @@ pub struct PgStore {
     settings: Settings,
     queue: Arc<Queue>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    pool: Pool,
+    pool: Arc<Pool>,
+    busy_timeout: Duration,
     pub commits: Arc<AtomicU64>,
     pub grouped: Arc<AtomicU64>,
 }
@@ -197,6 +231,7 @@ impl PgStore {
             jobs: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
+            waiting: Mutex::new(Vec::new()),
         });
         let commits = Arc::new(AtomicU64::new(0));
         let grouped = Arc::new(AtomicU64::new(0));
@@ -211,12 +246,22 @@ impl PgStore {
                     .map_err(|e| StoreError::other(format!("cannot start a claimer: {e}")))?,
             );
         }
-        let pool = Pool::new(&settings, config.busy_timeout)?;
+        {
+            let queue = queue.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("pg-reaper".to_string())
+                    .spawn(move || reaper(&queue))
+                    .map_err(|e| StoreError::other(format!("cannot start the reaper: {e}")))?,
+            );
+        }
+        let pool = Arc::new(Pool::new(&settings, config.busy_timeout)?);
         Ok(PgStore {
             settings,
             queue,
             threads: Mutex::new(threads),
             pool,
+            busy_timeout: config.busy_timeout,
             commits,
             grouped,
         })
@@ -224,11 +269,19 @@ impl PgStore {
 
     /// Queues a claim; `then` gets its outcome after the commit.
     pub fn claim_then(&self, source_index: usize, claim: Arc<Claim>, then: Then) {
+        let pending = Arc::new(Pending {
+            then: Mutex::new(Some(then)),
+            deadline: Instant::now() + self.busy_timeout,
+        });
+        self.queue
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(pending.clone());
         self.push(Job::Claim {
             source_index,
             claim,
-            then,
-            queued_at: Instant::now(),
+            pending,
         });
     }
 
@@ -268,14 +321,28 @@ impl PgStore {
     /// Ready when the database takes a write now: a probe row written and
     /// committed on a pooled connection.
     pub fn ready(&self) -> Result<(), StoreError> {
-        self.pool.with(|c| {
-            c.execute(
-                "INSERT INTO meta (key, value) VALUES ('ready_probe', $1)
-                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                &[&super::now_ms().to_string()],
-            )?;
-            Ok(())
-        })
+        // On a thread of its own: a hung server answers nothing, and the
+        // probe must still say 503 within busy_timeout.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let pool = self.pool.clone();
+        let probe = std::thread::Builder::new()
+            .name("pg-ready".to_string())
+            .spawn(move || {
+                let result = pool.with(|c| {
+                    c.execute(
+                        "INSERT INTO meta (key, value) VALUES ('ready_probe', $1)
+                         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                        &[&super::now_ms().to_string()],
+                    )?;
+                    Ok(())
+                });
+                let _ = tx.send(result);
+            });
+        if probe.is_err() {
+            return Err(StoreError::other("cannot start the readiness probe"));
+        }
+        rx.recv_timeout(self.busy_timeout)
+            .unwrap_or_else(|_| Err(timed_out()))
     }
 
     /// Jobs per status and the oldest pending job's creation, for the
@@ -341,19 +408,15 @@ fn claimer(
             let n = jobs.len().min(MAX_GROUP);
             jobs.drain(..n).collect()
         };
-        // Claims that waited past busy_timeout are answered 503 untried.
-        let mut live = Vec::with_capacity(batch.len());
-        for job in batch {
-            match job {
-                Job::Claim {
-                    then, queued_at, ..
-                } if queued_at.elapsed() > config.busy_timeout => then(Err(StoreError {
-                    kind: StoreErrorKind::Busy,
-                    message: "postgres: the claim waited longer than busy_timeout".to_string(),
-                })),
-                other => live.push(other),
-            }
-        }
+        // Claims already answered 503 (they waited past busy_timeout) are
+        // not tried: their callers were told nothing was stored.
+        let live: Vec<Job> = batch
+            .into_iter()
+            .filter(|job| match job {
+                Job::Claim { pending, .. } => !pending.answered(),
+                Job::Refusal { .. } => true,
+            })
+            .collect();
         if live.is_empty() {
             continue;
         }
@@ -382,8 +445,8 @@ fn claimer(
             {
                 broken = true;
             }
-            if let Job::Claim { then, .. } = job {
-                then(result);
+            if let Job::Claim { pending, .. } = job {
+                pending.answer(result);
             }
         }
         if broken || client.as_ref().is_some_and(Client::is_closed) {
@@ -394,8 +457,29 @@ fn claimer(
 
 fn fail_all(jobs: Vec<Job>, e: &StoreError) {
     for job in jobs {
-        if let Job::Claim { then, .. } = job {
-            then(Err(e.clone()));
+        if let Job::Claim { pending, .. } = job {
+            pending.answer(Err(e.clone()));
+        }
+    }
+}
+
+/// Answers 503 to every claim still waiting past its deadline, every
+/// 50 ms, and forgets the answered ones.
+fn reaper(queue: &Queue) {
+    while !queue.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = Instant::now();
+        let expired: Vec<Arc<Pending>> = {
+            let mut waiting = queue.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            waiting.retain(|p| !p.answered());
+            waiting
+                .iter()
+                .filter(|p| p.deadline <= now)
+                .cloned()
+                .collect()
+        };
+        for p in expired {
+            p.answer(Err(timed_out()));
         }
     }
 }

@@ -192,3 +192,139 @@ fn check_on_postgres_leaves_the_database_as_it_was() {
         out.stderr
     );
 }
+
+/// PostgreSQL stopped, started again, then hung (every server process
+/// frozen) under a steady stream of deliveries: no 2xx for anything not
+/// stored, 503 with Retry-After within busy_timeout meanwhile, /readyz
+/// 503, and service back each time without restarting idemhook.
+#[test]
+fn postgres_stopped_restarted_and_hung_under_load() {
+    let Some(local) = pg_cluster::private() else {
+        pg_cluster::skipped("postgres_stopped_restarted_and_hung_under_load");
+        return;
+    };
+    let url = local.cluster().create_database("it_faults");
+    let server = Arc::new(Server::start(
+        &config(&url).set("busy_timeout", &toml_str("2s")),
+        &[],
+    ));
+
+    type Seen = Vec<(usize, u16, bool, Duration)>;
+    let seen: Arc<std::sync::Mutex<Seen>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (server, seen, stop) = (server.clone(), seen.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let client = Client::new(Duration::from_secs(15));
+            let deadline = Instant::now() + Duration::from_secs(150);
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                let body = event(i);
+                let started = Instant::now();
+                let r = client.post(
+                    &server.url("/hooks/stripe"),
+                    &sign::stripe_now(SECRET, &body),
+                    &body,
+                );
+                let retry_after = r.header("retry-after").is_some();
+                seen.lock()
+                    .unwrap()
+                    .push((i, r.status, retry_after, started.elapsed()));
+                i += 1;
+                if r.status != 200 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        })
+    };
+    let count_since = |from: usize, status: u16| {
+        seen.lock().unwrap()[from..]
+            .iter()
+            .filter(|s| s.1 == status)
+            .count()
+    };
+    let mark = || seen.lock().unwrap().len();
+    let wait = |what: &str, cond: &dyn Fn() -> bool| {
+        crate::harness::wait_until(Duration::from_secs(60), what, || cond());
+    };
+
+    wait("20 events stored", &|| count_since(0, 200) >= 20);
+
+    local.stop();
+    let stopped = mark();
+    wait("503s while PostgreSQL is stopped", &|| {
+        count_since(stopped, 503) >= 3
+    });
+    assert_eq!(server.get("/readyz").status, 503, "not ready while stopped");
+
+    local.spawn().expect("restart PostgreSQL");
+    local.wait_ready().expect("PostgreSQL is back");
+    let restarted = mark();
+    wait("service back after the restart", &|| {
+        count_since(restarted, 200) >= 20
+    });
+    assert_eq!(server.get("/readyz").status, 200, "ready again");
+
+    local.freeze();
+    let frozen = mark();
+    wait("503s while PostgreSQL hangs", &|| {
+        count_since(frozen, 503) >= 2
+    });
+    let started = Instant::now();
+    assert_eq!(server.get("/readyz").status, 503, "not ready while hung");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "/readyz answered within busy_timeout: {:?}",
+        started.elapsed()
+    );
+    local.thaw();
+    let thawed = mark();
+    wait("service back after the hang", &|| {
+        count_since(thawed, 200) >= 10
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    load.join().expect("the load finished");
+
+    let seen = seen.lock().unwrap().clone();
+    for (i, status, retry_after, took) in &seen {
+        assert!(
+            *status == 200 || *status == 503,
+            "event {i}: only 200 or 503, got {status}"
+        );
+        if *status == 503 {
+            assert!(*retry_after, "event {i}: a 503 carries Retry-After");
+            assert!(
+                *took < Duration::from_secs(5),
+                "event {i}: the 503 came within busy_timeout (2 s) plus slack: {took:?}"
+            );
+        }
+    }
+    // Every 2xx is stored; then every event is delivered again: all 200,
+    // and each is stored, with its effect, exactly once.
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    for (i, status, _, _) in &seen {
+        if *status == 200 {
+            let n: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM events WHERE event_id = $1",
+                    &[&format!("evt_{i:04}")],
+                )
+                .unwrap()
+                .get(0);
+            assert_eq!(n, 1, "event {i} was answered 200 and is stored");
+        }
+    }
+    let client = Client::new(Duration::from_secs(15));
+    for (i, _, _, _) in &seen {
+        let body = event(*i);
+        let r = client.post(
+            &server.url("/hooks/stripe"),
+            &sign::stripe_now(SECRET, &body),
+            &body,
+        );
+        assert_eq!(r.status, 200, "event {i} delivered again");
+    }
+    let sent = seen.len() as i64;
+    assert_eq!(count(&mut db, "SELECT count(*) FROM events"), sent);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM ledger"), sent);
+}

@@ -114,128 +114,277 @@ fn start() -> Result<Cluster, String> {
     {
         return from_url(&url);
     }
-    let bin = find_bin_dir().ok_or("no initdb in /usr/lib/postgresql/*/bin or on PATH")?;
-    let dir = std::env::temp_dir().join(format!(
-        "idemhook-pg-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos())
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let as_user = if is_root() {
-        let (uid, gid) = postgres_user().ok_or("running as root and there is no postgres user")?;
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
-            .map_err(|e| format!("chown {}: {e}", dir.display()))?;
-        Some((uid, gid))
-    } else {
-        None
-    };
-    let data = dir.join("data");
-    let run = |cmd: &mut Command| {
-        if let Some((uid, gid)) = as_user {
+    let local = Local::create()?;
+    local.spawn()?;
+    local.wait_ready()?;
+    let cluster = local.cluster();
+    // The shared cluster lives as long as the process; the watchdog stops
+    // it afterwards (Drop would stop it now).
+    std::mem::forget(local);
+    Ok(cluster)
+}
+
+/// A cluster this process made, which a test may stop, start, freeze and
+/// thaw (`private()`), or the shared one.
+pub struct Local {
+    bin: PathBuf,
+    dir: PathBuf,
+    as_user: Option<(u32, u32)>,
+}
+
+/// A cluster of its own for a test that stops or freezes the server (the
+/// shared one must stay up for the others). None without PostgreSQL.
+pub fn private() -> Option<Local> {
+    if std::env::var_os("IDEMHOOK_TEST_PG_URL").is_some() {
+        return None; // only a local server can be stopped by the test
+    }
+    let local = Local::create().ok()?;
+    local.spawn().ok()?;
+    local.wait_ready().ok()?;
+    Some(local)
+}
+
+impl Local {
+    fn create() -> Result<Local, String> {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let bin = find_bin_dir().ok_or("no initdb in /usr/lib/postgresql/*/bin or on PATH")?;
+        let dir = std::env::temp_dir().join(format!(
+            "idemhook-pg-{}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let as_user = if is_root() {
+            let (uid, gid) =
+                postgres_user().ok_or("running as root and there is no postgres user")?;
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+                .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+            Some((uid, gid))
+        } else {
+            None
+        };
+        let local = Local { bin, dir, as_user };
+        let mut initdb = local.command("initdb");
+        initdb
+            .arg("-D")
+            .arg(local.data())
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        // The watchdog: when this test process is gone, stop the server
+        // (whichever postmaster runs then) and remove the dir. Its own
+        // output goes nowhere, so cargo does not wait for it.
+        let pidfile = local.data().join("postmaster.pid");
+        let script = format!(
+            "while [ -d /proc/{me} ]; do sleep 1; done; \
+             pid=$(head -1 '{pidfile}' 2>/dev/null); \
+             if [ -n \"$pid\" ]; then kill -CONT $pid 2>/dev/null; kill -INT $pid 2>/dev/null; \
+             i=0; while [ -d /proc/$pid ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; \
+             kill -KILL $pid 2>/dev/null; fi; rm -rf '{dir}'",
+            me = std::process::id(),
+            pidfile = pidfile.display(),
+            dir = local.dir.display()
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("start the watchdog: {e}"))?;
+        Ok(local)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bin.join(program));
+        if let Some((uid, gid)) = self.as_user {
             cmd.uid(uid).gid(gid);
         }
-        cmd.current_dir(&dir);
-    };
-    let mut initdb = Command::new(bin.join("initdb"));
-    initdb
-        .args(["-D"])
-        .arg(&data)
-        .args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-sync",
-            "--no-instructions",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    run(&mut initdb);
-    let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        cmd.current_dir(&self.dir);
+        cmd
     }
-    let log = std::fs::File::create(dir.join("server.log"))
-        .map_err(|e| format!("create server.log: {e}"))?;
-    if let Some((uid, gid)) = as_user {
-        let _ = std::os::unix::fs::chown(dir.join("server.log"), Some(uid), Some(gid));
+
+    /// Starts the server (again).
+    pub fn spawn(&self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .map_err(|e| format!("open server.log: {e}"))?;
+        if let Some((uid, gid)) = self.as_user {
+            let _ = std::os::unix::fs::chown(self.dir.join("server.log"), Some(uid), Some(gid));
+        }
+        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        let mut server = self.command("postgres");
+        server
+            .arg("-D")
+            .arg(self.data())
+            .arg("-k")
+            .arg(&self.dir)
+            .args([
+                "-c",
+                "listen_addresses=",
+                "-c",
+                "port=5432",
+                "-c",
+                "max_connections=300",
+                "-c",
+                "shared_buffers=64MB",
+                "-c",
+                "fsync=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_locks_per_transaction=256",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        let child = server.spawn().map_err(|e| format!("start postgres: {e}"))?;
+        drop(child);
+        Ok(())
     }
-    let log2 = log.try_clone().map_err(|e| e.to_string())?;
-    let mut server = Command::new(bin.join("postgres"));
-    server
-        .arg("-D")
-        .arg(&data)
-        .arg("-k")
-        .arg(&dir)
-        .args([
-            "-c",
-            "listen_addresses=",
-            "-c",
-            "port=5432",
-            "-c",
-            "max_connections=300",
-            "-c",
-            "shared_buffers=64MB",
-            "-c",
-            "fsync=off",
-            "-c",
-            "full_page_writes=off",
-            "-c",
-            "max_locks_per_transaction=256",
-        ])
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2);
-    run(&mut server);
-    let child = server.spawn().map_err(|e| format!("start postgres: {e}"))?;
-    let pid = child.id();
-    // The watchdog: when this test process is gone, stop the server and
-    // remove its dir. Its own output goes nowhere, so cargo does not wait
-    // for it.
-    let script = format!(
-        "while [ -d /proc/{me} ]; do sleep 1; done; kill -INT {pid} 2>/dev/null; \
-         i=0; while [ -d /proc/{pid} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; \
-         kill -KILL {pid} 2>/dev/null; rm -rf '{dir}'",
-        me = std::process::id(),
-        dir = dir.display()
-    );
-    Command::new("sh")
-        .args(["-c", &script])
+
+    /// Waits until the server accepts connections (60 s at most).
+    pub fn wait_ready(&self) -> Result<(), String> {
+        let url = self.cluster().url("postgres");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match postgres::Client::connect(&url, postgres::NoTls) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    let log =
+                        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                    return Err(format!(
+                        "postgres did not accept connections in 60 s: {e}\n{log}"
+                    ));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// The postmaster's pid, from its pid file.
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Stops the server (fast shutdown: sessions are ended) and waits.
+    pub fn stop(&self) {
+        let Some(pid) = self.pid() else { return };
+        signal(pid, "INT");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            // A zombie until this process reaps it: the child was dropped,
+            // so look at its state instead.
+            if std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Freezes every process of the server (SIGSTOP): a hung database.
+    pub fn freeze(&self) {
+        for pid in self.processes() {
+            signal(pid, "STOP");
+        }
+    }
+
+    /// Lets a frozen server go on.
+    pub fn thaw(&self) {
+        for pid in self.processes() {
+            signal(pid, "CONT");
+        }
+    }
+
+    /// The postmaster and its children.
+    fn processes(&self) -> Vec<u32> {
+        let Some(postmaster) = self.pid() else {
+            return Vec::new();
+        };
+        let mut out = vec![postmaster];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid ...: the comm may hold spaces.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(postmaster) {
+                out.push(pid);
+            }
+        }
+        out
+    }
+
+    /// How to reach this cluster as a superuser.
+    pub fn cluster(&self) -> Cluster {
+        Cluster {
+            base: "postgresql://postgres@localhost".to_string(),
+            query: format!("?host={}&port=5432", self.dir.display()),
+            data_dir: Some(self.data()),
+            pid: self.pid(),
+        }
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        self.thaw();
+        self.stop();
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("start the watchdog: {e}"))?;
-    drop(child);
-
-    let socket_dir = dir.display().to_string();
-    let cluster = Cluster {
-        base: "postgresql://postgres@localhost".to_string(),
-        query: format!("?host={socket_dir}&port=5432"),
-        data_dir: Some(data),
-        pid: Some(pid),
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls) {
-            Ok(_) => return Ok(cluster),
-            Err(e) if Instant::now() > deadline => {
-                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-                return Err(format!(
-                    "postgres did not accept connections in 60 s: {e}\n{log}"
-                ));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
+        .status();
 }
 
 /// An existing server: `url` names a database the tests may create others
