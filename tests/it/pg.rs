@@ -245,7 +245,7 @@ fn postgres_stopped_restarted_and_hung_under_load() {
     };
     let mark = || seen.lock().unwrap().len();
     let wait = |what: &str, cond: &dyn Fn() -> bool| {
-        crate::harness::wait_until(Duration::from_secs(60), what, || cond());
+        crate::harness::wait_until(Duration::from_secs(60), what, cond);
     };
 
     wait("20 events stored", &|| count_since(0, 200) >= 20);
