@@ -43,42 +43,21 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 
 use crate::check::{self, Answer, Asked};
 use crate::config::{ActionKind, Config, Forward};
-use crate::ingest::refresh_event_state;
+use crate::ingest::refresh_event_state_in;
 use crate::metrics::{AttemptOutcome, Metrics};
 use crate::retry::{self, Verdict};
+use crate::store::pg::Settings;
+use crate::store::pg_tx::{PgTx, Session};
+use crate::store::sqlite::Sqlite;
+use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
 use crate::store::{Guard, StoreError, Writer, now_ms};
 use crate::verify::{Scheme, Verifier};
 
-/// Jobs one worker takes at once: enough to spread the cost of a take over
-/// several sends (W4: 8 gave ~3,500-4,000 forwarded/s, 16 ~4,000, 32
-/// ~4,200), few enough that a slow downstream does not sit on many leases.
-/// A macro so that the take queries can carry it as a literal: SQLite
-/// re-prepares a statement whose `LIMIT` is a bound parameter at every run
-/// (the planner uses the value), which was 1.5% of the writer's time in W4.
-macro_rules! take_batch {
-    () => {
-        16
-    };
-}
-const TAKE_BATCH: usize = take_batch!();
-/// Forward jobs whose lease ran out (their worker crashed or hung).
-const EXPIRED_JOBS: &str = concat!(
-    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
-     WHERE status = 'processing' AND kind = 'forward' AND lease_until < ?1
-     LIMIT ",
-    take_batch!()
-);
-/// Pending forward jobs that are due, the longest-due first.
-const DUE_JOBS: &str = concat!(
-    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
-     WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'forward'
-     ORDER BY next_attempt_at LIMIT ",
-    take_batch!()
-);
+use crate::store::tx::TAKE_BATCH;
 /// The longest a worker sleeps without looking for due jobs (retries that
 /// came due, jobs re-queued by the CLI, leases that expired).
 const MAX_IDLE: Duration = Duration::from_millis(500);
@@ -135,7 +114,7 @@ pub struct Outbox {
 
 impl Outbox {
     /// Starts `forward_workers` threads (none when no source forwards).
-    pub fn start(config: Arc<Config>, writer: Writer, metrics: Arc<Metrics>) -> Result<Outbox> {
+    pub fn start(config: Arc<Config>, jobs: Jobs, metrics: Arc<Metrics>) -> Result<Outbox> {
         let waker = Waker::new();
         let stop = Arc::new(AtomicBool::new(false));
         let in_flight = Arc::new(AtomicUsize::new(0));
@@ -155,16 +134,16 @@ impl Outbox {
             // Jobs parked waiting for an `after` action are released by a
             // trigger when that action's job is done; one parked under a
             // config that has since changed is looked at again here.
-            writer
-                .call(|conn| {
-                    conn.prepare_cached(
-                        "UPDATE jobs SET next_attempt_at = ?1
-                         WHERE status = 'pending' AND next_attempt_at IS NULL",
-                    )?
-                    .execute([now_ms()])?;
-                    Ok(())
-                })
-                .context("cannot release the jobs waiting for other actions")?;
+            let now = now_ms();
+            match &jobs {
+                Jobs::Sqlite(writer) => {
+                    writer.call(move |conn| Sqlite::new(conn).release_parked(now))
+                }
+                Jobs::Postgres(settings) => {
+                    Session::new((**settings).clone()).transaction(|tx| tx.release_parked(now))
+                }
+            }
+            .context("cannot release the jobs waiting for other actions")?;
         }
         let nonce = fastrand::u32(..);
         let mut workers = Vec::with_capacity(n);
@@ -172,7 +151,8 @@ impl Outbox {
             let worker = Worker {
                 owner: format!("{}-{nonce:08x}-w{i}", std::process::id()),
                 config: config.clone(),
-                writer: writer.clone(),
+                jobs: jobs.clone(),
+                session: Mutex::new(None),
                 metrics: metrics.clone(),
                 agent: agent.clone(),
                 signers: signers.clone(),
@@ -292,10 +272,23 @@ struct Attempt {
     verdict: Verdict,
 }
 
+/// Where the workers take and record jobs.
+#[derive(Clone)]
+pub enum Jobs {
+    /// Through SQLite's one writer, grouped with the claims.
+    Sqlite(Writer),
+    /// On PostgreSQL, each worker on a connection of its own: rows are
+    /// taken with SKIP LOCKED, so the workers of every instance share the
+    /// jobs, each under its lease.
+    Postgres(Arc<Settings>),
+}
+
 struct Worker {
     owner: String,
     config: Arc<Config>,
-    writer: Writer,
+    jobs: Jobs,
+    /// The worker's PostgreSQL connection (unused on SQLite).
+    session: Mutex<Option<Session>>,
     metrics: Arc<Metrics>,
     agent: ureq::Agent,
     signers: Arc<HashMap<(String, String), Verifier>>,
@@ -312,9 +305,12 @@ impl Worker {
             let owner = self.owner.clone();
             // Leases and completions fail only when storage does: no
             // savepoint of their own (Guard::Group).
-            let taken = self.writer.call_with(Guard::Group, move |conn| {
-                take(conn, &config, &owner, now_ms())
-            });
+            let taken = match &self.jobs {
+                Jobs::Sqlite(writer) => writer.call_with(Guard::Group, move |conn| {
+                    take(&mut Sqlite::new(conn), &config, &owner, now_ms())
+                }),
+                Jobs::Postgres(_) => self.on_postgres(|tx| take(tx, &config, &owner, now_ms())),
+            };
             let (jobs, next_due) = match taken {
                 Ok(t) => t,
                 Err(e) => {
@@ -451,12 +447,25 @@ impl Worker {
             attempt.finished_at + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2)
         });
         let owner = self.owner.clone();
-        let recorded = self.writer.send_with(Guard::Group, move |conn| {
-            if let Some(asked) = &asked {
-                record_check(conn, job.job_id, job.n, &owner, asked)?;
-            }
-            complete(conn, &job, &owner, outcome, next_attempt_at, &attempt)
-        });
+        let recorded = match &self.jobs {
+            Jobs::Sqlite(writer) => writer
+                .send_with(Guard::Group, move |conn| {
+                    let mut tx = Sqlite::new(conn);
+                    if let Some(asked) = &asked {
+                        record_check_in(&mut tx, job.job_id, job.n, &owner, asked)?;
+                    }
+                    complete(&mut tx, &job, &owner, outcome, next_attempt_at, &attempt)
+                })
+                .map_err(|_| ()),
+            Jobs::Postgres(_) => self
+                .on_postgres(|tx| {
+                    if let Some(asked) = &asked {
+                        record_check_in(tx, job.job_id, job.n, &owner, asked)?;
+                    }
+                    complete(tx, &job, &owner, outcome, next_attempt_at, &attempt)
+                })
+                .map_err(|_| ()),
+        };
         if recorded.is_err() {
             // The writer is gone (shutdown): the job stays leased and is
             // retried after its lease, with the same Idempotency-Key.
@@ -563,23 +572,39 @@ impl Worker {
     fn release(&self, job: &Leased, asked: Option<Asked>) {
         let (id, n, owner) = (job.job_id, job.n, self.owner.clone());
         let (source, action) = (job.source.clone(), job.action.clone());
-        let _ = self.writer.send(move |conn| {
-            if let Some(asked) = &asked {
-                record_check(conn, id, n, &owner, asked)?;
+        match &self.jobs {
+            Jobs::Sqlite(writer) => {
+                let _ = writer.send(move |conn| {
+                    give_back(
+                        &mut Sqlite::new(conn),
+                        (id, n),
+                        &owner,
+                        &source,
+                        &action,
+                        asked.as_ref(),
+                    )
+                });
             }
-            let status = if is_paused(conn, &source, &action)? {
-                "paused"
-            } else {
-                "pending"
-            };
-            conn.prepare_cached(
-                "UPDATE jobs SET status = ?4, n_attempts = n_attempts - 1,
-                        lease_owner = NULL, lease_until = NULL
-                 WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
-            )?
-            .execute(params![id, owner, n, status])?;
-            Ok(())
-        });
+            Jobs::Postgres(_) => {
+                let _ = self.on_postgres(|tx| {
+                    give_back(tx, (id, n), &owner, &source, &action, asked.as_ref())
+                });
+            }
+        }
+    }
+
+    /// Runs `body` in a transaction on this worker's PostgreSQL connection.
+    fn on_postgres<T>(
+        &self,
+        body: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Jobs::Postgres(settings) = &self.jobs else {
+            return Err(StoreError::other("not on PostgreSQL"));
+        };
+        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        session
+            .get_or_insert_with(|| Session::new((**settings).clone()))
+            .transaction(body)
     }
 }
 
@@ -620,7 +645,8 @@ fn log_check(job: &Leased, asked: &Asked) {
     );
 }
 
-/// Records one check (whatever it answered) in `checks`, for attempt `n`.
+/// Records one check (whatever it answered) in `checks`, for attempt `n`,
+/// on SQLite.
 pub(crate) fn record_check(
     conn: &Connection,
     job_id: i64,
@@ -628,21 +654,27 @@ pub(crate) fn record_check(
     worker: &str,
     asked: &Asked,
 ) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO checks (job_id, n, asked_at, finished_at, answer, http_status, error, worker)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
+    record_check_in(&mut Sqlite::new(conn), job_id, n, worker, asked)
+}
+
+/// Records one check in the open transaction `tx` of any backend.
+pub(crate) fn record_check_in<T: OutboxTx>(
+    tx: &mut T,
+    job_id: i64,
+    n: i64,
+    worker: &str,
+    asked: &Asked,
+) -> Result<(), StoreError> {
+    tx.insert_check(&CheckRow {
         job_id,
         n,
-        asked.started_at,
-        asked.finished_at,
-        asked.answer.name(),
-        asked.http_status,
-        asked.error,
+        asked_at: asked.started_at,
+        finished_at: asked.finished_at,
+        answer: asked.answer.name(),
+        http_status: asked.http_status.map(i64::from),
+        error: asked.error.as_deref(),
         worker,
-    ])?;
-    Ok(())
+    })
 }
 
 pub(crate) fn classify_error(e: &ureq::Error) -> (&'static str, String) {
@@ -676,28 +708,14 @@ fn takeover_grace(lease: Duration) -> Duration {
 /// Takes up to `TAKE_BATCH` due jobs for `owner`: expired leases first, then
 /// pending jobs in due order. Returns them with the earliest time another
 /// job falls due, for the worker's sleep.
-fn take(
-    conn: &Connection,
+fn take<T: OutboxTx>(
+    tx: &mut T,
     config: &Config,
     owner: &str,
     now: i64,
 ) -> Result<(Vec<Leased>, Option<i64>), StoreError> {
-    let mut candidates: Vec<Candidate> = Vec::new();
-    {
-        let mut expired = conn.prepare_cached(EXPIRED_JOBS)?;
-        let rows = expired.query_map(params![now], Candidate::from_row)?;
-        for row in rows {
-            candidates.push(Candidate {
-                pending: false,
-                ..row?
-            });
-        }
-        let mut due = conn.prepare_cached(DUE_JOBS)?;
-        let rows = due.query_map(params![now], Candidate::from_row)?;
-        for row in rows {
-            candidates.push(row?);
-        }
-    }
+    let mut candidates: Vec<Candidate> = tx.expired_jobs(now)?;
+    candidates.extend(tx.due_jobs(now)?);
     let mut taken = Vec::new();
     for Candidate {
         job_id,
@@ -730,26 +748,17 @@ fn take(
         // (schema.sql, jobs_release_waiting). A job taken over after its
         // lease was let through once already.
         if pending && !fwd.after.is_empty() {
-            let waiting = waiting_for(conn, &source, &event_id, &fwd.after)?;
+            let waiting = waiting_for(tx, &source, &event_id, &fwd.after)?;
             if !waiting.is_empty() {
-                park(conn, job_id, n_before, &waiting, now)?;
+                park(tx, job_id, n_before, &waiting, now)?;
                 continue;
             }
         }
         let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
         let lease_until = lease_ends
             .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
-        // The barrier: one conditional UPDATE, decided by changes().
-        let won = conn
-            .prepare_cached(
-                "UPDATE jobs SET status = 'processing', lease_owner = ?2, lease_until = ?3,
-                        n_attempts = n_attempts + 1, updated_at = ?4
-                 WHERE id = ?1 AND n_attempts = ?5
-                   AND ((status = 'pending' AND next_attempt_at <= ?4)
-                        OR (status = 'processing' AND lease_until < ?4))",
-            )?
-            .execute(params![job_id, owner, lease_until, now, n_before])?;
-        if won != 1 {
+        // The barrier: one conditional UPDATE, decided by the rows it changed.
+        if !tx.lease(job_id, owner, lease_until, now, n_before)? {
             continue;
         }
         // A job's first lease (the common case) has no attempts behind it:
@@ -757,80 +766,45 @@ fn take(
         let budget_base: i64 = if n_before == 0 {
             0
         } else {
-            conn.prepare_cached(
-                "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1
-                   AND started_at <= (SELECT max(replayed_at) FROM replays WHERE job_id = ?1)",
-            )?
-            .query_row(params![job_id], |r| r.get(0))?
+            tx.replay_budget_base(job_id)?
         };
-        let took_over = n_before > 0
-            && !conn
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)",
-                )?
-                .query_row(params![job_id, n_before], |r| r.get::<_, bool>(0))?;
+        let took_over = n_before > 0 && !tx.attempt_exists(job_id, n_before)?;
         if took_over {
             // The previous owner's attempt never recorded an end: its lease
             // ran out (crash, or a hang past the lease).
-            conn.prepare_cached(
-                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)",
-            )?
-            .execute(params![job_id, n_before, leased_at, now, previous_owner])?;
+            tx.record_cut_short(job_id, n_before, leased_at, now, previous_owner.as_deref())?;
             if n_before - budget_base >= i64::from(fwd.max_attempts) {
                 fail_job(
-                    conn,
+                    tx,
                     job_id,
                     now,
                     "max_attempts reached (the last attempt was cut short)",
                 )?;
-                refresh_event_state(conn, &source, &event_id, now)?;
+                refresh_event_state_in(tx, &source, &event_id, now)?;
                 continue;
             }
         }
-        let event = conn
-            .prepare_cached("SELECT type, payload, content_type FROM events WHERE source = ?1 AND event_id = ?2")?
-            .query_row(params![source, event_id], |r| {
-                Ok(StoredEvent {
-                    event_type: r.get(0)?,
-                    body: r.get(1)?,
-                    content_type: r.get(2)?,
-                })
-            })
-            .optional()?;
-        let Some(StoredEvent {
+        let Some(ForwardEvent {
             event_type,
             body: Some(body),
             content_type,
-        }) = event
+        }) = tx.forward_event(&source, &event_id)?
         else {
             fail_job(
-                conn,
+                tx,
                 job_id,
                 now,
                 "the stored body was erased or pruned; nothing to forward",
             )?;
-            refresh_event_state(conn, &source, &event_id, now)?;
+            refresh_event_state_in(tx, &source, &event_id, now)?;
             continue;
         };
         // Asked only when an earlier attempt since the last success may
         // have reached the downstream: any but a refused connection.
-        let needs_check = n_before > 0
-            && fwd.check.is_some()
-            && conn
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1
-                       AND n > (SELECT coalesce(max(n), 0) FROM attempts
-                                 WHERE job_id = ?1 AND outcome = 'ok')
-                       AND coalesce(error_kind, '') <> 'connect')",
-                )?
-                .query_row(params![job_id], |r| r.get::<_, bool>(0))?;
+        let needs_check = n_before > 0 && fwd.check.is_some() && tx.may_have_reached(job_id)?;
         // accepted -> processing; a cheap conditional update, not a
         // recount of the event's jobs.
-        conn.prepare_cached(
-            "UPDATE events SET state = 'processing' WHERE source = ?1 AND event_id = ?2 AND state = 'accepted'",
-        )?
-        .execute(params![source, event_id])?;
+        tx.mark_processing(&source, &event_id)?;
         taken.push(Leased {
             job_id,
             source,
@@ -845,44 +819,28 @@ fn take(
             needs_check,
         });
     }
-    let next_due: Option<i64> = conn
-        .prepare_cached(
-            "SELECT min(t) FROM (
-                 SELECT min(next_attempt_at) AS t FROM jobs WHERE status = 'pending'
-                 UNION ALL
-                 SELECT min(lease_until) FROM jobs WHERE status = 'processing')",
-        )?
-        .query_row([], |r| r.get(0))?;
+    let next_due = tx.next_due()?;
     Ok((taken, next_due))
 }
 
 /// The jobs named by `after` that are not done yet, with their status.
-fn waiting_for(
-    conn: &Connection,
+fn waiting_for<T: OutboxTx>(
+    tx: &mut T,
     source: &str,
     event_id: &str,
     after: &[String],
 ) -> Result<Vec<(String, String)>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT action, status FROM jobs WHERE source = ?1 AND event_id = ?2 AND status <> 'done'",
-    )?;
-    let rows = stmt.query_map(params![source, event_id], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (action, status) = row?;
-        if after.contains(&action) {
-            out.push((action, status));
-        }
-    }
-    Ok(out)
+    Ok(tx
+        .open_jobs_of_event(source, event_id)?
+        .into_iter()
+        .filter(|(action, _)| after.contains(action))
+        .collect())
 }
 
 /// Parks a pending job that waits for other actions: no due time, and the
 /// reason in `last_error` (shown by `events show`).
-fn park(
-    conn: &Connection,
+fn park<T: OutboxTx>(
+    tx: &mut T,
     job_id: i64,
     n_attempts: i64,
     waiting: &[(String, String)],
@@ -902,90 +860,31 @@ fn park(
             ": sent once done"
         }
     );
-    conn.prepare_cached(
-        "UPDATE jobs SET next_attempt_at = NULL, last_error = ?3, updated_at = ?4
-         WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'",
-    )?
-    .execute(params![job_id, n_attempts, reason, now])?;
-    Ok(())
+    tx.park(job_id, n_attempts, &reason, now)
 }
 
-fn is_paused(conn: &Connection, source: &str, action: &str) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
-        )?
-        .query_row(params![source, action], |r| r.get(0))?)
-}
-
-/// A job that looks takeable, before the conditional UPDATE decides.
-struct Candidate {
-    job_id: i64,
-    source: String,
-    event_id: String,
-    action: String,
-    n_before: i64,
-    /// When the job was last leased or changed.
-    leased_at: i64,
-    previous_owner: Option<String>,
-    /// Pending and due (not a lease that ran out).
-    pending: bool,
-}
-
-impl Candidate {
-    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
-        Ok(Candidate {
-            job_id: r.get(0)?,
-            source: r.get(1)?,
-            event_id: r.get(2)?,
-            action: r.get(3)?,
-            n_before: r.get(4)?,
-            leased_at: r.get(5)?,
-            previous_owner: r.get(6)?,
-            pending: true,
-        })
-    }
-}
-
-/// What a forward needs of its event.
-struct StoredEvent {
-    event_type: Option<String>,
-    /// None once erased or pruned.
-    body: Option<Vec<u8>>,
-    content_type: Option<String>,
-}
-
-fn fail_job(conn: &Connection, job_id: i64, now: i64, error: &str) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "UPDATE jobs SET status = ?4, lease_owner = NULL, lease_until = NULL,
-                last_error = ?3, updated_at = ?2
-         WHERE id = ?1",
-    )?
-    .execute(params![job_id, now, error, failed_status(conn, job_id)?])?;
-    Ok(())
+fn fail_job<T: OutboxTx>(tx: &mut T, job_id: i64, now: i64, error: &str) -> Result<(), StoreError> {
+    let status = failed_status(tx, job_id)?;
+    tx.end_job(job_id, now, error, status)
 }
 
 /// The status a job takes when an attempt fails for good: `failed`, except
 /// in a forced re-run of a done job (its latest replay came from `done`),
 /// which stays done: its effect already happened once.
 /// The failed attempt is recorded all the same.
-fn failed_status(conn: &Connection, job_id: i64) -> Result<&'static str, StoreError> {
-    let from: Option<String> = conn
-        .prepare_cached(
-            "SELECT from_status FROM replays WHERE job_id = ?1 ORDER BY id DESC LIMIT 1",
-        )?
-        .query_row([job_id], |r| r.get(0))
-        .optional()?;
-    Ok(if from.as_deref() == Some("done") {
-        "done"
-    } else {
-        "failed"
-    })
+fn failed_status<T: OutboxTx>(tx: &mut T, job_id: i64) -> Result<&'static str, StoreError> {
+    Ok(
+        if tx.latest_replay_from(job_id)?.as_deref() == Some("done") {
+            "done"
+        } else {
+            "failed"
+        },
+    )
 }
 
 /// Records an attempt's result, if this worker still owns the job.
-fn complete(
-    conn: &Connection,
+fn complete<T: OutboxTx>(
+    tx: &mut T,
     job: &Leased,
     owner: &str,
     outcome: AttemptOutcome,
@@ -995,28 +894,27 @@ fn complete(
     let status = match outcome {
         AttemptOutcome::Ok => "done",
         // An action paused while this attempt was in flight waits for resume.
-        AttemptOutcome::Retry if is_paused(conn, &job.source, &job.action)? => "paused",
+        AttemptOutcome::Retry if tx.is_paused(&job.source, &job.action)? => "paused",
         AttemptOutcome::Retry => "pending",
-        AttemptOutcome::Failed => failed_status(conn, job.job_id)?,
+        AttemptOutcome::Failed => failed_status(tx, job.job_id)?,
     };
     // Fenced by owner and attempt number: a worker that lost its lease
     // to another cannot overwrite the new owner's result.
-    let changed = conn
-        .prepare_cached(
-            "UPDATE jobs SET status = ?4, next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL,
-                    last_error = ?6, updated_at = ?7
-             WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
-        )?
-        .execute(params![
-            job.job_id,
-            owner,
-            job.n,
-            status,
-            next_attempt_at,
-            if outcome == AttemptOutcome::Ok { None } else { a.error.as_deref() },
-            a.finished_at,
-        ])?;
-    if changed != 1 {
+    let last_error = if outcome == AttemptOutcome::Ok {
+        None
+    } else {
+        a.error.as_deref()
+    };
+    let changed = tx.finish_job(
+        job.job_id,
+        owner,
+        job.n,
+        status,
+        next_attempt_at,
+        last_error,
+        a.finished_at,
+    )?;
+    if !changed {
         crate::log::warn(
             "lease lost",
             &[
@@ -1032,26 +930,43 @@ fn complete(
         );
         return Ok(());
     }
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
-                               error, error_kind, request_id, response_head, worker)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-    )?
-    .execute(params![
-        job.job_id,
-        job.n,
-        a.started_at,
-        a.finished_at,
-        outcome.name(),
-        a.http_status,
-        a.error,
-        a.error_kind,
-        a.request_id,
-        a.response_head,
-        owner,
-    ])?;
-    refresh_event_state(conn, &job.source, &job.event_id, a.finished_at)?;
+    tx.put_attempt(&AttemptRow {
+        job_id: job.job_id,
+        n: job.n,
+        started_at: a.started_at,
+        finished_at: a.finished_at,
+        outcome: outcome.name(),
+        http_status: a.http_status.map(i64::from),
+        error: a.error.as_deref(),
+        error_kind: a.error_kind,
+        request_id: a.request_id.as_deref(),
+        response_head: a.response_head.as_deref(),
+        worker: owner,
+    })?;
+    refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
     Ok(())
+}
+
+/// Gives back a job taken but not sent, recording the check asked for
+/// it, if any.
+fn give_back<T: OutboxTx>(
+    tx: &mut T,
+    job: (i64, i64),
+    owner: &str,
+    source: &str,
+    action: &str,
+    asked: Option<&Asked>,
+) -> Result<(), StoreError> {
+    let (id, n) = job;
+    if let Some(asked) = asked {
+        record_check_in(tx, id, n, owner, asked)?;
+    }
+    let status = if tx.is_paused(source, action)? {
+        "paused"
+    } else {
+        "pending"
+    };
+    tx.give_back(id, owner, n, status)
 }
 
 #[cfg(test)]
@@ -1081,10 +996,12 @@ mod tests {
         )
         .unwrap();
         for now in [1_000, 2_000, 3_000] {
-            let (taken, _) = take(&conn, &config, "w", now).unwrap();
+            let (taken, _) = take(&mut Sqlite::new(&conn), &config, "w", now).unwrap();
             assert!(taken.is_empty());
         }
+        use crate::store::sqlite::{DUE_JOBS, EXPIRED_JOBS};
         for sql in [EXPIRED_JOBS, DUE_JOBS] {
+            assert!(sql.ends_with(&format!("LIMIT {TAKE_BATCH}")), "{sql}");
             let stmt = conn.prepare_cached(sql).unwrap();
             assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0, "{sql}");
         }

@@ -67,8 +67,12 @@ pub fn run(mut config: Config) -> Result<()> {
     )
     .context("cannot start the writer")?;
     let metrics = Arc::new(Metrics::new(&config));
-    let outbox = crate::outbox::Outbox::start(config.clone(), writer.clone(), metrics.clone())
-        .context("cannot start the forward workers")?;
+    let outbox = crate::outbox::Outbox::start(
+        config.clone(),
+        crate::outbox::Jobs::Sqlite(writer.clone()),
+        metrics.clone(),
+    )
+    .context("cannot start the forward workers")?;
     let waker = outbox.waker();
     let app = Arc::new(App {
         config: config.clone(),
@@ -193,8 +197,9 @@ pub fn run(mut config: Config) -> Result<()> {
 
 /// `serve` on PostgreSQL: migrate (under the advisory lock), `setup_sql`,
 /// the SQL actions checked, the claimers, the HTTP server; then the same
-/// stop. Claims only in this build: forward actions, the key-rule record,
-/// the pruner and the admin operations do not run here yet.
+/// stop. The forward workers share the jobs with every other instance,
+/// woken by LISTEN/NOTIFY. Not here yet: the key-rule record, the pruner
+/// and the admin operations.
 fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
     use crate::store::pg_serve::{PgStore, prepare};
     let settings = prepare(&config, url).map_err(|e| anyhow!(e))?;
@@ -202,11 +207,27 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
     let store =
         Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
     let metrics = Arc::new(Metrics::new(&config));
+    let outbox = crate::outbox::Outbox::start(
+        config.clone(),
+        crate::outbox::Jobs::Postgres(Arc::new(store.settings().clone())),
+        metrics.clone(),
+    )
+    .context("cannot start the forward workers")?;
+    let listening = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = {
+        let waker = outbox.waker();
+        crate::store::pg_serve::listen(
+            store.settings().clone(),
+            move || waker.wake(),
+            listening.clone(),
+        )
+    };
+    let waker = outbox.waker();
     let app = Arc::new(App {
         config: config.clone(),
         storage: app::Storage::Postgres(store.clone()),
         metrics,
-        wake_outbox: Box::new(|| {}),
+        wake_outbox: Box::new(move || waker.wake()),
         admin_limiter: Default::default(),
         ui_sessions: Default::default(),
     });
@@ -239,8 +260,17 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
         let _ = stdout.flush();
     }
     wait_for_signal()?;
-    crate::log::info("stopping", &[("reason", &"signal")]);
+    crate::log::info(
+        "stopping",
+        &[
+            ("reason", &"signal"),
+            ("forward_in_flight", &outbox.in_flight()),
+        ],
+    );
     http.stop();
+    outbox.stop();
+    listening.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = listener.join();
     drop(app);
     store.stop();
     crate::log::info("stopped", &[]);

@@ -191,8 +191,7 @@ pub fn check(config: &Config, url: &PostgresUrl) -> Result<(), String> {
     // Dropped without commit: rolled back.
 }
 
-/// Every SQL action rewritten to `$n` and prepared; forward actions are
-/// refused (they do not run on PostgreSQL in this build yet).
+/// Every SQL action rewritten to `$n` and prepared.
 fn check_actions(client: &mut impl postgres::GenericClient, config: &Config) -> Result<(), String> {
     for source in &config.sources {
         for action in &source.actions {
@@ -214,11 +213,7 @@ fn check_actions(client: &mut impl postgres::GenericClient, config: &Config) -> 
                         .prepare(&p.sql)
                         .map_err(|e| format!("{where_}.sql: {}", StoreError::from(e)))?;
                 }
-                ActionKind::Forward(_) => {
-                    return Err(format!(
-                        "{where_}: forward actions do not run on PostgreSQL in this build yet"
-                    ));
-                }
+                ActionKind::Forward(_) => {}
             }
         }
     }
@@ -438,6 +433,14 @@ fn claimer(
         let results = run_batch(c, &mut statements, config, &live);
         commits.fetch_add(1, Ordering::Relaxed);
         grouped.fetch_add(live.len() as u64, Ordering::Relaxed);
+        // Forward jobs written: every instance's workers are told (a
+        // wake-up only; they also poll).
+        let wrote_jobs = results
+            .iter()
+            .any(|r| matches!(r, Ok(Outcome::Accepted { forward_jobs, .. }) if *forward_jobs > 0));
+        if wrote_jobs {
+            let _ = c.batch_execute("NOTIFY idemhook_jobs");
+        }
         let mut broken = false;
         for (job, result) in live.into_iter().zip(results) {
             if let Err(e) = &result
@@ -542,4 +545,57 @@ fn run_batch(
         })
         .collect();
     run_group(client, statements, &mut ops)
+}
+
+/// The channel forward workers are woken on when jobs were written.
+pub const JOBS_CHANNEL: &str = "idemhook_jobs";
+
+/// Listens for new forward jobs written by any instance and wakes this
+/// instance's workers; connects again after a failure. Never needed for
+/// correctness: the workers poll as well.
+pub fn listen(
+    settings: Settings,
+    wake: impl Fn() + Send + 'static,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("pg-listen".to_string())
+        .spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let mut client = match settings.connect() {
+                    Ok(c) => c,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(500));
+                        continue;
+                    }
+                };
+                if client
+                    .batch_execute(&format!("LISTEN {JOBS_CHANNEL}"))
+                    .is_err()
+                {
+                    continue;
+                }
+                // Anything missed while not listening is found by polling.
+                wake();
+                loop {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let next = {
+                        let mut notifications = client.notifications();
+                        let mut iter = notifications.timeout_iter(Duration::from_millis(250));
+                        fallible_iterator::FallibleIterator::next(&mut iter).map(|n| n.is_some())
+                    };
+                    match next {
+                        Ok(true) => wake(),
+                        Ok(false) => {}
+                        Err(_) => break,
+                    }
+                    if client.is_closed() {
+                        break;
+                    }
+                }
+            }
+        })
+        .unwrap_or_else(|_| std::thread::spawn(|| {}))
 }

@@ -270,3 +270,314 @@ impl Tx for Sqlite<'_> {
         Ok(())
     }
 }
+
+use super::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
+
+fn candidate(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
+    Ok(Candidate {
+        job_id: r.get(0)?,
+        source: r.get(1)?,
+        event_id: r.get(2)?,
+        action: r.get(3)?,
+        n_before: r.get(4)?,
+        leased_at: r.get(5)?,
+        previous_owner: r.get(6)?,
+        pending: true,
+    })
+}
+
+/// Forward jobs whose lease ran out (their worker crashed or hung). The
+/// LIMIT is `TAKE_BATCH` as a literal (a test checks they agree).
+pub const EXPIRED_JOBS: &str =
+    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+     WHERE status = 'processing' AND kind = 'forward' AND lease_until < ?1
+     LIMIT 16";
+/// Pending forward jobs that are due, the longest-due first.
+pub const DUE_JOBS: &str =
+    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+     WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'forward'
+     ORDER BY next_attempt_at LIMIT 16";
+
+impl OutboxTx for Sqlite<'_> {
+    fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(EXPIRED_JOBS)?;
+        let rows = stmt.query_map(params![now], candidate)?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(Candidate {
+                pending: false,
+                ..row?
+            });
+        }
+        Ok(out)
+    }
+
+    fn due_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(DUE_JOBS)?;
+        let rows = stmt.query_map(params![now], candidate)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn open_jobs_of_event(
+        &mut self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT action, status FROM jobs WHERE source = ?1 AND event_id = ?2 AND status <> 'done'",
+        )?;
+        let rows = stmt.query_map(params![source, event_id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn park(
+        &mut self,
+        job_id: i64,
+        n_attempts: i64,
+        reason: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET next_attempt_at = NULL, last_error = ?3, updated_at = ?4
+                 WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'",
+            )?
+            .execute(params![job_id, n_attempts, reason, now])?;
+        Ok(())
+    }
+
+    fn lease(
+        &mut self,
+        job_id: i64,
+        owner: &str,
+        lease_until: i64,
+        now: i64,
+        n_before: i64,
+    ) -> Result<bool, StoreError> {
+        let won = self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET status = 'processing', lease_owner = ?2, lease_until = ?3,
+                        n_attempts = n_attempts + 1, updated_at = ?4
+                 WHERE id = ?1 AND n_attempts = ?5
+                   AND ((status = 'pending' AND next_attempt_at <= ?4)
+                        OR (status = 'processing' AND lease_until < ?4))",
+            )?
+            .execute(params![job_id, owner, lease_until, now, n_before])?;
+        Ok(won == 1)
+    }
+
+    fn replay_budget_base(&mut self, job_id: i64) -> Result<i64, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1
+                   AND started_at <= (SELECT max(replayed_at) FROM replays WHERE job_id = ?1)",
+            )?
+            .query_row(params![job_id], |r| r.get(0))?)
+    }
+
+    fn attempt_exists(&mut self, job_id: i64, n: i64) -> Result<bool, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)")?
+            .query_row(params![job_id, n], |r| r.get::<_, bool>(0))?)
+    }
+
+    fn record_cut_short(
+        &mut self,
+        job_id: i64,
+        n: i64,
+        started_at: i64,
+        now: i64,
+        worker: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
+                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)",
+            )?
+            .execute(params![job_id, n, started_at, now, worker])?;
+        Ok(())
+    }
+
+    fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT from_status FROM replays WHERE job_id = ?1 ORDER BY id DESC LIMIT 1",
+            )?
+            .query_row([job_id], |r| r.get(0))
+            .optional()?)
+    }
+
+    fn end_job(
+        &mut self,
+        job_id: i64,
+        now: i64,
+        error: &str,
+        status: &str,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET status = ?4, lease_owner = NULL, lease_until = NULL,
+                        last_error = ?3, updated_at = ?2
+                 WHERE id = ?1",
+            )?
+            .execute(params![job_id, now, error, status])?;
+        Ok(())
+    }
+
+    fn forward_event(
+        &mut self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<Option<ForwardEvent>, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT type, payload, content_type FROM events WHERE source = ?1 AND event_id = ?2",
+            )?
+            .query_row(params![source, event_id], |r| {
+                Ok(ForwardEvent {
+                    event_type: r.get(0)?,
+                    body: r.get(1)?,
+                    content_type: r.get(2)?,
+                })
+            })
+            .optional()?)
+    }
+
+    fn may_have_reached(&mut self, job_id: i64) -> Result<bool, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1
+                   AND n > (SELECT coalesce(max(n), 0) FROM attempts
+                             WHERE job_id = ?1 AND outcome = 'ok')
+                   AND coalesce(error_kind, '') <> 'connect')",
+            )?
+            .query_row(params![job_id], |r| r.get::<_, bool>(0))?)
+    }
+
+    fn mark_processing(&mut self, source: &str, event_id: &str) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE events SET state = 'processing' WHERE source = ?1 AND event_id = ?2 AND state = 'accepted'",
+            )?
+            .execute(params![source, event_id])?;
+        Ok(())
+    }
+
+    fn next_due(&mut self) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT min(t) FROM (
+                     SELECT min(next_attempt_at) AS t FROM jobs WHERE status = 'pending'
+                     UNION ALL
+                     SELECT min(lease_until) FROM jobs WHERE status = 'processing')",
+            )?
+            .query_row([], |r| r.get(0))?)
+    }
+
+    fn finish_job(
+        &mut self,
+        job_id: i64,
+        owner: &str,
+        n: i64,
+        status: &str,
+        next_attempt_at: Option<i64>,
+        last_error: Option<&str>,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let changed = self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET status = ?4, next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL,
+                        last_error = ?6, updated_at = ?7
+                 WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
+            )?
+            .execute(params![
+                job_id,
+                owner,
+                n,
+                status,
+                next_attempt_at,
+                last_error,
+                now
+            ])?;
+        Ok(changed == 1)
+    }
+
+    fn put_attempt(&mut self, a: &AttemptRow<'_>) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
+                                       error, error_kind, request_id, response_head, worker)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?
+            .execute(params![
+                a.job_id,
+                a.n,
+                a.started_at,
+                a.finished_at,
+                a.outcome,
+                a.http_status,
+                a.error,
+                a.error_kind,
+                a.request_id,
+                a.response_head,
+                a.worker,
+            ])?;
+        Ok(())
+    }
+
+    fn insert_check(&mut self, c: &CheckRow<'_>) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO checks (job_id, n, asked_at, finished_at, answer, http_status, error, worker)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                c.job_id,
+                c.n,
+                c.asked_at,
+                c.finished_at,
+                c.answer,
+                c.http_status,
+                c.error,
+                c.worker,
+            ])?;
+        Ok(())
+    }
+
+    fn give_back(
+        &mut self,
+        job_id: i64,
+        owner: &str,
+        n: i64,
+        status: &str,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET status = ?4, n_attempts = n_attempts - 1,
+                        lease_owner = NULL, lease_until = NULL
+                 WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
+            )?
+            .execute(params![job_id, owner, n, status])?;
+        Ok(())
+    }
+
+    fn release_parked(&mut self, now: i64) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET next_attempt_at = ?1
+                 WHERE status = 'pending' AND next_attempt_at IS NULL",
+            )?
+            .execute([now])?;
+        Ok(())
+    }
+}

@@ -328,3 +328,93 @@ fn postgres_stopped_restarted_and_hung_under_load() {
     assert_eq!(count(&mut db, "SELECT count(*) FROM events"), sent);
     assert_eq!(count(&mut db, "SELECT count(*) FROM ledger"), sent);
 }
+
+/// Two instances share the forward jobs of one database; one is killed
+/// with kill -9 while the downstream is slow; the other takes its jobs
+/// over after the lease: every job done, exactly one effect per key at
+/// the downstream, the cut-short attempts recorded as such.
+#[test]
+fn two_instances_share_forward_jobs_and_one_takes_over_after_kill_9() {
+    use crate::downstream::Downstream;
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("two_instances_share_forward_jobs_and_one_takes_over_after_kill_9");
+        return;
+    };
+    let url = cluster.create_database("it_takeover");
+    let ds = Downstream::start();
+    ds.set_delay(Duration::from_millis(700));
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set("forward_workers", "2")
+        .tables(&format!(
+            "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n\
+             [[sources.stripe.actions]]\nname = \"notify\"\nforward = \"{}/notify\"\n\
+             timeout = \"1s\"\nlease = \"2s\"\nretry_initial = \"100ms\"\nretry_max = \"500ms\"\n",
+            ds.url()
+        ));
+    let mut a = Server::start(&config, &[]);
+    let b = Server::start(&config, &[]);
+    let client = Client::new(Duration::from_secs(20));
+    let n = 30;
+    for i in 0..n {
+        let body = event(i);
+        let target = if i % 2 == 0 { &a } else { &b };
+        let r = client.post(
+            &target.url("/hooks/stripe"),
+            &sign::stripe_now(SECRET, &body),
+            &body,
+        );
+        assert_eq!(r.status, 200, "event {i}");
+    }
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let (a_pid, b_pid) = (a.pid().to_string(), b.pid().to_string());
+    let a_owner = format!("{a_pid}-%");
+    let held_by_a = |db: &mut postgres::Client| -> i64 {
+        db.query_one(
+            "SELECT count(*) FROM jobs WHERE status = 'processing' AND lease_owner LIKE $1",
+            &[&a_owner],
+        )
+        .unwrap()
+        .get(0)
+    };
+    crate::harness::wait_until(Duration::from_secs(30), "instance A holds jobs", || {
+        held_by_a(&mut db) >= 1
+    });
+    a.kill9();
+
+    crate::harness::wait_until(Duration::from_secs(90), "every job done", || {
+        count(&mut db, "SELECT count(*) FROM jobs WHERE status = 'done'") == n as i64
+    });
+    for i in 0..n {
+        let key = format!("stripe:evt_{i:04}:notify");
+        assert_eq!(ds.effects(&key), 1, "exactly one effect for {key}");
+    }
+    let workers: Vec<String> = db
+        .query(
+            "SELECT DISTINCT split_part(worker, '-', 1) FROM attempts",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        workers.contains(&a_pid) && workers.contains(&b_pid),
+        "both instances' workers made attempts (the jobs are shared): {workers:?}"
+    );
+    assert!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM attempts WHERE error_kind = 'lease'"
+        ) >= 1,
+        "the takeover recorded the attempt cut short by kill -9"
+    );
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM events WHERE state = 'completed'"
+        ),
+        n as i64
+    );
+    drop(b);
+}
