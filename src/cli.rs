@@ -309,6 +309,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()
         && let Some(url) = &config.postgres
     {
+        if matches!(cli.command, Command::Backup { .. }) {
+            anyhow::bail!(
+                "database is {url}: idemhook does not back up PostgreSQL; use pg_dump (pg_dump --format=custom --file=idemhook.dump URL), which takes a consistent copy while serve runs"
+            );
+        }
         anyhow::bail!(
             "database is {url}: this command does not run on PostgreSQL in this build yet (serve and check do)"
         );

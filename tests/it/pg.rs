@@ -191,6 +191,23 @@ fn check_on_postgres_leaves_the_database_as_it_was() {
         "{}",
         out.stderr
     );
+    // backup refuses with a pointer to pg_dump.
+    let out = crate::harness::run_binary(
+        dir.path(),
+        &Default::default(),
+        &[
+            "backup".to_string(),
+            "--config".to_string(),
+            path.display().to_string(),
+            dir.path().join("copy.db").display().to_string(),
+        ],
+        crate::harness::CLI_TIMEOUT,
+    );
+    assert!(
+        out.status.code() == Some(2) && out.stderr.contains("pg_dump"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// PostgreSQL stopped, started again, then hung (every server process
@@ -417,4 +434,70 @@ fn two_instances_share_forward_jobs_and_one_takes_over_after_kill_9() {
         n as i64
     );
     drop(b);
+}
+
+/// `sslmode=require` connects over TLS and verifies the server against
+/// `sslrootcert`; a server whose certificate the client does not trust is
+/// refused rather than used unverified.
+#[test]
+fn sslmode_require_verifies_the_server_certificate() {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .expect("generate a certificate");
+    let cert_pem = certified.cert.pem();
+    let key_pem = certified.signing_key.serialize_pem();
+    let Some((local, port)) = pg_cluster::private_tls(&cert_pem, &key_pem) else {
+        pg_cluster::skipped("sslmode_require_verifies_the_server_certificate");
+        return;
+    };
+    // The database, made over the unix socket.
+    let socket_url = local.cluster().create_database("it_tls");
+    let db = socket_url
+        .split('/')
+        .nth(3)
+        .and_then(|p| p.split('?').next())
+        .expect("database name")
+        .to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("ca.pem"), &cert_pem).expect("write ca.pem");
+    let tls_url = format!(
+        "postgres://postgres@localhost:{port}/{db}?sslmode=require&sslrootcert={}",
+        dir.path().join("ca.pem").display()
+    );
+    let server = Server::start(&config(&tls_url), &[]);
+    let body = event(1);
+    let r = Client::new(Duration::from_secs(10)).post(
+        &server.url("/hooks/stripe"),
+        &sign::stripe_now(SECRET, &body),
+        &body,
+    );
+    assert_eq!(r.status, 200, "stored over TLS");
+    let mut check = postgres::Client::connect(&socket_url, postgres::NoTls).expect("connect");
+    let tls_sessions: i64 = check
+        .query_one(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE s.ssl AND a.application_name = 'idemhook'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(tls_sessions >= 1, "idemhook's sessions use TLS");
+    drop(server);
+
+    // Without the CA, the public roots do not vouch for this server:
+    // serve refuses to start rather than connect unverified.
+    let untrusted = format!("postgres://postgres@localhost:{port}/{db}?sslmode=require");
+    let path = dir.path().join("untrusted.toml");
+    std::fs::write(&path, config(&untrusted).render()).expect("write config");
+    let out = crate::harness::run_binary(
+        dir.path(),
+        &Default::default(),
+        &[
+            "check".to_string(),
+            "--config".to_string(),
+            path.display().to_string(),
+        ],
+        crate::harness::CLI_TIMEOUT,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
 }

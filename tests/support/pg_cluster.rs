@@ -130,6 +130,46 @@ pub struct Local {
     bin: PathBuf,
     dir: PathBuf,
     as_user: Option<(u32, u32)>,
+    /// `-c name=value` settings beyond the defaults (TLS on TCP).
+    extra: Vec<String>,
+}
+
+/// A private cluster that also listens on 127.0.0.1 (a free port) with
+/// TLS on, with this certificate and key; returns it and the port.
+pub fn private_tls(cert_pem: &str, key_pem: &str) -> Option<(Local, u16)> {
+    if std::env::var_os("IDEMHOOK_TEST_PG_URL").is_some() {
+        return None;
+    }
+    let mut local = Local::create().ok()?;
+    let data = local.data();
+    std::fs::write(data.join("server.crt"), cert_pem).ok()?;
+    std::fs::write(data.join("server.key"), key_pem).ok()?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            data.join("server.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .ok()?;
+    }
+    if let Some((uid, gid)) = local.as_user {
+        for f in ["server.crt", "server.key"] {
+            std::os::unix::fs::chown(data.join(f), Some(uid), Some(gid)).ok()?;
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    local.extra = vec![
+        "ssl=on".to_string(),
+        "listen_addresses=127.0.0.1".to_string(),
+        format!("port={port}"),
+    ];
+    local.spawn().ok()?;
+    local.wait_ready().ok()?;
+    Some((local, port))
 }
 
 /// A cluster of its own for a test that stops or freezes the server (the
@@ -166,7 +206,12 @@ impl Local {
         } else {
             None
         };
-        let local = Local { bin, dir, as_user };
+        let local = Local {
+            bin,
+            dir,
+            as_user,
+            extra: Vec::new(),
+        };
         let mut initdb = local.command("initdb");
         initdb
             .arg("-D")
@@ -264,6 +309,10 @@ impl Local {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
+        // Later settings win: the extra ones replace the defaults above.
+        for setting in &self.extra {
+            server.arg("-c").arg(setting);
+        }
         let child = server.spawn().map_err(|e| format!("start postgres: {e}"))?;
         drop(child);
         Ok(())
@@ -361,9 +410,14 @@ impl Local {
 
     /// How to reach this cluster as a superuser.
     pub fn cluster(&self) -> Cluster {
+        let port = self
+            .extra
+            .iter()
+            .find_map(|s| s.strip_prefix("port="))
+            .unwrap_or("5432");
         Cluster {
             base: "postgresql://postgres@localhost".to_string(),
-            query: format!("?host={}&port=5432", self.dir.display()),
+            query: format!("?host={}&port={port}", self.dir.display()),
             data_dir: Some(self.data()),
             pid: self.pid(),
         }
