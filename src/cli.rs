@@ -328,6 +328,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             if let Some(d) = database {
                 config.database = d;
+                config.postgres = None;
             }
             crate::serve::run(config)?;
             Ok(ExitCode::SUCCESS)
