@@ -230,6 +230,7 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
         wake_outbox: Box::new(move || waker.wake()),
         admin_limiter: Default::default(),
         ui_sessions: Default::default(),
+        overview_cache: Default::default(),
     });
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
     for warning in &config.warnings {
