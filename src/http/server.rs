@@ -693,19 +693,30 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             refuse(shared, socket, remote, full);
             continue;
         }
-        let s = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("idemhook-conn".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                // Gives the slot back however the thread ends, panics included.
-                let _slot = Slot(&s, id);
-                serve_connection(socket, remote, &s, &state);
-            });
-        if let Err(e) = spawned {
-            finish(shared, id);
-            dropped(Some(remote), "no thread for the connection", &e);
-        }
+        start_connection(shared, id, socket, remote, state);
+    }
+}
+
+/// Runs an admitted connection on its own thread.
+fn start_connection(
+    shared: &Arc<Shared>,
+    id: u64,
+    socket: Arc<TcpStream>,
+    remote: SocketAddr,
+    state: Arc<ConnState>,
+) {
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("idemhook-conn".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            // Gives the slot back however the thread ends, panics included.
+            let _slot = Slot(&s, id);
+            serve_connection(socket, remote, &s, &state);
+        });
+    if let Err(e) = spawned {
+        finish(shared, id);
+        dropped(Some(remote), "no thread for the connection", &e);
     }
 }
 
@@ -813,10 +824,8 @@ fn refuse(shared: &Arc<Shared>, socket: Arc<TcpStream>, remote: SocketAddr, full
             until: Instant::now() + TARPIT_HOLD,
         };
         match shared.tarpit.try_send(held) {
-            Ok(()) => {
-                dropped(Some(remote), why, &"held, then answered 503");
-                return;
-            }
+            // Logged when it is answered 503, if no room was made by then.
+            Ok(()) => return,
             Err(e) => {
                 let held = match e {
                     std::sync::mpsc::TrySendError::Full(h)
@@ -880,18 +889,48 @@ fn tarpit_size(limits: &Limits) -> usize {
     limits.max_connections.clamp(1, 1024)
 }
 
-/// Holds connections past a per-address cap for [`TARPIT_HOLD`] (nothing
-/// read, nothing written), then answers them 503; ends with the server.
+/// How often the tarpit tries again to admit the connections it holds.
+const TARPIT_RETRY: Duration = Duration::from_millis(100);
+
+/// Holds connections past a per-address cap for up to [`TARPIT_HOLD`]
+/// (nothing read, nothing written). Every [`TARPIT_RETRY`] each is offered
+/// a slot again, so one gets in as soon as its address has room (a
+/// connection closed, or an idle one has waited long enough to be let
+/// go): idle connections from an address never keep its next delivery
+/// out. Those still held at the end are answered 503. Ends with the server.
 fn tarpit_loop(held: &std::sync::mpsc::Receiver<Held>, shared: &std::sync::Weak<Shared>) {
     let mut waiting: std::collections::VecDeque<Held> = std::collections::VecDeque::new();
     loop {
         let wait = waiting.front().map_or(Duration::from_secs(1), |h| {
-            h.until.saturating_duration_since(Instant::now())
+            h.until
+                .saturating_duration_since(Instant::now())
+                .min(TARPIT_RETRY)
         });
         match held.recv_timeout(wait.max(Duration::from_millis(10))) {
             Ok(h) => waiting.push_back(h),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        if !waiting.is_empty() {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            if !shared.stop.load(Ordering::SeqCst) {
+                // One try per address and round: under a flood from one
+                // address, a round costs one scan of the connections.
+                let mut full = std::collections::HashSet::new();
+                waiting.retain(|h| {
+                    let address = address_key(h.remote.ip());
+                    if full.contains(&address) {
+                        return true;
+                    }
+                    let admitted = admit_held(&shared, h);
+                    if !admitted {
+                        full.insert(address);
+                    }
+                    !admitted
+                });
+            }
         }
         let now = Instant::now();
         while waiting.front().is_some_and(|h| h.until <= now) {
@@ -907,6 +946,11 @@ fn tarpit_loop(held: &std::sync::mpsc::Receiver<Held>, shared: &std::sync::Weak<
             );
             if shared.tls.is_none() {
                 use rustix::net::{SendFlags, send};
+                dropped(
+                    Some(h.remote),
+                    "refused: max_connections_per_address reached",
+                    &"held, no room made, answered 503",
+                );
                 let _ = send(
                     &*h.socket,
                     &bytes,
@@ -924,6 +968,18 @@ fn tarpit_loop(held: &std::sync::mpsc::Receiver<Held>, shared: &std::sync::Weak<
             }
         }
     }
+}
+
+/// Admits a held connection when its address has room now, and starts
+/// it; false when it must wait on.
+fn admit_held(shared: &Arc<Shared>, h: &Held) -> bool {
+    let state = Arc::new(ConnState::new(shared.limits.min_receive_rate));
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    if admit(shared, id, h.remote, &h.socket, &state).is_err() {
+        return false;
+    }
+    start_connection(shared, id, h.socket.clone(), h.remote, state);
+    true
 }
 
 /// A listener with a long accept queue (4096, as the kernel allows), so a

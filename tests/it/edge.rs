@@ -438,16 +438,21 @@ fn one_address_holds_at_most_max_connections_per_address() {
     for t in threads {
         t.join().unwrap();
     }
-    // 8 connections just opened from 127.0.0.3 cannot be let go (under a
-    // second old, nothing sent): a ninth is answered 503.
+    // 8 connections from 127.0.0.3 each receiving a head cannot be let go
+    // (a request under way keeps its slot): a ninth is answered 503.
     let mut refused = None;
     for _ in 0..5 {
         let fresh: Vec<TcpStream> = (0..8)
-            .map(|_| connect_from([127, 0, 0, 3], addr).unwrap())
+            .map(|_| {
+                let mut c = connect_from([127, 0, 0, 3], addr).unwrap();
+                c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+                c
+            })
             .collect();
         let mut ninth = Raw::from(connect_from([127, 0, 0, 3], addr).unwrap());
         ninth.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        // (Held 5 s in the tarpit first.)
+        // (Held 5 s in the tarpit first, in case room is made.)
         let a = ninth.answer(Duration::from_secs(12));
         drop(fresh);
         if let Ok(a) = a
@@ -463,6 +468,36 @@ fn one_address_holds_at_most_max_connections_per_address() {
         "{}",
         refused.describe()
     );
+}
+
+#[test]
+fn idle_connections_at_an_address_cap_make_room_for_its_next_delivery() {
+    // 8 connections just opened from 127.0.0.4 that send nothing fill its
+    // cap of 8, and a delivery from there comes at once: it is held until
+    // the oldest of them has been idle a second, which is then let go,
+    // and the delivery is accepted (it used to wait 5 s for a 503).
+    let server = start(
+        &config()
+            .set("max_connections", "64")
+            .set("max_connections_per_address", "8")
+            .set("min_receive_rate", "0"),
+    );
+    let addr = server.addr();
+    let idle: Vec<TcpStream> = (0..8)
+        .map(|_| connect_from([127, 0, 0, 4], addr).unwrap())
+        .collect();
+    deliver_from(
+        [127, 0, 0, 4],
+        &server,
+        "evt_past_idle",
+        "a delivery from an address whose cap idle connections fill",
+    );
+    assert!(
+        server.logs().contains("idle, let go at the connection cap"),
+        "the idle connection let go is logged\n{}",
+        server.logs()
+    );
+    drop(idle);
 }
 
 #[test]
