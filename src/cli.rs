@@ -58,7 +58,7 @@ pub enum Command {
         /// own id and type are kept unless --id or --type is given.
         #[arg(long, value_name = "BODY")]
         file: Option<String>,
-        /// The event id, set wherever the kind carries it.
+        /// The event id, set wherever the kind carries it. The sample sent with a given id is the same body every time, so a second send is a redelivery
         #[arg(long)]
         id: Option<String>,
         /// The event type, set wherever the kind carries it.

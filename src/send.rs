@@ -50,7 +50,17 @@ pub fn run(
         vec![("Content-Type".into(), "application/json".into())];
     let body_json = match &given {
         Some(bytes) => serde_json::from_slice::<Value>(bytes).ok(),
-        None => Some(sample(source.kind, &id, &event_type, now_ms)),
+        // A sample for a given --id is the same body every time (its
+        // creation time is fixed), so sending it again is a redelivery,
+        // answered as a plain duplicate, never a payload mismatch.
+        None => {
+            let created = if id_asked {
+                SAMPLE_CREATED
+            } else {
+                now_ms / 1000
+            };
+            Some(sample(source.kind, &id, &event_type, created))
+        }
     };
     let mut body_json = body_json;
     // Put the id and type where this source reads them.
@@ -229,9 +239,13 @@ fn default_type(kind: Kind) -> &'static str {
     }
 }
 
-/// A plausible body for each kind.
-fn sample(kind: Kind, id: &str, event_type: &str, now_ms: i64) -> Value {
-    let now = now_ms / 1000;
+/// The creation time written into a sample sent with `--id`:
+/// 2026-01-01T00:00:00Z. A provider's redelivery carries the same body
+/// (only the signature's timestamp is new), and so does a repeated send.
+const SAMPLE_CREATED: i64 = 1_767_225_600;
+
+/// A plausible body for each kind, created at `now` (unix seconds).
+fn sample(kind: Kind, id: &str, event_type: &str, now: i64) -> Value {
     match kind {
         Kind::Stripe => json!({
             "id": id, "object": "event", "type": event_type, "created": now, "livemode": false,

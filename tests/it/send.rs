@@ -99,6 +99,50 @@ fn send_signs_every_kind_as_its_provider_would() {
     }
 }
 
+/// A provider's redelivery carries the same body, and so does a second
+/// `send --id` of a sample, however much later: a plain duplicate, with no
+/// payload-mismatch incident. (Linear puts its send time in the body, so
+/// a Linear redelivery differs; see the README's Kinds.)
+#[test]
+fn a_second_send_of_an_id_is_the_same_body_even_a_second_later() {
+    let server = Server::start(&ServerConfig::new().tables(KINDS), &[]);
+    let base = server.base_url().to_string();
+    let kinds = [
+        "stripe", "github", "shopify", "slack", "paddle", "standard", "custom", "open",
+    ];
+    let send = |kind: &str| {
+        let out = server.run_cli(&[
+            "send",
+            kind,
+            "--url",
+            &base,
+            "--id",
+            &format!("evt_again_{kind}"),
+        ]);
+        assert!(out.success(), "send {kind}: {}\n{}", out.stdout, out.stderr);
+        out.stdout
+    };
+    for kind in kinds {
+        send(kind);
+    }
+    // The second sends come in a later second than the first ones.
+    let first_second = crate::harness::now_secs();
+    crate::harness::wait_until(
+        std::time::Duration::from_secs(5),
+        "the clock moves to the next second",
+        || crate::harness::now_secs() > first_second,
+    );
+    for kind in kinds {
+        let out = send(kind);
+        assert!(
+            out.contains("\"duplicate\"") && !out.contains("mismatch"),
+            "send {kind} again: a plain duplicate expected\n{out}"
+        );
+    }
+    let incidents = count(&server.db(), "SELECT count(*) FROM incidents", []);
+    assert_eq!(incidents, 0, "no payload-mismatch incident");
+}
+
 /// A given body is the body posted, byte for byte, with its own id and
 /// type; `--id` and `--type` change it only when given. Header-keyed
 /// kinds get their id and type headers either way.
