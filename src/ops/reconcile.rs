@@ -554,22 +554,31 @@ fn render_checks(out: &mut String, checks: &[Value], applied: bool) {
     }
 }
 
+/// Exit 1 says that something needs attention; a command that could not
+/// look at all (a bad argument, no database) exits 2, so that a monitor
+/// never mistakes one for the other.
 pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<ExitCode> {
+    fn failed(e: OpError) -> Result<ExitCode> {
+        match e {
+            OpError::NotFound(m) | OpError::Invalid(m) => Err(anyhow::anyhow!(m)),
+            store => finish(Err(store)),
+        }
+    }
     if yes && !check {
-        return finish(Err(OpError::Invalid(
+        return failed(OpError::Invalid(
             "--yes marks done what --check finds done downstream: give --check --yes".to_string(),
-        )));
+        ));
     }
     let conn = open_read(config)?;
     let report = match reconcile(&conn, config, now_ms()) {
         Ok(r) => r,
-        Err(e) => return finish(Err(e)),
+        Err(e) => return failed(e),
     };
     let report = if check {
         drop(conn);
         match check_and_apply(config, report, yes) {
             Ok(r) => r,
-            Err(e) => return finish(Err(e)),
+            Err(e) => return failed(e),
         }
     } else {
         report

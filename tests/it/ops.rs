@@ -855,6 +855,14 @@ fn pause_resume_and_reconcile_report_what_needs_attention() {
     let human = server.run_cli(&["reconcile"]);
     assert_eq!(exit_code(&human), Some(1));
     assert!(human.stdout.contains("evt_rc_failed"), "{}", human.stdout);
+    // A reconcile that could not look (a bad argument) exits 2, never the
+    // 1 that says something needs attention.
+    let misused = server.run_cli(&["reconcile", "--yes"]);
+    assert_eq!(exit_code(&misused), Some(2), "{misused:?}");
+    assert!(
+        misused.stdout.is_empty() && misused.stderr.contains("--check --yes"),
+        "{misused:?}"
+    );
 }
 
 #[test]
