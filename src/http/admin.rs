@@ -609,7 +609,9 @@ fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str)
         Ok(b) => b,
         Err(reply) => return reply,
     };
-    let (Some(action), Some(note)) = (b.action, b.note) else {
+    // An empty note is no note: the same answer (not the CLI's flag name).
+    let note = b.note.filter(|n| !n.trim().is_empty());
+    let (Some(action), Some(note)) = (b.action, note) else {
         return Reply::error(
             400,
             "a resolve needs {\"action\": ..., \"note\": ...}: the failed job's action, and what was done instead",

@@ -512,6 +512,14 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
     );
     let (status, missing) = api(&server, path, &json!({"action": "notify"}));
     assert_eq!(status, 400, "{missing}");
+    // An empty note is refused in the API's words, not the CLI's.
+    let (status, empty) = api(&server, path, &json!({"action": "notify", "note": " "}));
+    assert_eq!(status, 400, "{empty}");
+    let said = empty["error"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("\"note\"") && !said.contains("--note"),
+        "{empty}"
+    );
     let (status, done) = api(
         &server,
         path,
