@@ -324,6 +324,16 @@ fn same_origin(rq: &Incoming<'_>, listener: &Listener) -> bool {
     }
 }
 
+/// A sign-in that a browser says came from another page: `Sec-Fetch-Site`
+/// other than `same-origin`, or an `Origin` not this listener's. A request
+/// with neither is not a browser's (every browser sends `Origin` on a
+/// `POST`), so a script or `curl` signs in with the token alone; a page
+/// elsewhere cannot, even with the token.
+fn cross_origin(rq: &Incoming<'_>, listener: &Listener) -> bool {
+    let told = rq.header("sec-fetch-site").is_some() || rq.header("origin").is_some();
+    told && !same_origin(rq, listener)
+}
+
 // ---------------------------------------------------------------------------
 // Routes
 
@@ -407,7 +417,7 @@ fn session(app: &App, rq: &mut Incoming<'_>, listener: &Listener, token: &str) -
                 .with_header("Cache-Control", "no-store")
         }
         "POST" => {
-            if !same_origin(rq, listener) {
+            if cross_origin(rq, listener) {
                 return Reply::error(403, "sign in from the inspector's own page");
             }
             let given = match &rq.body {

@@ -96,6 +96,7 @@ fn exchange(
         .collect();
     Answer {
         status,
+        status_line: head.lines().next().unwrap_or_default().to_string(),
         headers,
         body: body.to_string(),
     }
@@ -103,6 +104,7 @@ fn exchange(
 
 struct Answer {
     status: u16,
+    status_line: String,
     headers: Vec<(String, String)>,
     body: String,
 }
@@ -359,6 +361,51 @@ fn sessions_headers_and_the_origin_rule_over_http() {
     let actions: Value = serde_json::from_str(&r.body).expect("json");
     assert_eq!(actions[0]["action"], "notify");
     assert_eq!(actions[0]["paused"], true);
+}
+
+#[test]
+fn a_client_that_is_not_a_browser_signs_in_with_the_token_alone() {
+    let server = Server::start(&config_with(""), &[]);
+    let addr = server.addr();
+    let host = addr.to_string();
+    let sign_in = |token: &str, extra: &[(&str, &str)]| {
+        let mut headers = vec![("Host", host.as_str())];
+        headers.extend_from_slice(extra);
+        let body = json!({ "token": token }).to_string();
+        exchange(addr, "POST", "/ui/session", &headers, body.as_bytes())
+    };
+    // No Origin and no Sec-Fetch-Site (curl, a script): the token decides.
+    let wrong = sign_in("nope", &[]);
+    assert_eq!(wrong.status, 401, "{}", wrong.body);
+    assert!(wrong.header("set-cookie").is_none());
+    let ok = sign_in(TOKEN, &[("Content-Type", "application/json")]);
+    assert_eq!(ok.status, 204, "{}", ok.body);
+    assert_eq!(ok.status_line, "HTTP/1.1 204 No Content");
+    let set = ok.header("set-cookie").expect("a session cookie");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    let cookie = set.split(';').next().expect("name=value");
+    let list = exchange(
+        addr,
+        "GET",
+        "/api/events",
+        &[("Host", &host), ("Cookie", cookie)],
+        b"",
+    );
+    assert_eq!(list.status, 200, "{}", list.body);
+    // A browser that says the sign-in comes from another page is refused,
+    // even with the right token.
+    for extra in [
+        vec![("Origin", "http://evil.example")],
+        vec![("Sec-Fetch-Site", "cross-site")],
+        vec![("Sec-Fetch-Site", "same-site")],
+    ] {
+        let r = sign_in(TOKEN, &extra);
+        assert_eq!(r.status, 403, "{extra:?}: {}", r.body);
+        assert!(r.header("set-cookie").is_none(), "{extra:?}");
+    }
 }
 
 #[test]
