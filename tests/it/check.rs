@@ -570,6 +570,15 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
         text.stdout
     );
 
+    // --yes alone is a usage error (exit 2), not a report (exit 1).
+    let alone = server.run_cli(&["reconcile", "--yes"]);
+    assert_eq!(exit_code(&alone), Some(2), "{alone:?}");
+    assert!(alone.stderr.contains("give --check --yes"), "{alone:?}");
+    assert_eq!(
+        job_status(&db, "evt_r_done", ACTION).as_deref(),
+        Some("failed")
+    );
+
     // The CLI marks the found one done; the API is asked about the rest.
     let applied = server.run_cli(&["reconcile", "--check", "--yes", "--json"]);
     let report = applied.json();
