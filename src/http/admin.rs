@@ -42,11 +42,10 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>, listener: &super::ui::Listener) 
         false
     };
     let reply = route(app, rq, token.expose(), by_cookie);
-    // Answers carry payloads and headers: never cached, never sniffed.
-    reply
-        .with_header("Cache-Control", "no-store")
-        .with_header("X-Content-Type-Options", "nosniff")
-        .with_header("Cross-Origin-Resource-Policy", "same-origin")
+    // Answers carry payloads and headers: never cached, never sniffed, and
+    // (the inspector reads them; a browser may open one) under the same
+    // strict policy as the inspector's own answers.
+    super::ui::secure(reply.with_header("Cache-Control", "no-store"))
 }
 
 fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Reply {

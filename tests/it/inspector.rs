@@ -395,6 +395,16 @@ fn a_client_that_is_not_a_browser_signs_in_with_the_token_alone() {
         b"",
     );
     assert_eq!(list.status, 200, "{}", list.body);
+    // What the inspector reads from the admin API is under the same policy.
+    assert!(
+        list.header("content-security-policy").is_some_and(|csp| csp
+            .contains("default-src 'none'")
+            && csp.contains("frame-ancestors 'none'")),
+        "{:?}",
+        list.headers
+    );
+    assert_eq!(list.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(list.header("referrer-policy"), Some("no-referrer"));
     // A browser that says the sign-in comes from another page is refused,
     // even with the right token.
     for extra in [
