@@ -409,12 +409,17 @@ fn render(report: &Value) -> String {
     let mut out = String::new();
     let counts = &report["counts"];
     let checks = report["checks"].as_array().map(Vec::as_slice);
-    if report["clean"].as_bool() == Some(true) && checks.is_none_or(<[Value]>::is_empty) {
+    let clean = report["clean"].as_bool() == Some(true);
+    if clean {
         let _ = writeln!(
             out,
             "clean: no stuck, overdue or failed jobs and no paused action has waiting jobs"
         );
-        return out;
+        // Jobs held by `after` do not make the report unclean, but are
+        // listed, as in the JSON.
+        if checks.is_none_or(<[Value]>::is_empty) && counts["waiting"].as_i64().unwrap_or(0) == 0 {
+            return out;
+        }
     }
     let sections = [
         (

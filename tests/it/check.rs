@@ -954,3 +954,58 @@ fn a_forward_after_another_forward_is_sent_once_that_one_is_done() {
         vec![kind("ok", None)]
     );
 }
+
+/// A job held by `after` while the action it waits for is still being
+/// retried leaves the report clean (exit 0), and the human report lists it
+/// all the same, as the JSON does.
+#[test]
+fn a_clean_reconcile_still_lists_the_jobs_waiting_for_other_actions() {
+    let ds = Downstream::start_without_dedupe();
+    let first = format!("{SOURCE}:evt_wait:first");
+    ds.script(&first, Behavior::Fail500(5));
+    let tables = ServerConfig::new()
+        .tables(&source())
+        .tables(&format!(
+            "[[sources.{SOURCE}.actions]]\nname = \"first\"\nforward = {}\n\
+             retry_initial = \"1h\"\nretry_max = \"1h\"\n",
+            toml_str(&format!("{}/in/first", ds.url()))
+        ))
+        .tables(&notify(&ds, "1s", "3s", "after = [\"first\"]"));
+    let server = Server::start(&tables, &env());
+    deliver(&server, "evt_wait");
+    let db = server.db();
+    wait_for(JOBS_TIMEOUT, "first's 500 recorded, notify parked", || {
+        let first_tried: i64 = db
+            .query_row(
+                "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id
+                 WHERE j.event_id = 'evt_wait' AND j.action = 'first'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or(0);
+        let parked: i64 = db
+            .query_row(
+                "SELECT count(*) FROM jobs WHERE event_id = 'evt_wait' AND action = ?1
+                   AND status = 'pending' AND next_attempt_at IS NULL",
+                [ACTION],
+                |r| r.get(0),
+            )
+            .unwrap_or(0);
+        if first_tried >= 1 && parked == 1 {
+            Ok(())
+        } else {
+            Err(dump_jobs(&db))
+        }
+    });
+    let human = server.run_cli(&["reconcile"]);
+    assert_eq!(exit_code(&human), Some(0), "{human:?}");
+    assert!(
+        human.stdout.starts_with("clean: ")
+            && human.stdout.contains(
+                "stripe/evt_wait  notify (forward)  0 attempt(s)  waiting for first (pending)"
+            ),
+        "{}",
+        human.stdout
+    );
+    assert_eq!(ds.posts_for(&key("evt_wait")).len(), 0);
+}
