@@ -230,6 +230,17 @@ fn count(conn: &Connection, c: &Cutoffs) -> Result<Counts, StoreError> {
                AND NOT (e.received_at < ?3)"
         ),
         &[&c.source, &c.bodies_before, &c.keys_before],
+    )? + one(
+        // Kept bodies of mismatched duplicates, as a prune drops them
+        // (those of events deleted first go with their event).
+        &format!(
+            "SELECT count(*) FROM incident_payloads p JOIN incidents i ON i.id = p.incident_id
+             WHERE i.source = ?1 AND i.created_at < ?2
+               AND NOT EXISTS (SELECT 1 FROM events e
+                   WHERE e.source = i.source AND e.event_id = i.event_id
+                     AND e.received_at < ?3 AND {NO_OPEN_JOB})"
+        ),
+        &[&c.source, &c.bodies_before, &c.keys_before],
     )?;
     let deliveries = one(
         &format!(
@@ -677,6 +688,16 @@ mod tests {
             )
             .unwrap();
         }
+        let planned = count(
+            &conn,
+            &Cutoffs {
+                source: "s".to_string(),
+                keys_before: 50,
+                bodies_before: 5_000,
+            },
+        )
+        .unwrap();
+        assert_eq!(planned.bodies, 2, "the dry run counts what the prune drops");
         let dropped = erase_bodies_batch(&conn, "s", 5_000, 6_000, BATCH).unwrap();
         assert_eq!(dropped, 2, "the event's body and the older mismatched one");
         assert_eq!(n(&conn, "SELECT count(*) FROM incident_payloads"), 1);

@@ -18,7 +18,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::downstream::{Behavior, Downstream};
-use crate::harness::{Server, ServerConfig, count, toml_str, wait_until};
+use crate::harness::{Server, ServerConfig, count, toml_str, wait_for, wait_until};
 use crate::sign;
 
 const TOKEN: &str = "inspector-test-token";
@@ -461,6 +461,43 @@ fn sessions_end_on_restart() {
         b"",
     );
     assert_eq!(r.status, 401);
+}
+
+/// A mismatched duplicate's kept body goes with `payload_retention`, and
+/// `prune --dry-run` counts it as the prune then drops it.
+#[test]
+fn a_mismatched_body_is_pruned_with_the_payload_and_the_dry_run_counts_it() {
+    let server = Server::start(&config_with("payload_retention = \"1s\"\n"), &[]);
+    send(&server, "evt-pr", br#"{"amount":1}"#, &[]);
+    send(&server, "evt-pr", br#"{"amount":2}"#, &[]);
+    let planned = wait_for(Duration::from_secs(20), "both bodies past 1s", || {
+        let out = server.run_cli(&["prune", "--dry-run"]);
+        out.assert_success();
+        if out.stdout.contains("would drop 2 bodies") {
+            Ok(out.stdout)
+        } else {
+            Err(out.stdout)
+        }
+    });
+    assert!(planned.contains("dry run: nothing changed"), "{planned}");
+    assert_eq!(
+        count(&server.db(), "SELECT count(*) FROM incident_payloads", []),
+        1
+    );
+    let pruned = server.run_cli(&["prune"]);
+    pruned.assert_success();
+    assert!(
+        pruned.stdout.contains("dropped 2 bodies"),
+        "{}",
+        pruned.stdout
+    );
+    let shown = server
+        .run_cli(&["events", "show", "gh", "evt-pr", "--json"])
+        .assert_success()
+        .json();
+    assert_eq!(shown["payload"], Value::Null);
+    assert_eq!(shown["incidents"][0]["payload"], Value::Null);
+    assert_eq!(shown["incidents"][0]["kind"], "payload_mismatch");
 }
 
 #[test]
