@@ -324,7 +324,7 @@ fn same_origin(rq: &Incoming<'_>, listener: &Listener) -> bool {
     }
 }
 
-/// A sign-in that a browser says came from another page: `Sec-Fetch-Site`
+/// A sign-in (or sign-out) that a browser says came from another page: `Sec-Fetch-Site`
 /// other than `same-origin`, or an `Origin` not this listener's. A request
 /// with neither is not a browser's (every browser sends `Origin` on a
 /// `POST`), so a script or `curl` signs in with the token alone; a page
@@ -452,7 +452,9 @@ fn session(app: &App, rq: &mut Incoming<'_>, listener: &Listener, token: &str) -
                 .with_header("Cache-Control", "no-store")
         }
         "DELETE" => {
-            if session_cookie(rq).is_some() && !same_origin(rq, listener) {
+            // Like a sign-in: refused when a browser says another page sent
+            // it; a client that is not a browser may end its own session.
+            if session_cookie(rq).is_some() && cross_origin(rq, listener) {
                 return Reply::error(403, "sign out from the inspector's own page");
             }
             if let Some(value) = session_cookie(rq) {

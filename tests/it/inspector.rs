@@ -405,6 +405,36 @@ fn a_client_that_is_not_a_browser_signs_in_with_the_token_alone() {
     );
     assert_eq!(list.header("x-content-type-options"), Some("nosniff"));
     assert_eq!(list.header("referrer-policy"), Some("no-referrer"));
+    // Signing out from another page is refused; without a browser's
+    // headers it ends the session.
+    let out = exchange(
+        addr,
+        "DELETE",
+        "/ui/session",
+        &[
+            ("Host", &host),
+            ("Cookie", cookie),
+            ("Origin", "http://evil.example"),
+        ],
+        b"",
+    );
+    assert_eq!(out.status, 403, "{}", out.body);
+    let out = exchange(
+        addr,
+        "DELETE",
+        "/ui/session",
+        &[("Host", &host), ("Cookie", cookie)],
+        b"",
+    );
+    assert_eq!(out.status, 204, "{}", out.body);
+    let after = exchange(
+        addr,
+        "GET",
+        "/api/events",
+        &[("Host", &host), ("Cookie", cookie)],
+        b"",
+    );
+    assert_eq!(after.status, 401, "signed out: {}", after.body);
     // A browser that says the sign-in comes from another page is refused,
     // even with the right token.
     for extra in [
