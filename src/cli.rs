@@ -120,6 +120,15 @@ pub enum Command {
         /// Where to write the copy: a new file (it must not exist yet).
         path: PathBuf,
     },
+    /// Copy this SQLite installation into an empty PostgreSQL database.
+    Migrate {
+        /// The target: a postgres:// URL, or env:NAME to read it from the environment.
+        #[arg(long)]
+        to: String,
+        /// Copy; without this only print what would be copied.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -403,6 +412,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             &event_id,
             yes,
         ),
+        Command::Migrate { to, yes } => {
+            crate::ops::migrate::cmd(&load_config(cli.config.as_deref())?, &to, yes)
+        }
         Command::Backup { path } => {
             let config = load_config(cli.config.as_deref())?;
             if path.exists() {

@@ -37,6 +37,8 @@ pub fn run(mut config: Config) -> Result<()> {
     let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", config.database.display()))?;
     store::migrate(&mut conn).context("cannot apply schema.sql")?;
+    // Held while serving: `migrate` refuses to copy under a running serve.
+    let _serving = crate::ops::migrate::lock_shared(&config.database)?;
     if new_database {
         // Loud: a mistyped `database` path starts an empty database, and
         // every event the providers send again would be processed again.

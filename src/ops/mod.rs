@@ -6,6 +6,7 @@ pub mod backup;
 pub mod erase;
 pub mod inspect;
 pub mod inspector;
+pub mod migrate;
 pub mod pause;
 pub mod prune;
 pub mod reconcile;

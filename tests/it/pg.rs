@@ -501,3 +501,122 @@ fn sslmode_require_verifies_the_server_certificate() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
 }
+
+/// `migrate` from a populated SQLite installation: refused while serve
+/// runs, a plan without --yes, every row copied and verified with --yes,
+/// refused into a target that has events; then every old event delivered
+/// again to serve on PostgreSQL is a duplicate, with no new effect.
+#[test]
+fn migrate_then_every_old_event_is_a_duplicate() {
+    use crate::downstream::Downstream;
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("migrate_then_every_old_event_is_a_duplicate");
+        return;
+    };
+    let url = cluster.create_database("it_migrate");
+    let ds = Downstream::start();
+    let sources = format!(
+        "[[sources.stripe.actions]]\nname = \"notify\"\nforward = \"{}/notify\"\n\
+         timeout = \"2s\"\nlease = \"4s\"\n",
+        ds.url()
+    );
+    let sqlite_config = config("idemhook.db").unset("database").tables(&sources);
+    let mut server = Server::start(&sqlite_config, &[]);
+    let client = Client::new(Duration::from_secs(10));
+    let n = 20;
+    let post = |server: &Server, body: &[u8]| {
+        client.post(
+            &server.url("/hooks/stripe"),
+            &sign::stripe_now(SECRET, body),
+            body,
+        )
+    };
+    for i in 0..n {
+        assert_eq!(post(&server, &event(i)).status, 200, "event {i}");
+        assert_eq!(post(&server, &event(i)).status, 200, "event {i} again");
+    }
+    // A mismatched duplicate: an incident with its body.
+    let mut changed: serde_json::Value = serde_json::from_slice(&event(0)).unwrap();
+    changed["data"]["object"]["amount"] = serde_json::json!(999);
+    let changed = changed.to_string().into_bytes();
+    post(&server, &changed);
+    crate::harness::wait_until(Duration::from_secs(60), "every forward done", || {
+        ds.total_effects() == n as u64
+    });
+
+    // Refused while serve runs on the file.
+    let out = server.run_cli(&["migrate", "--to", &url, "--yes"]);
+    assert!(
+        out.status.code() == Some(2) && out.stderr.contains("running"),
+        "refused while serve runs\n{}",
+        out.stderr
+    );
+    server.terminate();
+    server.wait_exit(Duration::from_secs(30));
+
+    let sqlite_counts = |table: &str| -> i64 {
+        crate::harness::count(&server.db(), &format!("SELECT count(*) FROM {table}"), [])
+    };
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let plan = server.run_cli(&["migrate", "--to", &url]);
+    assert!(plan.success(), "{}", plan.stderr);
+    assert!(plan.stdout.contains("nothing copied"), "{}", plan.stdout);
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM events"),
+        0,
+        "the plan copies nothing"
+    );
+
+    let done = server.run_cli(&["migrate", "--to", &url, "--yes"]);
+    assert!(done.success(), "{}\n{}", done.stdout, done.stderr);
+    for table in [
+        "events",
+        "jobs",
+        "attempts",
+        "deliveries",
+        "incidents",
+        "incident_payloads",
+        "replays",
+        "source_rules",
+    ] {
+        assert_eq!(
+            count(&mut db, &format!("SELECT count(*) FROM {table}")),
+            sqlite_counts(table),
+            "{table} copied row for row"
+        );
+    }
+    assert_eq!(count(&mut db, "SELECT count(*) FROM incidents"), 1);
+    let again = server.run_cli(&["migrate", "--to", &url, "--yes"]);
+    assert!(
+        again.status.code() == Some(2) && again.stderr.contains("already holds"),
+        "{}",
+        again.stderr
+    );
+
+    // serve on PostgreSQL now: every old event is a duplicate.
+    let jobs_before = count(&mut db, "SELECT count(*) FROM jobs");
+    let pg_server = Server::start(&config(&url).tables(&sources), &[]);
+    // The team's table in the SQLite file is not idemhook's to move: on
+    // PostgreSQL setup_sql makes it, empty.
+    let ledger_before = count(&mut db, "SELECT count(*) FROM ledger");
+    for i in 0..n {
+        let r = post(&pg_server, &event(i));
+        assert_eq!(r.status, 200, "event {i}");
+        assert_eq!(r.json_status().as_deref(), Some("duplicate"), "event {i}");
+    }
+    // A new event still works, and its jobs get new ids past the copied ones.
+    assert_eq!(post(&pg_server, &event(n)).status, 200);
+    crate::harness::wait_until(Duration::from_secs(60), "the new event forwarded", || {
+        ds.total_effects() == n as u64 + 1
+    });
+    assert_eq!(count(&mut db, "SELECT count(*) FROM jobs"), jobs_before + 2);
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM ledger"),
+        ledger_before + 1
+    );
+    assert_eq!(
+        ds.total_effects(),
+        n as u64 + 1,
+        "no old event forwarded again"
+    );
+}

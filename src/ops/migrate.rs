@@ -1,0 +1,326 @@
+//! `idemhook migrate --to URL [--yes]`: moves a SQLite installation to
+//! PostgreSQL without reopening the duplicate window. Refuses while a
+//! `serve` runs on the file (serve holds a shared lock on it; this takes
+//! an exclusive one for the whole copy, so no serve starts meanwhile) and
+//! refuses a target that already holds events. Copies every table row for
+//! row, ids included (jobs with their attempts, checks and replays,
+//! deliveries, incidents and their bodies, paused actions, key rules), in
+//! one PostgreSQL transaction that also verifies the counts before it
+//! commits. Without `--yes` it only prints what it would copy.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, anyhow, bail};
+use postgres::types::ToSql;
+use rusqlite::types::Value;
+
+use crate::config::Config;
+use crate::store::pg::{Settings, migrate};
+use crate::store::{self, DatabaseUrl, PostgresUrl, StoreError};
+
+/// Each table in the order its rows can be inserted (referenced rows
+/// first), with its columns and their kinds: i integer, t text, b blob.
+const TABLES: &[(&str, &[(&str, char)])] = &[
+    ("meta", &[("key", 't'), ("value", 't')]),
+    (
+        "source_rules",
+        &[
+            ("source", 't'),
+            ("key_rule", 't'),
+            ("hash_rule", 't'),
+            ("updated_at", 'i'),
+        ],
+    ),
+    (
+        "events",
+        &[
+            ("source", 't'),
+            ("event_id", 't'),
+            ("type", 't'),
+            ("state", 't'),
+            ("received_at", 'i'),
+            ("completed_at", 'i'),
+            ("payload", 'b'),
+            ("content_type", 't'),
+            ("headers", 't'),
+            ("payload_hash", 't'),
+            ("verified_with", 'i'),
+            ("signed_at", 'i'),
+            ("erased_at", 'i'),
+        ],
+    ),
+    (
+        "jobs",
+        &[
+            ("id", 'i'),
+            ("source", 't'),
+            ("event_id", 't'),
+            ("action", 't'),
+            ("kind", 't'),
+            ("status", 't'),
+            ("n_attempts", 'i'),
+            ("next_attempt_at", 'i'),
+            ("lease_owner", 't'),
+            ("lease_until", 'i'),
+            ("last_error", 't'),
+            ("created_at", 'i'),
+            ("updated_at", 'i'),
+        ],
+    ),
+    (
+        "attempts",
+        &[
+            ("job_id", 'i'),
+            ("n", 'i'),
+            ("started_at", 'i'),
+            ("finished_at", 'i'),
+            ("outcome", 't'),
+            ("http_status", 'i'),
+            ("error", 't'),
+            ("error_kind", 't'),
+            ("request_id", 't'),
+            ("response_head", 't'),
+            ("worker", 't'),
+            ("note", 't'),
+        ],
+    ),
+    (
+        "checks",
+        &[
+            ("id", 'i'),
+            ("job_id", 'i'),
+            ("n", 'i'),
+            ("asked_at", 'i'),
+            ("finished_at", 'i'),
+            ("answer", 't'),
+            ("http_status", 'i'),
+            ("error", 't'),
+            ("worker", 't'),
+        ],
+    ),
+    (
+        "deliveries",
+        &[
+            ("id", 'i'),
+            ("source", 't'),
+            ("event_id", 't'),
+            ("received_at", 'i'),
+            ("outcome", 't'),
+            ("remote", 't'),
+            ("detail", 't'),
+        ],
+    ),
+    (
+        "incidents",
+        &[
+            ("id", 'i'),
+            ("source", 't'),
+            ("event_id", 't'),
+            ("kind", 't'),
+            ("created_at", 'i'),
+            ("payload_hash", 't'),
+            ("detail", 't'),
+        ],
+    ),
+    (
+        "incident_payloads",
+        &[("incident_id", 'i'), ("payload", 'b')],
+    ),
+    (
+        "paused_actions",
+        &[("source", 't'), ("action", 't'), ("paused_at", 'i')],
+    ),
+    (
+        "replays",
+        &[
+            ("id", 'i'),
+            ("job_id", 'i'),
+            ("replayed_at", 'i'),
+            ("from_status", 't'),
+            ("forced", 'i'),
+            ("origin", 't'),
+        ],
+    ),
+];
+
+/// Tables whose ids come from an identity column: its sequence is moved
+/// past the copied ids.
+const IDENTITY: &[&str] = &["jobs", "checks", "deliveries", "incidents", "replays"];
+
+/// meta rows that belong to one backend (SQLite's schema version; the
+/// readiness probe's row).
+const META_SKIPPED: &[&str] = &["schema_version", "ready_probe"];
+
+/// Takes the exclusive lock on the SQLite file: fails while a serve holds
+/// its shared one.
+pub fn lock_exclusive(path: &Path) -> Result<File> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+        |_| {
+            anyhow!(
+                "{}: a serve (or another migrate) is running on this database; stop it first",
+                path.display()
+            )
+        },
+    )?;
+    Ok(file)
+}
+
+/// The shared lock serve holds on its SQLite file while it runs, so that
+/// a migrate cannot copy under it. None when the file cannot be locked
+/// because a migrate holds it.
+pub fn lock_shared(path: &Path) -> Result<File> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared).map_err(|_| {
+        anyhow!(
+            "{}: a migrate is copying this database; wait for it (then point database at its target)",
+            path.display()
+        )
+    })?;
+    Ok(file)
+}
+
+pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<ExitCode> {
+    let source_path = &config.database;
+    if config.postgres.is_some() {
+        bail!("database is already a PostgreSQL URL: migrate copies a SQLite file to PostgreSQL");
+    }
+    let to = match to.strip_prefix("env:") {
+        Some(name) => std::env::var(name)
+            .map_err(|_| anyhow!("--to: environment variable {name} is not set"))?,
+        None => to.to_string(),
+    };
+    let url: PostgresUrl =
+        match DatabaseUrl::parse(&to, Path::new(".")).map_err(|e| anyhow!("--to: {e}"))? {
+            DatabaseUrl::Postgres(url) => url,
+            DatabaseUrl::Sqlite(_) => bail!("--to: expected a postgres:// URL"),
+        };
+    if !source_path.exists() {
+        bail!("{}: no such database", source_path.display());
+    }
+    let _lock = lock_exclusive(source_path)?;
+    let mut sqlite = store::open(source_path, config.durability, config.busy_timeout)
+        .with_context(|| format!("cannot open {}", source_path.display()))?;
+    store::migrate(&mut sqlite).context("cannot bring the SQLite schema up to date")?;
+
+    let mut counts = Vec::new();
+    for (table, _) in TABLES {
+        let n: i64 =
+            sqlite.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?;
+        counts.push((*table, n));
+    }
+
+    let settings =
+        Settings::from_url(&url, config.durability, config.busy_timeout).map_err(|e| anyhow!(e))?;
+    let mut pg = settings
+        .connect()
+        .map_err(|e| anyhow!("cannot connect to {url}: {e}"))?;
+    migrate(&mut pg).map_err(|e| anyhow!("{url}: cannot migrate: {e}"))?;
+    let target_events: i64 = pg
+        .query_one("SELECT count(*) FROM events", &[])
+        .map_err(StoreError::from)?
+        .get(0);
+    if target_events > 0 {
+        bail!(
+            "{url} already holds {target_events} event(s): migrate copies into an empty idemhook database only"
+        );
+    }
+
+    println!("from {}", source_path.display());
+    println!("to   {url}");
+    for (table, n) in &counts {
+        println!("  {table:<18} {n}");
+    }
+    if !yes {
+        println!(
+            "nothing copied: run again with --yes to copy (stop serve first; it stays refused while this runs)"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let mut tx = pg.transaction().map_err(StoreError::from)?;
+    for (table, columns) in TABLES {
+        copy_table(&sqlite, &mut tx, table, columns).with_context(|| format!("copying {table}"))?;
+    }
+    for table in IDENTITY {
+        tx.execute(
+            &format!(
+                "SELECT setval(pg_get_serial_sequence('{table}', 'id'), coalesce(max(id), 0) + 1, false) FROM {table}"
+            ),
+            &[],
+        )
+        .map_err(StoreError::from)?;
+    }
+    // Verified before the commit: a short copy commits nothing.
+    for (table, n) in &counts {
+        let skipped = if *table == "meta" {
+            sqlite.query_row(
+                "SELECT count(*) FROM meta WHERE key IN ('schema_version', 'ready_probe')",
+                [],
+                |r| r.get::<_, i64>(0),
+            )?
+        } else {
+            0
+        };
+        let copied: i64 = tx
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .map_err(StoreError::from)?
+            .get(0);
+        if copied != n - skipped {
+            bail!(
+                "{table}: {copied} row(s) in the target, {} expected; nothing was committed",
+                n - skipped
+            );
+        }
+    }
+    tx.commit().map_err(StoreError::from)?;
+    println!("copied and verified; now set database = \"{url}\" and start serve");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Copies one table row for row, in one prepared INSERT.
+fn copy_table(
+    sqlite: &rusqlite::Connection,
+    tx: &mut postgres::Transaction<'_>,
+    table: &str,
+    columns: &[(&str, char)],
+) -> Result<()> {
+    let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
+    let placeholders: Vec<String> = (1..=columns.len()).map(|i| format!("${i}")).collect();
+    let insert = tx
+        .prepare(&format!(
+            "INSERT INTO {table} ({}) OVERRIDING SYSTEM VALUE VALUES ({})",
+            names.join(", "),
+            placeholders.join(", ")
+        ))
+        .map_err(StoreError::from)?;
+    let mut select = sqlite.prepare(&format!("SELECT {} FROM {table}", names.join(", ")))?;
+    let mut rows = select.query([])?;
+    while let Some(row) = rows.next()? {
+        if table == "meta" {
+            let key: String = row.get(0)?;
+            if META_SKIPPED.contains(&key.as_str()) {
+                continue;
+            }
+        }
+        let mut values: Vec<Box<dyn ToSql + Sync>> = Vec::with_capacity(columns.len());
+        for (i, (name, kind)) in columns.iter().enumerate() {
+            let v: Value = row.get(i)?;
+            values.push(match (kind, v) {
+                ('i', Value::Integer(n)) => Box::new(Some(n)),
+                ('i', Value::Null) => Box::new(None::<i64>),
+                ('t', Value::Text(s)) => Box::new(Some(s)),
+                ('t', Value::Null) => Box::new(None::<String>),
+                ('b', Value::Blob(b)) => Box::new(Some(b)),
+                ('b', Value::Text(s)) => Box::new(Some(s.into_bytes())),
+                ('b', Value::Null) => Box::new(None::<Vec<u8>>),
+                (_, other) => bail!("{table}.{name}: unexpected value {other:?}"),
+            });
+        }
+        let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v.as_ref()).collect();
+        tx.execute(&insert, &refs).map_err(StoreError::from)?;
+    }
+    Ok(())
+}
