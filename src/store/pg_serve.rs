@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
-use super::pg::{Settings, Tls, migrate};
+use super::pg::{Settings, Tls};
 use super::pg_group::{Op, run_group};
 use super::pg_tx::{PgTx, Statements};
 use super::tx::Tx;
@@ -161,12 +161,19 @@ pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<Settings, String> {
     let mut client = settings
         .connect()
         .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-    migrate(&mut client).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
+    // The migrations and setup_sql in one transaction under the migration
+    // lock: instances that start at once take turns (CREATE TABLE IF NOT
+    // EXISTS is not safe against a concurrent one in PostgreSQL).
+    let mut tx = client
+        .transaction()
+        .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
+    super::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {
-        client
-            .batch_execute(sql)
+        tx.batch_execute(sql)
             .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
     }
+    tx.commit()
+        .map_err(|e| format!("{url}: cannot migrate: {}", StoreError::from(e)))?;
     check_actions(&mut client, config)?;
     Ok(settings)
 }
