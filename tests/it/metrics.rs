@@ -363,3 +363,26 @@ fn json_log_lines_parse_and_carry_the_delivery_fields() {
     assert_eq!(delivery["outcome"], "accepted");
     assert!(delivery.get("ms").is_some());
 }
+
+/// The development default makes an admin token for its inspector sign-in
+/// only; `/metrics` on its loopback listener stays open, as it is where no
+/// token is configured, while the admin API takes that token.
+#[test]
+fn the_development_default_serves_metrics_without_a_token() {
+    let server = Server::start_zero_config(&[]);
+    let resp = crate::harness::get(&server.url("/metrics"));
+    assert_eq!(resp.status, 200, "GET /metrics: {}", resp.text());
+    assert!(
+        resp.text()
+            .contains("idemhook_deliveries_total{source=\"demo\",outcome=\"accepted\"} 0"),
+        "{}",
+        resp.text()
+    );
+    let api = crate::harness::get(&server.url("/api/events"));
+    assert_eq!(
+        api.status,
+        401,
+        "the admin API takes the run's token: {}",
+        api.text()
+    );
+}
