@@ -188,7 +188,7 @@ pub fn apply(
     ])?;
     conn.prepare_cached(
         "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
-                lease_owner = NULL, lease_until = NULL, updated_at = ?3
+                lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
          WHERE id = ?1",
     )?
     .execute(params![plan.job_id, n, now])?;

@@ -468,6 +468,12 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
         job_status(&server, "evt_cli", "notify").as_deref(),
         Some("done")
     );
+    // A done job has no last error, however it was done; the failure
+    // stays in its attempts.
+    let closed = server
+        .run_cli(&["events", "show", "stripe", "evt_cli", "--json"])
+        .json();
+    assert_eq!(closed["jobs"][0]["last_error"], Value::Null, "{closed:#}");
     assert_eq!(
         event_state(&server, "evt_cli").as_deref(),
         Some("completed")
