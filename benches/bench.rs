@@ -39,6 +39,11 @@ use rusqlite::{Connection, OpenFlags, params};
 use sha2::{Digest, Sha256};
 
 /// The whole schema, to create a database for prefilling.
+#[path = "support/pg_mode.rs"]
+mod bench_pg;
+#[path = "../tests/support/pg_cluster.rs"]
+mod pg_cluster;
+
 const SCHEMA: &str = include_str!("../schema.sql");
 /// The source's secret (Stripe keys HMAC with the whole `whsec_` string).
 const SECRET: &str = "whsec_b3VyLWJlbmNobWFyay1zZWNyZXQtZm9yLWlkZW1ob29r";
@@ -81,6 +86,9 @@ struct Opts {
     /// cargo bench passes `--bench`; `cargo test --all-targets` does not.
     bench_flag: bool,
     force: bool,
+    /// W1 and W2 on PostgreSQL (one and two instances, and the classic
+    /// design) instead of the SQLite workloads.
+    postgres: bool,
 }
 
 const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
@@ -95,6 +103,8 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --forward-workers N    idemhook's forward_workers (default: idemhook's own, 4; for experiments)
   --durability D    idemhook's durability, full (default, as the issue says) or normal (no fsync
                     before answering; for experiments: what the fsync costs)
+  --postgres        W1 and W2 on a local PostgreSQL cluster: the classic one-transaction-per-event
+                    design, one idemhook instance and two (needs initdb and postgres)
   --force           run even without cargo bench's --bench flag";
 
 impl Opts {
@@ -112,6 +122,7 @@ impl Opts {
             durability: "full".to_string(),
             bench_flag: false,
             force: false,
+            postgres: false,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -123,6 +134,7 @@ impl Opts {
             match a.as_str() {
                 "--bench" => o.bench_flag = true,
                 "--force" => o.force = true,
+                "--postgres" => o.postgres = true,
                 "--growth" => o.growth = true,
                 "--growth-10m" => {
                     o.growth = true;
@@ -2300,6 +2312,9 @@ fn main() -> ExitCode {
     );
     if (opts.scale - 1.0).abs() > f64::EPSILON {
         println!("          SCALED: every event count x{}", opts.scale);
+    }
+    if opts.postgres {
+        return bench_pg::run(&opts);
     }
 
     let mut rows = Vec::new();

@@ -134,6 +134,19 @@ pub struct Local {
     extra: Vec<String>,
 }
 
+/// A private cluster with these `name=value` settings on top of the
+/// test defaults (the benchmark turns fsync back on).
+pub fn private_with(settings: &[&str]) -> Option<Local> {
+    if std::env::var_os("IDEMHOOK_TEST_PG_URL").is_some() {
+        return None;
+    }
+    let mut local = Local::create().ok()?;
+    local.extra = settings.iter().map(|s| s.to_string()).collect();
+    local.spawn().ok()?;
+    local.wait_ready().ok()?;
+    Some(local)
+}
+
 /// A private cluster that also listens on 127.0.0.1 (a free port) with
 /// TLS on, with this certificate and key; returns it and the port.
 pub fn private_tls(cert_pem: &str, key_pem: &str) -> Option<(Local, u16)> {
