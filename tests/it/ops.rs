@@ -675,7 +675,7 @@ fn prune_removes_only_what_retention_allows_and_never_open_or_failed_work() {
     // forward_workers = 0: the forward job stays pending.
     let server = Server::start(
         &config(
-            "retention = \"4s\"\npayload_retention = \"1s\"",
+            "retention = \"8s\"\npayload_retention = \"2s\"",
             "[[sources.stripe.actions]]\nname = \"notify\"\ntypes = [\"charge.pending\"]\n\
              forward = \"http://127.0.0.1:9/never\"\n",
         )
@@ -686,7 +686,9 @@ fn prune_removes_only_what_retention_allows_and_never_open_or_failed_work() {
     deliver(&server, &body("evt_old_ok", "charge.succeeded", 1));
     deliver(&server, &body("evt_old_failed", "charge.succeeded", -1));
     deliver(&server, &body("evt_old_pending", "charge.pending", 1));
-    std::thread::sleep(Duration::from_millis(1500));
+    // Margins of 2 s on each side of both retentions: a loaded machine
+    // may take a second to start each CLI run.
+    std::thread::sleep(Duration::from_millis(2500));
     deliver(&server, &body("evt_new", "charge.succeeded", 2));
 
     let payload = |id: &str| -> Option<Vec<u8>> {
@@ -736,7 +738,7 @@ fn prune_removes_only_what_retention_allows_and_never_open_or_failed_work() {
     );
     assert!(payload("evt_new").is_some(), "a new body is kept");
 
-    let wait = Duration::from_millis(4500).saturating_sub(started.elapsed());
+    let wait = Duration::from_millis(8500).saturating_sub(started.elapsed());
     std::thread::sleep(wait);
     let pruned = server.run_cli(&["prune"]);
     pruned.assert_success();
