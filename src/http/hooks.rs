@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use super::Incoming;
 use super::reply::Reply;
-use super::{BodyProblem, Incoming};
 use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
@@ -323,38 +323,19 @@ struct Answered<'a> {
     detail: Option<&'a str>,
 }
 
-/// The body the connection read, or why it is refused: too large (413,
-/// also when only declared), shorter than declared or stalled (400, 408).
+/// The body the connection read, or 413 when it is over `limit` (also
+/// when only declared). The server itself answers bodies that are too
+/// large for it, short, late or malformed, so only the size is left here.
 fn take_body(rq: &mut Incoming<'_>, limit: usize) -> Result<Vec<u8>, Refused> {
-    let too_large = || {
-        refused(
+    let body = std::mem::take(&mut rq.body);
+    if rq.content_length.is_some_and(|n| n > limit) || body.len() > limit {
+        return Err(refused(
             Delivery::TooLarge,
             413,
             format!("body larger than max_body_bytes ({limit})"),
-        )
-    };
-    if rq.content_length.is_some_and(|n| n > limit) {
-        return Err(too_large());
+        ));
     }
-    match std::mem::replace(&mut rq.body, Ok(Vec::new())) {
-        Ok(body) if body.len() > limit => Err(too_large()),
-        Ok(body) => Ok(body),
-        Err(BodyProblem::TimedOut) => Err(refused(
-            Delivery::BadRequest,
-            408,
-            "body not received in time",
-        )),
-        Err(BodyProblem::Short { expected, got }) => Err(refused(
-            Delivery::BadRequest,
-            400,
-            format!("body shorter than its Content-Length ({got} of {expected} bytes)"),
-        )),
-        Err(BodyProblem::BadChunk(e)) => Err(refused(
-            Delivery::BadRequest,
-            400,
-            format!("malformed chunked body: {e}"),
-        )),
-    }
+    Ok(body)
 }
 
 /// Answers a refused delivery: counts it, records it (without the body,

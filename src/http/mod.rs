@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use crate::app::App;
 use reply::Reply;
-pub use server::BodyProblem;
 
 /// A request as the handlers see it. The body has already been read whole
 /// (within `max_body_bytes`) by the connection thread.
@@ -26,10 +25,9 @@ pub struct Incoming<'a> {
     pub remote: String,
     /// The declared body length, if any.
     pub content_length: Option<usize>,
-    /// The body. (A body too large, late, short or malformed is answered
-    /// by the server before any handler; `Err` stays for the handlers'
-    /// own checks.)
-    pub body: Result<Vec<u8>, BodyProblem>,
+    /// The body, whole. (A body too large, late, short or malformed is
+    /// answered by the server before any handler.)
+    pub body: Vec<u8>,
     /// The processing permit, for a handler that gives it back before a
     /// long wait.
     pub permit: Option<&'a mut server::Permit>,
@@ -173,7 +171,7 @@ fn handle(
         headers: std::mem::take(&mut rq.headers),
         remote: rq.remote.to_string(),
         content_length: rq.content_length,
-        body: std::mem::replace(&mut rq.body, Ok(Vec::new())),
+        body: std::mem::take(&mut rq.body),
         permit: Some(&mut rq.permit),
         later: rq.later.take(),
     };

@@ -125,9 +125,9 @@ pub struct Request {
     pub content_length: Option<usize>,
     /// The body, read whole and within `max_body_bytes`: a body that is
     /// too large, malformed, short or late is answered by the server
-    /// itself (and told to the [`RefusedHook`]), so a handler only ever
-    /// sees `Ok`. (The `Err` side stays for handlers called otherwise.)
-    pub body: Result<Vec<u8>, BodyProblem>,
+    /// itself (and told to the [`RefusedHook`]), so a handler never sees
+    /// one.
+    pub body: Vec<u8>,
     /// The processing permit this request holds.
     pub permit: Permit,
     /// The right to answer after the handler returns; offered on plain
@@ -136,7 +136,7 @@ pub struct Request {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BodyProblem {
+enum BodyProblem {
     /// The connection ended or stalled before the declared length arrived.
     Short {
         expected: usize,
@@ -1262,7 +1262,7 @@ fn serve_requests(
             headers: head.headers,
             remote,
             content_length: head.content_length,
-            body: Ok(body),
+            body,
             permit: Permit(None),
             later,
         };

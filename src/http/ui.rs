@@ -420,10 +420,9 @@ fn session(app: &App, rq: &mut Incoming<'_>, listener: &Listener, token: &str) -
             if cross_origin(rq, listener) {
                 return Reply::error(403, "sign in from the inspector's own page");
             }
-            let given = match &rq.body {
-                Ok(bytes) if bytes.len() <= 4096 => serde_json::from_slice::<SignIn>(bytes).ok(),
-                _ => None,
-            };
+            let given = (rq.body.len() <= 4096)
+                .then(|| serde_json::from_slice::<SignIn>(&rq.body).ok())
+                .flatten();
             let Some(given) = given else {
                 return Reply::error(400, "expected a JSON body {\"token\": \"...\"}");
             };
