@@ -147,39 +147,7 @@ fn encode_into(out: &mut String, value: &str) {
     }
 }
 
-/// What the downstream said: the `answer` label of
-/// `idemhook_downstream_checks_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    /// 200: the effect exists.
-    Found,
-    /// 404: it does not.
-    NotFound,
-    /// Anything else, or no answer: nothing is decided.
-    Error,
-}
-
-impl Answer {
-    pub const ALL: [Answer; 3] = [Answer::Found, Answer::NotFound, Answer::Error];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Answer::Found => "found",
-            Answer::NotFound => "not_found",
-            Answer::Error => "error",
-        }
-    }
-
-    /// 200 is found and 404 not found; any other status (a 204 or a
-    /// redirect too) decides nothing.
-    pub fn of_status(status: u16) -> Answer {
-        match status {
-            200 => Answer::Found,
-            404 => Answer::NotFound,
-            _ => Answer::Error,
-        }
-    }
-}
+pub use crate::state::Answer;
 
 /// One check, asked and classified.
 #[derive(Debug, Clone)]

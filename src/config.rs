@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::key::{Part, Rule};
+use crate::state::JobKind;
 use crate::store::{DatabaseUrl, PostgresUrl};
 use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Secret, Verifier};
 
@@ -333,11 +334,16 @@ impl Action {
         self.types.is_empty() || event_type.is_some_and(|t| self.types.iter().any(|want| want == t))
     }
 
-    pub fn kind_name(&self) -> &'static str {
+    /// The `kind` its jobs are stored with.
+    pub fn job_kind(&self) -> JobKind {
         match self.kind {
-            ActionKind::Sql { .. } => "sql",
-            ActionKind::Forward(_) => "forward",
+            ActionKind::Sql { .. } => JobKind::Sql,
+            ActionKind::Forward(_) => JobKind::Forward,
         }
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        self.job_kind().as_str()
     }
 }
 

@@ -19,9 +19,9 @@ use serde_json::Value;
 
 use crate::config::{Action, ActionKind, Source};
 use crate::key::{Input, Part};
-use crate::metrics::Delivery;
+use crate::state::{AttemptOutcome, Delivery, EventState, JobKind, JobStatus};
 use crate::store::sqlite::Sqlite;
-use crate::store::tx::{ActionError, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// A verified delivery, ready to claim.
@@ -87,15 +87,15 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome
         .filter(|(_, a)| a.takes(c.event_type.as_deref()))
         .collect();
     let initial_state = if matching.is_empty() {
-        "completed"
+        EventState::Completed
     } else {
-        "accepted"
+        EventState::Accepted
     };
     let inserted = tx.insert_event(&NewEvent {
         source: &source.name,
         event_id: &c.event_id,
         event_type: c.event_type.as_deref(),
-        state: initial_state,
+        state: initial_state.as_str(),
         received_at: c.received_at,
         completed_at: matching.is_empty().then_some(c.received_at),
         payload: &c.body,
@@ -125,7 +125,7 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome
         // 'completed' with no action at all), and a recount would only
         // confirm it.
         let state = if forward_jobs == matching.len() {
-            initial_state.to_string()
+            initial_state.as_str().to_string()
         } else {
             refresh_event_state_in(tx, &source.name, &c.event_id, c.received_at)?
         };
@@ -159,7 +159,7 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome
         &source.name,
         Some(&c.event_id),
         c.received_at,
-        outcome.delivery().name(),
+        outcome.delivery().as_str(),
         &c.remote,
         None,
     )?;
@@ -195,7 +195,7 @@ pub fn record_delivery(
         source,
         event_id,
         received_at,
-        outcome.name(),
+        outcome.as_str(),
         remote,
         detail,
     )
@@ -215,8 +215,14 @@ fn run_sql_job<T: Tx>(
     let started = crate::store::now_ms();
     let result = tx.in_savepoint("action", |tx| -> Result<(), ActionError> {
         execute_action(tx, source, sql, sql_params, c)?;
-        let job_id = insert_job(tx, source, action, c, "done", None)?;
-        tx.insert_sql_attempt(job_id, started, crate::store::now_ms(), "ok", None)?;
+        let job_id = insert_job(tx, source, action, c, JobStatus::Done, None)?;
+        tx.insert_sql_attempt(
+            job_id,
+            started,
+            crate::store::now_ms(),
+            AttemptOutcome::Ok.as_str(),
+            None,
+        )?;
         Ok(())
     });
     match result {
@@ -224,12 +230,12 @@ fn run_sql_job<T: Tx>(
         Err(ActionError::Store(e)) if e.kind != StoreErrorKind::Other => Err(e),
         Err(e) => {
             let message = e.to_string();
-            let job_id = insert_job(tx, source, action, c, "failed", Some(&message))?;
+            let job_id = insert_job(tx, source, action, c, JobStatus::Failed, Some(&message))?;
             tx.insert_sql_attempt(
                 job_id,
                 started,
                 crate::store::now_ms(),
-                "failed",
+                AttemptOutcome::Failed.as_str(),
                 Some(&message),
             )?;
             // A dead letter: the effect did not happen (error, like a
@@ -314,17 +320,17 @@ fn insert_job<T: Tx>(
     source: &Source,
     action: &Action,
     c: &Claim,
-    status: &str,
+    status: JobStatus,
     error: Option<&str>,
 ) -> Result<i64, StoreError> {
     tx.insert_job(&NewJob {
         source: &source.name,
         event_id: &c.event_id,
         action: &action.name,
-        kind: action.kind_name(),
-        status,
-        n_attempts: i64::from(action.kind_name() == "sql"),
-        next_attempt_at: (status == "pending").then_some(c.received_at),
+        kind: action.job_kind().as_str(),
+        status: status.as_str(),
+        n_attempts: i64::from(action.job_kind() == JobKind::Sql),
+        next_attempt_at: (status == JobStatus::Pending).then_some(c.received_at),
         last_error: error,
         created_at: c.received_at,
     })
@@ -337,9 +343,9 @@ fn insert_forward_job<T: Tx>(
     c: &Claim,
 ) -> Result<(), StoreError> {
     let status = if tx.is_paused(&source.name, &action.name)? {
-        "paused"
+        JobStatus::Paused
     } else {
-        "pending"
+        JobStatus::Pending
     };
     insert_job(tx, source, action, c, status, None)?;
     Ok(())
@@ -365,18 +371,22 @@ pub fn refresh_event_state_in<T: Tx>(
     event_id: &str,
     now: i64,
 ) -> Result<String, StoreError> {
-    let t = tx.job_tallies(source, event_id)?;
-    let state = if t.failed > 0 {
-        "failed"
+    let state = event_state(tx.job_tallies(source, event_id)?);
+    tx.set_event_state(source, event_id, state.as_str(), now)?;
+    Ok(state.as_str().to_string())
+}
+
+/// An event's state from its jobs' tallies.
+pub fn event_state(t: JobTallies) -> EventState {
+    if t.failed > 0 {
+        EventState::Failed
     } else if t.open == 0 {
-        "completed"
+        EventState::Completed
     } else if t.started > 0 {
-        "processing"
+        EventState::Processing
     } else {
-        "accepted"
-    };
-    tx.set_event_state(source, event_id, state, now)?;
-    Ok(state.to_string())
+        EventState::Accepted
+    }
 }
 
 /// Checks at start that every SQL action prepares against the database (its

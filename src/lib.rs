@@ -19,5 +19,6 @@ pub mod resolve;
 pub mod retry;
 pub mod send;
 pub mod serve;
+pub mod state;
 pub mod store;
 pub mod verify;

@@ -11,68 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 
-/// The outcome label of `idemhook_deliveries_total`, in contract order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivery {
-    Accepted,
-    Duplicate,
-    Mismatch,
-    BadSignature,
-    BadRequest,
-    UnknownSource,
-    TooLarge,
-    Unavailable,
-}
-
-impl Delivery {
-    pub const ALL: [Delivery; 8] = [
-        Delivery::Accepted,
-        Delivery::Duplicate,
-        Delivery::Mismatch,
-        Delivery::BadSignature,
-        Delivery::BadRequest,
-        Delivery::UnknownSource,
-        Delivery::TooLarge,
-        Delivery::Unavailable,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Delivery::Accepted => "accepted",
-            Delivery::Duplicate => "duplicate",
-            Delivery::Mismatch => "mismatch",
-            Delivery::BadSignature => "bad_signature",
-            Delivery::BadRequest => "bad_request",
-            Delivery::UnknownSource => "unknown_source",
-            Delivery::TooLarge => "too_large",
-            Delivery::Unavailable => "unavailable",
-        }
-    }
-}
-
-/// The outcome of one attempt of an action, in contract order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    Ok,
-    Retry,
-    Failed,
-}
-
-impl AttemptOutcome {
-    pub const ALL: [AttemptOutcome; 3] = [
-        AttemptOutcome::Ok,
-        AttemptOutcome::Retry,
-        AttemptOutcome::Failed,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AttemptOutcome::Ok => "ok",
-            AttemptOutcome::Retry => "retry",
-            AttemptOutcome::Failed => "failed",
-        }
-    }
-}
+use crate::state::{Answer, JobStatus};
+pub use crate::state::{AttemptOutcome, Delivery};
 
 /// The label used for deliveries to a path that names no configured source.
 pub const UNKNOWN_SOURCE_LABEL: &str = "unknown";
@@ -232,16 +172,13 @@ impl Metrics {
     }
 
     /// Counts one question to a downstream's `check` URL.
-    pub fn downstream_check(&self, source: &str, action: &str, answer: crate::check::Answer) {
+    pub fn downstream_check(&self, source: &str, action: &str, answer: Answer) {
         if let Some(i) = self
             .actions
             .iter()
             .position(|(s, a)| s == source && a == action)
         {
-            let o = crate::check::Answer::ALL
-                .iter()
-                .position(|x| *x == answer)
-                .unwrap_or(0);
+            let o = Answer::ALL.iter().position(|x| *x == answer).unwrap_or(0);
             self.checks[i][o].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -269,7 +206,7 @@ impl Metrics {
                     out,
                     "idemhook_deliveries_total{{source=\"{}\",outcome=\"{}\"}} {n}",
                     escape(source),
-                    d.name()
+                    d.as_str()
                 );
             }
         }
@@ -287,7 +224,7 @@ impl Metrics {
                     "idemhook_action_attempts_total{{source=\"{}\",action=\"{}\",outcome=\"{}\"}} {}",
                     escape(s),
                     escape(a),
-                    outcome.name(),
+                    outcome.as_str(),
                     self.attempts[i][o].load(Ordering::Relaxed)
                 );
             }
@@ -298,13 +235,13 @@ impl Metrics {
             if !self.has_check[i] {
                 continue;
             }
-            for (o, answer) in crate::check::Answer::ALL.iter().enumerate() {
+            for (o, answer) in Answer::ALL.iter().enumerate() {
                 let _ = writeln!(
                     out,
                     "idemhook_downstream_checks_total{{source=\"{}\",action=\"{}\",answer=\"{}\"}} {}",
                     escape(s),
                     escape(a),
-                    answer.name(),
+                    answer.as_str(),
                     self.checks[i][o].load(Ordering::Relaxed)
                 );
             }
@@ -320,11 +257,11 @@ impl Metrics {
             out.push_str("# HELP idemhook_jobs Jobs by status.\n");
             out.push_str("# TYPE idemhook_jobs gauge\n");
             for (status, n) in [
-                ("pending", j.pending),
-                ("processing", j.processing),
-                ("done", j.done),
-                ("failed", j.failed),
-                ("paused", j.paused),
+                (JobStatus::Pending, j.pending),
+                (JobStatus::Processing, j.processing),
+                (JobStatus::Done, j.done),
+                (JobStatus::Failed, j.failed),
+                (JobStatus::Paused, j.paused),
             ] {
                 let _ = writeln!(out, "idemhook_jobs{{status=\"{status}\"}} {n}");
             }

@@ -45,11 +45,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use rusqlite::Connection;
 
-use crate::check::{self, Answer, Asked};
+use crate::check::{self, Asked};
 use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state_in;
-use crate::metrics::{AttemptOutcome, Metrics};
+use crate::metrics::Metrics;
 use crate::retry::{self, Verdict};
+use crate::state::{Answer, AttemptOutcome, JobStatus};
 use crate::store::pg::Settings;
 use crate::store::pg_tx::{PgTx, Session};
 use crate::store::sqlite::Sqlite;
@@ -430,7 +431,7 @@ impl Worker {
                 ("event_id", &job.event_id),
                 ("action", &job.action),
                 ("n", &job.n),
-                ("outcome", &outcome.name()),
+                ("outcome", &outcome.as_str()),
                 ("http_status", &status),
                 ("ms", &ms),
                 ("error", &error),
@@ -637,7 +638,7 @@ fn log_check(job: &Leased, asked: &Asked) {
             ("event_id", &job.event_id),
             ("action", &job.action),
             ("n", &job.n),
-            ("answer", &asked.answer.name()),
+            ("answer", &asked.answer.as_str()),
             ("http_status", &status),
             ("ms", &ms),
             ("error", &asked.error.as_deref().unwrap_or_default()),
@@ -670,7 +671,7 @@ pub(crate) fn record_check_in<T: OutboxTx>(
         n,
         asked_at: asked.started_at,
         finished_at: asked.finished_at,
-        answer: asked.answer.name(),
+        answer: asked.answer.as_str(),
         http_status: asked.http_status.map(i64::from),
         error: asked.error.as_deref(),
         worker,
@@ -850,7 +851,9 @@ fn park<T: OutboxTx>(
         .iter()
         .map(|(action, status)| format!("{action} ({status})"))
         .collect();
-    let failed = waiting.iter().any(|(_, status)| status == "failed");
+    let failed = waiting
+        .iter()
+        .any(|(_, status)| status == JobStatus::Failed.as_str());
     let reason = format!(
         "waiting for {} of the same event{}",
         names.join(", "),
@@ -865,21 +868,20 @@ fn park<T: OutboxTx>(
 
 fn fail_job<T: OutboxTx>(tx: &mut T, job_id: i64, now: i64, error: &str) -> Result<(), StoreError> {
     let status = failed_status(tx, job_id)?;
-    tx.end_job(job_id, now, error, status)
+    tx.end_job(job_id, now, error, status.as_str())
 }
 
 /// The status a job takes when an attempt fails for good: `failed`, except
 /// in a forced re-run of a done job (its latest replay came from `done`),
 /// which stays done: its effect already happened once.
 /// The failed attempt is recorded all the same.
-fn failed_status<T: OutboxTx>(tx: &mut T, job_id: i64) -> Result<&'static str, StoreError> {
-    Ok(
-        if tx.latest_replay_from(job_id)?.as_deref() == Some("done") {
-            "done"
-        } else {
-            "failed"
-        },
-    )
+fn failed_status<T: OutboxTx>(tx: &mut T, job_id: i64) -> Result<JobStatus, StoreError> {
+    let from = tx.latest_replay_from(job_id)?;
+    Ok(if from.as_deref() == Some(JobStatus::Done.as_str()) {
+        JobStatus::Done
+    } else {
+        JobStatus::Failed
+    })
 }
 
 /// Records an attempt's result, if this worker still owns the job.
@@ -892,10 +894,10 @@ fn complete<T: OutboxTx>(
     a: &Attempt,
 ) -> Result<(), StoreError> {
     let status = match outcome {
-        AttemptOutcome::Ok => "done",
+        AttemptOutcome::Ok => JobStatus::Done,
         // An action paused while this attempt was in flight waits for resume.
-        AttemptOutcome::Retry if tx.is_paused(&job.source, &job.action)? => "paused",
-        AttemptOutcome::Retry => "pending",
+        AttemptOutcome::Retry if tx.is_paused(&job.source, &job.action)? => JobStatus::Paused,
+        AttemptOutcome::Retry => JobStatus::Pending,
         AttemptOutcome::Failed => failed_status(tx, job.job_id)?,
     };
     // Fenced by owner and attempt number: a worker that lost its lease
@@ -909,7 +911,7 @@ fn complete<T: OutboxTx>(
         job.job_id,
         owner,
         job.n,
-        status,
+        status.as_str(),
         next_attempt_at,
         last_error,
         a.finished_at,
@@ -935,7 +937,7 @@ fn complete<T: OutboxTx>(
         n: job.n,
         started_at: a.started_at,
         finished_at: a.finished_at,
-        outcome: outcome.name(),
+        outcome: outcome.as_str(),
         http_status: a.http_status.map(i64::from),
         error: a.error.as_deref(),
         error_kind: a.error_kind,
@@ -962,11 +964,11 @@ fn give_back<T: OutboxTx>(
         record_check_in(tx, id, n, owner, asked)?;
     }
     let status = if tx.is_paused(source, action)? {
-        "paused"
+        JobStatus::Paused
     } else {
-        "pending"
+        JobStatus::Pending
     };
-    tx.give_back(id, owner, n, status)
+    tx.give_back(id, owner, n, status.as_str())
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
 use crate::key::{Input, Json, RawDoc, payload_hash};
-use crate::metrics::Delivery;
+use crate::state::Delivery;
 use crate::store::now_ms;
 
 /// JSON nested deeper than this is refused (serde_json stops at 128 too).
@@ -253,22 +253,22 @@ impl Claimed {
             detail: None,
         };
         let (status, body) = match &outcome {
-            Outcome::Accepted { state, .. } => (200, answered("accepted", state)),
-            Outcome::Duplicate { state } => (200, answered("duplicate", state)),
+            Outcome::Accepted { state, .. } => (200, answered(Delivery::Accepted, state)),
+            Outcome::Duplicate { state } => (200, answered(Delivery::Duplicate, state)),
             Outcome::Mismatch { state } => match source.on_mismatch {
                 OnMismatch::Ack => (
                     200,
                     Answered {
                         mismatch: true,
                         detail: Some(MISMATCH),
-                        ..answered("duplicate", state)
+                        ..answered(Delivery::Duplicate, state)
                     },
                 ),
                 OnMismatch::Reject => (
                     409,
                     Answered {
                         error: Some(MISMATCH),
-                        ..answered("mismatch", state)
+                        ..answered(Delivery::Mismatch, state)
                     },
                 ),
             },
@@ -279,7 +279,7 @@ impl Claimed {
             &[
                 ("source", name),
                 ("event_id", &event_id),
-                ("outcome", &delivery.name()),
+                ("outcome", &delivery.as_str()),
                 ("status", &status),
                 (
                     "ms",
@@ -313,7 +313,8 @@ fn incident_level(delivery: Delivery) -> crate::log::Level {
 struct Answered<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
-    status: &'a str,
+    /// The delivery's outcome word: accepted, duplicate or mismatch.
+    status: Delivery,
     source: &'a str,
     event_id: &'a str,
     state: &'a str,
@@ -358,7 +359,7 @@ fn refuse(
         "delivery",
         &[
             ("source", &source_name),
-            ("outcome", &outcome.name()),
+            ("outcome", &outcome.as_str()),
             ("status", &status),
             ("reason", &message),
             ("remote", &remote),

@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use super::{StoreError, StoreErrorKind};
+use crate::state::open_job_statuses_sql;
 
 /// A connection with an open transaction, seen through [`Tx`].
 pub struct Sqlite<'c> {
@@ -179,13 +180,15 @@ impl Tx for Sqlite<'_> {
     fn job_tallies(&mut self, source: &str, event_id: &str) -> Result<JobTallies, StoreError> {
         Ok(self
             .conn
-            .prepare_cached(
+            .prepare_cached(concat!(
                 "SELECT
                      coalesce(sum(status = 'failed'), 0),
-                     coalesce(sum(status IN ('pending', 'processing', 'paused')), 0),
+                     coalesce(sum(status IN (",
+                open_job_statuses_sql!(),
+                ")), 0),
                      coalesce(sum(status = 'processing' OR n_attempts > 0), 0)
-                 FROM jobs WHERE source = ?1 AND event_id = ?2",
-            )?
+                 FROM jobs WHERE source = ?1 AND event_id = ?2"
+            ))?
             .query_row(params![source, event_id], |r| {
                 Ok(JobTallies {
                     failed: r.get(0)?,
