@@ -643,39 +643,167 @@ fn the_example_systemd_unit_verifies() {
 }
 
 // ---------------------------------------------------------------------------
-// The README
+// The documents
 // ---------------------------------------------------------------------------
 
-/// The README speaks of the project only: no issue numbers, and every file
-/// it names (`*.md`, paths to `.rs`, `.sh` or `.service` files) is in the
-/// repository.
-#[test]
-fn the_readme_cites_only_files_in_the_repository_and_no_issues() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let words: Vec<&str> = readme
-        .split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
-        .filter(|w| !w.is_empty())
-        .collect();
-    for pair in words.windows(2) {
-        assert!(
-            !(pair[0].eq_ignore_ascii_case("issue") && pair[1].bytes().all(|b| b.is_ascii_digit())),
-            "the README cites an issue: {} {}",
-            pair[0],
-            pair[1]
-        );
+/// The documents a reader meets: README.md, ARCHITECTURE.md, every page of
+/// docs/, the fuzzing notes and the example unit.
+fn documents(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut docs = vec![
+        root.join("README.md"),
+        root.join("ARCHITECTURE.md"),
+        root.join("tests/fuzz/README.md"),
+    ];
+    for dir in ["docs", "examples"] {
+        let mut pages: Vec<_> = std::fs::read_dir(root.join(dir))
+            .unwrap_or_else(|e| panic!("read {dir}/: {e}"))
+            .map(|entry| entry.expect("a directory entry").path())
+            .filter(|path| {
+                let ext = path.extension().and_then(|e| e.to_str());
+                ext == Some("md") || (dir == "examples" && ext != Some("png"))
+            })
+            .collect();
+        pages.sort();
+        docs.extend(pages);
     }
-    for word in words {
-        let word = word.trim_end_matches('.');
-        let is_doc = word.ends_with(".md");
-        let is_repo_path = word.contains('/')
-            && !word.starts_with('/')
-            && [".rs", ".sh", ".service"].iter().any(|e| word.ends_with(e));
-        if is_doc || is_repo_path {
-            assert!(
-                root.join(word).exists(),
-                "the README names {word}, which is not in the repository"
-            );
+    docs
+}
+
+/// Whether `name`, read from the document at `doc`, is a file of the
+/// repository: relative to the document's folder, to the root or to
+/// `src/` (the code map names modules so), and inside the repository
+/// either way (`../shared/X.md` is not).
+fn in_repository(root: &Path, doc: &Path, name: &str) -> bool {
+    let root = root.canonicalize().expect("the repository root");
+    let folder = doc.parent().expect("a document's folder");
+    [
+        folder.join(name),
+        root.join(name),
+        root.join("src").join(name),
+    ]
+    .iter()
+    .filter_map(|candidate| candidate.canonicalize().ok())
+    .any(|found| found.starts_with(&root))
+}
+
+/// The anchor GitHub gives a heading: lowercased, punctuation dropped,
+/// spaces as dashes.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings, outside code blocks.
+fn anchors(text: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            out.push(heading_anchor(line.trim_start_matches('#')));
         }
     }
+    out
+}
+
+/// The targets of a Markdown text's inline links, `[text](target)`.
+fn link_targets(text: &str) -> Vec<&str> {
+    text.match_indices("](")
+        .filter_map(|(at, _)| {
+            let rest = &text[at + 2..];
+            rest.find(')').map(|end| &rest[..end])
+        })
+        .collect()
+}
+
+/// The documents speak of the project only: no issue numbers, and every
+/// file they name (`*.md`, paths to `.rs`, `.sh` or `.service` files) is in
+/// the repository; every relative link resolves to a file of the
+/// repository (and a `#fragment` into a Markdown file to one of its
+/// headings); and every page of docs/ is linked from the README.
+#[test]
+fn the_documents_cite_only_files_in_the_repository_and_no_issues() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut problems = Vec::new();
+    for doc in documents(root) {
+        let shown = doc.strip_prefix(root).unwrap_or(&doc).display().to_string();
+        let text = std::fs::read_to_string(&doc).unwrap_or_else(|e| panic!("read {shown}: {e}"));
+        let words: Vec<&str> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+            .filter(|w| !w.is_empty())
+            .collect();
+        for pair in words.windows(2) {
+            let issue = pair[0].trim_start_matches('#');
+            if issue.eq_ignore_ascii_case("issue") && pair[1].bytes().all(|b| b.is_ascii_digit()) {
+                problems.push(format!("{shown} cites an issue: {} {}", pair[0], pair[1]));
+            }
+        }
+        for word in &words {
+            let word = word.trim_end_matches('.');
+            let is_doc = word.ends_with(".md");
+            let is_repo_path = word.contains('/')
+                && !word.starts_with('/')
+                && [".rs", ".sh", ".service"].iter().any(|e| word.ends_with(e));
+            if (is_doc || is_repo_path) && !in_repository(root, &doc, word) {
+                problems.push(format!(
+                    "{shown} names {word}, which is not in the repository"
+                ));
+            }
+        }
+        for target in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let file = if path.is_empty() {
+                doc.clone()
+            } else {
+                doc.parent().expect("a document's folder").join(path)
+            };
+            let inside = file
+                .canonicalize()
+                .is_ok_and(|f| f.starts_with(root.canonicalize().expect("the root")));
+            if !inside {
+                problems.push(format!(
+                    "{shown} links to {target}, which is not a file of the repository"
+                ));
+                continue;
+            }
+            if !fragment.is_empty() && file.extension().is_some_and(|e| e == "md") {
+                let linked = std::fs::read_to_string(&file).unwrap_or_default();
+                if !anchors(&linked).iter().any(|a| a == fragment) {
+                    problems.push(format!(
+                        "{shown} links to {target}, which has no heading #{fragment}"
+                    ));
+                }
+            }
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let linked = link_targets(&readme);
+    for doc in documents(root) {
+        let Ok(page) = doc.strip_prefix(root.join("docs")) else {
+            continue;
+        };
+        if doc.extension().is_some_and(|e| e == "md") {
+            let page = format!("docs/{}", page.display());
+            if !linked
+                .iter()
+                .any(|t| t.split('#').next() == Some(page.as_str()))
+            {
+                problems.push(format!("README.md does not link to {page}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the documents\n  expected: no issue numbers, no files outside the repository, every link resolving, every docs/ page linked from the README\n  got:\n    {}",
+        problems.join("\n    ")
+    );
 }
