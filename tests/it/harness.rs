@@ -3,8 +3,11 @@
 //! Owns: the `Server` fixture (a temp dir per test, the config file, the child
 //! process, its captured stdout and stderr), running other CLI verbs against
 //! the same config, HTTP helpers (ureq for ordinary requests, raw TCP for
-//! hostile ones), read-only access to the SQLite file, and `wait_until`.
-//! Does not own: signing (`sign.rs`) or the fake downstream (`downstream.rs`).
+//! hostile ones), access to the server's rows on either backend
+//! (`server.count`/`rows`/`one`, through `backend.rs`; `server.db()` is the
+//! SQLite file itself), and `wait_until`.
+//! Does not own: signing (`sign.rs`), the fake downstream (`downstream.rs`)
+//! or which backend a test runs on (`backend.rs`).
 //! Nothing here links the crate under test; the binary is the boundary.
 
 #![allow(dead_code)] // not every test module uses every helper
@@ -19,6 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
+
+#[allow(unused_imports)] // re-exported for the test modules
+pub use crate::backend::{Backend, Db, Param, Row, Val, backends};
 
 /// How long `serve` may take to print its listening line.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -75,6 +81,15 @@ impl ServerConfig {
         self.tables.push_str(toml);
         self.tables.push('\n');
         self
+    }
+
+    /// The PostgreSQL URL this config names as its `database`, if it does
+    /// (a literal `postgres://` / `postgresql://` string).
+    pub fn postgres_url(&self) -> Option<String> {
+        let raw = self.top_level.get("database")?;
+        let url = raw.trim().strip_prefix('"')?.strip_suffix('"')?;
+        (url.starts_with("postgres://") || url.starts_with("postgresql://"))
+            .then(|| url.replace("\\\\", "\\").replace("\\\"", "\""))
     }
 
     pub fn render(&self) -> String {
@@ -140,9 +155,24 @@ pub struct Server {
     stderr: Captured,
     /// Number of times the process was started (1 after `start`).
     generation: u32,
+    /// The PostgreSQL database the config names, when it names one.
+    pg_url: Option<String>,
+    /// The connection `count`, `rows` and the like read through.
+    store: Mutex<Option<Db>>,
 }
 
 impl Server {
+    /// `start` on `backend`: SQLite as `start`; PostgreSQL on a fresh
+    /// database of the test cluster (ask [`Backend::available`] first, or
+    /// write the test with [`crate::backend::both_backends!`]). A config
+    /// that already names a PostgreSQL database keeps it.
+    pub fn start_on(backend: Backend, config: &ServerConfig, env: &[(&str, &str)]) -> Server {
+        if backend.is_postgres() && config.postgres_url().is_none() {
+            return Server::start(&backend.config(config.clone()), env);
+        }
+        Server::start(config, env)
+    }
+
     /// Write `config` into a fresh temp dir and start `serve --config`.
     /// `env` is the whole environment besides `PATH` (secrets, failpoints).
     pub fn start(config: &ServerConfig, env: &[(&str, &str)]) -> Server {
@@ -163,6 +193,7 @@ impl Server {
         let config_path = dir.path().join("idemhook.toml");
         std::fs::write(&config_path, config.render()).expect("write config");
         let mut server = Server::new_stopped(dir, Some(config_path), env, Vec::new());
+        server.pg_url = config.postgres_url();
         server.spawn();
         server
     }
@@ -174,6 +205,7 @@ impl Server {
         let config_path = dir.path().join("idemhook.toml");
         std::fs::write(&config_path, config.render()).expect("write config");
         let mut server = Server::new_stopped(dir, Some(config_path), env, Vec::new());
+        server.pg_url = config.postgres_url();
         server.wrapper = wrapper.iter().map(|a| a.to_string()).collect();
         server.spawn();
         server
@@ -209,6 +241,8 @@ impl Server {
             stdout: Arc::new(Mutex::new(Vec::new())),
             stderr: Arc::new(Mutex::new(Vec::new())),
             generation: 0,
+            pg_url: None,
+            store: Mutex::new(None),
         }
     }
 
@@ -358,6 +392,79 @@ impl Server {
 
     pub fn db_path(&self) -> PathBuf {
         self.dir.path().join("idemhook.db")
+    }
+
+    /// Which backend this server's config names.
+    pub fn backend(&self) -> Backend {
+        match self.pg_url {
+            Some(_) => Backend::Postgres,
+            None => Backend::Sqlite,
+        }
+    }
+
+    /// The PostgreSQL URL of its database (superuser), when on PostgreSQL.
+    pub fn pg_url(&self) -> Option<&str> {
+        self.pg_url.as_deref()
+    }
+
+    /// A new connection to the server's store, whichever the backend
+    /// (read-only on SQLite).
+    pub fn store(&self) -> Db {
+        match &self.pg_url {
+            Some(url) => Db::postgres(url),
+            None => Db::sqlite(&self.db_path()),
+        }
+    }
+
+    /// A new connection that may write (a test's own setup: an expired
+    /// lease, a row to hold).
+    pub fn store_rw(&self) -> Db {
+        match &self.pg_url {
+            Some(url) => Db::postgres(url),
+            None => Db::sqlite_rw(&self.db_path()),
+        }
+    }
+
+    fn with_store<T>(&self, f: impl FnOnce(&mut Db) -> T) -> T {
+        let mut cached = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let db = cached.get_or_insert_with(|| self.store());
+        f(db)
+    }
+
+    /// The rows of `sql` on either backend (SQLite's `?1` placeholders;
+    /// see `backend.rs` for the SQL both understand).
+    pub fn rows(&self, sql: &str, params: &[&dyn Param]) -> Vec<Row> {
+        self.with_store(|db| db.rows(sql, params))
+    }
+
+    /// The first row of `sql`, if any.
+    pub fn row(&self, sql: &str, params: &[&dyn Param]) -> Option<Row> {
+        self.with_store(|db| db.row(sql, params))
+    }
+
+    /// The one row of `sql`; panics when there is none.
+    pub fn one(&self, sql: &str, params: &[&dyn Param]) -> Row {
+        self.with_store(|db| db.one(sql, params))
+    }
+
+    /// `SELECT count(*) ...` as i64 on either backend.
+    pub fn count(&self, sql: &str, params: &[&dyn Param]) -> i64 {
+        self.with_store(|db| db.count(sql, params))
+    }
+
+    /// The first column of each row as text.
+    pub fn texts(&self, sql: &str, params: &[&dyn Param]) -> Vec<String> {
+        self.with_store(|db| db.texts(sql, params))
+    }
+
+    /// A statement that writes (a test's own setup); the rows changed.
+    pub fn exec(&self, sql: &str, params: &[&dyn Param]) -> u64 {
+        self.store_rw().exec(sql, params)
+    }
+
+    /// Rows of a query as text, for failure messages.
+    pub fn dump(&self, sql: &str) -> String {
+        self.with_store(|db| db.dump(sql))
     }
 
     /// A read-only connection to the server's database, with a busy timeout.
@@ -1126,6 +1233,7 @@ impl Server {
         std::fs::write(&config_path, config.render()).expect("write config");
         let args = args.iter().map(|a| a.to_string()).collect();
         let mut server = Server::new_stopped(dir, Some(config_path), env, args);
+        server.pg_url = config.postgres_url();
         server.spawn();
         server
     }

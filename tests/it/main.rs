@@ -4,6 +4,7 @@
 //! shared fixtures in `harness`, independent signers in `sign`, a fake
 //! downstream in `downstream`.
 
+mod backend;
 mod check;
 mod cli;
 mod database;

@@ -9,7 +9,9 @@
 //! server and removes the dir when the test process ends (libtest has no
 //! hook for the end of a run). Without PostgreSQL, `cluster()` is None and
 //! a loud SKIPPED line goes to the real stderr (not the captured one); an
-//! `IDEMHOOK_TEST_PG_URL` that cannot be reached fails the tests instead.
+//! `IDEMHOOK_TEST_PG_URL` that cannot be reached fails the tests instead,
+//! and so does a missing PostgreSQL under `CI=true` (CI installs it).
+//! `IDEMHOOK_TEST_NO_PG=1` takes the skip path on purpose.
 //!
 //! Shared by the library's unit tests and the integration tests
 //! (included by `#[path]` in both).
@@ -50,6 +52,11 @@ pub fn cluster() -> Option<&'static Cluster> {
             // failure, not a skip.
             Err(why) if std::env::var_os("IDEMHOOK_TEST_PG_URL").is_some() => {
                 panic!("IDEMHOOK_TEST_PG_URL is set but unusable: {why}")
+            }
+            // CI always has PostgreSQL (.ci/run installs it): a skip there
+            // would hide that half of the tests did not run.
+            Err(why) if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+                panic!("CI is set but PostgreSQL is unusable: {why}")
             }
             Err(why) => {
                 let _ = writeln!(
@@ -109,6 +116,10 @@ impl Cluster {
 }
 
 fn start() -> Result<Cluster, String> {
+    // To see the skip path on a machine that has PostgreSQL.
+    if std::env::var_os("IDEMHOOK_TEST_NO_PG").is_some() {
+        return Err("IDEMHOOK_TEST_NO_PG is set".to_string());
+    }
     if let Ok(url) = std::env::var("IDEMHOOK_TEST_PG_URL")
         && !url.is_empty()
     {
