@@ -8,8 +8,8 @@
 //!   `Server::start_on(backend, &config, env)` starts on either;
 //!   `backend.config(config)` points a config at a fresh database (two
 //!   instances on one PostgreSQL database share it).
-//! - [`both_backends!`]: writes a test once as `fn name(backend: Backend)`
-//!   and makes two tests of it, `name::sqlite` and `name::postgres`; the
+//! - [`both_backends!`]: a test written once as `fn name(backend: Backend)`
+//!   becomes two, `name::sqlite` and `name::postgres`; the
 //!   PostgreSQL half says SKIPPED loudly and passes when there is no
 //!   PostgreSQL (and fails under `CI=true`: CI always has it).
 //! - [`Db`]: `count`, `rows`, `row`, `exec` and `dump` with SQLite's `?1`
@@ -104,38 +104,34 @@ pub fn fresh_database() -> String {
     cluster.create_database(&tail)
 }
 
-/// Writes a test once for both backends:
+/// Makes a test of shared behaviour run on both backends: for each
+/// `fn name(backend: Backend)` named, a module `name` with the tests
+/// `name::sqlite` and `name::postgres` (filter with `::postgres` to run
+/// one half; the PostgreSQL half says SKIPPED loudly without a cluster).
 ///
 /// ```ignore
-/// both_backends! {
-///     /// What it shows.
-///     fn duplicates_are_stored_once(backend) {
-///         let server = Server::start_on(backend, &config, &env);
-///         assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
-///     }
+/// /// What it shows.
+/// fn duplicates_are_stored_once(backend: Backend) {
+///     let server = Server::start_on(backend, &config, &env);
+///     assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
 /// }
+/// both_backends!(duplicates_are_stored_once);
 /// ```
 ///
-/// makes a module `duplicates_are_stored_once` with the tests `sqlite`
-/// and `postgres` (filter with `::postgres` to run one half).
+/// (A module and a function may share a name: they live in different
+/// namespaces.)
 macro_rules! both_backends {
-    ($($(#[$attr:meta])* fn $name:ident($backend:ident) $body:block)+) => {$(
-        $(#[$attr])*
+    ($($name:ident),+ $(,)?) => {$(
         mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            fn body($backend: $crate::backend::Backend) $body
-
             #[test]
             fn sqlite() {
-                body($crate::backend::Backend::Sqlite);
+                super::$name($crate::backend::Backend::Sqlite);
             }
 
             #[test]
             fn postgres() {
                 if $crate::backend::Backend::Postgres.available(module_path!()) {
-                    body($crate::backend::Backend::Postgres);
+                    super::$name($crate::backend::Backend::Postgres);
                 }
             }
         }
@@ -704,36 +700,54 @@ fn placeholders_are_rewritten_outside_literals() {
     );
 }
 
-both_backends! {
-    /// The helpers read the same values from both backends: integers
-    /// (bigint, int4, a numeric `sum`), text, bytes and NULL, with
-    /// parameters bound by the type the statement wants.
-    fn db_helpers_read_the_same_values_on_both(backend) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut db = match backend {
-            Backend::Sqlite => Db::sqlite_rw(&dir.path().join("t.db")),
-            Backend::Postgres => Db::postgres(&fresh_database()),
-        };
-        let blob = if backend.is_postgres() { "bytea" } else { "BLOB" };
+/// The helpers read the same values from both backends: integers
+/// (bigint, int4, a numeric `sum`), text, bytes and NULL, with
+/// parameters bound by the type the statement wants.
+fn db_helpers_read_the_same_values_on_both(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut db = match backend {
+        Backend::Sqlite => Db::sqlite_rw(&dir.path().join("t.db")),
+        Backend::Postgres => Db::postgres(&fresh_database()),
+    };
+    let blob = if backend.is_postgres() {
+        "bytea"
+    } else {
+        "BLOB"
+    };
+    db.exec(
+        &format!("CREATE TABLE t (id INTEGER, big BIGINT, name TEXT, body {blob})"),
+        &[],
+    );
+    for (id, name) in [(1, Some("one")), (2, None)] {
         db.exec(
-            &format!("CREATE TABLE t (id INTEGER, big BIGINT, name TEXT, body {blob})"),
-            &[],
+            "INSERT INTO t (id, big, name, body) VALUES (?1, ?2, ?3, ?4)",
+            &[
+                &id,
+                &(id as i64 * 10_000_000_000),
+                &name,
+                &b"\x00\xffraw".to_vec(),
+            ],
         );
-        for (id, name) in [(1, Some("one")), (2, None)] {
-            db.exec(
-                "INSERT INTO t (id, big, name, body) VALUES (?1, ?2, ?3, ?4)",
-                &[&id, &(id as i64 * 10_000_000_000), &name, &b"\x00\xffraw".to_vec()],
-            );
-        }
-        assert_eq!(db.count("SELECT count(*) FROM t WHERE id >= ?1", &[&1]), 2);
-        assert_eq!(db.count("SELECT sum(big) FROM t", &[]), 30_000_000_000);
-        let row = db.one("SELECT id, big, name, body FROM t WHERE name = ?1", &[&"one"]);
-        assert_eq!(row.int(0), 1);
-        assert_eq!(row.int(1), 10_000_000_000);
-        assert_eq!(row.text(2), "one");
-        assert_eq!(row.bytes(3).as_deref(), Some(&b"\x00\xffraw"[..]));
-        assert_eq!(db.one("SELECT name FROM t WHERE id = ?1", &[&2]).opt_text(0), None);
-        assert_eq!(db.texts("SELECT name FROM t ORDER BY id", &[]), ["one", "NULL"]);
-        assert!(db.dump("SELECT id, name FROM t").contains("2 | NULL"));
     }
+    assert_eq!(db.count("SELECT count(*) FROM t WHERE id >= ?1", &[&1]), 2);
+    assert_eq!(db.count("SELECT sum(big) FROM t", &[]), 30_000_000_000);
+    let row = db.one(
+        "SELECT id, big, name, body FROM t WHERE name = ?1",
+        &[&"one"],
+    );
+    assert_eq!(row.int(0), 1);
+    assert_eq!(row.int(1), 10_000_000_000);
+    assert_eq!(row.text(2), "one");
+    assert_eq!(row.bytes(3).as_deref(), Some(&b"\x00\xffraw"[..]));
+    assert_eq!(
+        db.one("SELECT name FROM t WHERE id = ?1", &[&2])
+            .opt_text(0),
+        None
+    );
+    assert_eq!(
+        db.texts("SELECT name FROM t ORDER BY id", &[]),
+        ["one", "NULL"]
+    );
+    assert!(db.dump("SELECT id, name FROM t").contains("2 | NULL"));
 }
+both_backends!(db_helpers_read_the_same_values_on_both);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::backend::both_backends;
+use crate::backend::{Backend, both_backends};
 use crate::harness::{
     Client, HttpResponse, Server, ServerConfig, bytes_of, count, dump, headers, now_secs,
     raw_exchange, raw_exchange_parts, raw_request, text_of, toml_str, wait_for, wait_until,
@@ -771,29 +771,28 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident() {
 // 5. Status codes
 // ---------------------------------------------------------------------------
 
-both_backends! {
-    fn status_200_accepted_then_200_duplicate_with_state(backend) {
-        let server = Server::start_on(
-            backend,
-            &ServerConfig::new().tables(&stripe_source("stripe", "")),
-            &stripe_env(),
-        );
-        let body = stripe_event("evt_status_1", 1);
-        assert_accepted(
-            &deliver(&server, "stripe", &body),
-            "evt_status_1",
-            "first delivery",
-        );
-        assert_duplicate(&deliver(&server, "stripe", &body), "second delivery");
-        assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
-        let row = server.one(
-            "SELECT state, payload FROM events WHERE source = ?1 AND event_id = ?2",
-            &[&"stripe", &"evt_status_1"],
-        );
-        assert_eq!(row.bytes(1).as_deref(), Some(&body[..]), "the exact body");
-        assert!(EVENT_STATES.contains(&row.text(0).as_str()), "{row:?}");
-    }
+fn status_200_accepted_then_200_duplicate_with_state(backend: Backend) {
+    let server = Server::start_on(
+        backend,
+        &ServerConfig::new().tables(&stripe_source("stripe", "")),
+        &stripe_env(),
+    );
+    let body = stripe_event("evt_status_1", 1);
+    assert_accepted(
+        &deliver(&server, "stripe", &body),
+        "evt_status_1",
+        "first delivery",
+    );
+    assert_duplicate(&deliver(&server, "stripe", &body), "second delivery");
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
+    let row = server.one(
+        "SELECT state, payload FROM events WHERE source = ?1 AND event_id = ?2",
+        &[&"stripe", &"evt_status_1"],
+    );
+    assert_eq!(row.bytes(1).as_deref(), Some(&body[..]), "the exact body");
+    assert!(EVENT_STATES.contains(&row.text(0).as_str()), "{row:?}");
 }
+both_backends!(status_200_accepted_then_200_duplicate_with_state);
 
 #[test]
 fn status_400_for_missing_id_invalid_json_and_duplicated_signature_header() {
