@@ -215,8 +215,8 @@ impl App {
         wal.push("-wal");
         let (commits, grouped) = writer.group_stats();
         let storage = StorageGauges {
-            database_bytes: size(db),
-            wal_bytes: size(std::path::Path::new(&wal)),
+            database_bytes: Some(size(db)),
+            wal_bytes: Some(size(std::path::Path::new(&wal))),
             writer_commits: commits,
             writer_grouped: grouped,
             writer_queue: writer.queued(),
@@ -245,8 +245,8 @@ impl App {
             g
         });
         let storage = StorageGauges {
-            database_bytes: 0,
-            wal_bytes: 0,
+            database_bytes: None,
+            wal_bytes: None,
             writer_commits: pg.commits.load(Ordering::Relaxed),
             writer_grouped: pg.grouped.load(Ordering::Relaxed),
             writer_queue: pg.queued(),

@@ -83,8 +83,10 @@ pub struct JobGauges {
 /// Sizes of the database files, in bytes.
 #[derive(Debug, Default, Clone)]
 pub struct StorageGauges {
-    pub database_bytes: u64,
-    pub wal_bytes: u64,
+    /// The SQLite file's and its WAL's sizes; None on PostgreSQL, where
+    /// the server owns its storage.
+    pub database_bytes: Option<u64>,
+    pub wal_bytes: Option<u64>,
     pub writer_commits: u64,
     pub writer_grouped: u64,
     pub writer_queue: usize,
@@ -282,12 +284,16 @@ impl Metrics {
             "idemhook_uptime_seconds {}",
             self.started.elapsed().as_secs_f64()
         );
-        out.push_str("# HELP idemhook_database_bytes Size of the database file.\n");
-        out.push_str("# TYPE idemhook_database_bytes gauge\n");
-        let _ = writeln!(out, "idemhook_database_bytes {}", storage.database_bytes);
-        out.push_str("# HELP idemhook_wal_bytes Size of the write-ahead log file.\n");
-        out.push_str("# TYPE idemhook_wal_bytes gauge\n");
-        let _ = writeln!(out, "idemhook_wal_bytes {}", storage.wal_bytes);
+        if let Some(bytes) = storage.database_bytes {
+            out.push_str("# HELP idemhook_database_bytes Size of the database file.\n");
+            out.push_str("# TYPE idemhook_database_bytes gauge\n");
+            let _ = writeln!(out, "idemhook_database_bytes {bytes}");
+        }
+        if let Some(bytes) = storage.wal_bytes {
+            out.push_str("# HELP idemhook_wal_bytes Size of the write-ahead log file.\n");
+            out.push_str("# TYPE idemhook_wal_bytes gauge\n");
+            let _ = writeln!(out, "idemhook_wal_bytes {bytes}");
+        }
         out.push_str("# HELP idemhook_commits_total Group commits of the writer.\n");
         out.push_str("# TYPE idemhook_commits_total counter\n");
         let _ = writeln!(out, "idemhook_commits_total {}", storage.writer_commits);

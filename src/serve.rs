@@ -88,7 +88,10 @@ pub fn run(mut config: Config) -> Result<()> {
         ui_sessions: Default::default(),
         overview_cache: Default::default(),
     });
-    let pruner = crate::ops::prune::Background::start(config.clone(), writer.clone());
+    let pruner = crate::ops::prune::Background::start(
+        config.clone(),
+        crate::ops::prune::Storage::Sqlite(writer.clone()),
+    );
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
 
     let mode = match config.durability {
@@ -200,11 +203,12 @@ pub fn run(mut config: Config) -> Result<()> {
 /// `serve` on PostgreSQL: migrate (under the advisory lock), `setup_sql`,
 /// the SQL actions checked, the claimers, the HTTP server; then the same
 /// stop. The forward workers share the jobs with every other instance,
-/// woken by LISTEN/NOTIFY. Not here yet: the key-rule record, the pruner
-/// and the admin operations.
+/// woken by LISTEN/NOTIFY. Each instance records the key rules (warning
+/// when one changed) and prunes by retention on its own connection.
 fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
     use crate::store::pg_serve::{PgStore, prepare};
     let settings = prepare(&config, url).map_err(|e| anyhow!(e))?;
+    record_key_rules_postgres(&settings, &config)?;
     let config = Arc::new(config);
     let store =
         Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
@@ -234,6 +238,10 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
         ui_sessions: Default::default(),
         overview_cache: Default::default(),
     });
+    let pruner = crate::ops::prune::Background::start(
+        config.clone(),
+        crate::ops::prune::Storage::Postgres(store.settings().clone()),
+    );
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
     for warning in &config.warnings {
         crate::log::warn("config", &[("warning", warning)]);
@@ -271,6 +279,7 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
         ],
     );
     http.stop();
+    pruner.stop();
     outbox.stop();
     listening.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = listener.join();
@@ -314,27 +323,75 @@ fn wait_for_signal() -> Result<()> {
     Ok(())
 }
 
-/// Records each source's key rule. A changed rule for a source that already
-/// has events is warned about loudly: events stored under the old rule will
-/// not be recognised as duplicates of deliveries keyed by the new one.
+/// Records each source's key rule in SQLite (see [`record_key_rules_with`]).
 fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
+    record_key_rules_with(
+        config,
+        |source| {
+            let stored: Option<(String, String)> = conn
+                .query_row(
+                    "SELECT key_rule, hash_rule FROM source_rules WHERE source = ?1",
+                    [source],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let Some((key_rule, hash_rule)) = stored else {
+                return Ok(None);
+            };
+            let has_events: bool = conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM events WHERE source = ?1)",
+                [source],
+                |r| r.get(0),
+            )?;
+            Ok(Some((key_rule, hash_rule, has_events)))
+        },
+        |source, rule, hash_rule| {
+            conn.execute(
+                "INSERT INTO source_rules (source, key_rule, hash_rule, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(source) DO UPDATE SET key_rule = excluded.key_rule,
+                     hash_rule = excluded.hash_rule, updated_at = excluded.updated_at",
+                params![source, rule, hash_rule, now_ms()],
+            )?;
+            Ok(())
+        },
+    )
+}
+
+/// Records each source's key rule in PostgreSQL (see
+/// [`record_key_rules_with`]; the SQL is `store::pg_maint`'s).
+fn record_key_rules_postgres(settings: &crate::store::pg::Settings, config: &Config) -> Result<()> {
+    use crate::store::pg_maint;
+    let client = std::cell::RefCell::new(
+        settings
+            .connect()
+            .context("cannot connect to record the key rules")?,
+    );
+    record_key_rules_with(
+        config,
+        |source| Ok(pg_maint::recorded_rule(&mut client.borrow_mut(), source)?),
+        |source, rule, hash_rule| {
+            pg_maint::record_rule(&mut client.borrow_mut(), source, rule, hash_rule, now_ms())?;
+            Ok(())
+        },
+    )
+}
+
+/// Records each source's key rule (`stored` reads the recorded key rule,
+/// hash rule and whether the source has events; `put` writes one). A
+/// changed rule for a source that already has events is warned about
+/// loudly: events stored under the old rule will not be recognised as
+/// duplicates of deliveries keyed by the new one.
+fn record_key_rules_with(
+    config: &Config,
+    mut stored: impl FnMut(&str) -> Result<Option<(String, String, bool)>>,
+    mut put: impl FnMut(&str, &str, &str) -> Result<()>,
+) -> Result<()> {
     for source in &config.sources {
         let rule = source.key.to_string();
         let hash_rule = source.hash_rule();
-        let stored: Option<(String, String)> = conn
-            .query_row(
-                "SELECT key_rule, hash_rule FROM source_rules WHERE source = ?1",
-                [&source.name],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        if let Some((old_rule, old_hash)) = &stored {
-            let has_events: bool = conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM events WHERE source = ?1)",
-                [&source.name],
-                |r| r.get(0),
-            )?;
-            if old_rule != &rule && has_events {
+        let recorded = stored(&source.name)?;
+        if let Some((old_rule, old_hash, has_events)) = &recorded {
+            if old_rule != &rule && *has_events {
                 crate::log::warn(
                     "KEY RULE CHANGED",
                     &[
@@ -348,7 +405,7 @@ fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
                     ],
                 );
             }
-            if old_hash != &hash_rule && has_events {
+            if old_hash != &hash_rule && *has_events {
                 crate::log::warn(
                     "hash rule changed",
                     &[
@@ -363,13 +420,11 @@ fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
                 );
             }
         }
-        if stored.as_ref() != Some(&(rule.clone(), hash_rule.clone())) {
-            conn.execute(
-                "INSERT INTO source_rules (source, key_rule, hash_rule, updated_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT(source) DO UPDATE SET key_rule = excluded.key_rule,
-                     hash_rule = excluded.hash_rule, updated_at = excluded.updated_at",
-                params![source.name, rule, hash_rule, now_ms()],
-            )?;
+        let unchanged = recorded
+            .as_ref()
+            .is_some_and(|(k, h, _)| k == &rule && h == &hash_rule);
+        if !unchanged {
+            put(&source.name, &rule, &hash_rule)?;
         }
     }
     Ok(())
@@ -429,8 +484,8 @@ struct DatabaseReport {
 }
 
 fn database_report(config: &Config) -> DatabaseReport {
-    if config.postgres.is_some() {
-        return DatabaseReport::default();
+    if let Some(url) = &config.postgres {
+        return database_report_postgres(config, url);
     }
     if !config.database.exists() {
         return DatabaseReport {
@@ -483,6 +538,35 @@ fn database_report(config: &Config) -> DatabaseReport {
     })
 }
 
+/// [`database_report`] for PostgreSQL: read only, and nothing created
+/// (`check` leaves the database as it was).
+fn database_report_postgres(config: &Config, url: &crate::store::PostgresUrl) -> DatabaseReport {
+    let read = || -> Result<DatabaseReport, String> {
+        let settings =
+            crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)?;
+        let mut client = settings.connect().map_err(|e| e.to_string())?;
+        let report =
+            crate::store::pg_maint::rules_report(&mut client).map_err(|e| e.to_string())?;
+        Ok(match report {
+            None => DatabaseReport {
+                summary: "reachable, no idemhook tables yet: serve will create them (no event known, so none is a duplicate)".to_string(),
+                ..DatabaseReport::default()
+            },
+            Some((events, rules)) => DatabaseReport {
+                summary: format!(
+                    "{events} event{} stored",
+                    if events == 1 { "" } else { "s" }
+                ),
+                rules,
+            },
+        })
+    };
+    read().unwrap_or_else(|e| DatabaseReport {
+        summary: format!("cannot be read: {e}"),
+        ..DatabaseReport::default()
+    })
+}
+
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
     let database = database_report(config);
@@ -494,7 +578,7 @@ pub fn describe(config: &Config) -> String {
     let _ = writeln!(out, "config {origin}: ok");
     let _ = writeln!(out, "listen      {}", config.listen);
     let _ = match &config.postgres {
-        Some(url) => writeln!(out, "database    {url} (PostgreSQL)"),
+        Some(url) => writeln!(out, "database    {url} (PostgreSQL): {}", database.summary),
         None => writeln!(
             out,
             "database    {} ({})",

@@ -39,9 +39,83 @@ const NO_OPEN_JOB: &str = "NOT EXISTS (SELECT 1 FROM jobs j
         WHERE j.source = e.source AND j.event_id = e.event_id
           AND j.status IN ('pending', 'processing', 'paused', 'failed'))";
 
-/// One batch: a short write transaction's work, returning (rows of its
-/// kind, deliveries deleted along).
-type BatchOp = Box<dyn FnOnce(&Connection) -> Result<(u64, u64), StoreError> + Send>;
+/// One batch of pruning, as data: each backend runs it in one short
+/// write transaction of its own ([`Batch::run_sqlite`], [`Batch::run_postgres`]).
+/// The decisions (cut-offs, order, when to stop) are shared.
+#[derive(Debug, Clone)]
+pub enum Batch {
+    /// Events past their key retention, with everything of theirs.
+    Events { source: String, before: i64 },
+    /// Bodies past their payload retention.
+    Bodies {
+        source: String,
+        before: i64,
+        now: i64,
+    },
+    /// Refused deliveries (no event) past the key retention.
+    Refused { source: String, before: i64 },
+    /// Refused deliveries of sources no longer in the config.
+    UnknownRefused { known: Vec<String>, before: i64 },
+}
+
+impl Batch {
+    /// Runs the batch on SQLite, in the caller's transaction. Returns
+    /// (rows of its kind, deliveries deleted along).
+    pub fn run_sqlite(&self, conn: &Connection) -> Result<(u64, u64), StoreError> {
+        match self {
+            Batch::Events { source, before } => delete_events_batch(conn, source, *before, BATCH),
+            Batch::Bodies {
+                source,
+                before,
+                now,
+            } => Ok((erase_bodies_batch(conn, source, *before, *now, BATCH)?, 0)),
+            Batch::Refused { source, before } => {
+                Ok((delete_refused_batch(conn, source, *before, BATCH)?, 0))
+            }
+            Batch::UnknownRefused { known, before } => Ok((
+                delete_unknown_refused_batch(
+                    conn,
+                    &serde_json::Value::from(known.clone()).to_string(),
+                    *before,
+                    BATCH,
+                )?,
+                0,
+            )),
+        }
+    }
+
+    /// Runs the batch on PostgreSQL, in the caller's transaction (see
+    /// `store::pg_maint`: every lock is SKIP LOCKED, so several instances
+    /// prune at once on disjoint rows).
+    pub fn run_postgres(&self, client: &mut postgres::Client) -> Result<(u64, u64), StoreError> {
+        use crate::store::pg_maint;
+        match self {
+            Batch::Events { source, before } => {
+                pg_maint::delete_events_batch(client, source, *before, BATCH)
+            }
+            Batch::Bodies {
+                source,
+                before,
+                now,
+            } => Ok((
+                pg_maint::erase_bodies_batch(client, source, *before, *now, BATCH)?,
+                0,
+            )),
+            Batch::Refused { source, before } => Ok((
+                pg_maint::delete_refused_batch(client, source, *before, BATCH)?,
+                0,
+            )),
+            Batch::UnknownRefused { known, before } => Ok((
+                pg_maint::delete_unknown_refused_batch(client, known, *before, BATCH)?,
+                0,
+            )),
+        }
+    }
+}
+
+/// Runs one batch in its own short write transaction, on whichever
+/// backend.
+type RunBatch<'a> = dyn FnMut(Batch) -> Result<(u64, u64), StoreError> + 'a;
 
 /// What pruning did (or, for a dry run, would do) for one source.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -269,15 +343,8 @@ fn count_kept(conn: &Connection, c: &Cutoffs) -> Result<u64, StoreError> {
     Ok(n.max(0) as u64)
 }
 
-fn known_sources(config: &Config) -> String {
-    serde_json::Value::from(
-        config
-            .sources
-            .iter()
-            .map(|s| s.name.clone())
-            .collect::<Vec<_>>(),
-    )
-    .to_string()
+fn known_sources(config: &Config) -> Vec<String> {
+    config.sources.iter().map(|s| s.name.clone()).collect()
 }
 
 /// Runs one source's pruning to the end, one batch per `batch` call (each
@@ -286,17 +353,17 @@ fn prune_source(
     c: &Cutoffs,
     now: i64,
     stop: &dyn Fn() -> bool,
-    batch: &mut dyn FnMut(BatchOp) -> Result<(u64, u64), StoreError>,
+    batch: &mut RunBatch<'_>,
 ) -> Result<Counts, StoreError> {
     let mut counts = Counts {
         source: c.source.clone(),
         ..Counts::default()
     };
     loop {
-        let (source, before) = (c.source.clone(), c.keys_before);
-        let (n, deliveries) = batch(Box::new(move |conn| {
-            delete_events_batch(conn, &source, before, BATCH)
-        }))?;
+        let (n, deliveries) = batch(Batch::Events {
+            source: c.source.clone(),
+            before: c.keys_before,
+        })?;
         counts.events += n;
         counts.deliveries += deliveries;
         if n < BATCH as u64 || stop() {
@@ -304,20 +371,21 @@ fn prune_source(
         }
     }
     loop {
-        let (source, before) = (c.source.clone(), c.bodies_before);
-        let (n, _) = batch(Box::new(move |conn| {
-            Ok((erase_bodies_batch(conn, &source, before, now, BATCH)?, 0))
-        }))?;
+        let (n, _) = batch(Batch::Bodies {
+            source: c.source.clone(),
+            before: c.bodies_before,
+            now,
+        })?;
         counts.bodies += n;
         if n < BATCH as u64 || stop() {
             break;
         }
     }
     loop {
-        let (source, before) = (c.source.clone(), c.keys_before);
-        let (n, _) = batch(Box::new(move |conn| {
-            Ok((delete_refused_batch(conn, &source, before, BATCH)?, 0))
-        }))?;
+        let (n, _) = batch(Batch::Refused {
+            source: c.source.clone(),
+            before: c.keys_before,
+        })?;
         counts.deliveries += n;
         if n < BATCH as u64 || stop() {
             break;
@@ -332,7 +400,7 @@ fn prune_all(
     config: &Config,
     now: i64,
     stop: &dyn Fn() -> bool,
-    batch: &mut dyn FnMut(BatchOp) -> Result<(u64, u64), StoreError>,
+    batch: &mut RunBatch<'_>,
 ) -> Result<Vec<Counts>, StoreError> {
     let mut all = Vec::new();
     for c in cutoffs(config, now) {
@@ -347,10 +415,10 @@ fn prune_all(
         if stop() {
             break;
         }
-        let k = known.clone();
-        let (n, _) = batch(Box::new(move |conn| {
-            Ok((delete_unknown_refused_batch(conn, &k, before, BATCH)?, 0))
-        }))?;
+        let (n, _) = batch(Batch::UnknownRefused {
+            known: known.clone(),
+            before,
+        })?;
         if n < BATCH as u64 {
             break;
         }
@@ -375,14 +443,14 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
     }
     let conn = open_write(config)?;
     let mut first = true;
-    let mut run_batch = |op: BatchOp| -> Result<(u64, u64), StoreError> {
+    let mut run_batch = |op: Batch| -> Result<(u64, u64), StoreError> {
         // Let the server's writer in between our short transactions.
         if !first {
             std::thread::sleep(Duration::from_millis(5));
         }
         first = false;
         conn.execute_batch("BEGIN IMMEDIATE")?;
-        match op(&conn) {
+        match op.run_sqlite(&conn) {
             Ok(n) => {
                 conn.execute_batch("COMMIT")?;
                 Ok(n)
@@ -493,8 +561,10 @@ fn print_counts(config: &Config, all: &[Counts], dry_run: bool) {
 // ---------------------------------------------------------------------------
 // The pruner thread of `serve`.
 
-/// Prunes every `prune_interval` through the server's one writer, starting
-/// right after `serve` starts (so frequent restarts do not starve it).
+/// Prunes every `prune_interval`, starting right after `serve` starts (so
+/// frequent restarts do not starve it): on SQLite through the server's one
+/// writer, on PostgreSQL on a connection of its own (every instance
+/// prunes; their batches take disjoint rows).
 pub struct Background {
     inner: Option<(Arc<StopSignal>, JoinHandle<()>)>,
 }
@@ -502,9 +572,15 @@ pub struct Background {
 /// Set true (under the mutex) to stop the pruner; the condvar wakes it.
 type StopSignal = (Mutex<bool>, Condvar);
 
+/// Where the pruner's batches run.
+pub enum Storage {
+    Sqlite(Writer),
+    Postgres(crate::store::pg::Settings),
+}
+
 impl Background {
     /// Starts the pruner; an interval of zero disables it.
-    pub fn start(config: Arc<Config>, writer: Writer) -> Background {
+    pub fn start(config: Arc<Config>, storage: Storage) -> Background {
         if config.prune_interval.is_zero() {
             return Background { inner: None };
         }
@@ -512,7 +588,7 @@ impl Background {
         let thread_signal = signal.clone();
         let spawned = std::thread::Builder::new()
             .name("idemhook-prune".into())
-            .spawn(move || run(&config, &writer, &thread_signal));
+            .spawn(move || run(&config, storage, &thread_signal));
         match spawned {
             Ok(handle) => Background {
                 inner: Some((signal, handle)),
@@ -542,16 +618,30 @@ impl Background {
     }
 }
 
-fn run(config: &Config, writer: &Writer, signal: &StopSignal) {
+fn run(config: &Config, storage: Storage, signal: &StopSignal) {
     let stopping = || signal.0.lock().map(|s| *s).unwrap_or(true);
+    let (writer, mut session) = match storage {
+        Storage::Sqlite(writer) => (Some(writer), None),
+        Storage::Postgres(settings) => (None, Some(crate::store::pg_tx::Session::new(settings))),
+    };
     loop {
         if stopping() {
             return;
         }
-        let mut batch = |op: BatchOp| writer.call(op);
-        match prune_all(config, now_ms(), &stopping, &mut batch) {
+        let pruned = match (&writer, &mut session) {
+            (Some(writer), _) => prune_all(config, now_ms(), &stopping, &mut |op: Batch| {
+                writer.call(move |conn| op.run_sqlite(conn))
+            }),
+            (None, Some(session)) => prune_all(config, now_ms(), &stopping, &mut |op: Batch| {
+                session.transaction(|tx| op.run_postgres(tx.client()))
+            }),
+            (None, None) => return,
+        };
+        match pruned {
             Ok(all) => {
-                if all.iter().any(|c| c.events + c.bodies + c.deliveries > 0) {
+                if let Some(writer) = &writer
+                    && all.iter().any(|c| c.events + c.bodies + c.deliveries > 0)
+                {
                     let mut step = |op: VacuumOp| writer.call(op);
                     if let Err(e) = give_back(&stopping, &mut step) {
                         crate::log::warn(

@@ -11,6 +11,7 @@ pub mod pg;
 #[path = "../../tests/support/pg_cluster.rs"]
 pub(crate) mod pg_cluster;
 pub mod pg_group;
+pub mod pg_maint;
 pub mod pg_serve;
 pub mod pg_tx;
 pub mod sqlite;
