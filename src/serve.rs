@@ -240,7 +240,7 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
     });
     let pruner = crate::ops::prune::Background::start(
         config.clone(),
-        crate::ops::prune::Storage::Postgres(store.settings().clone()),
+        crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
     );
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
     for warning in &config.warnings {

@@ -575,7 +575,7 @@ type StopSignal = (Mutex<bool>, Condvar);
 /// Where the pruner's batches run.
 pub enum Storage {
     Sqlite(Writer),
-    Postgres(crate::store::pg::Settings),
+    Postgres(Box<crate::store::pg::Settings>),
 }
 
 impl Background {
@@ -622,7 +622,7 @@ fn run(config: &Config, storage: Storage, signal: &StopSignal) {
     let stopping = || signal.0.lock().map(|s| *s).unwrap_or(true);
     let (writer, mut session) = match storage {
         Storage::Sqlite(writer) => (Some(writer), None),
-        Storage::Postgres(settings) => (None, Some(crate::store::pg_tx::Session::new(settings))),
+        Storage::Postgres(settings) => (None, Some(crate::store::pg_tx::Session::new(*settings))),
     };
     loop {
         if stopping() {
