@@ -15,7 +15,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use crate::config::Forward;
-use crate::store::now_ms;
+use crate::time::now_ms;
 use crate::verify::Verifier;
 
 /// How much of a check's answer is kept with the attempt it decides.

@@ -212,14 +212,14 @@ fn run_sql_job<T: Tx>(
     sql_params: &[(String, Part)],
     c: &Claim,
 ) -> Result<bool, StoreError> {
-    let started = crate::store::now_ms();
+    let started = crate::time::now_ms();
     let result = tx.in_savepoint("action", |tx| -> Result<(), ActionError> {
         execute_action(tx, source, sql, sql_params, c)?;
         let job_id = insert_job(tx, source, action, c, JobStatus::Done, None)?;
         tx.insert_sql_attempt(
             job_id,
             started,
-            crate::store::now_ms(),
+            crate::time::now_ms(),
             AttemptOutcome::Ok.as_str(),
             None,
         )?;
@@ -234,7 +234,7 @@ fn run_sql_job<T: Tx>(
             tx.insert_sql_attempt(
                 job_id,
                 started,
-                crate::store::now_ms(),
+                crate::time::now_ms(),
                 AttemptOutcome::Failed.as_str(),
                 Some(&message),
             )?;
@@ -292,7 +292,7 @@ fn bind_value(
             .clone()
             .map_or(ParamValue::Null, ParamValue::Text),
         "payload" => ParamValue::Text(String::from_utf8_lossy(&c.body).into_owned()),
-        "received_at" => ParamValue::Integer(crate::store::ms_to_secs(c.received_at)),
+        "received_at" => ParamValue::Integer(crate::time::ms_to_secs(c.received_at)),
         _ => return None,
     })
 }
@@ -493,7 +493,7 @@ params = { amount = "json:/amount" }
             payload_hash: format!("hash-{id}"),
             verified_with: Some(0),
             signed_at: None,
-            received_at: store::now_ms(),
+            received_at: crate::time::now_ms(),
             remote: "test".to_string(),
         }
     }

@@ -21,4 +21,5 @@ pub mod send;
 pub mod serve;
 pub mod state;
 pub mod store;
+pub mod time;
 pub mod verify;

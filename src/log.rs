@@ -251,41 +251,10 @@ fn emit_locked(bytes: &[u8]) {
     let _ = std::io::stderr().lock().write_all(bytes);
 }
 
-/// RFC 3339 UTC with milliseconds, computed without a time crate.
+/// RFC 3339 UTC with milliseconds.
 fn timestamp() -> String {
-    let ms = crate::store::now_ms();
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms.rem_euclid(1000)
-    )
+    crate::time::rfc3339_ms(crate::time::now_ms())
 }
 
-/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
-pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn civil_dates() {
-        assert_eq!(super::civil_from_days(0), (1970, 1, 1));
-        assert_eq!(super::civil_from_days(20_422), (2025, 11, 30));
-        assert_eq!(super::civil_from_days(-1), (1969, 12, 31));
-    }
-}
+/// Kept for callers that have not moved to [`crate::time`] yet.
+pub use crate::time::civil_from_days;

@@ -55,7 +55,8 @@ use crate::store::pg::Settings;
 use crate::store::pg_tx::{PgTx, Session};
 use crate::store::sqlite::Sqlite;
 use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
-use crate::store::{Guard, StoreError, Writer, now_ms};
+use crate::store::{Guard, StoreError, Writer};
+use crate::time::now_ms;
 use crate::verify::{Scheme, Verifier};
 
 use crate::store::tx::TAKE_BATCH;

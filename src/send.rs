@@ -28,7 +28,7 @@ pub fn run(
             names.join(", ")
         )
     })?;
-    let now_ms = crate::store::now_ms();
+    let now_ms = crate::time::now_ms();
     // A given body keeps its own id and type unless --id or --type asks
     // otherwise; headers that carry them get these values.
     let (id_asked, type_asked) = (id.is_some(), event_type.is_some());

@@ -15,7 +15,7 @@ use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
 use crate::key::{Input, Json, RawDoc, payload_hash};
 use crate::state::Delivery;
-use crate::store::now_ms;
+use crate::time::now_ms;
 
 /// JSON nested deeper than this is refused (serde_json stops at 128 too).
 const MAX_JSON_DEPTH: usize = 64;

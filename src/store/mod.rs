@@ -277,18 +277,9 @@ pub fn in_savepoint<T, E: From<rusqlite::Error>>(
     }
 }
 
-/// Unix time in milliseconds: the unit of every *_at column.
-pub fn now_ms() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// Milliseconds to the integer unix seconds of the JSON output.
-pub fn ms_to_secs(ms: i64) -> i64 {
-    ms.div_euclid(1000)
-}
+/// The clock's helpers live in [`crate::time`]; kept here for the callers
+/// that name them through `store`.
+pub use crate::time::{ms_to_secs, now_ms};
 
 /// Test helper: SQLite's query plan for `sql` with `params`, one line per
 /// step, to check that a query uses the index it was written for.

@@ -37,8 +37,9 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use super::{StoreError, in_savepoint, now_ms};
+use super::{StoreError, in_savepoint};
 use crate::config::Durability;
+use crate::time::now_ms;
 
 /// The most closures in one transaction. Bounded so that one commit's
 /// latency stays bounded too.
