@@ -8,6 +8,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod failpoint;
+pub mod headers;
 pub mod http;
 pub mod ingest;
 pub mod key;

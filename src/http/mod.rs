@@ -37,7 +37,7 @@ pub struct Incoming<'a> {
 
 impl Incoming<'_> {
     pub fn header(&self, name: &str) -> Option<&str> {
-        crate::verify::header_values(&self.headers, name).next()
+        crate::headers::header_values(&self.headers, name).next()
     }
 }
 

@@ -7,8 +7,8 @@
 //! It does not decide what an unsigned request means (the caller applies
 //! `allow_unsigned`), and it does not extract event ids or types.
 //!
-//! The module is self-contained: it names its own items through `super::` and
-//! `self::` only, so it builds both as `crate::verify` and as a crate root.
+//! The module is self-contained: outside itself it uses only
+//! `crate::headers` (reading a request's headers).
 //!
 //! Invariants: comparisons of signatures are constant-time
 //! (`Mac::verify_slice`, or ed25519 verification); no error message and no
@@ -477,16 +477,8 @@ fn mac_tag<M: Mac + KeyInit>(key: &[u8], message: &[&[u8]]) -> Result<Vec<u8>, S
 // ---------------------------------------------------------------------------
 // Headers
 
-/// Values of every header called `name` (compared ignoring ASCII case), in order.
-pub fn header_values<'a>(
-    headers: &'a [(String, String)],
-    name: &str,
-) -> impl Iterator<Item = &'a str> {
-    headers
-        .iter()
-        .filter(move |(header, _)| header.eq_ignore_ascii_case(name))
-        .map(|(_, value)| value.as_str())
-}
+/// Kept for callers that have not moved to [`crate::headers`] yet.
+pub use crate::headers::header_values;
 
 fn malformed(header: &str, reason: MalformedReason) -> VerifyError {
     VerifyError::MalformedHeader {
@@ -756,16 +748,6 @@ mod tests {
             }
         );
         assert!(verifier.sign(b"x", 0, "id").is_err());
-    }
-
-    #[test]
-    fn header_values_ignores_case_and_keeps_order() {
-        let headers = headers(&[("X-A", "1"), ("x-b", "2"), ("x-a", "3")]);
-        assert_eq!(
-            header_values(&headers, "x-A").collect::<Vec<_>>(),
-            ["1", "3"]
-        );
-        assert_eq!(header_values(&headers, "x-c").count(), 0);
     }
 
     #[test]

@@ -113,7 +113,11 @@ fn family_of(headers: &[(String, String)]) -> &'static Family {
     let present = |family: &Family| {
         [family.id, family.timestamp, family.signature]
             .iter()
-            .any(|name| super::header_values(headers, name).next().is_some())
+            .any(|name| {
+                crate::headers::header_values(headers, name)
+                    .next()
+                    .is_some()
+            })
     };
     if !present(&WEBHOOK) && present(&SVIX) {
         &SVIX

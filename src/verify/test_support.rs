@@ -55,7 +55,7 @@ pub fn doubled(headers: &[(String, String)], name: &str) -> Vec<(String, String)
 
 /// The value of the header called `name`.
 pub fn value_of<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
-    super::header_values(headers, name).next().unwrap()
+    crate::headers::header_values(headers, name).next().unwrap()
 }
 
 /// One random change to a request, for the round-trip property.
