@@ -23,9 +23,9 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Wakes the forward workers when new jobs were committed.
     pub wake_outbox: Box<dyn Fn() + Send + Sync>,
-    pub admin_limiter: crate::http::admin::AuthLimiter,
+    pub admin_limiter: crate::auth::AuthLimiter,
     /// The inspector's signed-in browsers (in memory: a restart ends them).
-    pub ui_sessions: crate::http::ui::Sessions,
+    pub ui_sessions: crate::auth::Sessions,
     /// The inspector's overview: delivery counts of minutes that are over.
     pub overview_cache: crate::ops::inspector::OverviewCache,
 }

@@ -4,6 +4,7 @@
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 
 pub mod app;
+pub mod auth;
 pub mod check;
 pub mod cli;
 pub mod config;

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
+use crate::auth::same_token;
 use crate::metrics::AttemptOutcome;
 use crate::ops::inspect::{self, ListFilter, OpError};
 use crate::ops::inspector;
@@ -88,52 +89,6 @@ fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Repl
         ["api", "actions"] => only(rq, "GET", |_| actions_route(app)),
         ["api", "overview"] => only(rq, "GET", |_| overview_route(app)),
         _ => Reply::error(404, "no such admin route"),
-    }
-}
-
-/// Limits failed admin authentications per client address: after
-/// `MAX_FAILURES` within a window, further failures from that address get
-/// 429 until the window ends (the right token still passes). Bounded in
-/// memory: the table is cleared when it grows too large.
-pub struct AuthLimiter {
-    failures: std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>,
-}
-
-const MAX_FAILURES: u32 = 10;
-const WINDOW_MS: i64 = 60_000;
-const MAX_TRACKED: usize = 10_000;
-
-impl Default for AuthLimiter {
-    fn default() -> AuthLimiter {
-        AuthLimiter {
-            failures: std::sync::Mutex::new(std::collections::HashMap::new()),
-        }
-    }
-}
-
-impl AuthLimiter {
-    /// Seconds to wait, when `ip` is blocked.
-    pub(super) fn blocked(&self, ip: &str, now: i64) -> Option<i64> {
-        let map = self.failures.lock().ok()?;
-        let (count, since) = map.get(ip)?;
-        let left = since + WINDOW_MS - now;
-        (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
-    }
-
-    pub(super) fn failed(&self, ip: &str, now: i64) {
-        if let Ok(mut map) = self.failures.lock() {
-            if map.len() >= MAX_TRACKED {
-                map.retain(|_, (_, since)| now - *since < WINDOW_MS);
-                if map.len() >= MAX_TRACKED {
-                    map.clear();
-                }
-            }
-            let entry = map.entry(ip.to_string()).or_insert((0, now));
-            if now - entry.1 >= WINDOW_MS {
-                *entry = (0, now);
-            }
-            entry.0 += 1;
-        }
     }
 }
 
@@ -221,18 +176,6 @@ fn authorized(rq: &Incoming<'_>, token: &str) -> bool {
         return false;
     }
     same_token(given.trim(), token)
-}
-
-/// Whether `given` is the admin token, in constant time: both are hashed
-/// first, so neither the length nor a prefix leaks through timing.
-pub(super) fn same_token(given: &str, token: &str) -> bool {
-    let a = Sha256::digest(given.as_bytes());
-    let b = Sha256::digest(token.as_bytes());
-    let diff = a
-        .iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    diff == 0
 }
 
 /// The path's segments, percent-decoded; None when one does not decode.
@@ -829,18 +772,6 @@ mod tests {
             permit: None,
             later: None,
         }
-    }
-
-    #[test]
-    fn failed_authentications_are_limited_per_address() {
-        let l = AuthLimiter::default();
-        for _ in 0..MAX_FAILURES {
-            assert_eq!(l.blocked("1.2.3.4", 1_000), None);
-            l.failed("1.2.3.4", 1_000);
-        }
-        assert_eq!(l.blocked("1.2.3.4", 1_000), Some(60));
-        assert_eq!(l.blocked("5.6.7.8", 1_000), None);
-        assert_eq!(l.blocked("1.2.3.4", 1_000 + WINDOW_MS), None);
     }
 
     #[test]

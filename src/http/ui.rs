@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -22,14 +22,11 @@ use sha2::{Digest, Sha256};
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
+pub use crate::auth::{Sessions, random_token};
 use crate::store::now_ms;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "idemhook_session";
-/// A session unused this long ends (milliseconds).
-const IDLE_MS: i64 = 12 * 3600 * 1000;
-/// The most sessions kept; the least recently used goes first.
-const MAX_SESSIONS: usize = 1000;
 
 /// What every inspector answer carries: no inline script or style, nothing
 /// from another origin, never framed.
@@ -177,68 +174,6 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
         },
         _ => (host, None),
     }
-}
-
-// ---------------------------------------------------------------------------
-// Sessions
-
-/// Signed-in browsers, in memory: a restart signs everyone out. Keyed by
-/// the SHA-256 of the cookie's value, so the table holds no usable secret.
-#[derive(Default)]
-pub struct Sessions {
-    map: Mutex<HashMap<[u8; 32], i64>>,
-}
-
-impl Sessions {
-    /// A new session; returns the cookie's value.
-    fn create(&self, now: i64) -> Option<String> {
-        let value = random_token()?;
-        let mut map = self.map.lock().ok()?;
-        map.retain(|_, seen| now - *seen < IDLE_MS);
-        if map.len() >= MAX_SESSIONS
-            && let Some(oldest) = map.iter().min_by_key(|(_, seen)| **seen).map(|(k, _)| *k)
-        {
-            map.remove(&oldest);
-        }
-        map.insert(Sha256::digest(value.as_bytes()).into(), now);
-        Some(value)
-    }
-
-    /// Whether `value` is a live session; using it keeps it alive.
-    pub fn touch(&self, value: &str, now: i64) -> bool {
-        let key: [u8; 32] = Sha256::digest(value.as_bytes()).into();
-        let Ok(mut map) = self.map.lock() else {
-            return false;
-        };
-        match map.get_mut(&key) {
-            Some(seen) if now - *seen < IDLE_MS => {
-                *seen = now;
-                true
-            }
-            Some(_) => {
-                map.remove(&key);
-                false
-            }
-            None => false,
-        }
-    }
-
-    fn end(&self, value: &str) {
-        let key: [u8; 32] = Sha256::digest(value.as_bytes()).into();
-        if let Ok(mut map) = self.map.lock() {
-            map.remove(&key);
-        }
-    }
-}
-
-/// 32 random bytes from the kernel, as hex.
-pub fn random_token() -> Option<String> {
-    use std::io::Read;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .ok()?;
-    Some(hex::encode(bytes))
 }
 
 /// The session cookie's value in the request, if it sent one.
@@ -431,7 +366,7 @@ fn session(app: &App, rq: &mut Incoming<'_>, listener: &Listener, token: &str) -
                 .rsplit_once(':')
                 .map_or(rq.remote.as_str(), |(ip, _)| ip)
                 .to_string();
-            if !super::admin::same_token(&given.token, token) {
+            if !crate::auth::same_token(&given.token, token) {
                 if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
                     return Reply::error(429, "too many failed admin authentications; retry later")
                         .with_header("Retry-After", wait.to_string());
@@ -504,19 +439,6 @@ mod tests {
         let all = listener("0.0.0.0:80", "0.0.0.0:80");
         assert!(all.answers_as("192.0.2.1"));
         assert!(!all.answers_as("rebound.example"));
-    }
-
-    #[test]
-    fn sessions_end_when_idle_or_signed_out() {
-        let s = Sessions::default();
-        let v = s.create(0).unwrap();
-        assert!(s.touch(&v, 1000));
-        assert!(!s.touch("other", 1000));
-        assert!(s.touch(&v, 1000 + IDLE_MS - 1));
-        assert!(!s.touch(&v, 1000 + 2 * IDLE_MS));
-        let w = s.create(0).unwrap();
-        s.end(&w);
-        assert!(!s.touch(&w, 1));
     }
 
     #[test]

@@ -1,0 +1,162 @@
+//! Who may use the admin API and the inspector, as state and checks that
+//! do not touch HTTP: the admin token compared in constant time, the
+//! throttle on wrong tokens per client address, and the inspector's
+//! signed-in sessions. Owned by `App`; asked by `http::admin` and
+//! `http::ui`, which read the request and shape the answer.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+/// A session unused this long ends (milliseconds).
+const IDLE_MS: i64 = 12 * 3600 * 1000;
+/// The most sessions kept; the least recently used goes first.
+const MAX_SESSIONS: usize = 1000;
+
+/// Limits failed admin authentications per client address: after
+/// `MAX_FAILURES` within a window, further failures from that address get
+/// 429 until the window ends (the right token still passes). Bounded in
+/// memory: the table is cleared when it grows too large.
+pub struct AuthLimiter {
+    failures: std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>,
+}
+
+const MAX_FAILURES: u32 = 10;
+const WINDOW_MS: i64 = 60_000;
+const MAX_TRACKED: usize = 10_000;
+
+impl Default for AuthLimiter {
+    fn default() -> AuthLimiter {
+        AuthLimiter {
+            failures: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl AuthLimiter {
+    /// Seconds to wait, when `ip` is blocked.
+    pub fn blocked(&self, ip: &str, now: i64) -> Option<i64> {
+        let map = self.failures.lock().ok()?;
+        let (count, since) = map.get(ip)?;
+        let left = since + WINDOW_MS - now;
+        (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
+    }
+
+    pub fn failed(&self, ip: &str, now: i64) {
+        if let Ok(mut map) = self.failures.lock() {
+            if map.len() >= MAX_TRACKED {
+                map.retain(|_, (_, since)| now - *since < WINDOW_MS);
+                if map.len() >= MAX_TRACKED {
+                    map.clear();
+                }
+            }
+            let entry = map.entry(ip.to_string()).or_insert((0, now));
+            if now - entry.1 >= WINDOW_MS {
+                *entry = (0, now);
+            }
+            entry.0 += 1;
+        }
+    }
+}
+
+/// Whether `given` is the admin token, in constant time: both are hashed
+/// first, so neither the length nor a prefix leaks through timing.
+pub fn same_token(given: &str, token: &str) -> bool {
+    let a = Sha256::digest(given.as_bytes());
+    let b = Sha256::digest(token.as_bytes());
+    let diff = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    diff == 0
+}
+
+/// Signed-in browsers, in memory: a restart signs everyone out. Keyed by
+/// the SHA-256 of the cookie's value, so the table holds no usable secret.
+#[derive(Default)]
+pub struct Sessions {
+    map: Mutex<HashMap<[u8; 32], i64>>,
+}
+
+impl Sessions {
+    /// A new session; returns the cookie's value.
+    pub fn create(&self, now: i64) -> Option<String> {
+        let value = random_token()?;
+        let mut map = self.map.lock().ok()?;
+        map.retain(|_, seen| now - *seen < IDLE_MS);
+        if map.len() >= MAX_SESSIONS
+            && let Some(oldest) = map.iter().min_by_key(|(_, seen)| **seen).map(|(k, _)| *k)
+        {
+            map.remove(&oldest);
+        }
+        map.insert(Sha256::digest(value.as_bytes()).into(), now);
+        Some(value)
+    }
+
+    /// Whether `value` is a live session; using it keeps it alive.
+    pub fn touch(&self, value: &str, now: i64) -> bool {
+        let key: [u8; 32] = Sha256::digest(value.as_bytes()).into();
+        let Ok(mut map) = self.map.lock() else {
+            return false;
+        };
+        match map.get_mut(&key) {
+            Some(seen) if now - *seen < IDLE_MS => {
+                *seen = now;
+                true
+            }
+            Some(_) => {
+                map.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    pub fn end(&self, value: &str) {
+        let key: [u8; 32] = Sha256::digest(value.as_bytes()).into();
+        if let Ok(mut map) = self.map.lock() {
+            map.remove(&key);
+        }
+    }
+}
+
+/// 32 random bytes from the kernel, as hex.
+pub fn random_token() -> Option<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .ok()?;
+    Some(hex::encode(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_authentications_are_limited_per_address() {
+        let l = AuthLimiter::default();
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(l.blocked("1.2.3.4", 1_000), None);
+            l.failed("1.2.3.4", 1_000);
+        }
+        assert_eq!(l.blocked("1.2.3.4", 1_000), Some(60));
+        assert_eq!(l.blocked("5.6.7.8", 1_000), None);
+        assert_eq!(l.blocked("1.2.3.4", 1_000 + WINDOW_MS), None);
+    }
+
+    #[test]
+    fn sessions_end_when_idle_or_signed_out() {
+        let s = Sessions::default();
+        let v = s.create(0).unwrap();
+        assert!(s.touch(&v, 1000));
+        assert!(!s.touch("other", 1000));
+        assert!(s.touch(&v, 1000 + IDLE_MS - 1));
+        assert!(!s.touch(&v, 1000 + 2 * IDLE_MS));
+        let w = s.create(0).unwrap();
+        s.end(&w);
+        assert!(!s.touch(&w, 1));
+    }
+}
