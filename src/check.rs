@@ -237,7 +237,7 @@ pub fn ask(
             }
         }
         Err(e) => {
-            let (kind, message) = crate::outbox::classify_error(&e);
+            let (kind, message) = crate::retry::classify_error(&e);
             asked.cause = Some(kind);
             asked.error = Some(format!("the check got no answer: {message}"));
         }

@@ -560,7 +560,7 @@ impl Worker {
                 }
             }
             Err(e) => {
-                let (kind, message) = classify_error(&e);
+                let (kind, message) = retry::classify_error(&e);
                 attempt.error_kind = Some(kind);
                 attempt.error = Some(message);
             }
@@ -677,22 +677,6 @@ pub(crate) fn record_check_in<T: OutboxTx>(
         error: asked.error.as_deref(),
         worker,
     })
-}
-
-pub(crate) fn classify_error(e: &ureq::Error) -> (&'static str, String) {
-    use std::io::ErrorKind;
-    match e {
-        ureq::Error::Timeout(t) => ("timeout", format!("timed out ({t})")),
-        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => ("connect", e.to_string()),
-        ureq::Error::Io(io) => match io.kind() {
-            ErrorKind::ConnectionRefused | ErrorKind::AddrNotAvailable | ErrorKind::NotFound => {
-                ("connect", io.to_string())
-            }
-            ErrorKind::TimedOut | ErrorKind::WouldBlock => ("timeout", io.to_string()),
-            _ => ("protocol", io.to_string()),
-        },
-        other => ("protocol", other.to_string()),
-    }
 }
 
 /// How long after a lease ends another worker may take the job over

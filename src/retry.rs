@@ -1,5 +1,6 @@
 //! The retry policy of forward actions, as pure functions: which answers
-//! are worth retrying, and how long to wait. No IO; randomness and the
+//! are worth retrying (and what kind of failure a request without an
+//! answer was), and how long to wait. No IO; randomness and the
 //! downstream's Retry-After come in as arguments, so it is tested without
 //! sleeping.
 
@@ -22,6 +23,24 @@ pub fn classify_status(status: u16) -> Verdict {
         200..=299 => Verdict::Done,
         408 | 429 | 500..=599 => Verdict::Retry,
         _ => Verdict::Fail,
+    }
+}
+
+/// The error kind (`connect`, `timeout` or `protocol`) and message of a
+/// request that got no answer.
+pub fn classify_error(e: &ureq::Error) -> (&'static str, String) {
+    use std::io::ErrorKind;
+    match e {
+        ureq::Error::Timeout(t) => ("timeout", format!("timed out ({t})")),
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => ("connect", e.to_string()),
+        ureq::Error::Io(io) => match io.kind() {
+            ErrorKind::ConnectionRefused | ErrorKind::AddrNotAvailable | ErrorKind::NotFound => {
+                ("connect", io.to_string())
+            }
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => ("timeout", io.to_string()),
+            _ => ("protocol", io.to_string()),
+        },
+        other => ("protocol", other.to_string()),
     }
 }
 
