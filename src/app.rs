@@ -1,6 +1,8 @@
-//! The running service's shared state: the resolved config, the writer,
-//! the read pool and the metrics, plus the few operations the HTTP layer
-//! asks of them. Built once by `serve` and shared by reference.
+//! The running service's shared state: the resolved config, the storage
+//! (SQLite's writer and read pool, or PostgreSQL's claimers and pool),
+//! the metrics, plus the few operations the HTTP layer asks of them
+//! (`read` and `write` give the admin API a `store::db::Db` on either
+//! backend). Built once by `serve` and shared by reference.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,6 +14,7 @@ use rusqlite::OpenFlags;
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
 use crate::metrics::{AttemptOutcome, Delivery, JobGauges, Metrics, StorageGauges};
+use crate::store::db::{Db, TxError};
 use crate::store::pg_serve::PgStore;
 use crate::store::{Guard, StoreError, Writer};
 
@@ -39,14 +42,57 @@ pub enum Storage {
 }
 
 impl App {
-    /// The SQLite writer and readers; an error for the admin operations
-    /// that do not run on PostgreSQL in this build yet.
-    pub fn sqlite(&self) -> Result<(&Writer, &ReadPool), StoreError> {
+    /// Runs `f` on a connection for reading: one of the SQLite read pool
+    /// (read-only), or a pooled PostgreSQL connection. A connection that
+    /// cannot be had is a storage error (the API answers 503).
+    pub fn read<T, E: TxError>(&self, f: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
         match &self.storage {
-            Storage::Sqlite { writer, readers } => Ok((writer, readers)),
-            Storage::Postgres(_) => Err(StoreError::other(
-                "this operation does not run on PostgreSQL in this build yet",
-            )),
+            Storage::Sqlite { readers, .. } => {
+                let conn = readers
+                    .get()
+                    .map_err(|e| StoreError::other(format!("no read connection: {e}")))?;
+                f(&Db::sqlite(&conn))
+            }
+            Storage::Postgres(pg) => pg.with_client(|client| Ok(f(&Db::postgres(client))))?,
+        }
+    }
+
+    /// Runs `f` as one write: on SQLite through the one writer, in a
+    /// savepoint of its own; on PostgreSQL in a transaction of its own on
+    /// a pooled connection (`store::db::pg_write`: run again after a
+    /// deadlock or serialization failure, so `f` may run more than once).
+    /// Either way an error of `f` undoes what it wrote: a refusal comes
+    /// back as itself, a storage failure fails the call.
+    pub fn write<T, E>(
+        &self,
+        mut f: impl FnMut(&Db<'_>) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: TxError + Send + 'static,
+    {
+        match &self.storage {
+            Storage::Sqlite { writer, .. } => writer.call(move |conn| {
+                conn.prepare_cached("SAVEPOINT admin")?.execute([])?;
+                match f(&Db::sqlite(conn)) {
+                    Ok(v) => {
+                        conn.prepare_cached("RELEASE admin")?.execute([])?;
+                        Ok(Ok(v))
+                    }
+                    Err(e) => {
+                        // Gone already when SQLite rolled the whole
+                        // transaction back (disk full); the writer notices.
+                        let _ = conn.execute_batch("ROLLBACK TO admin; RELEASE admin");
+                        match e.as_store() {
+                            Some(store) => Err(store.clone()),
+                            None => Ok(Err(e)),
+                        }
+                    }
+                }
+            })?,
+            Storage::Postgres(pg) => {
+                pg.with_client(|client| Ok(crate::store::db::pg_write(client, &mut f)))?
+            }
         }
     }
 

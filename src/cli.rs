@@ -308,24 +308,31 @@ pub fn load_config(flag: Option<&Path>) -> Result<Config> {
     Ok(config)
 }
 
+/// Why `command` does not run against PostgreSQL, when it does not.
+/// Every other command works on either backend.
+fn postgres_refusal(command: &Command, url: &crate::store::PostgresUrl) -> Option<String> {
+    match command {
+        Command::Backup { .. } => Some(format!(
+            "database is {url}: idemhook does not back up PostgreSQL; use pg_dump (pg_dump --format=custom --file=idemhook.dump URL), which takes a consistent copy while serve runs"
+        )),
+        Command::Migrate { .. } => Some(format!(
+            "database is {url}: migrate copies a SQLite database into PostgreSQL; run it with the config that names the SQLite file"
+        )),
+        Command::Replay(_) | Command::Resolve(_) | Command::Prune { .. } => Some(format!(
+            "database is {url}: this command does not run on PostgreSQL in this build yet"
+        )),
+        _ => None,
+    }
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
-    // Only serve and check run on PostgreSQL in this build; every other
-    // command reads or writes the SQLite file and says so instead.
-    if !matches!(
-        cli.command,
-        Command::Serve { .. } | Command::Check | Command::Send { .. }
-    ) && let Ok(config) =
-        ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()
+    if !matches!(cli.command, Command::Serve { .. })
+        && let Ok(config) =
+            ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()
         && let Some(url) = &config.postgres
+        && let Some(why) = postgres_refusal(&cli.command, url)
     {
-        if matches!(cli.command, Command::Backup { .. }) {
-            anyhow::bail!(
-                "database is {url}: idemhook does not back up PostgreSQL; use pg_dump (pg_dump --format=custom --file=idemhook.dump URL), which takes a consistent copy while serve runs"
-            );
-        }
-        anyhow::bail!(
-            "database is {url}: this command does not run on PostgreSQL in this build yet (serve and check do)"
-        );
+        anyhow::bail!(why);
     }
     match cli.command {
         Command::Serve { listen, database } => {

@@ -4,11 +4,12 @@
 //!
 //! Off (404) when no `admin_token` is set; otherwise every request needs
 //! `Authorization: Bearer <token>`, compared in constant time (401 on a
-//! missing or wrong one). Reads use the read-only pool; writes go through
-//! the one writer, each in its own savepoint so a refused request leaves
-//! nothing behind.
+//! missing or wrong one). On either backend (`App::read`, `App::write`
+//! hand the routes a `store::db::Db`): on SQLite reads use the read-only
+//! pool and writes go through the one writer, each in its own savepoint;
+//! on PostgreSQL each runs on a pooled connection, a write in its own
+//! transaction. Either way a refused request leaves nothing behind.
 
-use rusqlite::Connection;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -20,6 +21,7 @@ use crate::metrics::AttemptOutcome;
 use crate::ops::inspect::{self, ListFilter, OpError};
 use crate::ops::inspector;
 use crate::ops::{pause, reconcile, replay, resolve};
+use crate::store::db::Db;
 use crate::store::{StoreError, now_ms};
 
 /// The largest admin request body we read.
@@ -245,34 +247,20 @@ fn store_error(e: &StoreError) -> Reply {
     Reply::unavailable(&e.message)
 }
 
-/// Runs `f` on a pooled read-only connection.
-fn read<T>(app: &App, f: impl FnOnce(&Connection) -> Result<T, OpError>) -> Result<T, OpError> {
-    let (_, readers) = app.sqlite().map_err(OpError::Store)?;
-    let conn = readers
-        .get()
-        .map_err(|e| OpError::Store(StoreError::other(format!("no read connection: {e}"))))?;
-    f(&conn)
+/// Runs `f` on a connection for reading (either backend: `App::read`).
+fn read<T>(app: &App, f: impl FnOnce(&Db<'_>) -> Result<T, OpError>) -> Result<T, OpError> {
+    app.read(f)
 }
 
-/// Runs `f` through the one writer, in its own savepoint: a refusal
-/// (not found, invalid) rolls back whatever `f` wrote and comes back as
-/// itself; a storage failure fails the call.
+/// Runs `f` as one write of its own (`App::write`): a refusal (not
+/// found, invalid) rolls back whatever `f` wrote and comes back as
+/// itself; a storage failure fails the call. On PostgreSQL `f` may run
+/// again after a deadlock.
 fn write<T: Send + 'static>(
     app: &App,
-    f: impl FnOnce(&Connection) -> Result<T, OpError> + Send + 'static,
+    f: impl FnMut(&Db<'_>) -> Result<T, OpError> + Send + 'static,
 ) -> Result<T, OpError> {
-    let (writer, _) = app.sqlite().map_err(OpError::Store)?;
-    let result = writer.call(
-        move |conn| match crate::store::in_savepoint(conn, "admin", f) {
-            Ok(v) => Ok(Ok(v)),
-            Err(OpError::Store(e)) => Err(e),
-            Err(other) => Ok(Err(other)),
-        },
-    );
-    match result {
-        Ok(inner) => inner,
-        Err(e) => Err(OpError::Store(e)),
-    }
+    app.write(f)
 }
 
 /// The request's JSON body as `T`; an empty body is `T::default()`. (A
@@ -358,14 +346,14 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
         .flat_map(|v| v.split(','))
         .map(|t| t.trim().to_string())
         .collect();
-    let result = read(app, |conn| {
-        let tag = inspector::list_version(conn, &query)?;
+    let result = read(app, |db| {
+        let tag = inspector::list_version(db, &query)?;
         if filter.since_ms.is_none() && known.contains(&tag) {
             return Ok((tag, None));
         }
-        let mut list = inspect::list(conn, &filter)?;
+        let mut list = inspect::list(db, &filter)?;
         if details {
-            inspector::count_incidents(conn, &mut list)?;
+            inspector::count_incidents(db, &mut list)?;
         }
         Ok((tag, Some(list)))
     });
@@ -403,10 +391,10 @@ fn show(app: &App, rq: &Incoming<'_>, source: &str, event_id: &str) -> Reply {
         },
         Err(reply) => return reply,
     };
-    let shown = read(app, |conn| {
-        let mut event = inspect::show(conn, source, event_id)?;
+    let shown = read(app, |db| {
+        let mut event = inspect::show(db, source, event_id)?;
         if details {
-            inspector::add_event_details(conn, &mut event)?;
+            inspector::add_event_details(db, &mut event)?;
         }
         Ok(event)
     });
@@ -451,14 +439,17 @@ fn replay_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) 
         force: b.force,
     };
     if b.dry_run {
-        return match read(app, |conn| replay::plan(conn, &app.config, &target)) {
+        return match read(app, |db| {
+            replay::plan(db.sqlite_only()?, &app.config, &target)
+        }) {
             Ok(plan) => Reply::json(200, &replay::report(&plan, None, None)),
             Err(e) => op_error(e),
         };
     }
     let config = app.config.clone();
     let (source, event_id) = (source.to_string(), event_id.to_string());
-    let result = write(app, move |conn| {
+    let result = write(app, move |db| {
+        let conn = db.sqlite_only()?;
         let plan = replay::plan(conn, &config, &target)?;
         let done = replay::apply(conn, &config, &plan.steps, replay::Origin::Api, now_ms())?;
         let state = replay::event_state(conn, &source, &event_id)?;
@@ -494,7 +485,9 @@ fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
             Ok(t) => t,
             Err(e) => return op_error(e),
         };
-    let plan = match read(app, |conn| replay::plan(conn, &app.config, &target)) {
+    let plan = match read(app, |db| {
+        replay::plan(db.sqlite_only()?, &app.config, &target)
+    }) {
         Ok(p) => p,
         Err(e) => return op_error(e),
     };
@@ -504,11 +497,15 @@ fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
     let mut all = Vec::with_capacity(plan.steps.len());
     for chunk in plan.steps.chunks(replay::APPLY_CHUNK) {
         let (config, steps) = (app.config.clone(), chunk.to_vec());
-        let done = match app.sqlite() {
-            Ok((writer, _)) => writer,
-            Err(e) => return store_error(&e),
-        }
-        .call(move |conn| replay::apply(conn, &config, &steps, replay::Origin::Api, now_ms()));
+        let done = app.write(move |db| {
+            replay::apply(
+                db.sqlite_only()?,
+                &config,
+                &steps,
+                replay::Origin::Api,
+                now_ms(),
+            )
+        });
         match done {
             Ok(done) => all.extend(done),
             Err(e) => return store_error(&e),
@@ -562,8 +559,8 @@ fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str)
     };
     let (source, event_id) = (source.to_string(), event_id.to_string());
     if b.dry_run {
-        return match read(app, |conn| {
-            resolve::plan(conn, &source, &event_id, &action, &note)
+        return match read(app, |db| {
+            resolve::plan(db.sqlite_only()?, &source, &event_id, &action, &note)
         }) {
             Ok(plan) => match &plan.refused {
                 Some(reason) => Reply::error(409, reason),
@@ -572,7 +569,8 @@ fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str)
             Err(e) => op_error(e),
         };
     }
-    let result = write(app, move |conn| {
+    let result = write(app, move |db| {
+        let conn = db.sqlite_only()?;
         let plan = resolve::plan(conn, &source, &event_id, &action, &note)?;
         if plan.refused.is_some() {
             return Ok((plan, None));
@@ -595,11 +593,11 @@ fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str)
 fn pause_or_resume(app: &App, source: &str, action: &str, pausing: bool) -> Reply {
     let config = app.config.clone();
     let (source, action) = (source.to_string(), action.to_string());
-    let result = write(app, move |conn| {
+    let result = write(app, move |db| {
         if pausing {
-            pause::pause(conn, &config, &source, &action, now_ms())
+            pause::pause(db, &config, &source, &action, now_ms())
         } else {
-            pause::resume(conn, &config, &source, &action, now_ms())
+            pause::resume(db, &config, &source, &action, now_ms())
         }
     });
     match result {
@@ -614,15 +612,15 @@ fn pause_or_resume(app: &App, source: &str, action: &str, pausing: bool) -> Repl
 }
 
 fn actions_route(app: &App) -> Reply {
-    match read(app, |conn| inspector::actions(conn, &app.config)) {
+    match read(app, |db| inspector::actions(db, &app.config)) {
         Ok(v) => Reply::json(200, &v),
         Err(e) => op_error(e),
     }
 }
 
 fn overview_route(app: &App) -> Reply {
-    match read(app, |conn| {
-        inspector::overview(conn, &app.overview_cache, now_ms(), 60)
+    match read(app, |db| {
+        inspector::overview(db, &app.overview_cache, now_ms(), 60)
     }) {
         Ok(v) => Reply::json(200, &v),
         Err(e) => op_error(e),
@@ -656,9 +654,7 @@ fn reconcile_route(app: &App, rq: &Incoming<'_>) -> Reply {
         }
         Err(m) => return Reply::error(400, &m),
     }
-    let report = match read(app, |conn| {
-        reconcile::reconcile(conn, &app.config, now_ms())
-    }) {
+    let report = match read(app, |db| reconcile::reconcile(db, &app.config, now_ms())) {
         Ok(v) => v,
         Err(e) => return op_error(e),
     };
@@ -695,9 +691,7 @@ fn reconcile_apply(app: &App, rq: &mut Incoming<'_>) -> Reply {
             "POST /api/reconcile marks done what a check finds done downstream: send {\"check\": true}",
         );
     }
-    let report = match read(app, |conn| {
-        reconcile::reconcile(conn, &app.config, now_ms())
-    }) {
+    let report = match read(app, |db| reconcile::reconcile(db, &app.config, now_ms())) {
         Ok(v) => v,
         Err(e) => return op_error(e),
     };
@@ -707,11 +701,12 @@ fn reconcile_apply(app: &App, rq: &mut Incoming<'_>) -> Reply {
     };
     count_checks(app, &checked);
     let config = app.config.clone();
-    let result = write(app, move |conn| {
-        let mut checked = checked;
+    let result = write(app, move |db| {
+        // A copy per run: on PostgreSQL the transaction may run again.
+        let mut checked = checked.clone();
         let now = now_ms();
-        reconcile::mark_done(conn, &mut checked, "reconcile:api", now)?;
-        let after = reconcile::reconcile(conn, &config, now)?;
+        reconcile::mark_done(db, &mut checked, "reconcile:api", now)?;
+        let after = reconcile::reconcile(db, &config, now)?;
         Ok((checked, after))
     });
     match result {

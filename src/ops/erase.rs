@@ -7,38 +7,34 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, clean, finish, fmt_time, not_found, open_read, open_write};
+use super::inspect::{OpError, finish, not_found, open_db_read, open_db_write};
+use super::text::{clean, fmt_time};
+use crate::args;
 use crate::config::Config;
+use crate::store::db::Db;
 use crate::store::{ms_to_secs, now_ms};
 
 /// What is stored for the event and what erasing it would touch.
-pub fn describe(conn: &Connection, source: &str, event_id: &str) -> Result<Value, OpError> {
-    let row = conn
-        .prepare_cached(
-            "SELECT state, length(payload), headers IS NOT NULL, erased_at FROM events
-             WHERE source = ?1 AND event_id = ?2",
-        )?
-        .query_row(params![source, event_id], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Option<i64>>(1)?,
-                r.get::<_, bool>(2)?,
-                r.get::<_, Option<i64>>(3)?,
-            ))
-        })
-        .optional()?;
-    let Some((state, payload_bytes, has_headers, erased_at)) = row else {
+pub fn describe(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
+    let Some(r) = db.query_opt(
+        "SELECT state, length(payload), headers IS NOT NULL, erased_at FROM events
+         WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    else {
         return Err(not_found(source, event_id));
     };
-    let open_jobs: i64 = conn
-        .prepare_cached(
+    let (state, payload_bytes, has_headers, erased_at) =
+        (r.string(0)?, r.opt_i64(1)?, r.bool(2)?, r.opt_i64(3)?);
+    let open_jobs = db
+        .query_one(
             "SELECT count(*) FROM jobs WHERE source = ?1 AND event_id = ?2
                AND status IN ('pending', 'processing', 'paused', 'failed')",
+            args![source, event_id],
         )?
-        .query_row(params![source, event_id], |r| r.get(0))?;
+        .i64(0)?;
     Ok(json!({
         "source": source,
         "event_id": event_id,
@@ -52,19 +48,28 @@ pub fn describe(conn: &Connection, source: &str, event_id: &str) -> Result<Value
 
 /// Erases the body and headers in the caller's write transaction. The
 /// first erasure's time is kept.
-pub fn erase(conn: &Connection, source: &str, event_id: &str, now: i64) -> Result<Value, OpError> {
-    let before = describe(conn, source, event_id)?;
-    conn.prepare_cached(
+pub fn erase(db: &Db<'_>, source: &str, event_id: &str, now: i64) -> Result<Value, OpError> {
+    // The row is locked before it is described, so the bytes reported
+    // are the bytes dropped.
+    db.query(
+        &format!(
+            "SELECT 1 FROM events WHERE source = ?1 AND event_id = ?2{}",
+            db.dialect().for_update()
+        ),
+        args![source, event_id],
+    )?;
+    let before = describe(db, source, event_id)?;
+    db.execute(
         "UPDATE events SET payload = NULL, headers = NULL, erased_at = coalesce(erased_at, ?3)
          WHERE source = ?1 AND event_id = ?2",
-    )?
-    .execute(params![source, event_id, now])?;
-    conn.prepare_cached(
+        args![source, event_id, now],
+    )?;
+    db.execute(
         "DELETE FROM incident_payloads WHERE incident_id IN
              (SELECT id FROM incidents WHERE source = ?1 AND event_id = ?2)",
-    )?
-    .execute(params![source, event_id])?;
-    let mut out = describe(conn, source, event_id)?;
+        args![source, event_id],
+    )?;
+    let mut out = describe(db, source, event_id)?;
     out["erased_bytes"] = before["payload_bytes"].clone();
     Ok(out)
 }
@@ -72,8 +77,8 @@ pub fn erase(conn: &Connection, source: &str, event_id: &str, now: i64) -> Resul
 pub fn cmd(config: &Config, source: &str, event_id: &str, yes: bool) -> Result<ExitCode> {
     let name = format!("{}/{}", clean(source), clean(event_id));
     if !yes {
-        let conn = open_read(config)?;
-        let d = match describe(&conn, source, event_id) {
+        let mut handle = open_db_read(config)?;
+        let d = match describe(&handle.db(), source, event_id) {
             Ok(d) => d,
             Err(e) => return finish(Err(e)),
         };
@@ -94,13 +99,8 @@ pub fn cmd(config: &Config, source: &str, event_id: &str, yes: bool) -> Result<E
         println!("nothing changed: run again with --yes to erase");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut conn = open_write(config)?;
-    let result = (|| -> Result<Value, OpError> {
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let out = erase(&tx, source, event_id, now_ms())?;
-        tx.commit()?;
-        Ok(out)
-    })();
+    let mut handle = open_db_write(config)?;
+    let result = handle.write(|db| erase(db, source, event_id, now_ms()));
     let d = match result {
         Ok(d) => d,
         Err(e) => return finish(Err(e)),

@@ -5,20 +5,25 @@
 //!
 //! Also owns the few helpers every operator command shares: [`OpError`]
 //! (what went wrong, sorted by who should fix it), opening the database for
-//! a command, and printing times and untrusted text to a terminal.
+//! a command (printing is `ops::text`'s).
 //! Nothing here writes.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 use serde_json::{Value, json};
 
+use crate::args;
 use crate::config::{Config, parse_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
+use crate::store::db::{self, Db, Dialect, Handle, TxError};
 use crate::store::{self, StoreError, ms_to_secs, now_ms};
+
+// The text helpers moved to `ops::text`; re-exported for the commands
+// that still import them from here.
+pub use super::text::{cell, clean, fmt_json_time, fmt_time, table};
 
 /// The event states, in the order they move.
 pub const EVENT_STATES: [&str; 4] = ["accepted", "processing", "completed", "failed"];
@@ -40,6 +45,15 @@ pub enum OpError {
 impl From<rusqlite::Error> for OpError {
     fn from(e: rusqlite::Error) -> OpError {
         OpError::Store(StoreError::from(e))
+    }
+}
+
+impl TxError for OpError {
+    fn as_store(&self) -> Option<&StoreError> {
+        match self {
+            OpError::Store(e) => Some(e),
+            OpError::NotFound(_) | OpError::Invalid(_) => None,
+        }
     }
 }
 
@@ -77,79 +91,27 @@ pub fn open_write(config: &Config) -> Result<Connection> {
         .with_context(|| format!("cannot open the database {}", config.database.display()))
 }
 
-/// Unix seconds as `2025-11-30T10:00:00Z`.
-pub fn fmt_time(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = crate::log::civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// A JSON time (unix seconds or null) for a human: the time, or `-`.
-pub fn fmt_json_time(v: &Value) -> String {
-    v.as_i64().map_or_else(|| "-".to_string(), fmt_time)
-}
-
-/// Untrusted text (event ids, types, errors) made safe for a terminal:
-/// control characters are escaped so they cannot move the cursor or forge
-/// lines.
-pub fn clean(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// A JSON value as table text: strings cleaned, null as `-`.
-pub fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".to_string(),
-        Value::String(s) => clean(s),
-        other => clean(&other.to_string()),
+/// The database of `config` on either backend, for a command that only
+/// looks: a read-only SQLite connection, or a PostgreSQL session whose
+/// transactions are read-only.
+pub fn open_db_read(config: &Config) -> Result<Handle> {
+    match &config.postgres {
+        Some(url) => db::connect_postgres(url, config.durability, config.busy_timeout, true)
+            .map(Handle::Postgres)
+            .with_context(|| format!("cannot open the database {url}")),
+        None => open_read(config).map(Handle::Sqlite),
     }
 }
 
-/// Left-aligned columns, two spaces apart.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (i, c) in row.iter().enumerate() {
-            if let Some(w) = widths.get_mut(i) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
+/// The database of `config` on either backend, for a command that
+/// changes something (in [`Handle::write`]'s transaction).
+pub fn open_db_write(config: &Config) -> Result<Handle> {
+    match &config.postgres {
+        Some(url) => db::connect_postgres(url, config.durability, config.busy_timeout, false)
+            .map(Handle::Postgres)
+            .with_context(|| format!("cannot open the database {url}")),
+        None => open_write(config).map(Handle::Sqlite),
     }
-    let mut out = String::new();
-    let mut line = |cells: Vec<&str>| {
-        let mut text = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                text.push_str(c);
-            } else {
-                let pad = widths
-                    .get(i)
-                    .map_or(0, |w| w.saturating_sub(c.chars().count()));
-                text.push_str(c);
-                text.push_str(&" ".repeat(pad + 2));
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-    out
 }
 
 /// A nullable millisecond column as JSON unix seconds.
@@ -215,11 +177,11 @@ impl ListFilter {
 }
 
 /// Events, newest first, as `[{source, event_id, type, state, received_at}]`.
-pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Value, OpError> {
+pub fn list(db: &Db<'_>, filter: &ListFilter) -> Result<Value, OpError> {
     let mut sql =
         String::from("SELECT source, event_id, type, state, received_at FROM events WHERE 1 = 1");
-    let mut args: Vec<rusqlite::types::Value> = Vec::new();
-    let mut add = |clause: &str, value: rusqlite::types::Value| {
+    let mut args: Vec<db::Value> = Vec::new();
+    let mut add = |clause: &str, value: db::Value| {
         args.push(value);
         let _ = write!(sql, " AND {clause} ?{}", args.len());
     };
@@ -244,30 +206,25 @@ pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Value, OpError> {
         add("event_id >=", prefix.clone().into());
         add("event_id <", format!("{prefix}\u{10FFFF}").into());
     }
-    let limit = if filter.limit == 0 {
-        -1
-    } else {
-        i64::from(filter.limit)
-    };
-    args.push(limit.into());
-    let _ = write!(
-        sql,
-        " ORDER BY received_at DESC, rowid DESC LIMIT ?{}",
-        args.len()
-    );
-    let mut stmt = conn.prepare(&sql)?;
-    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
-        Ok(json!({
-            "source": r.get::<_, String>(0)?,
-            "event_id": r.get::<_, String>(1)?,
-            "type": r.get::<_, Option<String>>(2)?,
-            "state": r.get::<_, String>(3)?,
-            "received_at": ms_to_secs(r.get::<_, i64>(4)?),
-        }))
-    })?;
+    // Events received in the same millisecond: the one stored last first
+    // on SQLite (rowid); PostgreSQL has no insertion order, so by key.
+    sql.push_str(match db.dialect() {
+        Dialect::Sqlite => " ORDER BY received_at DESC, rowid DESC",
+        Dialect::Postgres => " ORDER BY received_at DESC, source DESC, event_id DESC",
+    });
+    if filter.limit > 0 {
+        args.push(filter.limit.into());
+        let _ = write!(sql, " LIMIT ?{}", args.len());
+    }
     let mut out = Vec::new();
-    for row in rows {
-        out.push(row?);
+    for r in db.query(&sql, &args)? {
+        out.push(json!({
+            "source": r.string(0)?,
+            "event_id": r.string(1)?,
+            "type": r.opt_string(2)?,
+            "state": r.string(3)?,
+            "received_at": ms_to_secs(r.i64(4)?),
+        }));
     }
     Ok(Value::Array(out))
 }
@@ -292,8 +249,8 @@ pub fn list_cmd(
         Ok(f) => f,
         Err(e) => return finish(Err(e)),
     };
-    let conn = open_read(config)?;
-    let events = match list(&conn, &filter) {
+    let mut handle = open_db_read(config)?;
+    let events = match list(&handle.db(), &filter) {
         Ok(v) => v,
         Err(e) => return finish(Err(e)),
     };
@@ -332,12 +289,13 @@ pub fn list_cmd(
 
 /// The stored body as JSON output: the JSON itself when it parses, else the
 /// text (invalid UTF-8 replaced), null once erased.
-fn payload_value(raw: ValueRef<'_>) -> Value {
+fn payload_value(raw: &db::Value) -> Value {
     let bytes = match raw {
-        ValueRef::Null => return Value::Null,
-        ValueRef::Blob(b) | ValueRef::Text(b) => b,
-        ValueRef::Integer(i) => return json!(i),
-        ValueRef::Real(f) => return json!(f),
+        db::Value::Null => return Value::Null,
+        db::Value::Bytes(b) => b.as_slice(),
+        db::Value::Text(t) => t.as_bytes(),
+        db::Value::Int(i) => return json!(i),
+        db::Value::Real(f) => return json!(f),
     };
     let as_text = || Value::String(String::from_utf8_lossy(bytes).into_owned());
     // A body no JSON kind took (a `none` or `hmac` source, another media
@@ -390,115 +348,100 @@ fn headers_value(stored: Option<&str>) -> Value {
 
 /// One event, the object of PRODUCT.md's "JSON shapes", plus the kept
 /// `headers` and each attempt's operator `note`.
-pub fn show(conn: &Connection, source: &str, event_id: &str) -> Result<Value, OpError> {
-    let event = conn
-        .prepare_cached(
-            "SELECT type, state, received_at, completed_at, payload, payload_hash, verified_with,
-                    headers
-             FROM events WHERE source = ?1 AND event_id = ?2",
-        )?
-        .query_row(params![source, event_id], |r| {
-            let received_at: i64 = r.get(2)?;
-            Ok((
-                json!({
-                    "source": source,
-                    "event_id": event_id,
-                    "type": r.get::<_, Option<String>>(0)?,
-                    "state": r.get::<_, String>(1)?,
-                    "received_at": ms_to_secs(received_at),
-                    "completed_at": secs(r.get(3)?),
-                    "payload_hash": r.get::<_, String>(5)?,
-                    "verified_with": r.get::<_, Option<i64>>(6)?,
-                    "payload": payload_value(r.get_ref(4)?),
-                    "headers": headers_value(r.get::<_, Option<String>>(7)?.as_deref()),
-                }),
-                received_at,
-            ))
-        })
-        .optional()?;
-    let Some((mut event, received_at)) = event else {
+pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
+    let Some(r) = db.query_opt(
+        "SELECT type, state, received_at, completed_at, payload, payload_hash, verified_with,
+                headers
+         FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    else {
         return Err(not_found(source, event_id));
     };
+    let received_at = r.i64(2)?;
+    let mut event = json!({
+        "source": source,
+        "event_id": event_id,
+        "type": r.opt_string(0)?,
+        "state": r.string(1)?,
+        "received_at": ms_to_secs(received_at),
+        "completed_at": secs(r.opt_i64(3)?),
+        "payload_hash": r.string(5)?,
+        "verified_with": r.opt_i64(6)?,
+        "payload": payload_value(r.get(4)),
+        "headers": headers_value(r.opt_string(7)?.as_deref()),
+    });
 
     let mut jobs = Vec::new();
-    let job_rows: Vec<(i64, Value)> = {
-        let mut stmt = conn.prepare_cached(
-            "SELECT id, action, kind, status, next_attempt_at, last_error
-             FROM jobs WHERE source = ?1 AND event_id = ?2 ORDER BY id",
-        )?;
-        let rows = stmt.query_map(params![source, event_id], |r| {
-            let status: String = r.get(3)?;
-            let next: Option<i64> = r.get(4)?;
-            Ok((
-                r.get::<_, i64>(0)?,
-                json!({
-                    "action": r.get::<_, String>(1)?,
-                    "kind": r.get::<_, String>(2)?,
-                    "next_attempt_at": if status == "pending" { secs(next) } else { Value::Null },
-                    "status": status,
-                    "last_error": r.get::<_, Option<String>>(5)?,
-                }),
-            ))
-        })?;
-        rows.collect::<Result<_, _>>()?
-    };
-    let mut attempts_stmt = conn.prepare_cached(
-        "SELECT n, started_at, finished_at, outcome, http_status, error, error_kind,
-                response_head, request_id, note
-         FROM attempts WHERE job_id = ?1 ORDER BY n",
-    )?;
-    for (job_id, mut job) in job_rows {
-        let attempts = attempts_stmt
-            .query_map([job_id], |r| {
-                Ok(json!({
-                    "n": r.get::<_, i64>(0)?,
-                    "started_at": ms_to_secs(r.get::<_, i64>(1)?),
-                    "finished_at": secs(r.get(2)?),
-                    "outcome": r.get::<_, Option<String>>(3)?,
-                    "http_status": r.get::<_, Option<i64>>(4)?,
-                    "error": r.get::<_, Option<String>>(5)?,
-                    "error_kind": r.get::<_, Option<String>>(6)?,
-                    "response": r.get::<_, Option<String>>(7)?,
-                    "request_id": r.get::<_, Option<String>>(8)?,
-                    "note": r.get::<_, Option<String>>(9)?,
-                }))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
+    for r in db.query(
+        "SELECT id, action, kind, status, next_attempt_at, last_error
+         FROM jobs WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+        args![source, event_id],
+    )? {
+        let job_id = r.i64(0)?;
+        let status = r.string(3)?;
+        let mut job = json!({
+            "action": r.string(1)?,
+            "kind": r.string(2)?,
+            "next_attempt_at": if status == "pending" { secs(r.opt_i64(4)?) } else { Value::Null },
+            "status": status,
+            "last_error": r.opt_string(5)?,
+        });
+        let mut attempts = Vec::new();
+        for a in db.query(
+            "SELECT n, started_at, finished_at, outcome, http_status, error, error_kind,
+                    response_head, request_id, note
+             FROM attempts WHERE job_id = ?1 ORDER BY n",
+            args![job_id],
+        )? {
+            attempts.push(json!({
+                "n": a.i64(0)?,
+                "started_at": ms_to_secs(a.i64(1)?),
+                "finished_at": secs(a.opt_i64(2)?),
+                "outcome": a.opt_string(3)?,
+                "http_status": a.opt_i64(4)?,
+                "error": a.opt_string(5)?,
+                "error_kind": a.opt_string(6)?,
+                "response": a.opt_string(7)?,
+                "request_id": a.opt_string(8)?,
+                "note": a.opt_string(9)?,
+            }));
+        }
         job["attempts"] = Value::Array(attempts);
         if job["kind"] == "forward" {
-            job["checks"] = job_checks(conn, job_id)?;
+            job["checks"] = job_checks(db, job_id)?;
         }
         jobs.push(job);
     }
 
-    let deliveries = conn
-        .prepare_cached(&format!(
+    let mut deliveries = Vec::new();
+    for r in db.query(
+        &format!(
             "SELECT received_at, outcome, remote FROM deliveries
              WHERE {DELIVERIES_OF_EVENT} ORDER BY id"
-        ))?
-        .query_map(params![source, event_id, received_at], |r| {
-            Ok(json!({
-                "received_at": ms_to_secs(r.get::<_, i64>(0)?),
-                "outcome": r.get::<_, String>(1)?,
-                "remote": r.get::<_, Option<String>>(2)?,
-            }))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    let incidents = conn
-        .prepare_cached(
-            "SELECT i.kind, i.created_at, i.detail, p.payload FROM incidents i
-             LEFT JOIN incident_payloads p ON p.incident_id = i.id
-             WHERE i.source = ?1 AND i.event_id = ?2 ORDER BY i.id",
-        )?
-        .query_map(params![source, event_id], |r| {
-            Ok(json!({
-                "kind": r.get::<_, String>(0)?,
-                "created_at": ms_to_secs(r.get::<_, i64>(1)?),
-                "detail": r.get::<_, Option<String>>(2)?,
-                "payload": payload_value(r.get_ref(3)?),
-            }))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+        ),
+        args![source, event_id, received_at],
+    )? {
+        deliveries.push(json!({
+            "received_at": ms_to_secs(r.i64(0)?),
+            "outcome": r.string(1)?,
+            "remote": r.opt_string(2)?,
+        }));
+    }
+    let mut incidents = Vec::new();
+    for r in db.query(
+        "SELECT i.kind, i.created_at, i.detail, p.payload FROM incidents i
+         LEFT JOIN incident_payloads p ON p.incident_id = i.id
+         WHERE i.source = ?1 AND i.event_id = ?2 ORDER BY i.id",
+        args![source, event_id],
+    )? {
+        incidents.push(json!({
+            "kind": r.string(0)?,
+            "created_at": ms_to_secs(r.i64(1)?),
+            "detail": r.opt_string(2)?,
+            "payload": payload_value(r.get(3)),
+        }));
+    }
     event["jobs"] = Value::Array(jobs);
     event["deliveries"] = Value::Array(deliveries);
     event["incidents"] = Value::Array(incidents);
@@ -523,24 +466,27 @@ struct Extras {
     replays: Vec<(String, i64, String, bool, String)>,
 }
 
-fn extras(conn: &Connection, source: &str, event_id: &str) -> Result<Extras, OpError> {
-    let (erased_at, content_type, headers) = conn
-        .prepare_cached(
-            "SELECT erased_at, content_type, headers FROM events WHERE source = ?1 AND event_id = ?2",
-        )?
-        .query_row(params![source, event_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })?;
-    let replays = conn
-        .prepare_cached(
-            "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin
-             FROM replays r JOIN jobs j ON j.id = r.job_id
-             WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
-        )?
-        .query_map(params![source, event_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+fn extras(db: &Db<'_>, source: &str, event_id: &str) -> Result<Extras, OpError> {
+    let r = db.query_one(
+        "SELECT erased_at, content_type, headers FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?;
+    let (erased_at, content_type, headers) = (r.opt_i64(0)?, r.opt_string(1)?, r.opt_string(2)?);
+    let mut replays = Vec::new();
+    for r in db.query(
+        "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin
+         FROM replays r JOIN jobs j ON j.id = r.job_id
+         WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
+        args![source, event_id],
+    )? {
+        replays.push((
+            r.string(0)?,
+            r.i64(1)?,
+            r.string(2)?,
+            r.bool(3)?,
+            r.string(4)?,
+        ));
+    }
     Ok(Extras {
         erased_at,
         content_type,
@@ -736,15 +682,16 @@ fn render(event: &Value, extras: &Extras) -> String {
 }
 
 pub fn show_cmd(config: &Config, source: &str, event_id: &str, json: bool) -> Result<ExitCode> {
-    let conn = open_read(config)?;
-    let event = match show(&conn, source, event_id) {
+    let mut handle = open_db_read(config)?;
+    let db = handle.db();
+    let event = match show(&db, source, event_id) {
         Ok(v) => v,
         Err(e) => return finish(Err(e)),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&event)?);
     } else {
-        let extras = match extras(&conn, source, event_id) {
+        let extras = match extras(&db, source, event_id) {
             Ok(x) => x,
             Err(e) => return finish(Err(e)),
         };
@@ -756,21 +703,20 @@ pub fn show_cmd(config: &Config, source: &str, event_id: &str, json: bool) -> Re
 /// The questions asked of a forward job's `check` URL (`checks`), oldest
 /// first: `[{"n", "asked_at", "answer", "http_status", "error"}]`; `n` is
 /// the attempt each was asked for.
-fn job_checks(conn: &Connection, job_id: i64) -> Result<Value, OpError> {
-    let checks = conn
-        .prepare_cached(
-            "SELECT n, asked_at, answer, http_status, error FROM checks WHERE job_id = ?1 ORDER BY id",
-        )?
-        .query_map([job_id], |r| {
-            Ok(json!({
-                "n": r.get::<_, i64>(0)?,
-                "asked_at": ms_to_secs(r.get::<_, i64>(1)?),
-                "answer": r.get::<_, String>(2)?,
-                "http_status": r.get::<_, Option<i64>>(3)?,
-                "error": r.get::<_, Option<String>>(4)?,
-            }))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+fn job_checks(db: &Db<'_>, job_id: i64) -> Result<Value, OpError> {
+    let mut checks = Vec::new();
+    for r in db.query(
+        "SELECT n, asked_at, answer, http_status, error FROM checks WHERE job_id = ?1 ORDER BY id",
+        args![job_id],
+    )? {
+        checks.push(json!({
+            "n": r.i64(0)?,
+            "asked_at": ms_to_secs(r.i64(1)?),
+            "answer": r.string(2)?,
+            "http_status": r.opt_i64(3)?,
+            "error": r.opt_string(4)?,
+        }));
+    }
     Ok(Value::Array(checks))
 }
 
@@ -779,19 +725,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn times_and_text() {
-        assert_eq!(fmt_time(1_764_460_800), "2025-11-30T00:00:00Z");
-        assert_eq!(fmt_json_time(&Value::Null), "-");
-        assert_eq!(clean("evt\u{1b}[2J\n"), "evt\\u{1b}[2J\\n");
-    }
-
-    #[test]
     fn payload_is_json_text_or_null() {
-        assert_eq!(payload_value(ValueRef::Blob(b"{\"a\":1}")), json!({"a": 1}));
-        assert_eq!(payload_value(ValueRef::Blob(b"a=1&b=2")), json!("a=1&b=2"));
-        assert_eq!(payload_value(ValueRef::Null), Value::Null);
+        let blob = |b: &[u8]| db::Value::Bytes(b.to_vec());
+        assert_eq!(payload_value(&blob(b"{\"a\":1}")), json!({"a": 1}));
+        assert_eq!(payload_value(&blob(b"a=1&b=2")), json!("a=1&b=2"));
+        assert_eq!(payload_value(&db::Value::Null), Value::Null);
         let deep = format!("{}1{}", "[".repeat(65), "]".repeat(65));
-        assert_eq!(payload_value(ValueRef::Blob(deep.as_bytes())), json!(deep));
+        assert_eq!(payload_value(&blob(deep.as_bytes())), json!(deep));
         assert_eq!(nesting(br#"{"a":"[[[[","b":[{"c":"\"]"}]}"#), 3);
     }
 

@@ -7,13 +7,14 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::inspect::OpError;
+use crate::args;
 use crate::config::Config;
 use crate::ingest::DELIVERIES_OF_EVENT;
+use crate::store::db::{Db, Dialect};
 use crate::store::ms_to_secs;
 
 /// The job statuses an action's row counts (done jobs are the common
@@ -23,25 +24,19 @@ const OPEN_STATUSES: [&str; 4] = ["pending", "processing", "failed", "paused"];
 /// Every configured action, in config order, with its open job counts
 /// and whether it is paused:
 /// `[{source, action, kind, paused, paused_at, counts: {pending, processing, failed, paused}}]`.
-pub fn actions(conn: &Connection, config: &Config) -> Result<Value, OpError> {
+pub fn actions(db: &Db<'_>, config: &Config) -> Result<Value, OpError> {
     let mut counts = std::collections::HashMap::<(String, String, String), i64>::new();
-    let mut stmt = conn.prepare_cached(
+    for r in db.query(
         "SELECT source, action, status, count(*) FROM jobs
          WHERE status IN ('pending', 'processing', 'failed', 'paused')
          GROUP BY source, action, status",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(((r.get(0)?, r.get(1)?, r.get(2)?), r.get::<_, i64>(3)?))
-    })?;
-    for row in rows {
-        let (key, n) = row?;
-        counts.insert(key, n);
+        &[],
+    )? {
+        counts.insert((r.string(0)?, r.string(1)?, r.string(2)?), r.i64(3)?);
     }
     let mut paused = std::collections::HashMap::<(String, String), i64>::new();
-    let mut stmt = conn.prepare_cached("SELECT source, action, paused_at FROM paused_actions")?;
-    for row in stmt.query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get::<_, i64>(2)?)))? {
-        let (key, at) = row?;
-        paused.insert(key, at);
+    for r in db.query("SELECT source, action, paused_at FROM paused_actions", &[])? {
+        paused.insert((r.string(0)?, r.string(1)?), r.i64(2)?);
     }
     let mut out = Vec::new();
     for source in &config.sources {
@@ -87,7 +82,7 @@ const BUCKET_MS: i64 = 60_000;
 /// (ms), oldest first, and the jobs per status:
 /// `{from, to, bucket_secs, outcomes: [...], buckets: [{at, counts: {outcome: n}}], totals: {...}, jobs: {...}}`.
 pub fn overview(
-    conn: &Connection,
+    db: &Db<'_>,
     cache: &OverviewCache,
     now: i64,
     minutes: i64,
@@ -110,19 +105,12 @@ pub fn overview(
         read_from += BUCKET_MS;
     }
     let mut fresh: BTreeMap<i64, BTreeMap<String, i64>> = BTreeMap::new();
-    let mut stmt = conn.prepare_cached(
+    for r in db.query(
         "SELECT (received_at - ?1) / ?2, outcome, count(*) FROM deliveries
          WHERE received_at >= ?1 AND received_at < ?3 GROUP BY 1, 2",
-    )?;
-    let rows = stmt.query_map(params![read_from, BUCKET_MS, end], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    })?;
-    for row in rows {
-        let (i, outcome, n) = row?;
+        args![read_from, BUCKET_MS, end],
+    )? {
+        let (i, outcome, n) = (r.i64(0)?, r.string(1)?, r.i64(2)?);
         fresh
             .entry(read_from + i * BUCKET_MS)
             .or_default()
@@ -148,10 +136,8 @@ pub fn overview(
         }
     }
     let mut jobs = serde_json::Map::new();
-    let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts ORDER BY status")?;
-    for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))? {
-        let (status, n) = row?;
-        jobs.insert(status, json!(n));
+    for r in db.query(job_counts(db.dialect()), &[])? {
+        jobs.insert(r.string(0)?, json!(r.i64(1)?));
     }
     Ok(json!({
         "from": ms_to_secs(from),
@@ -167,44 +153,63 @@ pub fn overview(
     }))
 }
 
+/// Jobs per status: SQLite keeps them in `job_counts`
+/// (triggers; a status once seen keeps its row, at 0 when it has no jobs
+/// now); PostgreSQL counts the statuses that have jobs (no counter rows,
+/// which every instance's every job would contend on).
+fn job_counts(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Sqlite => "SELECT status, n FROM job_counts ORDER BY status",
+        Dialect::Postgres => "SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status",
+    }
+}
+
 /// A tag that changes whenever anything an event list shows may have
 /// changed (a delivery, an attempt, a replay, an incident, a job moving),
 /// read in a few index look-ups so a poll that finds nothing new costs
-/// almost nothing.
-pub fn list_version(conn: &Connection, query: &str) -> Result<String, OpError> {
-    let (deliveries, attempts, replays, incidents, erased): (i64, i64, i64, i64, i64) = conn
-        .prepare_cached(
+/// almost nothing. On PostgreSQL (attempts have no rowid) a job's latest
+/// change stands for its attempts: recording one updates the job, and
+/// the job counts are a count of the jobs table.
+pub fn list_version(db: &Db<'_>, query: &str) -> Result<String, OpError> {
+    let attempts = match db.dialect() {
+        Dialect::Sqlite => "(SELECT coalesce(max(rowid), 0) FROM attempts)",
+        Dialect::Postgres => "(SELECT coalesce(max(updated_at), 0) FROM jobs)",
+    };
+    let r = db.query_one(
+        &format!(
             "SELECT (SELECT coalesce(max(id), 0) FROM deliveries),
-                    (SELECT coalesce(max(rowid), 0) FROM attempts),
+                    {attempts},
                     (SELECT coalesce(max(id), 0) FROM replays),
                     (SELECT coalesce(max(id), 0) FROM incidents),
-                    (SELECT count(*) FROM paused_actions)",
-        )?
-        .query_row([], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?;
+                    (SELECT count(*) FROM paused_actions)"
+        ),
+        &[],
+    )?;
+    let (deliveries, attempts, replays, incidents, erased) =
+        (r.i64(0)?, r.i64(1)?, r.i64(2)?, r.i64(3)?, r.i64(4)?);
     let mut h = Sha256::new();
     h.update(format!(
         "{deliveries}/{attempts}/{replays}/{incidents}/{erased}/{query}"
     ));
-    let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts ORDER BY status")?;
-    for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))? {
-        let (status, n) = row?;
-        h.update(format!("/{status}={n}"));
+    for r in db.query(job_counts(db.dialect()), &[])? {
+        h.update(format!("/{}={}", r.string(0)?, r.i64(1)?));
     }
     Ok(format!("W/\"{}\"", hex::encode(&h.finalize()[..12])))
 }
 
 /// Adds `incidents` (how many) to each event of a list.
-pub fn count_incidents(conn: &Connection, list: &mut Value) -> Result<(), OpError> {
-    let mut stmt =
-        conn.prepare_cached("SELECT count(*) FROM incidents WHERE source = ?1 AND event_id = ?2")?;
+pub fn count_incidents(db: &Db<'_>, list: &mut Value) -> Result<(), OpError> {
     for event in list.as_array_mut().into_iter().flatten() {
         let (Some(source), Some(id)) = (event["source"].as_str(), event["event_id"].as_str())
         else {
             continue;
         };
-        let n: i64 = stmt.query_row(params![source, id], |r| r.get(0))?;
+        let n = db
+            .query_one(
+                "SELECT count(*) FROM incidents WHERE source = ?1 AND event_id = ?2",
+                args![source, id],
+            )?
+            .i64(0)?;
         event["incidents"] = json!(n);
     }
     Ok(())
@@ -216,27 +221,21 @@ pub fn count_incidents(conn: &Connection, list: &mut Value) -> Result<(), OpErro
 /// (`[{action, replayed_at, from_status, forced, origin, after_attempt}]`,
 /// `after_attempt` the number of the job's last attempt before it, 0 for
 /// none: times are whole seconds, so this keeps the order exact).
-pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpError> {
+pub fn add_event_details(db: &Db<'_>, event: &mut Value) -> Result<(), OpError> {
     let (Some(source), Some(event_id)) = (
         event["source"].as_str().map(str::to_string),
         event["event_id"].as_str().map(str::to_string),
     ) else {
         return Ok(());
     };
-    let (content_type, headers, erased_at, received_at): (
-        Option<String>,
-        Option<String>,
-        Option<i64>,
-        i64,
-    ) = conn
-        .prepare_cached(
-            "SELECT content_type, headers, erased_at, received_at FROM events
-             WHERE source = ?1 AND event_id = ?2",
-        )?
-        .query_row(params![source, event_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })?;
-    add_milliseconds(conn, event, &source, &event_id, received_at)?;
+    let r = db.query_one(
+        "SELECT content_type, headers, erased_at, received_at FROM events
+         WHERE source = ?1 AND event_id = ?2",
+        args![&source, &event_id],
+    )?;
+    let (content_type, headers, erased_at, received_at) =
+        (r.opt_string(0)?, r.opt_string(1)?, r.opt_i64(2)?, r.i64(3)?);
+    add_milliseconds(db, event, &source, &event_id, received_at)?;
     if event.get("headers").is_none() {
         event["headers"] = headers
             .and_then(|h| serde_json::from_str::<Value>(&h).ok())
@@ -244,26 +243,25 @@ pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpE
     }
     event["content_type"] = json!(content_type);
     event["erased_at"] = json!(erased_at.map(ms_to_secs));
-    let replays = conn
-        .prepare_cached(
-            "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin,
-                    (SELECT coalesce(max(a.n), 0) FROM attempts a
-                     WHERE a.job_id = r.job_id AND a.started_at <= r.replayed_at)
-             FROM replays r JOIN jobs j ON j.id = r.job_id
-             WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
-        )?
-        .query_map(params![source, event_id], |r| {
-            Ok(json!({
-                "action": r.get::<_, String>(0)?,
-                "replayed_at": ms_to_secs(r.get::<_, i64>(1)?),
-                "replayed_at_ms": r.get::<_, i64>(1)?,
-                "from_status": r.get::<_, String>(2)?,
-                "forced": r.get::<_, bool>(3)?,
-                "origin": r.get::<_, String>(4)?,
-                "after_attempt": r.get::<_, i64>(5)?,
-            }))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut replays = Vec::new();
+    for r in db.query(
+        "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin,
+                (SELECT coalesce(max(a.n), 0) FROM attempts a
+                 WHERE a.job_id = r.job_id AND a.started_at <= r.replayed_at)
+         FROM replays r JOIN jobs j ON j.id = r.job_id
+         WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
+        args![&source, &event_id],
+    )? {
+        replays.push(json!({
+            "action": r.string(0)?,
+            "replayed_at": ms_to_secs(r.i64(1)?),
+            "replayed_at_ms": r.i64(1)?,
+            "from_status": r.string(2)?,
+            "forced": r.bool(3)?,
+            "origin": r.string(4)?,
+            "after_attempt": r.i64(5)?,
+        }));
+    }
     event["replays"] = Value::Array(replays);
     Ok(())
 }
@@ -273,44 +271,45 @@ pub fn add_event_details(conn: &Connection, event: &mut Value) -> Result<(), OpE
 /// a timeline of things within one second keeps their real order. Matched
 /// to the objects `inspect::show` built by their order there.
 fn add_milliseconds(
-    conn: &Connection,
+    db: &Db<'_>,
     event: &mut Value,
     source: &str,
     event_id: &str,
     received_at: i64,
 ) -> Result<(), OpError> {
-    let deliveries: Vec<i64> = conn
-        .prepare_cached(&format!(
-            "SELECT received_at FROM deliveries WHERE {DELIVERIES_OF_EVENT} ORDER BY id"
-        ))?
-        .query_map(params![source, event_id, received_at], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+    let deliveries = db
+        .query(
+            &format!("SELECT received_at FROM deliveries WHERE {DELIVERIES_OF_EVENT} ORDER BY id"),
+            args![source, event_id, received_at],
+        )?
+        .iter()
+        .map(|r| r.i64(0))
+        .collect::<Result<Vec<_>, _>>()?;
     if let Some(list) = event["deliveries"].as_array_mut() {
         for (d, ms) in list.iter_mut().zip(deliveries) {
             d["received_at_ms"] = json!(ms);
         }
     }
-    let incidents: Vec<i64> = conn
-        .prepare_cached(
+    let incidents = db
+        .query(
             "SELECT created_at FROM incidents WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+            args![source, event_id],
         )?
-        .query_map(params![source, event_id], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+        .iter()
+        .map(|r| r.i64(0))
+        .collect::<Result<Vec<_>, _>>()?;
     if let Some(list) = event["incidents"].as_array_mut() {
         for (i, ms) in list.iter_mut().zip(incidents) {
             i["created_at_ms"] = json!(ms);
         }
     }
     let mut attempts = std::collections::HashMap::<(String, i64), i64>::new();
-    let mut stmt = conn.prepare_cached(
+    for r in db.query(
         "SELECT j.action, a.n, a.started_at FROM attempts a JOIN jobs j ON j.id = a.job_id
          WHERE j.source = ?1 AND j.event_id = ?2",
-    )?;
-    for row in stmt.query_map(params![source, event_id], |r| {
-        Ok(((r.get(0)?, r.get(1)?), r.get(2)?))
-    })? {
-        let (key, ms) = row?;
-        attempts.insert(key, ms);
+        args![source, event_id],
+    )? {
+        attempts.insert((r.string(0)?, r.i64(1)?), r.i64(2)?);
     }
     for job in event["jobs"].as_array_mut().into_iter().flatten() {
         let action = job["action"].as_str().unwrap_or_default().to_string();
@@ -329,6 +328,7 @@ fn add_milliseconds(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::{Connection, params};
 
     fn db() -> Connection {
         let mut conn = Connection::open_in_memory().unwrap();
@@ -358,7 +358,7 @@ mod tests {
         delivery(&conn, from + 5, "accepted");
         delivery(&conn, from + 6, "duplicate");
         delivery(&conn, now - 1_000, "accepted");
-        let first = overview(&conn, &cache, now, 60).unwrap();
+        let first = overview(&Db::sqlite(&conn), &cache, now, 60).unwrap();
         assert_eq!(first["buckets"].as_array().map(Vec::len), Some(60));
         assert_eq!(counts(&first, 0), json!({"accepted": 1, "duplicate": 1}));
         assert_eq!(counts(&first, 59), json!({"accepted": 1}));
@@ -367,14 +367,14 @@ mod tests {
         // cache has that minute); one in the current minute is.
         delivery(&conn, from + 7, "accepted");
         delivery(&conn, now, "mismatch");
-        let second = overview(&conn, &cache, now, 60).unwrap();
+        let second = overview(&Db::sqlite(&conn), &cache, now, 60).unwrap();
         assert_eq!(counts(&second, 0), json!({"accepted": 1, "duplicate": 1}));
         assert_eq!(counts(&second, 59), json!({"accepted": 1, "mismatch": 1}));
         // A fresh cache reads everything.
-        let cold = overview(&conn, &OverviewCache::default(), now, 60).unwrap();
+        let cold = overview(&Db::sqlite(&conn), &OverviewCache::default(), now, 60).unwrap();
         assert_eq!(counts(&cold, 0), json!({"accepted": 2, "duplicate": 1}));
         // An hour later the old minutes have left the window and the cache.
-        let later = overview(&conn, &cache, now + 3_600_000, 60).unwrap();
+        let later = overview(&Db::sqlite(&conn), &cache, now + 3_600_000, 60).unwrap();
         assert_eq!(later["totals"], json!({}));
         assert!(
             cache

@@ -12,3 +12,4 @@ pub mod prune;
 pub mod reconcile;
 pub mod replay;
 pub mod resolve;
+pub mod text;

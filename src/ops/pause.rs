@@ -6,11 +6,13 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, clean, finish, open_write};
+use super::inspect::{OpError, finish, open_db_write};
+use super::text::clean;
+use crate::args;
 use crate::config::{ActionKind, Config};
+use crate::store::db::Db;
 use crate::store::now_ms;
 
 /// Splits `SOURCE/ACTION`; [`pause`] and [`resume`] check it against the config.
@@ -53,24 +55,25 @@ fn check(config: &Config, source: &str, action: &str) -> Result<(), OpError> {
 /// Pauses an action in the caller's write transaction: records it and
 /// turns its pending jobs to 'paused'. Jobs in flight finish their attempt.
 pub fn pause(
-    conn: &Connection,
+    db: &Db<'_>,
     config: &Config,
     source: &str,
     action: &str,
     now: i64,
 ) -> Result<Value, OpError> {
     check(config, source, action)?;
-    let inserted = conn
-        .prepare_cached(
-            "INSERT OR IGNORE INTO paused_actions (source, action, paused_at) VALUES (?1, ?2, ?3)",
-        )?
-        .execute(params![source, action, now])?;
-    let jobs = conn
-        .prepare_cached(
-            "UPDATE jobs SET status = 'paused', updated_at = ?3
-             WHERE source = ?1 AND action = ?2 AND status = 'pending'",
-        )?
-        .execute(params![source, action, now])?;
+    let inserted = db.execute(
+        "INSERT INTO paused_actions (source, action, paused_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT DO NOTHING",
+        args![source, action, now],
+    )?;
+    // Conditional on the status, so a job a worker of any instance holds
+    // (processing) is left to finish its attempt.
+    let jobs = db.execute(
+        "UPDATE jobs SET status = 'paused', updated_at = ?3
+         WHERE source = ?1 AND action = ?2 AND status = 'pending'",
+        args![source, action, now],
+    )?;
     Ok(json!({
         "source": source,
         "action": action,
@@ -83,29 +86,31 @@ pub fn pause(
 /// Resumes an action in the caller's write transaction: forgets the pause
 /// and makes its paused jobs due now.
 pub fn resume(
-    conn: &Connection,
+    db: &Db<'_>,
     config: &Config,
     source: &str,
     action: &str,
     now: i64,
 ) -> Result<Value, OpError> {
-    let was_paused: bool = conn
-        .prepare_cached(
+    let was_paused = db
+        .query_one(
             "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
+            args![source, action],
         )?
-        .query_row(params![source, action], |r| r.get(0))?;
+        .bool(0)?;
     // An action paused and then removed from the config can still be resumed.
     if !was_paused {
         check(config, source, action)?;
     }
-    conn.prepare_cached("DELETE FROM paused_actions WHERE source = ?1 AND action = ?2")?
-        .execute(params![source, action])?;
-    let jobs = conn
-        .prepare_cached(
-            "UPDATE jobs SET status = 'pending', next_attempt_at = ?3, updated_at = ?3
-             WHERE source = ?1 AND action = ?2 AND status = 'paused'",
-        )?
-        .execute(params![source, action, now])?;
+    db.execute(
+        "DELETE FROM paused_actions WHERE source = ?1 AND action = ?2",
+        args![source, action],
+    )?;
+    let jobs = db.execute(
+        "UPDATE jobs SET status = 'pending', next_attempt_at = ?3, updated_at = ?3
+         WHERE source = ?1 AND action = ?2 AND status = 'paused'",
+        args![source, action, now],
+    )?;
     Ok(json!({
         "source": source,
         "action": action,
@@ -120,17 +125,14 @@ pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<ExitCode> {
         Ok(t) => t,
         Err(e) => return finish(Err(e)),
     };
-    let mut conn = open_write(config)?;
-    let result = (|| -> Result<Value, OpError> {
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let out = if pausing {
-            pause(&tx, config, &source, &action, now_ms())?
+    let mut handle = open_db_write(config)?;
+    let result = handle.write(|db| {
+        if pausing {
+            pause(db, config, &source, &action, now_ms())
         } else {
-            resume(&tx, config, &source, &action, now_ms())?
-        };
-        tx.commit()?;
-        Ok(out)
-    })();
+            resume(db, config, &source, &action, now_ms())
+        }
+    });
     let out = match result {
         Ok(v) => v,
         Err(e) => return finish(Err(e)),

@@ -18,12 +18,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Result;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, cell, clean, finish, fmt_json_time, open_read, open_write};
+use super::inspect::{OpError, finish, open_db_read, open_db_write};
+use super::text::{cell, clean, fmt_json_time};
+use crate::args;
 use crate::check::{Answer, Asked};
 use crate::config::{ActionKind, Config, Forward};
+use crate::store::db::{Db, Row};
 use crate::store::{StoreError, ms_to_secs, now_ms};
 
 /// A pending job this far past its due time counts as overdue.
@@ -41,76 +43,80 @@ const CHECKS_AT_ONCE: usize = 8;
 /// The report: `{"clean", "stuck", "overdue", "failed", "waiting",
 /// "paused", "counts"}`. Waiting jobs (parked by `after`) do not make it
 /// unclean by themselves: what they wait for is listed in its own right.
-pub fn reconcile(conn: &Connection, config: &Config, now: i64) -> Result<Value, OpError> {
-    let job = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Value> {
+pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpError> {
+    let job = |r: &Row| -> Result<Value, StoreError> {
         Ok(json!({
-            "source": r.get::<_, String>(0)?,
-            "event_id": r.get::<_, String>(1)?,
-            "action": r.get::<_, String>(2)?,
-            "kind": r.get::<_, String>(3)?,
-            "status": r.get::<_, String>(4)?,
-            "attempts": r.get::<_, i64>(5)?,
-            "lease_owner": r.get::<_, Option<String>>(6)?,
-            "lease_until": secs(r.get(7)?),
-            "next_attempt_at": secs(r.get(8)?),
-            "last_error": r.get::<_, Option<String>>(9)?,
-            "updated_at": secs(r.get(10)?),
+            "source": r.string(0)?,
+            "event_id": r.string(1)?,
+            "action": r.string(2)?,
+            "kind": r.string(3)?,
+            "status": r.string(4)?,
+            "attempts": r.i64(5)?,
+            "lease_owner": r.opt_string(6)?,
+            "lease_until": secs(r.opt_i64(7)?),
+            "next_attempt_at": secs(r.opt_i64(8)?),
+            "last_error": r.opt_string(9)?,
+            "updated_at": secs(r.opt_i64(10)?),
         }))
     };
     let columns = "source, event_id, action, kind, status, n_attempts, lease_owner, lease_until, \
                    next_attempt_at, last_error, updated_at";
+    // (name, clause, order, the time the clause compares with if any)
     let stuck_where = "status = 'processing' AND coalesce(lease_until, 0) < ?1";
     // A pending job without a due time is parked by `after` (waiting).
     let overdue_where = "status = 'pending' AND next_attempt_at < ?1";
-    // Every clause takes ?1 so the queries bind alike.
-    let failed_where = "status = 'failed' AND ?1 = ?1";
-    let waiting_where = "status = 'pending' AND next_attempt_at IS NULL AND ?1 = ?1";
+    let failed_where = "status = 'failed'";
+    let waiting_where = "status = 'pending' AND next_attempt_at IS NULL";
 
     let mut lists = Vec::new();
     let mut counts = Vec::new();
     for (name, clause, order, at) in [
-        ("stuck", stuck_where, "lease_until", now),
+        ("stuck", stuck_where, "lease_until", Some(now)),
         (
             "overdue",
             overdue_where,
             "next_attempt_at",
-            now - OVERDUE_AFTER_MS,
+            Some(now - OVERDUE_AFTER_MS),
         ),
-        ("failed", failed_where, "updated_at DESC", now),
-        ("waiting", waiting_where, "created_at", now),
+        ("failed", failed_where, "updated_at DESC", None),
+        ("waiting", waiting_where, "created_at", None),
     ] {
-        let mut items = conn
-            .prepare(&format!(
-                "SELECT {columns} FROM jobs WHERE {clause} ORDER BY {order} LIMIT ?2"
-            ))?
-            .query_map(params![at, LIST_LIMIT], job)?
+        let args: Vec<crate::store::db::Value> = at.into_iter().map(Into::into).collect();
+        let mut items = db
+            .query(
+                &format!(
+                    "SELECT {columns} FROM jobs WHERE {clause} ORDER BY {order} LIMIT {LIST_LIMIT}"
+                ),
+                &args,
+            )?
+            .iter()
+            .map(job)
             .collect::<Result<Vec<_>, _>>()?;
         if name == "waiting" {
             for item in &mut items {
-                item["waiting_for"] = waiting_for(conn, config, item)?;
+                item["waiting_for"] = waiting_for(db, config, item)?;
             }
         }
-        let n: i64 = conn
-            .prepare(&format!("SELECT count(*) FROM jobs WHERE {clause}"))?
-            .query_row([at], |r| r.get(0))?;
+        let n = db
+            .query_one(&format!("SELECT count(*) FROM jobs WHERE {clause}"), &args)?
+            .i64(0)?;
         lists.push((name, Value::Array(items)));
         counts.push((name, n));
     }
-    let paused = conn
-        .prepare(
-            "SELECT p.source, p.action, p.paused_at, count(j.id) FROM paused_actions p
-             JOIN jobs j ON j.source = p.source AND j.action = p.action AND j.status = 'paused'
-             GROUP BY p.source, p.action ORDER BY p.paused_at",
-        )?
-        .query_map([], |r| {
-            Ok(json!({
-                "source": r.get::<_, String>(0)?,
-                "action": r.get::<_, String>(1)?,
-                "paused_at": ms_to_secs(r.get::<_, i64>(2)?),
-                "waiting": r.get::<_, i64>(3)?,
-            }))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut paused = Vec::new();
+    for r in db.query(
+        "SELECT p.source, p.action, p.paused_at, count(j.id) FROM paused_actions p
+         JOIN jobs j ON j.source = p.source AND j.action = p.action AND j.status = 'paused'
+         GROUP BY p.source, p.action, p.paused_at ORDER BY p.paused_at",
+        &[],
+    )? {
+        paused.push(json!({
+            "source": r.string(0)?,
+            "action": r.string(1)?,
+            "paused_at": ms_to_secs(r.i64(2)?),
+            "waiting": r.i64(3)?,
+        }));
+    }
     counts.push(("paused", paused.len() as i64));
     lists.push(("paused", Value::Array(paused)));
 
@@ -131,23 +137,20 @@ pub fn reconcile(conn: &Connection, config: &Config, now: i64) -> Result<Value, 
 /// The jobs a parked job waits for: the actions its `after` names that are
 /// not done for its event, with their status (every job of the event that
 /// is not done when the action is no longer in the config).
-fn waiting_for(conn: &Connection, config: &Config, item: &Value) -> Result<Value, OpError> {
+fn waiting_for(db: &Db<'_>, config: &Config, item: &Value) -> Result<Value, OpError> {
     let (source, event_id, action) = (
         item["source"].as_str().unwrap_or_default(),
         item["event_id"].as_str().unwrap_or_default(),
         item["action"].as_str().unwrap_or_default(),
     );
     let after = forward_of(config, source, action).map(|f| f.after.as_slice());
-    let mut stmt = conn.prepare_cached(
+    let mut out = Vec::new();
+    for r in db.query(
         "SELECT action, status FROM jobs
          WHERE source = ?1 AND event_id = ?2 AND action <> ?3 AND status <> 'done' ORDER BY id",
-    )?;
-    let rows = stmt.query_map(params![source, event_id, action], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (name, status) = row?;
+        args![source, event_id, action],
+    )? {
+        let (name, status) = (r.string(0)?, r.string(1)?);
         if after.is_none_or(|a| a.contains(&name)) {
             out.push(json!({"action": name, "status": status}));
         }
@@ -290,16 +293,6 @@ pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, O
         .collect())
 }
 
-/// A job's row as [`mark_done`] finds it.
-struct JobNow {
-    id: i64,
-    status: String,
-    n_attempts: i64,
-    lease_until: Option<i64>,
-    updated_at: i64,
-    lease_owner: Option<String>,
-}
-
 /// Marks done, in the caller's write transaction, every checked job the
 /// downstream has done and that has not moved on since it was asked
 /// about (same status and attempt count; a stuck one still past its
@@ -307,8 +300,14 @@ struct JobNow {
 /// cut-short attempt is first recorded as `retry`, `lease`, as a takeover
 /// would), the check in `checks`, the event's state recomputed. Returns
 /// how many were marked.
+///
+/// On PostgreSQL the job's row is read `FOR UPDATE`: a worker of any
+/// instance that holds it is waited for (and then seen to have moved it
+/// on), one that would take it passes it by (`SKIP LOCKED`), and the
+/// final UPDATE is conditional on the status and attempt count read, so a
+/// worker's fenced completion and this mark never both win.
 pub fn mark_done(
-    conn: &Connection,
+    db: &Db<'_>,
     checked: &mut [Checked],
     worker: &str,
     now: i64,
@@ -318,34 +317,20 @@ pub fn mark_done(
         if c.asked.answer != Answer::Found {
             continue;
         }
-        let current = conn
-            .prepare_cached(
+        let current = db.query_opt(
+            &format!(
                 "SELECT id, status, n_attempts, lease_until, updated_at, lease_owner FROM jobs
-                 WHERE source = ?1 AND event_id = ?2 AND action = ?3",
-            )?
-            .query_row(params![c.source, c.event_id, c.action], |r| {
-                Ok(JobNow {
-                    id: r.get(0)?,
-                    status: r.get(1)?,
-                    n_attempts: r.get(2)?,
-                    lease_until: r.get(3)?,
-                    updated_at: r.get(4)?,
-                    lease_owner: r.get(5)?,
-                })
-            })
-            .optional()?;
-        let Some(JobNow {
-            id: job_id,
-            status,
-            n_attempts,
-            lease_until,
-            updated_at,
-            lease_owner: owner,
-        }) = current
-        else {
+                 WHERE source = ?1 AND event_id = ?2 AND action = ?3{}",
+                db.dialect().for_update()
+            ),
+            args![&c.source, &c.event_id, &c.action],
+        )?;
+        let Some(r) = current else {
             c.left_alone = Some("the job is gone (pruned); left alone".to_string());
             continue;
         };
+        let (job_id, status, n_attempts) = (r.i64(0)?, r.string(1)?, r.i64(2)?);
+        let (lease_until, updated_at, owner) = (r.opt_i64(3)?, r.i64(4)?, r.opt_string(5)?);
         let lease_ran_out = lease_until.is_none_or(|at| at < now);
         if status != c.status
             || n_attempts != c.attempts
@@ -356,41 +341,59 @@ pub fn mark_done(
             ));
             continue;
         }
-        let last_recorded: i64 = conn
-            .prepare_cached("SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1")?
-            .query_row([job_id], |r| r.get(0))?;
-        if status == "processing" && last_recorded < n_attempts {
-            conn.prepare_cached(
-                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)",
+        let last_recorded = db
+            .query_one(
+                "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
+                args![job_id],
             )?
-            .execute(params![job_id, n_attempts, updated_at, now, owner])?;
+            .i64(0)?;
+        if status == "processing" && last_recorded < n_attempts {
+            db.execute(
+                "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
+                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)
+                 ON CONFLICT DO NOTHING",
+                args![job_id, n_attempts, updated_at, now, owner],
+            )?;
         }
         let n = n_attempts.max(last_recorded) + 1;
         let a = &c.asked;
-        conn.prepare_cached(
+        db.execute(
             "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
                                    error_kind, request_id, response_head, worker)
              VALUES (?1, ?2, ?3, ?4, 'ok', ?5, 'confirmed', ?6, ?7, ?8)",
-        )?
-        .execute(params![
-            job_id,
-            n,
-            a.started_at,
-            a.finished_at,
-            a.http_status,
-            a.request_id,
-            a.response_head,
-            worker,
-        ])?;
-        crate::outbox::record_check(conn, job_id, n, worker, a)?;
-        conn.prepare_cached(
+            args![
+                job_id,
+                n,
+                a.started_at,
+                a.finished_at,
+                a.http_status.map(i64::from),
+                &a.request_id,
+                &a.response_head,
+                worker,
+            ],
+        )?;
+        let changed = db.execute(
             "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
                     lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
-             WHERE id = ?1",
-        )?
-        .execute(params![job_id, n, now])?;
-        crate::ingest::refresh_event_state(conn, &c.source, &c.event_id, now)?;
+             WHERE id = ?1 AND status = ?4 AND n_attempts = ?5",
+            args![job_id, n, now, &status, n_attempts],
+        )?;
+        if changed != 1 {
+            // Cannot happen under the lock above; never mark what moved.
+            return Err(StoreError::other(format!(
+                "job {job_id} changed while it was being marked done"
+            )));
+        }
+        db.steps(
+            |tx| {
+                crate::outbox::record_check(tx.conn, job_id, n, worker, a)?;
+                crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
+            },
+            |tx| {
+                crate::outbox::record_check_in(tx, job_id, n, worker, a)?;
+                crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
+            },
+        )?;
         c.marked_done = Some(n);
         marked += 1;
     }
@@ -574,13 +577,13 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<ExitCo
             "--yes marks done what --check finds done downstream: give --check --yes".to_string(),
         ));
     }
-    let conn = open_read(config)?;
-    let report = match reconcile(&conn, config, now_ms()) {
+    let mut handle = open_db_read(config)?;
+    let report = match reconcile(&handle.db(), config, now_ms()) {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
     let report = if check {
-        drop(conn);
+        drop(handle);
         match check_and_apply(config, report, yes) {
             Ok(r) => r,
             Err(e) => return failed(e),
@@ -603,17 +606,18 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<ExitCo
 /// `--check` (and `--yes`): asks, marks the found ones done in one write
 /// transaction when `yes`, and reports the state after.
 fn check_and_apply(config: &Config, report: Value, yes: bool) -> Result<Value, OpError> {
-    let mut checked = ask_downstream(config, &report)?;
+    let checked = ask_downstream(config, &report)?;
     if !yes || !checked.iter().any(|c| c.asked.answer == Answer::Found) {
         return Ok(with_checks(report, &checked, false));
     }
-    let mut conn = open_write(config).map_err(|e| OpError::Invalid(format!("{e:#}")))?;
-    let tx = conn
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(OpError::from)?;
-    let now = now_ms();
-    mark_done(&tx, &mut checked, "reconcile:cli", now)?;
-    let after = reconcile(&tx, config, now)?;
-    tx.commit().map_err(OpError::from)?;
+    let mut handle = open_db_write(config).map_err(|e| OpError::Invalid(format!("{e:#}")))?;
+    let (checked, after) = handle.write(|db| {
+        // A copy per run: on PostgreSQL the transaction may run again.
+        let mut checked = checked.clone();
+        let now = now_ms();
+        mark_done(db, &mut checked, "reconcile:cli", now)?;
+        let after = reconcile(db, config, now)?;
+        Ok::<_, OpError>((checked, after))
+    })?;
     Ok(with_checks(after, &checked, true))
 }

@@ -5,6 +5,7 @@
 //! group-commit writer (`writer.rs`). Only `store/`, `ingest.rs` and the
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 
+pub mod db;
 pub mod named;
 pub mod pg;
 #[cfg(test)]

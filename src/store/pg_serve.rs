@@ -368,6 +368,14 @@ impl PgStore {
         &self.settings
     }
 
+    /// Runs `f` on a pooled connection (the admin API's reads and writes).
+    pub fn with_client<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.pool.with(f)
+    }
+
     /// Stops the claimers once the queue is empty.
     pub fn stop(&self) {
         self.queue.stop.store(true, Ordering::SeqCst);

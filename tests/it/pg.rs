@@ -177,7 +177,7 @@ fn check_on_postgres_leaves_the_database_as_it_was() {
         0,
         "nothing was created"
     );
-    // An operator command that does not run on PostgreSQL yet says so.
+    // An operator command on a database serve never migrated says so.
     let out = crate::harness::run_binary(
         dir.path(),
         &Default::default(),
@@ -190,7 +190,7 @@ fn check_on_postgres_leaves_the_database_as_it_was() {
         crate::harness::CLI_TIMEOUT,
     );
     assert!(
-        out.status.code() == Some(2) && out.stderr.contains("does not run on PostgreSQL"),
+        out.status.code() == Some(2) && out.stderr.contains("has serve run yet?"),
         "{}",
         out.stderr
     );

@@ -1,0 +1,98 @@
+//! Printing to a terminal: times as UTC, untrusted text (event ids,
+//! types, errors, bodies) with its control characters escaped, and plain
+//! left-aligned tables. Every operator command's human output goes
+//! through these; the JSON output does not.
+
+use serde_json::Value;
+
+/// Unix seconds as `2025-11-30T10:00:00Z`.
+pub fn fmt_time(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = crate::log::civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// A JSON time (unix seconds or null) for a human: the time, or `-`.
+pub fn fmt_json_time(v: &Value) -> String {
+    v.as_i64().map_or_else(|| "-".to_string(), fmt_time)
+}
+
+/// Untrusted text (event ids, types, errors) made safe for a terminal:
+/// control characters are escaped so they cannot move the cursor or forge
+/// lines.
+pub fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A JSON value as table text: strings cleaned, null as `-`.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => clean(s),
+        other => clean(&other.to_string()),
+    }
+}
+
+/// Left-aligned columns, two spaces apart.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, c) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(c);
+            } else {
+                let pad = widths
+                    .get(i)
+                    .map_or(0, |w| w.saturating_sub(c.chars().count()));
+                text.push_str(c);
+                text.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_text() {
+        assert_eq!(fmt_time(1_764_460_800), "2025-11-30T00:00:00Z");
+        assert_eq!(fmt_json_time(&Value::Null), "-");
+        assert_eq!(clean("evt\u{1b}[2J\n"), "evt\\u{1b}[2J\\n");
+        assert_eq!(cell(&Value::Null), "-");
+        assert_eq!(
+            table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]),
+            "A    BB\nxyz  1\n"
+        );
+    }
+}
