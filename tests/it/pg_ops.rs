@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::backend::Backend;
 use crate::downstream::{Behavior, Downstream};
 use crate::harness::{CliOutput, HTTP_TIMEOUT, Server, ServerConfig, toml_str, wait_for};
-use crate::pg_cluster;
 use crate::sign;
 
 const SECRET: &str = "whsec_it_pg_ops_0123456789";
@@ -25,9 +25,8 @@ const JOBS_TIMEOUT: Duration = Duration::from_secs(60);
 const SETUP_SQL: &str = "CREATE TABLE IF NOT EXISTS ledger (event_id text PRIMARY KEY, \
                          amount bigint NOT NULL CHECK (amount >= 0))";
 
-fn config(database: &str, ds: &Downstream) -> ServerConfig {
+fn config(ds: &Downstream) -> ServerConfig {
     ServerConfig::new()
-        .set("database", &toml_str(database))
         .set("setup_sql", &toml_str(SETUP_SQL))
         .set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN"))
         .tables(&format!(
@@ -200,15 +199,15 @@ fn overview_summary(mut v: Value) -> Value {
     json!({"totals": v["totals"], "jobs": v["jobs"], "outcomes": v["outcomes"]})
 }
 
-/// The scenario, on the backend `database` names: every answer, labelled.
-fn scenario(database: &str) -> Vec<(String, Value)> {
+/// The scenario on `backend`: every answer, labelled.
+fn scenario(backend: Backend) -> Vec<(String, Value)> {
     let ds = Downstream::start_without_dedupe();
     // evt_c's and evt_f's forward reaches the downstream but the answer
     // is cut off (done there, failed here); evt_d's is refused (not done).
     ds.script(&key("evt_c", "notify"), Behavior::ProcessThenDrop(1));
     ds.script(&key("evt_f", "notify"), Behavior::ProcessThenDrop(1));
     ds.script(&key("evt_d", "notify"), Behavior::Reject400);
-    let server = Server::start(&config(database, &ds), &env());
+    let server = Server::start_on(backend, &config(&ds), &env());
     let mut out: Vec<(String, Value)> = Vec::new();
     let mut record = |label: &str, mut v: Value| {
         normalise(&mut v);
@@ -369,13 +368,11 @@ fn scenario(database: &str) -> Vec<(String, Value)> {
 /// as on SQLite.
 #[test]
 fn operator_commands_and_the_admin_api_answer_alike_on_both_backends() {
-    let Some(cluster) = pg_cluster::cluster() else {
-        pg_cluster::skipped("operator_commands_and_the_admin_api_answer_alike_on_both_backends");
+    if !Backend::Postgres.available("pg_ops::operator_commands_and_the_admin_api_answer_alike") {
         return;
-    };
-    let url = cluster.create_database("it_pg_ops_alike");
-    let on_sqlite = scenario("idemhook.db");
-    let on_pg = scenario(&url);
+    }
+    let on_sqlite = scenario(Backend::Sqlite);
+    let on_pg = scenario(Backend::Postgres);
     assert_eq!(on_sqlite.len(), on_pg.len());
     for ((label, sqlite), (_, pg)) in on_sqlite.iter().zip(&on_pg) {
         assert_eq!(
@@ -400,13 +397,11 @@ fn operator_commands_and_the_admin_api_answer_alike_on_both_backends() {
 /// `backup` points at pg_dump.
 #[test]
 fn backup_on_postgres_points_at_pg_dump() {
-    let Some(cluster) = pg_cluster::cluster() else {
-        pg_cluster::skipped("backup_on_postgres_points_at_pg_dump");
+    if !Backend::Postgres.available("pg_ops::backup_on_postgres_points_at_pg_dump") {
         return;
-    };
-    let url = cluster.create_database("it_pg_ops_backup");
+    }
     let ds = Downstream::start();
-    let server = Server::start(&config(&url, &ds), &env());
+    let server = Server::start_on(Backend::Postgres, &config(&ds), &env());
     let copy = server.dir().join("copy.db");
     let out = server.run_cli(&["backup", &copy.display().to_string()]);
     assert!(
