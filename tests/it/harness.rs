@@ -167,10 +167,17 @@ impl Server {
     /// write the test with [`crate::backend::both_backends!`]). A config
     /// that already names a PostgreSQL database keeps it.
     pub fn start_on(backend: Backend, config: &ServerConfig, env: &[(&str, &str)]) -> Server {
-        if backend.is_postgres() && config.postgres_url().is_none() {
-            return Server::start(&backend.config(config.clone()), env);
-        }
-        Server::start(config, env)
+        let server = if backend.is_postgres() && config.postgres_url().is_none() {
+            Server::start(&backend.config(config.clone()), env)
+        } else {
+            Server::start(config, env)
+        };
+        assert_eq!(
+            server.backend(),
+            backend,
+            "the config names another backend"
+        );
+        server
     }
 
     /// Write `config` into a fresh temp dir and start `serve --config`.

@@ -2,8 +2,9 @@
 //! the fake downstream in `downstream.rs`.
 //!
 //! Every test checks both ends: what the downstream received and counted as
-//! effects (one per `Idempotency-Key`), and what the SQLite file recorded
-//! (`jobs`, `attempts`, `events`, `replays`). Waits are for conditions, never
+//! effects (one per `Idempotency-Key`), and what the store recorded
+//! (`jobs`, `attempts`, `events`, `replays`). The tests of behaviour both
+//! backends share run on SQLite and on PostgreSQL (`both_backends!`). Waits are for conditions, never
 //! fixed sleeps for outcomes. The configs use small timings (timeout 1s,
 //! lease 2s, retries from 100ms to 500ms) so takeovers finish in seconds.
 
@@ -11,12 +12,11 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OptionalExtension, params};
-
+use crate::backend::{Backend, both_backends};
 use crate::downstream::{Behavior, Downstream, Outcome, RecordedRequest};
 use crate::harness::{
-    Client, HTTP_TIMEOUT, HttpResponse, Server, ServerConfig, bytes_of, dump, now_millis, text_of,
-    toml_str, wait_for, wait_until,
+    Client, HTTP_TIMEOUT, HttpResponse, Server, ServerConfig, now_millis, toml_str, wait_for,
+    wait_until,
 };
 use crate::sign;
 
@@ -159,22 +159,18 @@ struct JobRow {
     last_error: Option<String>,
 }
 
-fn job(conn: &Connection, event_id: &str, action: &str) -> Option<JobRow> {
-    conn.query_row(
+fn job(db: &Server, event_id: &str, action: &str) -> Option<JobRow> {
+    db.row(
         "SELECT id, status, n_attempts, last_error FROM jobs
          WHERE source = ?1 AND event_id = ?2 AND action = ?3",
-        params![SOURCE, event_id, action],
-        |r| {
-            Ok(JobRow {
-                id: r.get(0)?,
-                status: r.get(1)?,
-                n_attempts: r.get(2)?,
-                last_error: text_of(r, 3)?,
-            })
-        },
+        &[&SOURCE, &event_id, &action],
     )
-    .optional()
-    .unwrap_or_else(|e| panic!("query jobs: {e}"))
+    .map(|r| JobRow {
+        id: r.int(0),
+        status: r.text(1),
+        n_attempts: r.int(2),
+        last_error: r.opt_text(3),
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -190,63 +186,52 @@ struct AttemptRow {
     worker: Option<String>,
 }
 
-fn attempts(conn: &Connection, job_id: i64) -> Vec<AttemptRow> {
-    let mut stmt = conn
-        .prepare(
-            "SELECT n, started_at, finished_at, outcome, http_status, error_kind, request_id,
-                    response_head, worker
-             FROM attempts WHERE job_id = ?1 ORDER BY n",
-        )
-        .unwrap();
-    stmt.query_map([job_id], |r| {
-        Ok(AttemptRow {
-            n: r.get(0)?,
-            started_at: r.get(1)?,
-            finished_at: r.get(2)?,
-            outcome: text_of(r, 3)?,
-            http_status: r.get(4)?,
-            error_kind: text_of(r, 5)?,
-            request_id: text_of(r, 6)?,
-            response_head: text_of(r, 7)?,
-            worker: text_of(r, 8)?,
-        })
+fn attempts(db: &Server, job_id: i64) -> Vec<AttemptRow> {
+    db.rows(
+        "SELECT n, started_at, finished_at, outcome, http_status, error_kind, request_id,
+                response_head, worker
+         FROM attempts WHERE job_id = ?1 ORDER BY n",
+        &[&job_id],
+    )
+    .into_iter()
+    .map(|r| AttemptRow {
+        n: r.int(0),
+        started_at: r.int(1),
+        finished_at: r.opt_int(2),
+        outcome: r.opt_text(3),
+        http_status: r.opt_int(4),
+        error_kind: r.opt_text(5),
+        request_id: r.opt_text(6),
+        response_head: r.opt_text(7),
+        worker: r.opt_text(8),
     })
-    .unwrap()
-    .collect::<Result<_, _>>()
-    .unwrap()
+    .collect()
 }
 
-fn event_state(conn: &Connection, event_id: &str) -> Option<String> {
-    conn.query_row(
+fn event_state(db: &Server, event_id: &str) -> Option<String> {
+    db.row(
         "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
-        params![SOURCE, event_id],
-        |r| r.get(0),
+        &[&SOURCE, &event_id],
     )
-    .optional()
-    .unwrap_or_else(|e| panic!("query events: {e}"))
+    .map(|r| r.text(0))
 }
 
-fn stored_payload(conn: &Connection, event_id: &str) -> Option<Vec<u8>> {
-    conn.query_row(
+fn stored_payload(db: &Server, event_id: &str) -> Option<Vec<u8>> {
+    db.row(
         "SELECT payload FROM events WHERE source = ?1 AND event_id = ?2",
-        params![SOURCE, event_id],
-        |r| bytes_of(r, 0),
+        &[&SOURCE, &event_id],
     )
-    .optional()
-    .unwrap_or_else(|e| panic!("query events: {e}"))
-    .flatten()
+    .and_then(|r| r.bytes(0))
 }
 
 /// Jobs and attempts, for failure messages.
-fn outbox_dump(conn: &Connection) -> String {
+fn outbox_dump(db: &Server) -> String {
     format!(
         "----- jobs -----\n{}----- attempts -----\n{}",
-        dump(
-            conn,
+        db.dump(
             "SELECT id, event_id, action, status, n_attempts, next_attempt_at, lease_owner, lease_until, last_error FROM jobs ORDER BY id"
         ),
-        dump(
-            conn,
+        db.dump(
             "SELECT job_id, n, started_at, finished_at, outcome, http_status, error_kind, request_id, worker FROM attempts ORDER BY job_id, n"
         )
     )
@@ -254,15 +239,15 @@ fn outbox_dump(conn: &Connection) -> String {
 
 /// Wait until the job reaches `status`; fails at once if it settles in the
 /// other final status instead.
-fn wait_job(conn: &Connection, event_id: &str, action: &str, status: &str) -> JobRow {
+fn wait_job(db: &Server, event_id: &str, action: &str, status: &str) -> JobRow {
     wait_for(
         JOBS_TIMEOUT,
         &format!("job {event_id}/{action} reaches status {status:?}"),
-        || match job(conn, event_id, action) {
+        || match job(db, event_id, action) {
             Some(j) if j.status == status => Ok(j),
             Some(j) if ["done", "failed"].contains(&j.status.as_str()) => panic!(
                 "job {event_id}/{action}\n  expected: status {status:?}\n  got: {j:?}\n{}",
-                outbox_dump(conn)
+                outbox_dump(db)
             ),
             other => Err(format!("{other:?}")),
         },
@@ -271,19 +256,19 @@ fn wait_job(conn: &Connection, event_id: &str, action: &str, status: &str) -> Jo
 
 /// Wait until no forward job is pending, processing or paused, then return
 /// how many are in each final status.
-fn wait_all_settled(conn: &Connection, expected_jobs: i64) -> (i64, i64) {
+fn wait_all_settled(db: &Server, expected_jobs: i64) -> (i64, i64) {
     wait_for(
         JOBS_TIMEOUT,
         &format!("{expected_jobs} forward jobs settle (done or failed)"),
         || {
-            let (total, done, failed): (i64, i64, i64) = conn
-                .query_row(
-                    "SELECT count(*), coalesce(sum(status = 'done'), 0), coalesce(sum(status = 'failed'), 0)
-                     FROM jobs WHERE kind = 'forward'",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
-                .map_err(|e| e.to_string())?;
+            let r = db.one(
+                "SELECT count(*),
+                        coalesce(sum(CASE WHEN status = 'done' THEN 1 ELSE 0 END), 0),
+                        coalesce(sum(CASE WHEN status = 'failed' THEN 1 ELSE 0 END), 0)
+                 FROM jobs WHERE kind = 'forward'",
+                &[],
+            );
+            let (total, done, failed) = (r.int(0), r.int(1), r.int(2));
             if total == expected_jobs && done + failed == total {
                 Ok((done, failed))
             } else {
@@ -355,23 +340,22 @@ fn a_downstream_named_localhost_is_resolved_and_reached() {
     for id in ids {
         assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
     }
-    let db = server.db();
+    let db = &server;
     for id in ids {
-        wait_job(&db, id, ACTION, "done");
+        wait_job(db, id, ACTION, "done");
         assert_eq!(ds.effects(&key(id)), 1, "effects for {}", key(id));
     }
 }
 
-#[test]
-fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded() {
+fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded(backend: Backend) {
     let ds = Downstream::start();
     let id = "evt_fail500";
     ds.script(&key(id), Behavior::Fail500(2));
-    let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
+    let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
 
-    let db = server.db();
-    let j = wait_job(&db, id, ACTION, "done");
+    let db = &server;
+    let j = wait_job(db, id, ACTION, "done");
     assert_eq!(ds.effects(&key(id)), 1, "effects for {}", key(id));
     let reqs = ds.requests_for(&key(id));
     assert_eq!(
@@ -385,8 +369,8 @@ fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded() {
         "X-Idemhook-Attempt is 1-based and increases"
     );
 
-    let rows = attempts(&db, j.id);
-    let context = format!("attempts of {id}\n{}", outbox_dump(&db));
+    let rows = attempts(db, j.id);
+    let context = format!("attempts of {id}\n{}", outbox_dump(db));
     assert_eq!(j.n_attempts, 3, "{context}");
     assert_eq!(field(&rows, |a| a.n), vec![1, 2, 3], "{context}");
     assert_eq!(
@@ -434,12 +418,13 @@ fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded() {
         "each retry waits at least retry_initial (100ms)\n  got gaps (ms): {gaps:?}"
     );
     assert_eq!(
-        event_state(&db, id).as_deref(),
+        event_state(db, id).as_deref(),
         Some("completed"),
         "{context}"
     );
     assert_eq!(j.last_error, None, "a done job keeps no last_error");
 }
+both_backends!(fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded);
 
 #[test]
 fn process_then_drop_is_retried_and_the_retry_is_absorbed_by_the_idempotency_key() {
@@ -449,8 +434,8 @@ fn process_then_drop_is_retried_and_the_retry_is_absorbed_by_the_idempotency_key
     let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
 
-    let db = server.db();
-    let j = wait_job(&db, id, ACTION, "done");
+    let db = &server;
+    let j = wait_job(db, id, ACTION, "done");
     let reqs = ds.requests_for(&key(id));
     assert_eq!(
         outcomes(&reqs),
@@ -464,8 +449,8 @@ fn process_then_drop_is_retried_and_the_retry_is_absorbed_by_the_idempotency_key
     assert_eq!(ds.total_effects(), 1);
     assert_eq!(attempt_headers(&reqs), vec!["1", "2"]);
 
-    let rows = attempts(&db, j.id);
-    let context = format!("attempts of {id}\n{}", outbox_dump(&db));
+    let rows = attempts(db, j.id);
+    let context = format!("attempts of {id}\n{}", outbox_dump(db));
     assert_eq!(
         field(&rows, |a| (a.n, a.outcome.clone(), a.http_status)),
         vec![
@@ -485,7 +470,7 @@ fn process_then_drop_is_retried_and_the_retry_is_absorbed_by_the_idempotency_key
         Some(reqs[1].request_id.as_str())
     );
     assert_attempt_times(&rows, &context);
-    assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
 }
 
 #[test]
@@ -497,8 +482,8 @@ fn hang_past_the_timeout_is_cut_at_the_timeout_and_retried_into_one_effect() {
     let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
 
-    let db = server.db();
-    let j = wait_job(&db, id, ACTION, "done");
+    let db = &server;
+    let j = wait_job(db, id, ACTION, "done");
     let reqs = ds.requests_for(&key(id));
     assert_eq!(outcomes(&reqs), vec![Outcome::Hung, Outcome::Effect]);
     assert_eq!(ds.effects(&key(id)), 1);
@@ -510,8 +495,8 @@ fn hang_past_the_timeout_is_cut_at_the_timeout_and_retried_into_one_effect() {
         reqs[1].at - reqs[0].at
     );
 
-    let rows = attempts(&db, j.id);
-    let context = format!("attempts of {id}\n{}", outbox_dump(&db));
+    let rows = attempts(db, j.id);
+    let context = format!("attempts of {id}\n{}", outbox_dump(db));
     assert_eq!(
         field(&rows, |a| (
             a.n,
@@ -526,7 +511,7 @@ fn hang_past_the_timeout_is_cut_at_the_timeout_and_retried_into_one_effect() {
         "{context}"
     );
     assert_attempt_times(&rows, &context);
-    assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
 }
 
 #[test]
@@ -562,12 +547,12 @@ fn too_many_requests_waits_at_least_retry_after_clamped_by_retry_max() {
     let started = std::time::Instant::now();
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
 
-    let db = server.db();
+    let db = &server;
     for (action, min_gap_ms) in [(honour, 1000), (clamp, 500)] {
         // Both finish well before the 30s Retry-After: `clamp` was clamped.
-        let j = wait_job(&db, id, action, "done");
-        let rows = attempts(&db, j.id);
-        let context = format!("attempts of {id}/{action}\n{}", outbox_dump(&db));
+        let j = wait_job(db, id, action, "done");
+        let rows = attempts(db, j.id);
+        let context = format!("attempts of {id}/{action}\n{}", outbox_dump(db));
         assert_eq!(
             field(&rows, |a| (
                 a.outcome.clone(),
@@ -596,11 +581,10 @@ fn too_many_requests_waits_at_least_retry_after_clamped_by_retry_max() {
         started.elapsed() < Duration::from_secs(30),
         "the clamped retry did not wait for the 30s Retry-After"
     );
-    assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
 }
 
-#[test]
-fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered() {
+fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered(backend: Backend) {
     // A port nothing listens on (bound, then released).
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -615,13 +599,13 @@ fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered() {
             &format!("http://127.0.0.1:{port}/in"),
             &[("max_attempts", "3")],
         ));
-    let server = Server::start(&config, &stripe_env());
+    let server = Server::start_on(backend, &config, &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
 
-    let db = server.db();
-    let j = wait_job(&db, id, ACTION, "failed");
-    let rows = attempts(&db, j.id);
-    let context = format!("attempts of {id}\n{}", outbox_dump(&db));
+    let db = &server;
+    let j = wait_job(db, id, ACTION, "failed");
+    let rows = attempts(db, j.id);
+    let context = format!("attempts of {id}\n{}", outbox_dump(db));
     assert_eq!(j.n_attempts, 3, "{context}");
     assert_eq!(
         field(&rows, |a| (
@@ -643,8 +627,9 @@ fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered() {
         "a dead-lettered job says why\n{context}"
     );
     assert_attempt_times(&rows, &context);
-    assert_eq!(event_state(&db, id).as_deref(), Some("failed"));
+    assert_eq!(event_state(db, id).as_deref(), Some("failed"));
 }
+both_backends!(unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered);
 
 #[test]
 fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
@@ -654,10 +639,10 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
     let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
 
-    let db = server.db();
-    let j = wait_job(&db, id, ACTION, "failed");
-    let rows = attempts(&db, j.id);
-    let context = format!("attempts of {id}\n{}", outbox_dump(&db));
+    let db = &server;
+    let j = wait_job(db, id, ACTION, "failed");
+    let rows = attempts(db, j.id);
+    let context = format!("attempts of {id}\n{}", outbox_dump(db));
     assert_eq!(j.n_attempts, 1, "a 400 fails at once\n{context}");
     assert_eq!(
         field(&rows, |a| (
@@ -676,7 +661,7 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
             .is_some_and(|h| h.contains("scripted 400")),
         "{context}"
     );
-    assert_eq!(event_state(&db, id).as_deref(), Some("failed"));
+    assert_eq!(event_state(db, id).as_deref(), Some("failed"));
     assert_eq!(ds.requests_for(&key(id)).len(), 1);
     assert_eq!(ds.effects(&key(id)), 0);
 
@@ -684,7 +669,7 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
     let dry = server.run_cli(&["replay", SOURCE, id]);
     dry.assert_success();
     assert_eq!(
-        job(&db, id, ACTION).map(|j| j.status).as_deref(),
+        job(db, id, ACTION).map(|j| j.status).as_deref(),
         Some("failed"),
         "replay without --yes changes nothing\n----- replay stdout -----\n{}",
         dry.stdout
@@ -695,9 +680,9 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
     server
         .run_cli(&["replay", SOURCE, id, "--yes"])
         .assert_success();
-    let j = wait_job(&db, id, ACTION, "done");
-    let rows = attempts(&db, j.id);
-    let context = format!("attempts of {id} after replay\n{}", outbox_dump(&db));
+    let j = wait_job(db, id, ACTION, "done");
+    let rows = attempts(db, j.id);
+    let context = format!("attempts of {id} after replay\n{}", outbox_dump(db));
     assert_eq!(
         field(&rows, |a| (a.n, a.outcome.clone(), a.http_status)),
         vec![
@@ -712,14 +697,15 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
         vec![Outcome::Rejected400, Outcome::Effect]
     );
     assert_eq!(attempt_headers(&ds.requests_for(&key(id))), vec!["1", "2"]);
-    assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
     let replays: Vec<(String, String)> = db
-        .prepare("SELECT from_status, origin FROM replays WHERE job_id = ?1")
-        .unwrap()
-        .query_map([j.id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+        .rows(
+            "SELECT from_status, origin FROM replays WHERE job_id = ?1",
+            &[&j.id],
+        )
+        .iter()
+        .map(|r| (r.text(0), r.text(1)))
+        .collect();
     assert_eq!(
         replays,
         vec![("failed".to_string(), "cli".to_string())],
@@ -731,8 +717,9 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
 // 2. What the downstream receives
 // ---------------------------------------------------------------------------
 
-#[test]
-fn forwarded_request_is_the_exact_body_with_its_content_type_and_idemhook_headers() {
+fn forwarded_request_is_the_exact_body_with_its_content_type_and_idemhook_headers(
+    backend: Backend,
+) {
     let ds = Downstream::start();
     let id = "evt_bytes";
     // Odd whitespace, key order, escapes, non-ASCII and a CRLF at the end: a
@@ -743,7 +730,7 @@ fn forwarded_request_is_the_exact_body_with_its_content_type_and_idemhook_header
         .to_vec();
     let content_type = "application/json; charset=utf-8";
     ds.script(&key(id), Behavior::Fail500(1));
-    let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
+    let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
     let headers = vec![
         sign::stripe_signature_header(STRIPE_SECRET, &body, crate::harness::now_secs()),
         ("Content-Type".to_string(), content_type.to_string()),
@@ -751,8 +738,8 @@ fn forwarded_request_is_the_exact_body_with_its_content_type_and_idemhook_header
     let resp = server.post(&format!("/hooks/{SOURCE}"), &headers, &body);
     assert_accepted(&resp, id, "delivery of an oddly formatted body");
 
-    let db = server.db();
-    wait_job(&db, id, ACTION, "done");
+    let db = &server;
+    wait_job(db, id, ACTION, "done");
     let reqs = ds.requests_for(&key(id));
     assert_eq!(reqs.len(), 2, "one 500, then the retry");
     for (i, r) in reqs.iter().enumerate() {
@@ -782,8 +769,9 @@ fn forwarded_request_is_the_exact_body_with_its_content_type_and_idemhook_header
             );
         }
     }
-    assert_eq!(stored_payload(&db, id), Some(body), "the stored body");
+    assert_eq!(stored_payload(db, id), Some(body), "the stored body");
 }
+both_backends!(forwarded_request_is_the_exact_body_with_its_content_type_and_idemhook_headers);
 
 #[test]
 fn forward_with_sign_secret_carries_valid_standard_webhooks_headers() {
@@ -796,7 +784,7 @@ fn forward_with_sign_secret_carries_valid_standard_webhooks_headers() {
     let body = stripe_event(id);
     assert_accepted(&deliver(&server, &body), id, "delivery");
 
-    wait_job(&server.db(), id, ACTION, "done");
+    wait_job(&server, id, ACTION, "done");
     let reqs = ds.requests_for(&key(id));
     assert_eq!(reqs.len(), 2, "one 500, then the retry");
     let now = crate::harness::now_secs();
@@ -839,8 +827,7 @@ fn forward_with_sign_secret_carries_valid_standard_webhooks_headers() {
 // 4. The provider's 200 does not wait for the downstream
 // ---------------------------------------------------------------------------
 
-#[test]
-fn provider_gets_200_while_the_downstream_holds_the_forward() {
+fn provider_gets_200_while_the_downstream_holds_the_forward(backend: Backend) {
     let ds = Downstream::start();
     ds.close_gate();
     // Long timeout and lease: the workers stay inside the downstream call.
@@ -848,7 +835,7 @@ fn provider_gets_200_while_the_downstream_holds_the_forward() {
         &ds,
         &[("timeout", &toml_str("30s")), ("lease", &toml_str("60s"))],
     );
-    let server = Server::start(&config, &stripe_env());
+    let server = Server::start_on(backend, &config, &stripe_env());
     let evs = events("held", 6);
 
     assert_accepted(&deliver(&server, &evs[0].1), &evs[0].0, "first delivery");
@@ -870,27 +857,23 @@ fn provider_gets_200_while_the_downstream_holds_the_forward() {
             ds.released()
         );
     }
-    let db = server.db();
+    let db = &server;
     assert_eq!(
-        job(&db, &evs[0].0, ACTION).map(|j| j.status).as_deref(),
+        job(db, &evs[0].0, ACTION).map(|j| j.status).as_deref(),
         Some("processing"),
         "the first job is in flight\n{}",
-        outbox_dump(&db)
+        outbox_dump(db)
     );
 
     ds.open_gate();
-    let (done, failed) = wait_all_settled(&db, evs.len() as i64);
-    assert_eq!(
-        (done, failed),
-        (evs.len() as i64, 0),
-        "{}",
-        outbox_dump(&db)
-    );
+    let (done, failed) = wait_all_settled(db, evs.len() as i64);
+    assert_eq!((done, failed), (evs.len() as i64, 0), "{}", outbox_dump(db));
     for (id, _) in &evs {
         assert_eq!(ds.effects(&key(id)), 1, "effects for {}", key(id));
-        assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+        assert_eq!(event_state(db, id).as_deref(), Some("completed"));
     }
 }
+both_backends!(provider_gets_200_while_the_downstream_holds_the_forward);
 
 // ---------------------------------------------------------------------------
 // 5. Crashes at each failpoint
@@ -900,13 +883,13 @@ fn provider_gets_200_while_the_downstream_holds_the_forward() {
 /// the failpoint on the same database, redeliver as the provider would, and
 /// check that every acked event is stored and each key has one effect.
 /// Returns the server and downstream for failpoint-specific checks.
-fn crash_at(failpoint: &str) -> (Server, Downstream, Vec<(String, Vec<u8>)>) {
+fn crash_at(backend: Backend, failpoint: &str) -> (Server, Downstream, Vec<(String, Vec<u8>)>) {
     const N: usize = 6;
     let ds = Downstream::start();
     let spec = format!("{failpoint}=kill");
     let mut env = stripe_env();
     env.push(("IDEMHOOK_FAILPOINTS", spec.as_str()));
-    let mut server = Server::start(&one_action_config(&ds, &[]), &env);
+    let mut server = Server::start_on(backend, &one_action_config(&ds, &[]), &env);
     let evs = events("crash", N);
 
     let client = Client::new(HTTP_TIMEOUT);
@@ -927,11 +910,11 @@ fn crash_at(failpoint: &str) -> (Server, Downstream, Vec<(String, Vec<u8>)>) {
 
     server.remove_env("IDEMHOOK_FAILPOINTS");
     server.restart();
-    let db = server.db();
+    let db = &server;
     for (id, body) in &evs {
         if acked.contains(id) {
             assert_eq!(
-                stored_payload(&db, id).as_deref(),
+                stored_payload(db, id).as_deref(),
                 Some(&body[..]),
                 "acked event {id} survives the kill at {failpoint}"
             );
@@ -954,15 +937,15 @@ fn crash_at(failpoint: &str) -> (Server, Downstream, Vec<(String, Vec<u8>)>) {
             describe(&resp)
         );
     }
-    let (done, failed) = wait_all_settled(&db, N as i64);
-    assert_eq!((done, failed), (N as i64, 0), "{}", outbox_dump(&db));
+    let (done, failed) = wait_all_settled(db, N as i64);
+    assert_eq!((done, failed), (N as i64, 0), "{}", outbox_dump(db));
     for (id, _) in &evs {
         assert_eq!(
             ds.effects(&key(id)),
             1,
             "effects for {} after the crash at {failpoint}\n{}",
             key(id),
-            outbox_dump(&db)
+            outbox_dump(db)
         );
         let outs = outcomes(&ds.requests_for(&key(id)));
         assert!(
@@ -970,10 +953,9 @@ fn crash_at(failpoint: &str) -> (Server, Downstream, Vec<(String, Vec<u8>)>) {
                 .all(|o| matches!(o, Outcome::Effect | Outcome::Repeat)),
             "{id}: {outs:?}"
         );
-        assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+        assert_eq!(event_state(db, id).as_deref(), Some("completed"));
     }
     assert_eq!(ds.total_effects(), N as u64, "no effect without a key");
-    drop(db);
     (server, ds, evs)
 }
 
@@ -981,24 +963,23 @@ fn crash_at(failpoint: &str) -> (Server, Downstream, Vec<(String, Vec<u8>)>) {
 /// `retry` with error kind `lease`, and the next attempt started only after
 /// the lease ran out. Returns the keys of the jobs cut short.
 fn assert_lease_takeover_recorded(server: &Server) -> Vec<String> {
-    let db = server.db();
+    let db = server;
     let cut: Vec<(String, i64, i64)> = db
-        .prepare(
+        .rows(
             "SELECT j.event_id, j.id, a.n FROM attempts a JOIN jobs j ON j.id = a.job_id
              WHERE a.error_kind = 'lease' ORDER BY j.id",
+            &[],
         )
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+        .iter()
+        .map(|r| (r.text(0), r.int(1), r.int(2)))
+        .collect();
     assert!(
         !cut.is_empty(),
         "expected: the takeover records the cut-short attempt with error_kind 'lease'\n  got none\n{}",
-        outbox_dump(&db)
+        outbox_dump(db)
     );
     for (event_id, job_id, n) in &cut {
-        let rows = attempts(&db, *job_id);
+        let rows = attempts(db, *job_id);
         let lease_row = rows.iter().find(|a| a.n == *n).unwrap();
         assert_eq!(lease_row.outcome.as_deref(), Some("retry"), "{rows:#?}");
         let next = rows
@@ -1016,9 +997,10 @@ fn assert_lease_takeover_recorded(server: &Server) -> Vec<String> {
     cut.into_iter().map(|(e, _, _)| key(&e)).collect()
 }
 
-#[test]
-fn kill9_before_the_downstream_call_is_taken_over_after_the_lease_and_delivered_once() {
-    let (server, ds, _) = crash_at("forward.before_call");
+fn kill9_before_the_downstream_call_is_taken_over_after_the_lease_and_delivered_once(
+    backend: Backend,
+) {
+    let (server, ds, _) = crash_at(backend, "forward.before_call");
     for k in assert_lease_takeover_recorded(&server) {
         assert_eq!(
             outcomes(&ds.requests_for(&k)),
@@ -1027,10 +1009,10 @@ fn kill9_before_the_downstream_call_is_taken_over_after_the_lease_and_delivered_
         );
     }
 }
+both_backends!(kill9_before_the_downstream_call_is_taken_over_after_the_lease_and_delivered_once);
 
-#[test]
-fn kill9_after_the_downstream_answered_is_retried_with_the_same_key_and_absorbed() {
-    let (server, ds, _) = crash_at("forward.after_response");
+fn kill9_after_the_downstream_answered_is_retried_with_the_same_key_and_absorbed(backend: Backend) {
+    let (server, ds, _) = crash_at(backend, "forward.after_response");
     let cut = assert_lease_takeover_recorded(&server);
     assert!(
         cut.iter()
@@ -1041,31 +1023,35 @@ fn kill9_after_the_downstream_answered_is_retried_with_the_same_key_and_absorbed
             .collect::<Vec<_>>()
     );
 }
+both_backends!(kill9_after_the_downstream_answered_is_retried_with_the_same_key_and_absorbed);
 
-#[test]
-fn kill9_after_the_claim_commit_keeps_the_event_and_its_job_delivers_once() {
-    let (server, _ds, evs) = crash_at("claim.after_commit");
+fn kill9_after_the_claim_commit_keeps_the_event_and_its_job_delivers_once(backend: Backend) {
+    let (server, _ds, evs) = crash_at(backend, "claim.after_commit");
     // The first delivery committed before the kill: it is stored although
     // it was never acked, and its job ran once.
-    let db = server.db();
+    let db = &server;
     assert_eq!(
-        stored_payload(&db, &evs[0].0).as_deref(),
+        stored_payload(db, &evs[0].0).as_deref(),
         Some(&evs[0].1[..])
     );
 }
+both_backends!(kill9_after_the_claim_commit_keeps_the_event_and_its_job_delivers_once);
 
 // ---------------------------------------------------------------------------
 // 6. Two processes, one database: the lease decides
 // ---------------------------------------------------------------------------
 
-/// A second server on `first`'s database file, with the same sources.
+/// A second server on `first`'s database (its SQLite file, or its
+/// PostgreSQL database), with the same sources.
 fn second_server(first: &Server, tables: &ServerConfig, env: &[(&str, &str)]) -> Server {
-    let db = first.db_path().display().to_string();
+    let db = match first.pg_url() {
+        Some(url) => url.to_string(),
+        None => first.db_path().display().to_string(),
+    };
     Server::start(&tables.clone().set("database", &toml_str(&db)), env)
 }
 
-#[test]
-fn two_processes_on_one_database_send_each_job_exactly_once() {
+fn two_processes_on_one_database_send_each_job_exactly_once(backend: Backend) {
     const N: usize = 200;
     let ds = Downstream::start();
     // No crash here, so a generous lease: only the take decides ownership.
@@ -1073,7 +1059,7 @@ fn two_processes_on_one_database_send_each_job_exactly_once() {
         &ds,
         &[("timeout", &toml_str("5s")), ("lease", &toml_str("10s"))],
     );
-    let a = Server::start(&config, &stripe_env());
+    let a = Server::start_on(backend, &config, &stripe_env());
     let b = second_server(&a, &config, &stripe_env());
     let evs = events("two", N);
 
@@ -1106,9 +1092,9 @@ fn two_processes_on_one_database_send_each_job_exactly_once() {
         }
     }
 
-    let db = a.db();
-    let (done, failed) = wait_all_settled(&db, N as i64);
-    assert_eq!((done, failed), (N as i64, 0), "{}", outbox_dump(&db));
+    let db = &a;
+    let (done, failed) = wait_all_settled(db, N as i64);
+    assert_eq!((done, failed), (N as i64, 0), "{}", outbox_dump(db));
     let mut resent = Vec::new();
     for (id, _) in &evs {
         assert_eq!(ds.effects(&key(id)), 1, "effects for {}", key(id));
@@ -1122,17 +1108,18 @@ fn two_processes_on_one_database_send_each_job_exactly_once() {
         "expected: each job sent exactly once (one lease holder per job)\n  got resent: {resent:?}"
     );
     let workers: Vec<(i64, String)> = db
-        .prepare("SELECT count(*), worker FROM attempts GROUP BY job_id HAVING count(*) > 0")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, text_of(r, 1)?.unwrap_or_default())))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+        .rows(
+            "SELECT count(*), min(worker) FROM attempts GROUP BY job_id HAVING count(*) > 0",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.int(0), r.opt_text(1).unwrap_or_default()))
+        .collect();
     assert_eq!(workers.len(), N, "one attempt row set per job");
     assert!(
         workers.iter().all(|(n, _)| *n == 1),
         "each job has exactly one attempt\n{}",
-        outbox_dump(&db)
+        outbox_dump(db)
     );
     for (name, server) in [("a", &a), ("b", &b)] {
         let prefix = format!("{}-", server.pid());
@@ -1146,25 +1133,19 @@ fn two_processes_on_one_database_send_each_job_exactly_once() {
                 .collect::<std::collections::BTreeSet<_>>()
         );
     }
-    let completed: i64 = db
-        .query_row(
-            "SELECT count(*) FROM events WHERE state = 'completed'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let completed = db.count("SELECT count(*) FROM events WHERE state = 'completed'", &[]);
     assert_eq!(completed, N as i64);
 }
+both_backends!(two_processes_on_one_database_send_each_job_exactly_once);
 
-#[test]
-fn a_worker_whose_lease_was_taken_over_cannot_record_its_late_result() {
+fn a_worker_whose_lease_was_taken_over_cannot_record_its_late_result(backend: Backend) {
     // Process a: after the downstream answers, its worker stalls 5s before
     // recording; the 2s lease runs out and process b takes the job over.
     let ds = Downstream::start();
     let config = one_action_config(&ds, &[]).set("forward_workers", "1");
     let mut env_a = stripe_env();
     env_a.push(("IDEMHOOK_FAILPOINTS", "forward.after_response=sleep(5000)"));
-    let a = Server::start(&config, &env_a);
+    let a = Server::start_on(backend, &config, &env_a);
     let id = "evt_fenced";
     assert_accepted(&deliver(&a, &stripe_event(id)), id, "delivery to a");
     wait_until(
@@ -1174,16 +1155,16 @@ fn a_worker_whose_lease_was_taken_over_cannot_record_its_late_result() {
     );
 
     let b = second_server(&a, &config, &stripe_env());
-    let db = a.db();
-    let j = wait_job(&db, id, ACTION, "done");
+    let db = &a;
+    let j = wait_job(db, id, ACTION, "done");
     wait_until(
         Duration::from_secs(15),
         "process a logs that its lease was lost",
         || a.stderr().contains("lease lost"),
     );
-    let j_after = job(&db, id, ACTION).unwrap();
-    let rows = attempts(&db, j.id);
-    let context = format!("{}\n{}", outbox_dump(&db), a.logs());
+    let j_after = job(db, id, ACTION).unwrap();
+    let rows = attempts(db, j.id);
+    let context = format!("{}\n{}", outbox_dump(db), a.logs());
     assert_eq!(j_after.status, "done", "{context}");
     assert_eq!(j_after.n_attempts, 2, "{context}");
     assert_eq!(
@@ -1209,6 +1190,7 @@ fn a_worker_whose_lease_was_taken_over_cannot_record_its_late_result() {
     );
     assert_eq!(ds.effects(&key(id)), 1);
 }
+both_backends!(a_worker_whose_lease_was_taken_over_cannot_record_its_late_result);
 
 /// A lease only just longer than the timeout (which `check` accepts): an
 /// attempt that ends a little after its lease must not be sent again
@@ -1217,35 +1199,35 @@ fn a_worker_whose_lease_was_taken_over_cannot_record_its_late_result() {
 /// timeout; process b looks for expired leases at least every 500 ms. The
 /// takeover waits for the lease (1.01 s) plus its grace (2 s), by which
 /// time a has recorded its result.
-#[test]
-fn an_attempt_that_ends_just_after_its_lease_is_not_sent_twice() {
+fn an_attempt_that_ends_just_after_its_lease_is_not_sent_twice(backend: Backend) {
     let ds = Downstream::start();
     let config =
         one_action_config(&ds, &[("lease", &toml_str("1010ms"))]).set("forward_workers", "1");
     let mut env_a = stripe_env();
     env_a.push(("IDEMHOOK_FAILPOINTS", "forward.after_response=sleep(2200)"));
-    let a = Server::start(&config, &env_a);
+    let a = Server::start_on(backend, &config, &env_a);
     let b = second_server(&a, &config, &stripe_env());
     let id = "evt_overrun";
     let sent = Instant::now();
     assert_accepted(&deliver(&a, &stripe_event(id)), id, "delivery to a");
-    let db = a.db();
-    let j = wait_job(&db, id, ACTION, "done");
+    let db = &a;
+    let j = wait_job(db, id, ACTION, "done");
     // Past the takeover time, had the job still been open.
     let settle = Duration::from_millis(3500).saturating_sub(sent.elapsed());
     std::thread::sleep(settle);
-    let context = format!("{}\n{}\n{}", outbox_dump(&db), a.logs(), b.logs());
+    let context = format!("{}\n{}\n{}", outbox_dump(db), a.logs(), b.logs());
     assert_eq!(
         attempt_headers(&ds.requests_for(&key(id))),
         vec!["1".to_string()],
         "sent once, by a\n{context}"
     );
     assert_eq!(
-        field(&attempts(&db, j.id), |r| (r.n, r.outcome.clone())),
+        field(&attempts(db, j.id), |r| (r.n, r.outcome.clone())),
         vec![(1, Some("ok".into()))],
         "{context}"
     );
 }
+both_backends!(an_attempt_that_ends_just_after_its_lease_is_not_sent_twice);
 
 /// Regression guard for the batch-lease bug (fixed in b08ae99): a worker
 /// took up to 8 jobs with one lease expiry for all and sent them one after
@@ -1253,11 +1235,10 @@ fn an_attempt_that_ends_just_after_its_lease_is_not_sent_twice() {
 /// under the 1s timeout) the later jobs went out after their 2s lease had
 /// ended, while an idle worker had already taken them over: two workers sent
 /// one job, and attempts that never hung were recorded as cut short.
-#[test]
-fn jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out() {
+fn jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out(backend: Backend) {
     let ds = Downstream::start();
     let config = one_action_config(&ds, &[]).set("forward_workers", "2");
-    let server = Server::start(&config, &stripe_env());
+    let server = Server::start_on(backend, &config, &stripe_env());
     let evs = events("batch", 10);
 
     // Both workers busy at the gate with one job each...
@@ -1277,8 +1258,8 @@ fn jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out() {
     ds.set_delay(Duration::from_millis(600));
     ds.open_gate();
 
-    let db = server.db();
-    let (done, failed) = wait_all_settled(&db, evs.len() as i64);
+    let db = &server;
+    let (done, failed) = wait_all_settled(db, evs.len() as i64);
     let mut resent = Vec::new();
     for (id, _) in &evs {
         let reqs = ds.requests_for(&key(id));
@@ -1286,19 +1267,19 @@ fn jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out() {
             resent.push((id.clone(), outcomes(&reqs), attempt_headers(&reqs)));
         }
     }
-    let lease_rows = dump(
-        &db,
+    let lease_rows = db.dump(
         "SELECT j.event_id, a.n, a.started_at, a.worker FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.error_kind = 'lease'",
     );
     assert!(
         resent.is_empty() && (done, failed) == (evs.len() as i64, 0),
         "expected: each job sent once and done: no attempt exceeded the 1s timeout, so no lease (2s) should run out\n  got: {done} done, {failed} failed; sent more than once: {resent:?}\n  attempts recorded as cut short (error_kind lease):\n{lease_rows}\n{}",
-        outbox_dump(&db)
+        outbox_dump(db)
     );
     for (id, _) in &evs {
         assert_eq!(ds.effects(&key(id)), 1);
     }
 }
+both_backends!(jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out);
 
 // ---------------------------------------------------------------------------
 // 7. Pause and resume
@@ -1320,31 +1301,31 @@ fn paused_action_accepts_events_and_holds_their_jobs_until_resumed() {
     for (id, body) in &evs {
         assert_accepted(&deliver(&server, body), id, "delivery while paused");
     }
-    let db = server.db();
+    let db = &server;
     // The other action's jobs ran: the workers went past the paused ones.
     for (id, _) in &evs {
-        wait_job(&db, id, running, "done");
+        wait_job(db, id, running, "done");
     }
     for (id, _) in &evs {
         assert_eq!(
-            job(&db, id, paused).map(|j| j.status).as_deref(),
+            job(db, id, paused).map(|j| j.status).as_deref(),
             Some("paused"),
             "{}",
-            outbox_dump(&db)
+            outbox_dump(db)
         );
         assert!(
             ds.requests_for(&key_for(id, paused)).is_empty(),
             "nothing of a paused action reaches the downstream"
         );
-        assert_ne!(event_state(&db, id).as_deref(), Some("completed"));
+        assert_ne!(event_state(db, id).as_deref(), Some("completed"));
     }
 
     server.run_cli(&["resume", &target]).assert_success();
     for (id, _) in &evs {
-        wait_job(&db, id, paused, "done");
+        wait_job(db, id, paused, "done");
         assert_eq!(ds.requests_for(&key_for(id, paused)).len(), 1);
         assert_eq!(ds.effects(&key_for(id, paused)), 1);
-        assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+        assert_eq!(event_state(db, id).as_deref(), Some("completed"));
     }
 }
 
@@ -1369,14 +1350,14 @@ fn attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume() {
     server.run_cli(&["pause", &target]).assert_success();
     ds.open_gate(); // the in-flight attempt gets its 500
 
-    let db = server.db();
+    let db = &server;
     // Either the job settles as paused (right), or a retry reaches the
     // downstream while the action is paused (wrong).
     let seen = wait_for(
         JOBS_TIMEOUT,
         "the job waits as paused, or a retry reaches the downstream",
         || {
-            let status = job(&db, id, ACTION).map(|j| j.status);
+            let status = job(db, id, ACTION).map(|j| j.status);
             let sent = ds.requests_for(&key(id)).len();
             if status.as_deref() == Some("paused") || sent >= 2 {
                 Ok((status, sent))
@@ -1390,11 +1371,11 @@ fn attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume() {
         (Some("paused".to_string()), 1),
         "expected: after the in-flight attempt's 500 the job waits as paused, with 1 request sent\n  got: (status, requests) = {seen:?}; requests: {:?}\n{}",
         outcomes(&ds.requests_for(&key(id))),
-        outbox_dump(&db)
+        outbox_dump(db)
     );
 
     server.run_cli(&["resume", &target]).assert_success();
-    wait_job(&db, id, ACTION, "done");
+    wait_job(db, id, ACTION, "done");
     assert_eq!(
         outcomes(&ds.requests_for(&key(id))),
         vec![Outcome::Failed500, Outcome::Effect]
@@ -1405,15 +1386,14 @@ fn attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume() {
 // 8. Graceful shutdown
 // ---------------------------------------------------------------------------
 
-#[test]
-fn sigterm_lets_the_in_flight_attempt_finish_then_exits_0() {
+fn sigterm_lets_the_in_flight_attempt_finish_then_exits_0(backend: Backend) {
     let ds = Downstream::start();
     ds.close_gate();
     let config = one_action_config(
         &ds,
         &[("timeout", &toml_str("5s")), ("lease", &toml_str("10s"))],
     );
-    let mut server = Server::start(&config, &stripe_env());
+    let mut server = Server::start_on(backend, &config, &stripe_env());
     let id = "evt_sigterm";
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
     wait_until(
@@ -1436,27 +1416,27 @@ fn sigterm_lets_the_in_flight_attempt_finish_then_exits_0() {
         "expected: exit 0 after SIGTERM\n  got: {status:?}\n{}",
         server.logs()
     );
-    let db = server.db();
-    let j = job(&db, id, ACTION).unwrap();
+    let db = &server;
+    let j = job(db, id, ACTION).unwrap();
     assert_eq!(
         (j.status.as_str(), j.n_attempts),
         ("done", 1),
         "the in-flight attempt finished and was recorded before exit\n{}",
-        outbox_dump(&db)
+        outbox_dump(db)
     );
-    drop(db);
 
     server.restart();
     // A new event after restart: once it is delivered, the workers have
     // looked at every due job.
     let probe = "evt_after_restart";
     assert_accepted(&deliver(&server, &stripe_event(probe)), probe, "delivery");
-    let db = server.db();
-    wait_job(&db, probe, ACTION, "done");
+    let db = &server;
+    wait_job(db, probe, ACTION, "done");
     assert_eq!(outcomes(&ds.requests_for(&key(id))), vec![Outcome::Effect]);
     assert_eq!(ds.effects(&key(id)), 1);
-    assert_eq!(job(&db, id, ACTION).unwrap().n_attempts, 1);
+    assert_eq!(job(db, id, ACTION).unwrap().n_attempts, 1);
 }
+both_backends!(sigterm_lets_the_in_flight_attempt_finish_then_exits_0);
 
 #[test]
 fn sigterm_during_a_hang_exits_0_and_the_retry_after_restart_delivers_once() {
@@ -1479,26 +1459,25 @@ fn sigterm_during_a_hang_exits_0_and_the_retry_after_restart_delivers_once() {
         "expected: exit 0 after SIGTERM\n  got: {status:?}\n{}",
         server.logs()
     );
-    let db = server.db();
-    let j = job(&db, id, ACTION).unwrap();
-    let rows = attempts(&db, j.id);
+    let db = &server;
+    let j = job(db, id, ACTION).unwrap();
+    let rows = attempts(db, j.id);
     assert_eq!(
         field(&rows, |a| (a.n, a.outcome.clone(), a.error_kind.clone())),
         vec![(1, Some("retry".into()), Some("timeout".into()))],
         "the attempt that timed out during the grace period is recorded\n{}",
-        outbox_dump(&db)
+        outbox_dump(db)
     );
-    drop(db);
 
     server.restart();
-    let db = server.db();
-    wait_job(&db, id, ACTION, "done");
+    let db = &server;
+    wait_job(db, id, ACTION, "done");
     assert_eq!(
         outcomes(&ds.requests_for(&key(id))),
         vec![Outcome::Hung, Outcome::Effect]
     );
     assert_eq!(ds.effects(&key(id)), 1);
-    assert_eq!(event_state(&db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
 }
 
 /// Regression guard: a replay gives a dead-lettered job a fresh
@@ -1514,16 +1493,16 @@ fn replay_of_a_dead_letter_gets_a_fresh_retry_budget() {
     let config = one_action_config(&ds, &[("max_attempts", "2")]);
     let server = Server::start(&config, &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
-    let db = server.db();
-    let failed = wait_job(&db, id, ACTION, "failed");
-    assert_eq!(failed.n_attempts, 2, "{}", outbox_dump(&db));
+    let db = &server;
+    let failed = wait_job(db, id, ACTION, "failed");
+    assert_eq!(failed.n_attempts, 2, "{}", outbox_dump(db));
 
     server
         .run_cli(&["replay", SOURCE, id, "--yes"])
         .assert_success();
-    let done = wait_job(&db, id, ACTION, "done");
+    let done = wait_job(db, id, ACTION, "done");
     assert_eq!(
-        field(&attempts(&db, done.id), |a| a.outcome.clone()),
+        field(&attempts(db, done.id), |a| a.outcome.clone()),
         vec![
             Some("retry".to_string()),
             Some("failed".to_string()),
@@ -1531,7 +1510,7 @@ fn replay_of_a_dead_letter_gets_a_fresh_retry_budget() {
             Some("ok".to_string())
         ],
         "{}",
-        outbox_dump(&db)
+        outbox_dump(db)
     );
     assert_eq!(ds.effects(&key(id)), 1);
 }
