@@ -11,12 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OptionalExtension, params};
-
 use crate::backend::{Backend, both_backends};
 use crate::harness::{
-    Client, HttpResponse, Server, ServerConfig, bytes_of, count, dump, headers, now_secs,
-    raw_exchange, raw_exchange_parts, raw_request, text_of, toml_str, wait_for, wait_until,
+    Client, HttpResponse, Server, ServerConfig, headers, now_secs, raw_exchange,
+    raw_exchange_parts, raw_request, toml_str, wait_for, wait_until,
 };
 use crate::sign;
 
@@ -108,43 +106,35 @@ struct EventRow {
     verified_with: Option<i64>,
 }
 
-fn event_row(conn: &Connection, source: &str, event_id: &str) -> Option<EventRow> {
-    conn.query_row(
+fn event_row(db: &Server, source: &str, event_id: &str) -> Option<EventRow> {
+    db.row(
         "SELECT state, payload, payload_hash, verified_with FROM events WHERE source = ?1 AND event_id = ?2",
-        params![source, event_id],
-        |row| {
-            Ok(EventRow {
-                state: text_of(row, 0)?.unwrap_or_default(),
-                payload: bytes_of(row, 1)?,
-                payload_hash: text_of(row, 2)?,
-                verified_with: row.get::<_, Option<i64>>(3)?,
-            })
-        },
+        &[&source, &event_id],
     )
-    .optional()
-    .unwrap_or_else(|e| panic!("query events: {e}"))
+    .map(|row| EventRow {
+        state: row.opt_text(0).unwrap_or_default(),
+        payload: row.bytes(1),
+        payload_hash: row.opt_text(2),
+        verified_with: row.opt_int(3),
+    })
 }
 
-fn events_count(conn: &Connection) -> i64 {
-    count(conn, "SELECT COUNT(*) FROM events", [])
+fn events_count(db: &Server) -> i64 {
+    db.count("SELECT COUNT(*) FROM events", &[])
 }
 
-fn delivery_outcomes(conn: &Connection, source: &str, event_id: &str) -> Vec<String> {
-    let mut stmt = conn
-        .prepare("SELECT outcome FROM deliveries WHERE source = ?1 AND event_id = ?2 ORDER BY id")
-        .unwrap();
-    stmt.query_map(params![source, event_id], |row| row.get::<_, String>(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+fn delivery_outcomes(db: &Server, source: &str, event_id: &str) -> Vec<String> {
+    db.texts(
+        "SELECT outcome FROM deliveries WHERE source = ?1 AND event_id = ?2 ORDER BY id",
+        &[&source, &event_id],
+    )
 }
 
 // ---------------------------------------------------------------------------
 // 1. Concurrency: duplicates racing each other
 // ---------------------------------------------------------------------------
 
-#[test]
-fn concurrent_duplicates_resolve_to_one_event_and_one_ledger_row_each() {
+fn concurrent_duplicates_resolve_to_one_event_and_one_ledger_row_each(backend: Backend) {
     const EVENTS: usize = 100;
     const COPIES: usize = 16;
     const THREADS: usize = 32;
@@ -161,7 +151,7 @@ sql = "INSERT INTO ledger(event_id, amount) VALUES (:event_id, :amount)"
 params = { amount = "json:/data/object/amount" }
 "#,
         );
-    let server = Server::start(&config, &stripe_env());
+    let server = Server::start_on(backend, &config, &stripe_env());
     let url = server.url("/hooks/stripe");
 
     let event_id = |i: usize| format!("evt_conc_{i:03}");
@@ -258,28 +248,15 @@ params = { amount = "json:/data/object/amount" }
         "expected: exactly one `accepted` per event\n  got: {wrong:?}"
     );
 
-    let db = server.db();
+    let db = &server;
     assert_eq!(
-        count(
-            &db,
-            "SELECT COUNT(*) FROM events WHERE source = 'stripe'",
-            []
-        ),
+        db.count("SELECT COUNT(*) FROM events WHERE source = 'stripe'", &[]),
         EVENTS as i64,
         "events rows"
     );
     let mut ledger: HashMap<String, Vec<i64>> = HashMap::new();
-    {
-        let mut stmt = db.prepare("SELECT event_id, amount FROM ledger").unwrap();
-        let rows = stmt
-            .query_map([], |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-            })
-            .unwrap();
-        for row in rows {
-            let (id, amt) = row.unwrap();
-            ledger.entry(id).or_default().push(amt);
-        }
+    for row in db.rows("SELECT event_id, amount FROM ledger", &[]) {
+        ledger.entry(row.text(0)).or_default().push(row.int(1));
     }
     let ledger_rows: usize = ledger.values().map(Vec::len).sum();
     let bad: Vec<String> = (0..EVENTS)
@@ -298,10 +275,9 @@ params = { amount = "json:/data/object/amount" }
         Duration::from_secs(10),
         "a deliveries row for each of the 1600 deliveries",
         || {
-            let n = count(
-                &db,
+            let n = db.count(
                 "SELECT COUNT(*) FROM deliveries WHERE source = 'stripe'",
-                [],
+                &[],
             );
             if n == total {
                 Ok(())
@@ -310,36 +286,40 @@ params = { amount = "json:/data/object/amount" }
             }
         },
     );
-    let accepted_rows = count(
-        &db,
+    let accepted_rows = db.count(
         "SELECT COUNT(*) FROM deliveries WHERE outcome = 'accepted'",
-        [],
+        &[],
     );
-    let duplicate_rows = count(
-        &db,
+    let duplicate_rows = db.count(
         "SELECT COUNT(*) FROM deliveries WHERE outcome = 'duplicate'",
-        [],
+        &[],
     );
     assert_eq!(
         (accepted_rows, duplicate_rows),
         (EVENTS as i64, total - EVENTS as i64),
         "expected (accepted, duplicate) deliveries rows\n{}",
-        dump(
-            &db,
-            "SELECT outcome, COUNT(*) FROM deliveries GROUP BY outcome"
-        )
+        db.dump("SELECT outcome, COUNT(*) FROM deliveries GROUP BY outcome")
     );
 }
+both_backends!(concurrent_duplicates_resolve_to_one_event_and_one_ledger_row_each);
 
 // ---------------------------------------------------------------------------
 // 2. A failing SQL action
 // ---------------------------------------------------------------------------
 
-#[test]
-fn failing_sql_action_is_rolled_back_and_marked_failed_while_a_good_action_commits() {
-    // `INSERT OR FAIL` keeps the rows a statement wrote before the failing
-    // one, so the first VALUES row is a partial effect unless the server
-    // rolls the action back (a savepoint per action).
+fn failing_sql_action_is_rolled_back_and_marked_failed_while_a_good_action_commits(
+    backend: Backend,
+) {
+    // On SQLite, `INSERT OR FAIL` keeps the rows a statement wrote before
+    // the failing one, so the first VALUES row is a partial effect unless
+    // the server rolls the action back (a savepoint per action). On
+    // PostgreSQL an error aborts the whole transaction: the claim and the
+    // next action commit only if the failed action is rolled back to its
+    // own savepoint.
+    let insert = match backend {
+        Backend::Sqlite => "INSERT OR FAIL INTO",
+        Backend::Postgres => "INSERT INTO",
+    };
     let config = ServerConfig::new()
         .set(
             "setup_sql",
@@ -349,18 +329,18 @@ fn failing_sql_action_is_rolled_back_and_marked_failed_while_a_good_action_commi
             ),
         )
         .tables(&stripe_source("stripe", ""))
-        .tables(
+        .tables(&format!(
             r#"[[sources.stripe.actions]]
 name = "bad-ledger"
-sql = "INSERT OR FAIL INTO ledger(event_id, amount) VALUES (:event_id, 1), (:event_id, :amount)"
-params = { amount = "json:/data/object/amount" }
+sql = "{insert} ledger(event_id, amount) VALUES (:event_id, 1), (:event_id, :amount)"
+params = {{ amount = "json:/data/object/amount" }}
 
 [[sources.stripe.actions]]
 name = "audit"
 sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
-"#,
-        );
-    let server = Server::start(&config, &stripe_env());
+"#
+        ));
+    let server = Server::start_on(backend, &config, &stripe_env());
     let body = stripe_event("evt_negative", -500);
     let resp = deliver(&server, "stripe", &body);
     assert_accepted(
@@ -369,8 +349,8 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
         "a buggy action never loses the event",
     );
 
-    let db = server.db();
-    let row = event_row(&db, "stripe", "evt_negative")
+    let db = &server;
+    let row = event_row(db, "stripe", "evt_negative")
         .expect("expected: the event is stored; got: no events row");
     assert_eq!(
         row.payload.as_deref(),
@@ -379,20 +359,18 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
     );
 
     let job = |action: &str| -> Option<(String, Option<String>)> {
-        db.query_row(
+        db.row(
             "SELECT status, last_error FROM jobs WHERE source = 'stripe' AND event_id = 'evt_negative' AND action = ?1",
-            params![action],
-            |row| Ok((text_of(row, 0)?.unwrap_or_default(), text_of(row, 1)?)),
+            &[&action],
         )
-        .optional()
-        .unwrap()
+        .map(|row| (row.text(0), row.opt_text(1)))
     };
     let (status, last_error) = wait_for(
         Duration::from_secs(5),
         "job bad-ledger to be failed",
         || match job("bad-ledger") {
             Some((s, e)) if s == "failed" => Ok((s, e)),
-            other => Err(format!("{other:?}\n{}", dump(&db, "SELECT * FROM jobs"))),
+            other => Err(format!("{other:?}\n{}", db.dump("SELECT * FROM jobs"))),
         },
     );
     assert_eq!(status, "failed");
@@ -401,10 +379,10 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
         "expected: a non-empty last_error on the failed job\n  got: {last_error:?}"
     );
     assert_eq!(
-        count(&db, "SELECT COUNT(*) FROM ledger", []),
+        db.count("SELECT COUNT(*) FROM ledger", &[]),
         0,
         "expected: no partial effect of the failed action (its first VALUES row rolled back)\n{}",
-        dump(&db, "SELECT * FROM ledger")
+        db.dump("SELECT * FROM ledger")
     );
     wait_for(
         Duration::from_secs(5),
@@ -415,28 +393,25 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
         },
     );
     assert_eq!(
-        count(
-            &db,
+        db.count(
             "SELECT COUNT(*) FROM audit WHERE event_id = 'evt_negative'",
-            []
+            &[]
         ),
         1,
         "good action committed"
     );
 
-    let failed_attempts = count(
-        &db,
-        "SELECT COUNT(*) FROM attempts a JOIN jobs j ON a.job_id = j.id \
+    let failed_attempts = db.count("SELECT COUNT(*) FROM attempts a JOIN jobs j ON a.job_id = j.id \
          WHERE j.source = 'stripe' AND j.event_id = 'evt_negative' AND j.action = 'bad-ledger' AND a.outcome = 'failed'",
-        [],
+        &[],
     );
     assert_eq!(
         failed_attempts,
         1,
         "expected: one recorded attempt with outcome failed\n{}",
-        dump(&db, "SELECT * FROM attempts")
+        db.dump("SELECT * FROM attempts")
     );
-    let state = event_row(&db, "stripe", "evt_negative").unwrap().state;
+    let state = event_row(db, "stripe", "evt_negative").unwrap().state;
     assert_eq!(state, "failed", "event state with a failed job");
 
     // A re-delivery is a duplicate and runs no action again.
@@ -445,23 +420,23 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
         "re-delivery after a failed action",
     );
     assert_eq!(
-        count(&db, "SELECT COUNT(*) FROM audit", []),
+        db.count("SELECT COUNT(*) FROM audit", &[]),
         1,
         "duplicate must not re-run actions"
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM ledger", []), 0);
+    assert_eq!(db.count("SELECT COUNT(*) FROM ledger", &[]), 0);
 }
+both_backends!(failing_sql_action_is_rolled_back_and_marked_failed_while_a_good_action_commits);
 
 // ---------------------------------------------------------------------------
 // 3. Crash safety around the claim
 // ---------------------------------------------------------------------------
 
-#[test]
-fn kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate() {
+fn kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate(backend: Backend) {
     let config = ServerConfig::new().tables(&stripe_source("stripe", ""));
     let mut env = stripe_env();
     env.push(("IDEMHOOK_FAILPOINTS", "claim.after_commit=kill"));
-    let mut server = Server::start(&config, &env);
+    let mut server = Server::start_on(backend, &config, &env);
     let body = stripe_event("evt_crash_1", 4200);
 
     let answer = crate::harness::try_post(
@@ -486,11 +461,11 @@ fn kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate() {
 
     server.remove_env("IDEMHOOK_FAILPOINTS");
     server.restart();
-    let db = server.db();
-    let row = event_row(&db, "stripe", "evt_crash_1").unwrap_or_else(|| {
+    let db = &server;
+    let row = event_row(db, "stripe", "evt_crash_1").unwrap_or_else(|| {
         panic!(
             "expected: the committed claim survives kill -9\n  got: no row\n{}",
-            dump(&db, "SELECT source, event_id, state FROM events")
+            db.dump("SELECT source, event_id, state FROM events")
         )
     });
     assert_eq!(
@@ -501,14 +476,14 @@ fn kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate() {
 
     let resp = deliver(&server, "stripe", &body);
     assert_duplicate(&resp, "the provider's retry after the crash");
-    assert_eq!(events_count(&db), 1);
+    assert_eq!(events_count(db), 1);
 }
+both_backends!(kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate);
 
-#[test]
-fn kill9_right_after_200_keeps_every_acknowledged_event() {
+fn kill9_right_after_200_keeps_every_acknowledged_event(backend: Backend) {
     const N: usize = 20;
     let config = ServerConfig::new().tables(&stripe_source("stripe", ""));
-    let mut server = Server::start(&config, &stripe_env());
+    let mut server = Server::start_on(backend, &config, &stripe_env());
     let bodies: Vec<(String, Vec<u8>)> = (0..N)
         .map(|i| {
             let id = format!("evt_acked_{i:02}");
@@ -527,11 +502,11 @@ fn kill9_right_after_200_keeps_every_acknowledged_event() {
     assert_eq!(status.signal(), Some(9));
 
     server.restart();
-    let db = server.db();
+    let db = &server;
     let missing: Vec<&str> = bodies
         .iter()
         .filter(|(id, body)| {
-            event_row(&db, "stripe", id)
+            event_row(db, "stripe", id)
                 .and_then(|r| r.payload)
                 .as_deref()
                 != Some(&body[..])
@@ -548,8 +523,9 @@ fn kill9_right_after_200_keeps_every_acknowledged_event() {
             "re-delivery after restart",
         );
     }
-    assert_eq!(events_count(&db), N as i64);
+    assert_eq!(events_count(db), N as i64);
 }
+both_backends!(kill9_right_after_200_keeps_every_acknowledged_event);
 
 /// SIGTERM while deliveries stream in on keep-alive connections (answers
 /// written by the answer thread): the server exits 0 within its grace,
@@ -593,7 +569,7 @@ fn a_request_under_way_at_sigterm_is_finished() {
     );
     let status = server.wait_exit(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "serve exits 0 after SIGTERM");
-    assert_eq!(events_count(&server.db()), 1, "the event is stored");
+    assert_eq!(events_count(&server), 1, "the event is stored");
 }
 
 #[test]
@@ -658,11 +634,11 @@ fn sigterm_under_load_answers_or_closes_every_request_and_keeps_every_acknowledg
         odd.is_empty(),
         "expected: every request answered 200 or 503, or its connection closed, within {HUNG:?}\n  got: {odd:?}"
     );
-    let db = server.db();
+    let db = &server;
     let acked = acked.lock().unwrap();
     let missing: Vec<&String> = acked
         .iter()
-        .filter(|id| event_row(&db, "stripe", id).is_none())
+        .filter(|id| event_row(db, "stripe", id).is_none())
         .collect();
     assert!(
         acked.len() >= BEFORE_TERM && missing.is_empty(),
@@ -675,13 +651,12 @@ fn sigterm_under_load_answers_or_closes_every_request_and_keeps_every_acknowledg
 // 4. Mismatched duplicates
 // ---------------------------------------------------------------------------
 
-#[test]
-fn mismatched_duplicate_keeps_the_original_and_records_an_incident() {
+fn mismatched_duplicate_keeps_the_original_and_records_an_incident(backend: Backend) {
     let config = ServerConfig::new()
         .tables(&stripe_source("stripe", ""))
         .tables(&stripe_source("strict", "on_mismatch = \"reject\""));
-    let server = Server::start(&config, &stripe_env());
-    let db = server.db();
+    let server = Server::start_on(backend, &config, &stripe_env());
+    let db = &server;
 
     for (source, expected_status) in [("stripe", 200u16), ("strict", 409u16)] {
         let id = format!("evt_mismatch_{source}");
@@ -705,7 +680,7 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident() {
             assert_error(&resp, 409, "on_mismatch = \"reject\"");
         }
 
-        let row = event_row(&db, source, &id).expect("event row");
+        let row = event_row(db, source, &id).expect("event row");
         assert_eq!(
             row.payload.as_deref(),
             Some(&original[..]),
@@ -717,14 +692,10 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident() {
             "[{source}] payload_hash is the hex SHA-256 of the original body"
         );
         let incidents = wait_for(Duration::from_secs(5), "one incidents row", || {
-            let mut stmt = db
-                .prepare("SELECT kind FROM incidents WHERE source = ?1 AND event_id = ?2")
-                .unwrap();
-            let kinds: Vec<String> = stmt
-                .query_map(params![source, id], |r| r.get(0))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap();
+            let kinds = db.texts(
+                "SELECT kind FROM incidents WHERE source = ?1 AND event_id = ?2",
+                &[&source, &id],
+            );
             if kinds.len() == 1 {
                 Ok(kinds)
             } else {
@@ -743,7 +714,7 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident() {
             "identical re-delivery",
         );
         let outcomes = wait_for(Duration::from_secs(5), "three deliveries rows", || {
-            let o = delivery_outcomes(&db, source, &id);
+            let o = delivery_outcomes(db, source, &id);
             if o.len() == 3 {
                 Ok(o)
             } else {
@@ -756,16 +727,16 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident() {
             "[{source}] deliveries outcomes"
         );
         assert_eq!(
-            count(
-                &db,
+            db.count(
                 "SELECT COUNT(*) FROM incidents WHERE source = ?1 AND event_id = ?2",
-                params![source, id]
+                &[&source, &id]
             ),
             1,
             "[{source}] identical duplicate adds no incident"
         );
     }
 }
+both_backends!(mismatched_duplicate_keeps_the_original_and_records_an_incident);
 
 // ---------------------------------------------------------------------------
 // 5. Status codes
@@ -794,9 +765,9 @@ fn status_200_accepted_then_200_duplicate_with_state(backend: Backend) {
 }
 both_backends!(status_200_accepted_then_200_duplicate_with_state);
 
-#[test]
-fn status_400_for_missing_id_invalid_json_and_duplicated_signature_header() {
-    let server = Server::start(
+fn status_400_for_missing_id_invalid_json_and_duplicated_signature_header(backend: Backend) {
+    let server = Server::start_on(
+        backend,
         &ServerConfig::new().tables(&stripe_source("stripe", "")),
         &stripe_env(),
     );
@@ -838,9 +809,10 @@ fn status_400_for_missing_id_invalid_json_and_duplicated_signature_header() {
         answer.text()
     );
 
-    assert_eq!(events_count(&server.db()), 0, "nothing stored for a 400");
+    assert_eq!(events_count(&server), 0, "nothing stored for a 400");
     assert_eq!(server.get("/healthz").status, 200, "server still up");
 }
+both_backends!(status_400_for_missing_id_invalid_json_and_duplicated_signature_header);
 
 /// The id and type headers of header-keyed kinds, sent twice, are as
 /// ambiguous as a repeated signature: 400, nothing stored. A JSON body
@@ -886,7 +858,7 @@ fn status_400_for_repeated_id_or_type_headers_a_false_json_body_and_no_webhook_i
             answer.text()
         );
     }
-    assert_eq!(events_count(&server.db()), 0, "nothing stored for a 400");
+    assert_eq!(events_count(&server), 0, "nothing stored for a 400");
 
     let not_json = b"{not json";
     let answer = send(
@@ -925,7 +897,7 @@ fn status_400_for_repeated_id_or_type_headers_a_false_json_body_and_no_webhook_i
     );
     assert!(answer.text().contains("no event id"), "{}", answer.text());
 
-    assert_eq!(events_count(&server.db()), 1, "only the form body stored");
+    assert_eq!(events_count(&server), 1, "only the form body stored");
     assert_eq!(server.get("/healthz").status, 200, "server still up");
 }
 
@@ -952,7 +924,7 @@ fn large_numeric_ids_are_two_events_not_one() {
         let resp = server.post("/hooks/open", &[], body.as_bytes());
         assert_accepted(&resp, id, &format!("id {id}"));
     }
-    assert_eq!(events_count(&server.db()), 6);
+    assert_eq!(events_count(&server), 6);
 }
 
 /// An id or type with a control character could never be forwarded (it
@@ -974,7 +946,7 @@ fn status_400_for_a_control_character_in_the_id_or_type() {
         assert_eq!(resp.status, 400, "{body}: {}", resp.text());
         assert!(resp.text().contains("control character"), "{}", resp.text());
     }
-    assert_eq!(events_count(&server.db()), 0);
+    assert_eq!(events_count(&server), 0);
 }
 
 #[test]
@@ -998,13 +970,13 @@ fn status_400_for_a_header_with_a_nul_byte() {
         answer.status,
         answer.text()
     );
-    assert_eq!(events_count(&server.db()), 0, "nothing stored");
+    assert_eq!(events_count(&server), 0, "nothing stored");
     assert_eq!(server.get("/healthz").status, 200, "server still up");
 }
 
-#[test]
-fn status_401_for_bad_missing_stale_or_future_signatures() {
-    let server = Server::start(
+fn status_401_for_bad_missing_stale_or_future_signatures(backend: Backend) {
+    let server = Server::start_on(
+        backend,
         &ServerConfig::new().tables(&stripe_source("stripe", "tolerance = \"5m\"")),
         &stripe_env(),
     );
@@ -1039,7 +1011,7 @@ fn status_401_for_bad_missing_stale_or_future_signatures() {
     for (what, hdrs, b) in cases {
         assert_error(&server.post(url, &hdrs, &b), 401, what);
     }
-    assert_eq!(events_count(&server.db()), 0, "nothing stored for a 401");
+    assert_eq!(events_count(&server), 0, "nothing stored for a 401");
     // The same body, correctly signed, is still new.
     assert_accepted(
         &deliver(&server, "stripe", &body),
@@ -1047,6 +1019,7 @@ fn status_401_for_bad_missing_stale_or_future_signatures() {
         "correct signature after the rejects",
     );
 }
+both_backends!(status_401_for_bad_missing_stale_or_future_signatures);
 
 #[test]
 fn status_404_unknown_source_and_405_wrong_method() {
@@ -1065,7 +1038,7 @@ fn status_404_unknown_source_and_405_wrong_method() {
         "POST to an unknown source",
     );
     assert_error(&server.get("/hooks/stripe"), 405, "GET on a hook route");
-    assert_eq!(events_count(&server.db()), 0);
+    assert_eq!(events_count(&server), 0);
 }
 
 #[test]
@@ -1140,16 +1113,15 @@ fn status_413_for_bodies_over_max_body_bytes_declared_or_chunked() {
         answer.text()
     );
 
-    let db = server.db();
+    let db = &server;
     assert_eq!(
-        count(
-            &db,
+        db.count(
             "SELECT COUNT(*) FROM events WHERE event_id != 'evt_edge'",
-            []
+            &[]
         ),
         0,
         "nothing stored for a 413\n{}",
-        dump(&db, "SELECT source, event_id FROM events")
+        db.dump("SELECT source, event_id FROM events")
     );
     assert_eq!(server.get("/healthz").status, 200, "server still up");
 }
@@ -1238,7 +1210,7 @@ fn status_503_with_retry_after_while_the_database_is_locked() {
         "evt_locked",
         "retry after the lock cleared",
     );
-    assert_eq!(events_count(&server.db()), 1);
+    assert_eq!(events_count(&server), 1);
 }
 
 #[test]
@@ -1277,12 +1249,12 @@ fn idle_and_slow_connections_do_not_starve_deliveries() {
         assert_accepted(&resp, &id, "delivery while idle connections are open");
     }
     drop(held);
-    assert_eq!(events_count(&server.db()), 10);
+    assert_eq!(events_count(&server), 10);
 }
 
-#[test]
-fn healthz_and_readyz_answer_200() {
-    let server = Server::start(
+fn healthz_and_readyz_answer_200(backend: Backend) {
+    let server = Server::start_on(
+        backend,
         &ServerConfig::new().tables(&stripe_source("stripe", "")),
         &stripe_env(),
     );
@@ -1296,13 +1268,13 @@ fn healthz_and_readyz_answer_200() {
         );
     }
 }
+both_backends!(healthz_and_readyz_answer_200);
 
 // ---------------------------------------------------------------------------
 // 6. Secret rotation
 // ---------------------------------------------------------------------------
 
-#[test]
-fn rotated_secrets_accept_the_old_signature_and_record_which_matched() {
+fn rotated_secrets_accept_the_old_signature_and_record_which_matched(backend: Backend) {
     let svix_new = sign::whsec(b"standard-webhooks-new-key-000001");
     let svix_old = sign::whsec(b"standard-webhooks-old-key-000002");
     let config = ServerConfig::new().tables(
@@ -1320,7 +1292,7 @@ secrets = ["file:filed-secret.txt"]
 "#,
     );
     let server = Server::start_with_files(
-        &config,
+        &backend.config(config),
         &[
             ("STRIPE_SECRET", STRIPE_SECRET),
             ("STRIPE_SECRET_OLD", STRIPE_SECRET_OLD),
@@ -1330,7 +1302,7 @@ secrets = ["file:filed-secret.txt"]
         // A `file:` secret, relative to the config's folder, newline trimmed.
         &[("filed-secret.txt", b"filed_secret_value\n")],
     );
-    let db = server.db();
+    let db = &server;
 
     let new_body = stripe_event("evt_rot_new", 1);
     assert_accepted(
@@ -1346,14 +1318,14 @@ secrets = ["file:filed-secret.txt"]
     );
     assert_accepted(&resp, "evt_rot_old", "signed with the previous secret");
     assert_eq!(
-        event_row(&db, "stripe", "evt_rot_new")
+        event_row(db, "stripe", "evt_rot_new")
             .unwrap()
             .verified_with,
         Some(0),
         "verified_with for secrets[0]"
     );
     assert_eq!(
-        event_row(&db, "stripe", "evt_rot_old")
+        event_row(db, "stripe", "evt_rot_old")
             .unwrap()
             .verified_with,
         Some(1),
@@ -1372,7 +1344,7 @@ secrets = ["file:filed-secret.txt"]
         "standard webhooks signed with the previous secret",
     );
     assert_eq!(
-        event_row(&db, "svix", "msg_rot_old").unwrap().verified_with,
+        event_row(db, "svix", "msg_rot_old").unwrap().verified_with,
         Some(1),
         "standard: verified_with"
     );
@@ -1389,7 +1361,7 @@ secrets = ["file:filed-secret.txt"]
         "file: secret with its trailing newline trimmed",
     );
     assert_eq!(
-        event_row(&db, "filed", "evt_filed").unwrap().verified_with,
+        event_row(db, "filed", "evt_filed").unwrap().verified_with,
         Some(0)
     );
 
@@ -1419,6 +1391,7 @@ secrets = ["file:filed-secret.txt"]
         );
     }
 }
+both_backends!(rotated_secrets_accept_the_old_signature_and_record_which_matched);
 
 // ---------------------------------------------------------------------------
 // 7. Zero config
@@ -1485,18 +1458,18 @@ fn zero_config_serve_prints_the_send_line_and_send_demo_stores_an_event() {
         db_path.exists(),
         "expected: ./idemhook.db in serve's working directory"
     );
-    let db = server.db();
+    let db = &server;
     wait_for(
         Duration::from_secs(5),
         "one demo event in ./idemhook.db",
         || {
-            let n = count(&db, "SELECT COUNT(*) FROM events WHERE source = 'demo'", []);
+            let n = db.count("SELECT COUNT(*) FROM events WHERE source = 'demo'", &[]);
             if n == 1 {
                 Ok(())
             } else {
                 Err(format!(
                     "{n} events\n{}",
-                    dump(&db, "SELECT source, event_id, state FROM events")
+                    db.dump("SELECT source, event_id, state FROM events")
                 ))
             }
         },
