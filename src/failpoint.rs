@@ -7,7 +7,9 @@
 //! - `claim.after_commit`: the claim committed, the response not yet written;
 //! - `forward.before_call`: a worker holds a job's lease, before the request;
 //! - `forward.after_response`: the downstream answered, the completion is
-//!   not yet recorded.
+//!   not yet recorded;
+//! - `pg.group.before_commit`: on PostgreSQL, a group of claims has run
+//!   every statement and holds its row locks, `COMMIT` not yet sent.
 
 use std::sync::OnceLock;
 use std::time::Duration;

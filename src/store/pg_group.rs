@@ -134,6 +134,7 @@ fn try_transaction<R>(
             }
         }
     }
+    crate::failpoint::hit("pg.group.before_commit");
     match client.batch_execute("COMMIT") {
         Ok(()) => Ok(values),
         Err(e) => {
