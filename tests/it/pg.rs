@@ -623,3 +623,233 @@ fn migrate_then_every_old_event_is_a_duplicate() {
         "no old event forwarded again"
     );
 }
+
+/// A config whose SQL action writes a table without a key: a doubled
+/// effect would be a second row, not a failed action.
+fn unkeyed_config(url: &str) -> ServerConfig {
+    ServerConfig::new()
+        .set("database", &toml_str(url))
+        .set("busy_timeout", &toml_str("30s"))
+        .set(
+            "setup_sql",
+            &toml_str(
+                "CREATE TABLE IF NOT EXISTS effects (event_id text NOT NULL, amount bigint NOT NULL)",
+            ),
+        )
+        .tables(&format!(
+            "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n\
+             [[sources.stripe.actions]]\nname = \"credit\"\n\
+             sql = \"INSERT INTO effects (event_id, amount) VALUES (:event_id, :amount)\"\n\
+             params = {{ amount = \"json:/data/object/amount\" }}\n"
+        ))
+}
+
+/// kill -9 in the middle of a group of claims (every statement run, the
+/// row locks held, COMMIT not sent): no 2xx, nothing stored, and after a
+/// restart the provider's retry is accepted and its action runs once.
+#[test]
+fn kill9_before_the_group_commits_stores_nothing_and_the_retry_is_accepted() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped(
+            "kill9_before_the_group_commits_stores_nothing_and_the_retry_is_accepted",
+        );
+        return;
+    };
+    let url = cluster.create_database("it_kill_group");
+    let mut server = Server::start(
+        &unkeyed_config(&url),
+        &[("IDEMHOOK_FAILPOINTS", "pg.group.before_commit=kill")],
+    );
+    let body = event(7);
+    let answer = crate::harness::try_post(
+        &server.url("/hooks/stripe"),
+        &sign::stripe_now(SECRET, &body),
+        &body,
+    );
+    if let Ok(resp) = &answer {
+        assert!(
+            !(200..300).contains(&resp.status),
+            "no 2xx for a claim that was never committed: {} {}",
+            resp.status,
+            resp.text()
+        );
+    }
+    let status = server.wait_exit(Duration::from_secs(20));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "the failpoint killed the process: {status:?}"
+    );
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 0);
+    assert_eq!(server.count("SELECT count(*) FROM effects", &[]), 0);
+
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    let r = Client::new(Duration::from_secs(30)).post(
+        &server.url("/hooks/stripe"),
+        &sign::stripe_now(SECRET, &body),
+        &body,
+    );
+    assert_eq!(
+        (r.status, r.json_status().as_deref()),
+        (200, Some("accepted")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM effects WHERE event_id = 'evt_0007'",
+            &[]
+        ),
+        1
+    );
+}
+
+/// Two instances receive the same burst, every event sent to both at
+/// once, and one of them is killed with kill -9 in the middle of a group
+/// of claims (its groups wait 300 ms before COMMIT, holding the row locks
+/// the other instance's claims of the same keys wait on): every 2xx
+/// either gave is stored, the survivor answers every delivery 200 (its
+/// waiting claims go on once the dead one's transaction is gone), at most
+/// one answer per event says accepted, and each event is stored once
+/// with exactly one row of its SQL action.
+#[test]
+fn two_instances_take_the_same_burst_while_one_is_killed_mid_group() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("two_instances_take_the_same_burst_while_one_is_killed_mid_group");
+        return;
+    };
+    let url = cluster.create_database("it_burst_kill");
+    let config = unkeyed_config(&url);
+    let mut a = Server::start(
+        &config,
+        &[("IDEMHOOK_FAILPOINTS", "pg.group.before_commit=sleep(300)")],
+    );
+    let b = Server::start(&config, &[]);
+    const N: usize = 160;
+    const PER_INSTANCE: usize = 4;
+    let acked_by_a = Arc::new(AtomicUsize::new(0));
+    let urls = [a.url("/hooks/stripe"), b.url("/hooks/stripe")];
+    type Answer = (usize, usize, Result<(u16, Option<String>), String>);
+    let senders: Vec<std::thread::JoinHandle<Vec<Answer>>> = (0..2 * PER_INSTANCE)
+        .map(|t| {
+            let instance = t / PER_INSTANCE;
+            let url = urls[instance].clone();
+            let acked_by_a = acked_by_a.clone();
+            std::thread::spawn(move || {
+                let mut work: Vec<usize> = (0..N)
+                    .filter(|i| i % PER_INSTANCE == t % PER_INSTANCE)
+                    .collect();
+                fastrand::Rng::with_seed(t as u64).shuffle(&mut work);
+                let client = Client::new(Duration::from_secs(60));
+                let mut out = Vec::new();
+                for i in work {
+                    let body = event(i);
+                    let answer = client
+                        .try_post(&url, &sign::stripe_now(SECRET, &body), &body)
+                        .map(|r| (r.status, r.json_status()));
+                    if instance == 0 && matches!(&answer, Ok((s, _)) if (200..300).contains(s)) {
+                        acked_by_a.fetch_add(1, Ordering::SeqCst);
+                    }
+                    out.push((i, instance, answer));
+                }
+                out
+            })
+        })
+        .collect();
+
+    // Kill A once it has acked some events and has a group waiting to
+    // commit (its session idle in transaction, locks held).
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    crate::harness::wait_until(
+        Duration::from_secs(90),
+        "A acked 10 events and holds an open group",
+        || {
+            acked_by_a.load(Ordering::SeqCst) >= 10
+                && count(
+                    &mut db,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND state = 'idle in transaction'",
+                ) >= 1
+        },
+    );
+    assert!(
+        a.stderr().contains("failpoint pg.group.before_commit"),
+        "A's groups went through the failpoint\n{}",
+        a.logs()
+    );
+    a.kill9();
+    let answers: Vec<Answer> = senders
+        .into_iter()
+        .flat_map(|t| t.join().expect("a sender finished"))
+        .collect();
+    assert_eq!(answers.len(), 2 * N);
+
+    let stored: std::collections::HashSet<String> = db
+        .query("SELECT event_id FROM events", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut accepted = vec![0; N];
+    for (i, instance, answer) in &answers {
+        let id = format!("evt_{i:04}");
+        match answer {
+            Ok((status, json)) if (200..300).contains(status) => {
+                assert!(
+                    stored.contains(&id),
+                    "{id} was answered {status} by instance {instance} and is stored"
+                );
+                if json.as_deref() == Some("accepted") {
+                    accepted[*i] += 1;
+                }
+            }
+            Ok((status, _)) if *instance == 1 => {
+                panic!("{id}: the surviving instance answered {status}, not 200")
+            }
+            Err(e) if *instance == 1 => panic!("{id}: the surviving instance failed: {e}"),
+            _ => {} // A's answers cut short by the kill
+        }
+    }
+    assert!(
+        accepted.iter().all(|&n| n <= 1),
+        "at most one accepted answer per event: {accepted:?}"
+    );
+    assert_eq!(stored.len(), N, "every event stored (all were sent to B)");
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM effects"),
+        N as i64,
+        "one effect per event"
+    );
+    assert_eq!(
+        count(&mut db, "SELECT count(DISTINCT event_id) FROM effects"),
+        N as i64
+    );
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM deliveries WHERE outcome = 'accepted'"
+        ),
+        N as i64,
+        "one claim per event"
+    );
+
+    // The provider retries everything once more: all duplicates.
+    let client = Client::new(Duration::from_secs(30));
+    for i in 0..N {
+        let body = event(i);
+        let r = client.post(
+            &b.url("/hooks/stripe"),
+            &sign::stripe_now(SECRET, &body),
+            &body,
+        );
+        assert_eq!(
+            (r.status, r.json_status().as_deref()),
+            (200, Some("duplicate")),
+            "event {i} again"
+        );
+    }
+    assert_eq!(count(&mut db, "SELECT count(*) FROM effects"), N as i64);
+}
