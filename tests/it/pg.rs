@@ -853,3 +853,70 @@ fn two_instances_take_the_same_burst_while_one_is_killed_mid_group() {
     }
     assert_eq!(count(&mut db, "SELECT count(*) FROM effects"), N as i64);
 }
+
+/// Another session holds a lock on the events table (a long maintenance
+/// statement, a migration by hand) past busy_timeout: the delivery is
+/// answered 503 with Retry-After within busy_timeout plus slack, never a
+/// 2xx; once the lock is gone the same delivery is answered 200 and the
+/// event and its effect are stored once.
+#[test]
+fn a_locked_events_table_answers_503_within_busy_timeout_then_recovers() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("a_locked_events_table_answers_503_within_busy_timeout_then_recovers");
+        return;
+    };
+    let url = cluster.create_database("it_locked_table");
+    let server = Server::start(
+        &unkeyed_config(&url).set("busy_timeout", &toml_str("2s")),
+        &[],
+    );
+    let client = Client::new(Duration::from_secs(30));
+    let post = |i: usize| {
+        let body = event(i);
+        let started = Instant::now();
+        let r = client.post(
+            &server.url("/hooks/stripe"),
+            &sign::stripe_now(SECRET, &body),
+            &body,
+        );
+        (r, started.elapsed())
+    };
+    assert_eq!(post(1).0.status, 200, "stored before the lock");
+
+    let mut locker = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    locker
+        .batch_execute("BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        .expect("lock events");
+    let (r, took) = post(2);
+    assert_eq!(r.status, 503, "a claim that cannot commit: {}", r.text());
+    assert!(r.header("retry-after").is_some(), "503 carries Retry-After");
+    assert!(
+        took < Duration::from_secs(8),
+        "answered within busy_timeout (2 s) plus slack: {took:?}"
+    );
+    locker.batch_execute("ROLLBACK").expect("release the lock");
+
+    let answered = crate::harness::wait_for(
+        Duration::from_secs(30),
+        "the retry after the lock is answered 200",
+        || {
+            let (r, _) = post(2);
+            match r.status {
+                200 => Ok(r.json_status()),
+                503 => Err("503 again".to_string()),
+                other => panic!("only 200 or 503, got {other}: {}", r.text()),
+            }
+        },
+    );
+    assert!(
+        matches!(answered.as_deref(), Some("accepted" | "duplicate")),
+        "{answered:?}"
+    );
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 2);
+    assert_eq!(
+        server.count("SELECT count(*) FROM effects", &[]),
+        2,
+        "one effect each"
+    );
+    assert_eq!(post(3).0.status, 200, "service goes on");
+}
