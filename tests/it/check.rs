@@ -9,13 +9,11 @@
 
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
+use crate::backend::{Backend, both_backends};
 use crate::downstream::{Behavior, CheckBehavior, Downstream, Outcome, RecordedRequest};
-use crate::harness::{
-    CliOutput, HTTP_TIMEOUT, Server, ServerConfig, dump, text_of, toml_str, wait_for,
-};
+use crate::harness::{CliOutput, HTTP_TIMEOUT, Server, ServerConfig, toml_str, wait_for};
 use crate::sign;
 
 const SECRET: &str = "whsec_it_check_secret_0123456789";
@@ -102,27 +100,24 @@ struct Attempt {
     finished_at: i64,
 }
 
-fn attempts(db: &Connection, event_id: &str, action: &str) -> Vec<Attempt> {
-    db.prepare(
+fn attempts(db: &Server, event_id: &str, action: &str) -> Vec<Attempt> {
+    db.rows(
         "SELECT a.n, a.outcome, a.http_status, a.error_kind, a.worker, a.started_at, a.finished_at
          FROM attempts a JOIN jobs j ON j.id = a.job_id
          WHERE j.source = ?1 AND j.event_id = ?2 AND j.action = ?3 ORDER BY a.n",
+        &[&SOURCE, &event_id, &action],
     )
-    .unwrap()
-    .query_map(params![SOURCE, event_id, action], |r| {
-        Ok(Attempt {
-            n: r.get(0)?,
-            outcome: r.get(1)?,
-            http_status: r.get(2)?,
-            error_kind: text_of(r, 3)?,
-            worker: text_of(r, 4)?,
-            started_at: r.get(5)?,
-            finished_at: r.get(6)?,
-        })
+    .iter()
+    .map(|r| Attempt {
+        n: r.int(0),
+        outcome: r.text(1),
+        http_status: r.opt_int(2),
+        error_kind: r.opt_text(3),
+        worker: r.opt_text(4),
+        started_at: r.int(5),
+        finished_at: r.int(6),
     })
-    .unwrap()
-    .collect::<Result<_, _>>()
-    .unwrap()
+    .collect()
 }
 
 /// (outcome, error_kind) of each attempt, for short assertions.
@@ -137,51 +132,41 @@ fn kind(outcome: &str, error_kind: Option<&str>) -> (String, Option<String>) {
 }
 
 /// The `checks` rows of a job: (n, answer, http_status).
-fn recorded_checks(db: &Connection, event_id: &str) -> Vec<(i64, String, Option<i64>)> {
-    db.prepare(
+fn recorded_checks(db: &Server, event_id: &str) -> Vec<(i64, String, Option<i64>)> {
+    db.rows(
         "SELECT c.n, c.answer, c.http_status FROM checks c JOIN jobs j ON j.id = c.job_id
          WHERE j.source = ?1 AND j.event_id = ?2 AND j.action = ?3 ORDER BY c.id",
+        &[&SOURCE, &event_id, &ACTION],
     )
-    .unwrap()
-    .query_map(params![SOURCE, event_id, ACTION], |r| {
-        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-    })
-    .unwrap()
-    .collect::<Result<_, _>>()
-    .unwrap()
+    .iter()
+    .map(|r| (r.int(0), r.text(1), r.opt_int(2)))
+    .collect()
 }
 
-fn job_status(db: &Connection, event_id: &str, action: &str) -> Option<String> {
-    db.query_row(
+fn job_status(db: &Server, event_id: &str, action: &str) -> Option<String> {
+    db.row(
         "SELECT status FROM jobs WHERE source = ?1 AND event_id = ?2 AND action = ?3",
-        params![SOURCE, event_id, action],
-        |r| r.get(0),
+        &[&SOURCE, &event_id, &action],
     )
-    .optional()
-    .unwrap()
+    .map(|r| r.text(0))
 }
 
-fn dump_jobs(db: &Connection) -> String {
+fn dump_jobs(db: &Server) -> String {
     format!(
         "----- jobs -----\n{}----- attempts -----\n{}----- checks -----\n{}",
-        dump(
-            db,
+        db.dump(
             "SELECT id, event_id, action, status, n_attempts, next_attempt_at, last_error FROM jobs ORDER BY id"
         ),
-        dump(
-            db,
+        db.dump(
             "SELECT job_id, n, outcome, http_status, error_kind, error, worker FROM attempts ORDER BY job_id, n"
         ),
-        dump(
-            db,
-            "SELECT job_id, n, answer, http_status, error FROM checks ORDER BY id"
-        )
+        db.dump("SELECT job_id, n, answer, http_status, error FROM checks ORDER BY id")
     )
 }
 
 /// Waits until the job reaches `status`, failing at once if it settles in
 /// the other final status.
-fn wait_job(db: &Connection, event_id: &str, action: &str, status: &str) {
+fn wait_job(db: &Server, event_id: &str, action: &str, status: &str) {
     wait_for(
         JOBS_TIMEOUT,
         &format!("job {event_id}/{action} reaches {status}"),
@@ -264,16 +249,15 @@ fn api(server: &Server, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
 /// The downstream processes the first POST and cuts the connection before
 /// answering: the retry asks, hears 200, and marks the job done without a
 /// second POST. One effect.
-#[test]
-fn a_connection_cut_after_the_request_is_checked_and_not_sent_again() {
+fn a_connection_cut_after_the_request_is_checked_and_not_sent_again(backend: Backend) {
     let ds = Downstream::start_without_dedupe();
     ds.script(&key("evt_cut"), Behavior::ProcessThenDrop(1));
-    let server = Server::start(&config(&ds, ""), &env());
+    let server = Server::start_on(backend, &config(&ds, ""), &env());
     deliver(&server, "evt_cut");
-    let db = server.db();
-    wait_job(&db, "evt_cut", ACTION, "done");
+    let db = &server;
+    wait_job(db, "evt_cut", ACTION, "done");
 
-    assert_eq!(ds.effects(&key("evt_cut")), 1, "{}", dump_jobs(&db));
+    assert_eq!(ds.effects(&key("evt_cut")), 1, "{}", dump_jobs(db));
     assert_eq!(
         sequence(&ds.requests_for(&key("evt_cut"))),
         vec![
@@ -285,7 +269,7 @@ fn a_connection_cut_after_the_request_is_checked_and_not_sent_again() {
     let check = &ds.checks_for(&key("evt_cut"))[0];
     assert_eq!(check.path, "/effects/stripe%3Aevt_cut%3Anotify");
     assert_eq!(check.header("X-Idemhook-Event-Id"), Some("evt_cut"));
-    let rows = attempts(&db, "evt_cut", ACTION);
+    let rows = attempts(db, "evt_cut", ACTION);
     assert_eq!(
         kinds(&rows),
         vec![
@@ -293,20 +277,16 @@ fn a_connection_cut_after_the_request_is_checked_and_not_sent_again() {
             kind("ok", Some("confirmed"))
         ],
         "{}",
-        dump_jobs(&db)
+        dump_jobs(db)
     );
     assert_eq!(rows[1].http_status, Some(200));
     assert_eq!(
-        recorded_checks(&db, "evt_cut"),
+        recorded_checks(db, "evt_cut"),
         vec![(2, "found".to_string(), Some(200))]
     );
     let state: String = db
-        .query_row(
-            "SELECT state FROM events WHERE event_id = 'evt_cut'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+        .one("SELECT state FROM events WHERE event_id = 'evt_cut'", &[])
+        .text(0);
     assert_eq!(state, "completed");
 
     let found = metrics_line(
@@ -328,6 +308,7 @@ fn a_connection_cut_after_the_request_is_checked_and_not_sent_again() {
         "{ok:?}"
     );
 }
+both_backends!(a_connection_cut_after_the_request_is_checked_and_not_sent_again);
 
 /// A 500 leaves no effect; the retry asks, hears 404, and sends once.
 #[test]
@@ -336,10 +317,10 @@ fn a_404_check_sends_once() {
     ds.script(&key("evt_404"), Behavior::Fail500(1));
     let server = Server::start(&config(&ds, ""), &env());
     deliver(&server, "evt_404");
-    let db = server.db();
-    wait_job(&db, "evt_404", ACTION, "done");
+    let db = &server;
+    wait_job(db, "evt_404", ACTION, "done");
 
-    assert_eq!(ds.effects(&key("evt_404")), 1, "{}", dump_jobs(&db));
+    assert_eq!(ds.effects(&key("evt_404")), 1, "{}", dump_jobs(db));
     assert_eq!(
         sequence(&ds.requests_for(&key("evt_404"))),
         vec![
@@ -349,11 +330,11 @@ fn a_404_check_sends_once() {
         ]
     );
     assert_eq!(
-        kinds(&attempts(&db, "evt_404", ACTION)),
+        kinds(&attempts(db, "evt_404", ACTION)),
         vec![kind("retry", Some("status")), kind("ok", None)]
     );
     assert_eq!(
-        recorded_checks(&db, "evt_404"),
+        recorded_checks(db, "evt_404"),
         vec![(2, "not_found".to_string(), Some(404))]
     );
     // events show has every check, the ones that sent too.
@@ -395,10 +376,10 @@ fn a_failing_check_sends_nothing_and_is_retried_later() {
     ds.script_check(&k, CheckBehavior::Hang(Duration::from_secs(5)));
     let server = Server::start(&config(&ds, ""), &env());
     deliver(&server, "evt_500");
-    let db = server.db();
-    wait_job(&db, "evt_500", ACTION, "done");
+    let db = &server;
+    wait_job(db, "evt_500", ACTION, "done");
 
-    assert_eq!(ds.effects(&k), 1, "{}", dump_jobs(&db));
+    assert_eq!(ds.effects(&k), 1, "{}", dump_jobs(db));
     assert_eq!(
         sequence(&ds.requests_for(&k)),
         vec![
@@ -410,7 +391,7 @@ fn a_failing_check_sends_nothing_and_is_retried_later() {
         ],
         "nothing sent while the check fails"
     );
-    let rows = attempts(&db, "evt_500", ACTION);
+    let rows = attempts(db, "evt_500", ACTION);
     assert_eq!(
         kinds(&rows),
         vec![
@@ -420,7 +401,7 @@ fn a_failing_check_sends_nothing_and_is_retried_later() {
             kind("ok", None),
         ],
         "{}",
-        dump_jobs(&db)
+        dump_jobs(db)
     );
     assert_eq!(rows[1].http_status, Some(500));
     for pair in rows.windows(2) {
@@ -429,7 +410,7 @@ fn a_failing_check_sends_nothing_and_is_retried_later() {
             "a retry waits retry_initial (100ms) at least: {rows:#?}"
         );
     }
-    let answers: Vec<String> = recorded_checks(&db, "evt_500")
+    let answers: Vec<String> = recorded_checks(db, "evt_500")
         .into_iter()
         .map(|(n, a, _)| format!("{n}:{a}"))
         .collect();
@@ -448,8 +429,7 @@ fn a_failing_check_sends_nothing_and_is_retried_later() {
 /// kill -9 while the downstream holds a call it has already processed;
 /// after the restart and the lease, the new worker asks before anything
 /// is sent again, hears 200, and marks the job done. One POST, one effect.
-#[test]
-fn kill9_during_a_slow_call_then_the_check_is_asked_before_any_resend() {
+fn kill9_during_a_slow_call_then_the_check_is_asked_before_any_resend(backend: Backend) {
     let ds = Downstream::start_without_dedupe();
     let k = key("evt_kill");
     ds.script(&k, Behavior::ProcessThenHang(Duration::from_secs(60)));
@@ -457,7 +437,7 @@ fn kill9_during_a_slow_call_then_the_check_is_asked_before_any_resend() {
     let tables = ServerConfig::new()
         .tables(&source())
         .tables(&notify(&ds, "3s", "7s", ""));
-    let mut server = Server::start(&tables, &env());
+    let mut server = Server::start_on(backend, &tables, &env());
     deliver(&server, "evt_kill");
     wait_for(
         JOBS_TIMEOUT,
@@ -469,10 +449,10 @@ fn kill9_during_a_slow_call_then_the_check_is_asked_before_any_resend() {
     );
     server.kill9();
     server.restart();
-    let db = server.db();
-    wait_job(&db, "evt_kill", ACTION, "done");
+    let db = &server;
+    wait_job(db, "evt_kill", ACTION, "done");
 
-    assert_eq!(ds.effects(&k), 1, "{}", dump_jobs(&db));
+    assert_eq!(ds.effects(&k), 1, "{}", dump_jobs(db));
     let requests = ds.requests_for(&k);
     assert_eq!(
         sequence(&requests),
@@ -489,12 +469,13 @@ fn kill9_during_a_slow_call_then_the_check_is_asked_before_any_resend() {
         requests[1].at
     );
     assert_eq!(
-        kinds(&attempts(&db, "evt_kill", ACTION)),
+        kinds(&attempts(db, "evt_kill", ACTION)),
         vec![kind("retry", Some("lease")), kind("ok", Some("confirmed"))],
         "{}",
-        dump_jobs(&db)
+        dump_jobs(db)
     );
 }
+both_backends!(kill9_during_a_slow_call_then_the_check_is_asked_before_any_resend);
 
 // ---------------------------------------------------------------------------
 // reconcile --check
@@ -524,10 +505,10 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     }
     ds.script(&key("evt_r_none"), Behavior::Reject400);
     let server = Server::start(&config(&ds, "max_attempts = 1"), &env());
-    let db = server.db();
+    let db = &server;
     for id in ["evt_r_done", "evt_r_none"] {
         deliver(&server, id);
-        wait_job(&db, id, ACTION, "failed");
+        wait_job(db, id, ACTION, "failed");
     }
     assert_eq!(ds.effects(&key("evt_r_done")), 1);
     assert_eq!(ds.effects(&key("evt_r_none")), 0);
@@ -556,7 +537,7 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     );
     assert_eq!(check_for(&checks, "evt_r_none")["answer"], "not_found");
     assert_eq!(
-        job_status(&db, "evt_r_done", ACTION).as_deref(),
+        job_status(db, "evt_r_done", ACTION).as_deref(),
         Some("failed")
     );
     let text = server.run_cli(&["reconcile", "--check"]);
@@ -575,7 +556,7 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     assert_eq!(exit_code(&alone), Some(2), "{alone:?}");
     assert!(alone.stderr.contains("give --check --yes"), "{alone:?}");
     assert_eq!(
-        job_status(&db, "evt_r_done", ACTION).as_deref(),
+        job_status(db, "evt_r_done", ACTION).as_deref(),
         Some("failed")
     );
 
@@ -591,10 +572,10 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     );
     assert_eq!(check_for(&checks, "evt_r_none")["marked_done"], false);
     assert_eq!(
-        job_status(&db, "evt_r_done", ACTION).as_deref(),
+        job_status(db, "evt_r_done", ACTION).as_deref(),
         Some("done")
     );
-    let rows = attempts(&db, "evt_r_done", ACTION);
+    let rows = attempts(db, "evt_r_done", ACTION);
     assert_eq!(
         kinds(&rows),
         vec![
@@ -604,25 +585,24 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     );
     assert_eq!(rows[1].worker.as_deref(), Some("reconcile:cli"));
     assert_eq!(
-        recorded_checks(&db, "evt_r_done"),
+        recorded_checks(db, "evt_r_done"),
         vec![(2, "found".to_string(), Some(200))]
     );
     let state: String = db
-        .query_row(
+        .one(
             "SELECT state FROM events WHERE event_id = 'evt_r_done'",
-            [],
-            |r| r.get(0),
+            &[],
         )
-        .unwrap();
+        .text(0);
     assert_eq!(state, "completed");
     assert_eq!(
-        job_status(&db, "evt_r_none", ACTION).as_deref(),
+        job_status(db, "evt_r_none", ACTION).as_deref(),
         Some("failed")
     );
 
     // The admin API: ?check=1 asks, a POST marks done.
     deliver(&server, "evt_r_api");
-    wait_job(&db, "evt_r_api", ACTION, "failed");
+    wait_job(db, "evt_r_api", ACTION, "failed");
     let (status, asked) = api(&server, "GET", "/api/reconcile?check=1", b"");
     assert_eq!(status, 200, "{asked:#}");
     assert_eq!(asked["applied"], false);
@@ -631,7 +611,7 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
         "found"
     );
     assert_eq!(
-        job_status(&db, "evt_r_api", ACTION).as_deref(),
+        job_status(db, "evt_r_api", ACTION).as_deref(),
         Some("failed")
     );
     let (status, refused) = api(&server, "POST", "/api/reconcile", b"{}");
@@ -643,12 +623,9 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
         check_for(&checks_of(&applied), "evt_r_api")["marked_done"],
         true
     );
+    assert_eq!(job_status(db, "evt_r_api", ACTION).as_deref(), Some("done"));
     assert_eq!(
-        job_status(&db, "evt_r_api", ACTION).as_deref(),
-        Some("done")
-    );
-    assert_eq!(
-        attempts(&db, "evt_r_api", ACTION)[1].worker.as_deref(),
+        attempts(db, "evt_r_api", ACTION)[1].worker.as_deref(),
         Some("reconcile:api")
     );
     assert_eq!(
@@ -690,11 +667,11 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once() 
         ))
         .tables(&notify(&ds, "1s", "3s", "after = [\"credit\"]"));
     let server = Server::start(&tables, &env());
-    let db = server.db();
+    let db = &server;
 
     // While the wallet works, the forward follows the credit.
     deliver(&server, "evt_a_ok");
-    wait_job(&db, "evt_a_ok", ACTION, "done");
+    wait_job(db, "evt_a_ok", ACTION, "done");
     assert_eq!(ds.effects(&key("evt_a_ok")), 1);
 
     server
@@ -703,26 +680,24 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once() 
         .unwrap();
     deliver(&server, "evt_a_wait");
     assert_eq!(
-        job_status(&db, "evt_a_wait", "credit").as_deref(),
+        job_status(db, "evt_a_wait", "credit").as_deref(),
         Some("failed")
     );
     // The worker looked at the job and parked it rather than send it.
     wait_for(JOBS_TIMEOUT, "the forward job is parked", || {
         let parked: Option<(Option<i64>, Option<String>)> = db
-            .query_row(
+            .row(
                 "SELECT next_attempt_at, last_error FROM jobs WHERE event_id = 'evt_a_wait' AND action = ?1",
-                [ACTION],
-                |r| Ok((r.get(0)?, text_of(r, 1)?)),
+                &[&ACTION],
             )
-            .optional()
-            .map_err(|e| e.to_string())?;
+            .map(|r| (r.opt_int(0), r.opt_text(1)));
         match parked {
             Some((None, Some(e))) if e.contains("waiting for credit (failed)") => Ok(()),
             other => Err(format!("{other:?}")),
         }
     });
     assert_eq!(
-        job_status(&db, "evt_a_wait", ACTION).as_deref(),
+        job_status(db, "evt_a_wait", ACTION).as_deref(),
         Some("pending")
     );
     assert!(
@@ -781,31 +756,27 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once() 
             "--yes",
         ])
         .assert_success();
-    wait_job(&db, "evt_a_wait", ACTION, "done");
-    assert_eq!(ds.effects(&key("evt_a_wait")), 1, "{}", dump_jobs(&db));
+    wait_job(db, "evt_a_wait", ACTION, "done");
+    assert_eq!(ds.effects(&key("evt_a_wait")), 1, "{}", dump_jobs(db));
     assert_eq!(ds.posts_for(&key("evt_a_wait")).len(), 1);
     assert!(
         ds.checks_for(&key("evt_a_wait")).is_empty(),
         "a first send is not checked"
     );
-    let credited: i64 = db
-        .query_row(
-            "SELECT count(*) FROM wallet WHERE event_id = 'evt_a_wait'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let credited: i64 = db.count(
+        "SELECT count(*) FROM wallet WHERE event_id = 'evt_a_wait'",
+        &[],
+    );
     assert_eq!(credited, 1);
     let state: String = db
-        .query_row(
+        .one(
             "SELECT state FROM events WHERE event_id = 'evt_a_wait'",
-            [],
-            |r| r.get(0),
+            &[],
         )
-        .unwrap();
+        .text(0);
     assert_eq!(state, "completed");
     assert_eq!(
-        kinds(&attempts(&db, "evt_a_wait", ACTION)),
+        kinds(&attempts(db, "evt_a_wait", ACTION)),
         vec![kind("ok", None)],
         "one attempt: parking is not an attempt"
     );
@@ -909,8 +880,7 @@ fn check_prints_the_check_and_after_and_refuses_bad_ones() {
 
 /// `after` naming another forward action: the second is sent only once
 /// the first is done (here after two 500s), released by the completion.
-#[test]
-fn a_forward_after_another_forward_is_sent_once_that_one_is_done() {
+fn a_forward_after_another_forward_is_sent_once_that_one_is_done(backend: Backend) {
     let ds = Downstream::start_without_dedupe();
     let first = format!("{SOURCE}:evt_ff:first");
     ds.script(&first, Behavior::Fail500(2));
@@ -922,10 +892,10 @@ fn a_forward_after_another_forward_is_sent_once_that_one_is_done() {
             toml_str(&format!("{}/in/first", ds.url()))
         ))
         .tables(&notify(&ds, "1s", "3s", "after = [\"first\"]"));
-    let server = Server::start(&tables, &env());
+    let server = Server::start_on(backend, &tables, &env());
     deliver(&server, "evt_ff");
-    let db = server.db();
-    wait_job(&db, "evt_ff", ACTION, "done");
+    let db = &server;
+    wait_job(db, "evt_ff", ACTION, "done");
 
     let firsts = ds.posts_for(&first);
     let seconds = ds.posts_for(&key("evt_ff"));
@@ -937,7 +907,7 @@ fn a_forward_after_another_forward_is_sent_once_that_one_is_done() {
         ),
         (1, 1, 1),
         "{}",
-        dump_jobs(&db)
+        dump_jobs(db)
     );
     let first_done = firsts
         .iter()
@@ -950,10 +920,11 @@ fn a_forward_after_another_forward_is_sent_once_that_one_is_done() {
         seconds[0].at
     );
     assert_eq!(
-        kinds(&attempts(&db, "evt_ff", ACTION)),
+        kinds(&attempts(db, "evt_ff", ACTION)),
         vec![kind("ok", None)]
     );
 }
+both_backends!(a_forward_after_another_forward_is_sent_once_that_one_is_done);
 
 /// A job held by `after` while the action it waits for is still being
 /// retried leaves the report clean (exit 0), and the human report lists it
@@ -973,28 +944,22 @@ fn a_clean_reconcile_still_lists_the_jobs_waiting_for_other_actions() {
         .tables(&notify(&ds, "1s", "3s", "after = [\"first\"]"));
     let server = Server::start(&tables, &env());
     deliver(&server, "evt_wait");
-    let db = server.db();
+    let db = &server;
     wait_for(JOBS_TIMEOUT, "first's 500 recorded, notify parked", || {
-        let first_tried: i64 = db
-            .query_row(
-                "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id
+        let first_tried: i64 = db.count(
+            "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id
                  WHERE j.event_id = 'evt_wait' AND j.action = 'first'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap_or(0);
-        let parked: i64 = db
-            .query_row(
-                "SELECT count(*) FROM jobs WHERE event_id = 'evt_wait' AND action = ?1
+            &[],
+        );
+        let parked: i64 = db.count(
+            "SELECT count(*) FROM jobs WHERE event_id = 'evt_wait' AND action = ?1
                    AND status = 'pending' AND next_attempt_at IS NULL",
-                [ACTION],
-                |r| r.get(0),
-            )
-            .unwrap_or(0);
+            &[&ACTION],
+        );
         if first_tried >= 1 && parked == 1 {
             Ok(())
         } else {
-            Err(dump_jobs(&db))
+            Err(dump_jobs(db))
         }
     });
     let human = server.run_cli(&["reconcile"]);
