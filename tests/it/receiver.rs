@@ -428,6 +428,112 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
 }
 both_backends!(failing_sql_action_is_rolled_back_and_marked_failed_while_a_good_action_commits);
 
+/// Concurrent events, every fourth with an amount its SQL action's CHECK
+/// refuses, each delivered twice: the claims are grouped into shared
+/// transactions, and each failing action rolls back only itself. Every
+/// answer is 200, every event is stored once, the good ones with their
+/// ledger row, every event with its audit row, the bad ones' jobs failed.
+fn failing_actions_in_concurrent_claims_roll_back_alone(backend: Backend) {
+    const EVENTS: usize = 60;
+    let config = ServerConfig::new()
+        .set("busy_timeout", &toml_str("30s"))
+        .set(
+            "setup_sql",
+            &toml_str(
+                "CREATE TABLE IF NOT EXISTS ledger(event_id TEXT, amount INTEGER CHECK (amount >= 0));\n\
+                 CREATE TABLE IF NOT EXISTS audit(event_id TEXT);",
+            ),
+        )
+        .tables(&stripe_source("stripe", ""))
+        .tables(
+            r#"[[sources.stripe.actions]]
+name = "ledger"
+sql = "INSERT INTO ledger(event_id, amount) VALUES (:event_id, :amount)"
+params = { amount = "json:/data/object/amount" }
+
+[[sources.stripe.actions]]
+name = "audit"
+sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
+"#,
+        );
+    let server = Server::start_on(backend, &config, &stripe_env());
+    let amount = |i: usize| if i % 4 == 3 { -1 } else { i as i64 };
+    let event_id = |i: usize| format!("evt_mixed_{i:03}");
+    let next = Arc::new(AtomicUsize::new(0));
+    let url = server.url("/hooks/stripe");
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let (next, url) = (Arc::clone(&next), url.clone());
+            std::thread::spawn(move || {
+                let client = Client::new(Duration::from_secs(60));
+                let mut answers = Vec::new();
+                loop {
+                    let j = next.fetch_add(1, Ordering::SeqCst);
+                    if j >= EVENTS * 2 {
+                        break answers;
+                    }
+                    let i = j / 2;
+                    let body = stripe_event(&event_id(i), amount(i));
+                    let r = client.post(&url, &sign::stripe_now(STRIPE_SECRET, &body), &body);
+                    answers.push((i, r.status, r.text()));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        for (i, status, text) in w.join().expect("a sender finished") {
+            assert_eq!(status, 200, "event {i}: {text}");
+        }
+    }
+    let bad = (0..EVENTS).filter(|i| amount(*i) < 0).count() as i64;
+    assert_eq!(
+        server.count("SELECT count(*) FROM events", &[]),
+        EVENTS as i64
+    );
+    assert_eq!(
+        server.count("SELECT count(*) FROM audit", &[]),
+        EVENTS as i64,
+        "every event's good action committed once\n{}",
+        server.dump("SELECT event_id, count(*) FROM audit GROUP BY event_id HAVING count(*) <> 1")
+    );
+    assert_eq!(
+        server.count("SELECT count(DISTINCT event_id) FROM audit", &[]),
+        EVENTS as i64
+    );
+    let ledger = server.rows("SELECT event_id, amount FROM ledger ORDER BY event_id", &[]);
+    let expected: Vec<(String, i64)> = (0..EVENTS)
+        .filter(|i| amount(*i) >= 0)
+        .map(|i| (event_id(i), amount(i)))
+        .collect();
+    assert_eq!(
+        ledger
+            .iter()
+            .map(|r| (r.text(0), r.int(1)))
+            .collect::<Vec<_>>(),
+        expected,
+        "one ledger row per good event, none of a bad one"
+    );
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM jobs WHERE action = 'ledger' AND status = 'failed'",
+            &[]
+        ),
+        bad
+    );
+    assert_eq!(
+        server.count("SELECT count(*) FROM events WHERE state = 'failed'", &[]),
+        bad
+    );
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM deliveries WHERE outcome = 'accepted'",
+            &[]
+        ),
+        EVENTS as i64
+    );
+}
+both_backends!(failing_actions_in_concurrent_claims_roll_back_alone);
+
 // ---------------------------------------------------------------------------
 // 3. Crash safety around the claim
 // ---------------------------------------------------------------------------
