@@ -1,5 +1,6 @@
 //! idemhook: receive webhooks, verify them, and turn at-least-once delivery
-//! into exactly-once effects, on one SQLite file in WAL mode.
+//! into exactly-once effects, on one SQLite file in WAL mode or one
+//! PostgreSQL database shared by several instances.
 //!
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 

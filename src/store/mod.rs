@@ -234,8 +234,8 @@ const ADDED_COLUMNS: [(&str, &str, &str); 1] = [("attempts", "note", "TEXT")];
 /// transaction (or its own, in autocommit mode). Returns the free pages
 /// left; 0 also for a database without incremental auto-vacuum (one
 /// created before it was the default; VACUUM converts it while serve is
-/// stopped, README "Housekeeping"). Callers repeat it while pages are left
-/// and each step made progress.
+/// stopped, docs/runbook.md "Reclaiming disk space"). Callers repeat it
+/// while pages are left and each step made progress.
 pub fn vacuum_step(conn: &Connection) -> Result<i64, StoreError> {
     let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
     if mode != 2 {

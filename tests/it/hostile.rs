@@ -1,5 +1,6 @@
-//! Hostile input and storage faults, against the real binary (PRODUCT.md
-//! "Hostile input", issue 7).
+//! Hostile input and storage faults, against the real binary: whatever
+//! arrives, the server stays up and answers, and neither loses nor
+//! doubles an event.
 //!
 //! Owns: slow, idle and stalled clients; the connection cap; the HTTP
 //! limits and framing refusals (414, 431, 413, 400, 501, 505); malformed
@@ -514,7 +515,7 @@ fn assert_slow(r: &Slow, expected: u16, window: (Duration, Duration), logs: &str
 
 #[test]
 fn slow_idle_and_stalled_clients_never_delay_a_delivery_past_two_seconds() {
-    // NOTES.md: a provider must never wait behind slow or idle connections.
+    // A provider must never wait behind slow or idle connections.
     // While 150 silent connections, 20 idle keep-alive connections,
     // 10 slowloris heads (a header line every 200 ms), 10 bodies trickled a
     // byte every 200 ms and 10 stalled bodies (5 by length, 5 chunked) are

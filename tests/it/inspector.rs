@@ -1201,7 +1201,8 @@ fn browser_replay_shows_its_plan_and_waits_for_the_confirming_click() {
         json!(["delivery", "attempt", "delivery", "replay", "attempt"])
     );
     browser.screenshot("event-after-replay");
-    // The README's picture: the whole event page after the replay.
+    // The picture in docs/runbook.md (docs/inspector.png): the whole event
+    // page after the replay.
     browser.eval("window.scrollTo(0, 0); return true");
     browser.resize(1280, 1300);
     browser.eval("window.scrollTo(0, 0); return true");

@@ -1,6 +1,7 @@
 //! The one integration test binary: it runs the real `idemhook` binary
-//! (found through `CARGO_BIN_EXE_idemhook`) and checks the external contract
-//! in PRODUCT.md by HTTP, the CLI and the SQLite file. One module per area;
+//! (found through `CARGO_BIN_EXE_idemhook`) and checks its external contract
+//! (routes, status codes, JSON shapes, config keys, commands, metric names)
+//! by HTTP, the CLI and the database. One module per area;
 //! shared fixtures in `harness`, independent signers in `sign`, a fake
 //! downstream in `downstream`.
 

@@ -1,4 +1,4 @@
-//! The operator's side (issue 4): `events list/show`, `replay`, `pause` and
+//! The operator's side: `events list/show`, `replay`, `pause` and
 //! `resume`, `prune`, `reconcile`, `erase`, `backup` and the admin API,
 //! each run against a database written by the real server.
 //!

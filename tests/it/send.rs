@@ -102,7 +102,7 @@ fn send_signs_every_kind_as_its_provider_would() {
 /// A provider's redelivery carries the same body, and so does a second
 /// `send --id` of a sample, however much later: a plain duplicate, with no
 /// payload-mismatch incident. (Linear puts its send time in the body, so
-/// a Linear redelivery differs; see the README's Kinds.)
+/// a Linear redelivery differs; see the kinds in docs/configuration.md.)
 #[test]
 fn a_second_send_of_an_id_is_the_same_body_even_a_second_later() {
     let server = Server::start(&ServerConfig::new().tables(KINDS), &[]);
