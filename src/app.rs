@@ -43,8 +43,9 @@ pub enum Storage {
 
 impl App {
     /// Runs `f` on a connection for reading: one of the SQLite read pool
-    /// (read-only), or a pooled PostgreSQL connection. A connection that
-    /// cannot be had is a storage error (the API answers 503).
+    /// (read-only), or a pooled PostgreSQL connection (in one read-only
+    /// snapshot). A connection that cannot be had is a storage error (the
+    /// API answers 503).
     pub fn read<T, E: TxError>(&self, f: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
         match &self.storage {
             Storage::Sqlite { readers, .. } => {
@@ -53,7 +54,9 @@ impl App {
                     .map_err(|e| StoreError::other(format!("no read connection: {e}")))?;
                 f(&Db::sqlite(&conn))
             }
-            Storage::Postgres(pg) => pg.with_client(|client| Ok(f(&Db::postgres(client))))?,
+            Storage::Postgres(pg) => {
+                pg.with_client(|client| Ok(crate::store::db::pg_read(client, f)))?
+            }
         }
     }
 

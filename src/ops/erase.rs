@@ -78,7 +78,7 @@ pub fn cmd(config: &Config, source: &str, event_id: &str, yes: bool) -> Result<E
     let name = format!("{}/{}", clean(source), clean(event_id));
     if !yes {
         let mut handle = open_db_read(config)?;
-        let d = match describe(&handle.db(), source, event_id) {
+        let d = match handle.read(|db| describe(db, source, event_id)) {
             Ok(d) => d,
             Err(e) => return finish(Err(e)),
         };

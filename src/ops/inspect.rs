@@ -250,7 +250,7 @@ pub fn list_cmd(
         Err(e) => return finish(Err(e)),
     };
     let mut handle = open_db_read(config)?;
-    let events = match list(&handle.db(), &filter) {
+    let events = match handle.read(|db| list(db, &filter)) {
         Ok(v) => v,
         Err(e) => return finish(Err(e)),
     };
@@ -683,19 +683,19 @@ fn render(event: &Value, extras: &Extras) -> String {
 
 pub fn show_cmd(config: &Config, source: &str, event_id: &str, json: bool) -> Result<ExitCode> {
     let mut handle = open_db_read(config)?;
-    let db = handle.db();
-    let event = match show(&db, source, event_id) {
-        Ok(v) => v,
-        Err(e) => return finish(Err(e)),
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&event)?);
-    } else {
-        let extras = match extras(&db, source, event_id) {
-            Ok(x) => x,
-            Err(e) => return finish(Err(e)),
+    let shown = handle.read(|db| {
+        let event = show(db, source, event_id)?;
+        let extras = if json {
+            None
+        } else {
+            Some(extras(db, source, event_id)?)
         };
-        print!("{}", render(&event, &extras));
+        Ok::<_, OpError>((event, extras))
+    });
+    match shown {
+        Ok((event, None)) => println!("{}", serde_json::to_string_pretty(&event)?),
+        Ok((event, Some(extras))) => print!("{}", render(&event, &extras)),
+        Err(e) => return finish(Err(e)),
     }
     Ok(ExitCode::SUCCESS)
 }

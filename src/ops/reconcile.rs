@@ -578,7 +578,7 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<ExitCo
         ));
     }
     let mut handle = open_db_read(config)?;
-    let report = match reconcile(&handle.db(), config, now_ms()) {
+    let report = match handle.read(|db| reconcile(db, config, now_ms())) {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
@@ -620,4 +620,144 @@ fn check_and_apply(config: &Config, report: Value, yes: bool) -> Result<Value, O
         Ok::<_, OpError>((checked, after))
     })?;
     Ok(with_checks(after, &checked, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::db::pg_write;
+    use crate::store::pg_cluster;
+    use std::time::{Duration, Instant};
+
+    /// A migrated database of the test cluster with one failed forward
+    /// job (one attempt made) of event s/e, and its URL.
+    fn failed_job(test: &str) -> Option<(String, postgres::Client)> {
+        let Some(cluster) = pg_cluster::cluster() else {
+            pg_cluster::skipped(test);
+            return None;
+        };
+        let url = cluster.create_database(test);
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        crate::store::pg::migrate(&mut client).unwrap();
+        client
+            .batch_execute(
+                "INSERT INTO events (source, event_id, state, received_at, payload_hash)
+                 VALUES ('s', 'e', 'failed', 1, 'h');
+                 INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, created_at, updated_at)
+                 VALUES ('s', 'e', 'notify', 'forward', 'failed', 1, 1, 1);
+                 INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error_kind)
+                 SELECT id, 1, 1, 2, 'failed', 'status' FROM jobs",
+            )
+            .unwrap();
+        Some((url, client))
+    }
+
+    fn found_downstream() -> Checked {
+        Checked {
+            source: "s".into(),
+            event_id: "e".into(),
+            action: "notify".into(),
+            status: "failed".into(),
+            attempts: 1,
+            asked: Asked {
+                answer: Answer::Found,
+                started_at: 10,
+                finished_at: 11,
+                http_status: Some(200),
+                cause: None,
+                error: None,
+                request_id: None,
+                response_head: None,
+                retry_after: None,
+            },
+            marked_done: None,
+            left_alone: None,
+        }
+    }
+
+    fn one(client: &mut postgres::Client, sql: &str) -> String {
+        client.query_one(sql, &[]).unwrap().get(0)
+    }
+
+    /// On PostgreSQL, with nobody else on the job: marked done as attempt
+    /// 2 (ok, confirmed), the check recorded, the event completed.
+    #[test]
+    fn marks_a_failed_job_done_on_postgres() {
+        let Some((url, mut client)) = failed_job("reconcile_marks_done") else {
+            return;
+        };
+        let mut other = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut checked = vec![found_downstream()];
+        let n = pg_write(&mut other, |db| mark_done(db, &mut checked, "test", 20)).unwrap();
+        assert_eq!((n, checked[0].marked_done), (1, Some(2)));
+        assert_eq!(
+            one(
+                &mut client,
+                "SELECT status || '/' || n_attempts || '/' || \
+                 (SELECT string_agg(outcome || ':' || coalesce(error_kind, '-'), ',' ORDER BY n) FROM attempts) || '/' || \
+                 (SELECT answer FROM checks) || '/' || (SELECT state FROM events) FROM jobs"
+            ),
+            "done/2/failed:status,ok:confirmed/found/completed"
+        );
+    }
+
+    /// On PostgreSQL, a transaction of another process that holds the job
+    /// (a worker of another instance, a replay) is waited for, and once it
+    /// has moved the job on, the job is left alone: never marked done over
+    /// what the other one decided.
+    #[test]
+    fn marking_done_waits_for_whoever_holds_the_job_and_leaves_it_if_it_moved() {
+        let Some((url, mut client)) = failed_job("reconcile_waits_for_holder") else {
+            return;
+        };
+        let mut holder = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        holder
+            .batch_execute("BEGIN; SELECT 1 FROM jobs FOR UPDATE")
+            .unwrap();
+        let marker = std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let mut checked = vec![found_downstream()];
+            let n = pg_write(&mut c, |db| mark_done(db, &mut checked, "test", 20)).unwrap();
+            (n, checked)
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = client
+                .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mark_done never waited for the lock"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The holder re-opens the job (as a replay would) and commits.
+        holder
+            .batch_execute(
+                "UPDATE jobs SET status = 'pending', next_attempt_at = 5, updated_at = 5; COMMIT",
+            )
+            .unwrap();
+        let (n, checked) = marker.join().unwrap();
+        assert_eq!(n, 0);
+        assert!(
+            checked[0]
+                .left_alone
+                .as_deref()
+                .is_some_and(|w| w.contains("moved on")),
+            "{:?}",
+            checked[0].left_alone
+        );
+        assert_eq!(
+            one(
+                &mut client,
+                "SELECT status || '/' || (SELECT count(*) FROM attempts) || '/' || \
+                 (SELECT count(*) FROM checks) FROM jobs"
+            ),
+            "pending/1/0"
+        );
+    }
 }

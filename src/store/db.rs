@@ -381,6 +381,22 @@ pub fn pg_write<T, E: TxError>(
     }
 }
 
+/// Runs `body` in one read-only REPEATABLE READ transaction on `client`,
+/// so every statement of one answer (an event, its jobs, their attempts)
+/// reads the same snapshot, as SQLite's single writer makes it look.
+pub fn pg_read<T, E: TxError>(
+    client: &mut Client,
+    body: impl FnOnce(&Db<'_>) -> Result<T, E>,
+) -> Result<T, E> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .map_err(StoreError::from)?;
+    let outcome = body(&Db::postgres(client));
+    // Nothing was written: ending it cannot lose anything.
+    let _ = client.batch_execute("ROLLBACK");
+    outcome
+}
+
 /// Runs `body` in one `BEGIN IMMEDIATE` transaction on `conn`.
 pub fn sqlite_write<T, E: TxError>(
     conn: &Connection,
@@ -410,6 +426,18 @@ impl Handle {
         match self {
             Handle::Sqlite(c) => Db::sqlite(c),
             Handle::Postgres(c) => Db::postgres(c),
+        }
+    }
+
+    /// Runs `body` to read: on PostgreSQL in one snapshot ([`pg_read`]);
+    /// on SQLite on the read-only connection as it is.
+    pub fn read<T, E: TxError>(
+        &mut self,
+        body: impl FnOnce(&Db<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        match self {
+            Handle::Sqlite(c) => body(&Db::sqlite(c)),
+            Handle::Postgres(c) => pg_read(c, body),
         }
     }
 

@@ -94,6 +94,28 @@ fn api(server: &Server, method: &str, path: &str, body: &str) -> (u16, Value) {
     (status, json)
 }
 
+/// `GET /api/events` with `If-None-Match: known`: (status, ETag).
+fn list_tag(server: &Server, known: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .build()
+        .into();
+    let resp = agent
+        .get(&server.url("/api/events?details=true"))
+        .header("Authorization", &format!("Bearer {TOKEN}"))
+        .header("If-None-Match", known)
+        .call()
+        .unwrap_or_else(|e| panic!("GET /api/events: {e}"));
+    let tag = resp
+        .headers()
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    (resp.status().as_u16(), tag)
+}
+
 fn get_ok(server: &Server, path: &str) -> Value {
     let (status, v) = api(server, "GET", path, "");
     assert_eq!(status, 200, "GET {path}: {v}\n{}", server.logs());
@@ -219,6 +241,8 @@ fn scenario(backend: Backend) -> Vec<(String, Value)> {
     deliver(&server, "evt_a", 10);
     deliver(&server, "evt_b", -5); // the ledger's CHECK fails the SQL job
     deliver(&server, "evt_c", 7);
+    // One failure after the other: reconcile lists the latest first.
+    wait_job(&server, "evt_c", "notify", "failed");
     deliver(&server, "evt_d", 8);
     deliver(&server, "evt_a", 10); // a duplicate
     deliver(&server, "evt_a", 11); // a mismatched duplicate: an incident
@@ -280,6 +304,16 @@ fn scenario(backend: Backend) -> Vec<(String, Value)> {
     }
     let (status, v) = api(&server, "GET", "/api/events/stripe/evt_none", "");
     assert_eq!(status, 404, "{v}");
+    // The inspector's poll: the same list is a 304 from its tag, a new
+    // delivery (or a job that moves) a new tag.
+    let (status, tag) = list_tag(&server, "");
+    assert_eq!(status, 200);
+    assert_eq!(list_tag(&server, &tag), (304, tag.clone()));
+    deliver(&server, "evt_a", 10);
+    let (status, newer) = list_tag(&server, &tag);
+    assert!(status == 200 && newer != tag, "{status} {newer} {tag}");
+    let page = server.get("/ui/");
+    assert_eq!(page.status, 200, "the inspector's page");
     record("GET /api/actions", get_ok(&server, "/api/actions"));
     record(
         "GET /api/overview",
