@@ -18,15 +18,13 @@ use serde_json::{Value, json};
 use crate::args;
 use crate::config::{Config, parse_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
+use crate::state::{EventState, JobKind, JobStatus};
 use crate::store::db::{self, Db, Dialect, Handle, TxError};
 use crate::store::{self, StoreError, ms_to_secs, now_ms};
 
 // The text helpers moved to `ops::text`; re-exported for the commands
 // that still import them from here.
 pub use super::text::{cell, clean, fmt_json_time, fmt_time, table};
-
-/// The event states, in the order they move.
-pub const EVENT_STATES: [&str; 4] = ["accepted", "processing", "completed", "failed"];
 
 /// Why an operator command could not do what it was asked.
 #[derive(Debug, thiserror::Error)]
@@ -150,11 +148,11 @@ impl ListFilter {
         now: i64,
     ) -> Result<ListFilter, OpError> {
         if let Some(s) = &state
-            && !EVENT_STATES.contains(&s.as_str())
+            && s.parse::<EventState>().is_err()
         {
             return Err(OpError::Invalid(format!(
                 "unknown status {s:?}: an event's status is one of {}",
-                EVENT_STATES.join(", ")
+                EventState::ALL.map(EventState::as_str).join(", ")
             )));
         }
         let since_ms = match since {
@@ -181,6 +179,7 @@ pub fn list(db: &Db<'_>, filter: &ListFilter) -> Result<Value, OpError> {
     let mut sql =
         String::from("SELECT source, event_id, type, state, received_at FROM events WHERE 1 = 1");
     let mut args: Vec<db::Value> = Vec::new();
+    let dialect = db.dialect();
     let mut add = |clause: &str, value: db::Value| {
         args.push(value);
         let _ = write!(sql, " AND {clause} ?{}", args.len());
@@ -202,13 +201,18 @@ pub fn list(db: &Db<'_>, filter: &ListFilter) -> Result<Value, OpError> {
     }
     if let Some(prefix) = &filter.event_id_prefix {
         // Every id that starts with the prefix sorts from it up to it
-        // followed by the highest character (binary collation).
-        add("event_id >=", prefix.clone().into());
-        add("event_id <", format!("{prefix}\u{10FFFF}").into());
+        // followed by the highest character, in binary order (SQLite's
+        // own; PostgreSQL's column collation may ignore punctuation).
+        let id = match dialect {
+            Dialect::Sqlite => "event_id",
+            Dialect::Postgres => "event_id COLLATE \"C\"",
+        };
+        add(&format!("{id} >="), prefix.clone().into());
+        add(&format!("{id} <"), format!("{prefix}\u{10FFFF}").into());
     }
     // Events received in the same millisecond: the one stored last first
     // on SQLite (rowid); PostgreSQL has no insertion order, so by key.
-    sql.push_str(match db.dialect() {
+    sql.push_str(match dialect {
         Dialect::Sqlite => " ORDER BY received_at DESC, rowid DESC",
         Dialect::Postgres => " ORDER BY received_at DESC, source DESC, event_id DESC",
     });
@@ -383,7 +387,11 @@ pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError>
         let mut job = json!({
             "action": r.string(1)?,
             "kind": r.string(2)?,
-            "next_attempt_at": if status == "pending" { secs(r.opt_i64(4)?) } else { Value::Null },
+            "next_attempt_at": if status == JobStatus::Pending.as_str() {
+                secs(r.opt_i64(4)?)
+            } else {
+                Value::Null
+            },
             "status": status,
             "last_error": r.opt_string(5)?,
         });
@@ -408,7 +416,7 @@ pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError>
             }));
         }
         job["attempts"] = Value::Array(attempts);
-        if job["kind"] == "forward" {
+        if job["kind"] == JobKind::Forward.as_str() {
             job["checks"] = job_checks(db, job_id)?;
         }
         jobs.push(job);

@@ -14,12 +14,18 @@ use super::inspect::OpError;
 use crate::args;
 use crate::config::Config;
 use crate::ingest::DELIVERIES_OF_EVENT;
+use crate::state::JobStatus;
 use crate::store::db::{Db, Dialect};
 use crate::store::ms_to_secs;
 
 /// The job statuses an action's row counts (done jobs are the common
 /// case and not counted: that would read every job).
-const OPEN_STATUSES: [&str; 4] = ["pending", "processing", "failed", "paused"];
+const COUNTED: [JobStatus; 4] = [
+    JobStatus::Pending,
+    JobStatus::Processing,
+    JobStatus::Failed,
+    JobStatus::Paused,
+];
 
 /// Every configured action, in config order, with its open job counts
 /// and whether it is paused:
@@ -42,7 +48,7 @@ pub fn actions(db: &Db<'_>, config: &Config) -> Result<Value, OpError> {
     for source in &config.sources {
         for action in &source.actions {
             let mut c = serde_json::Map::new();
-            for status in OPEN_STATUSES {
+            for status in COUNTED.map(JobStatus::as_str) {
                 let key = (source.name.clone(), action.name.clone(), status.to_string());
                 c.insert(
                     status.to_string(),

@@ -25,6 +25,7 @@ use super::text::{cell, clean, fmt_json_time};
 use crate::args;
 use crate::check::{Answer, Asked};
 use crate::config::{ActionKind, Config, Forward};
+use crate::state::JobStatus;
 use crate::store::db::{Db, Row};
 use crate::store::{StoreError, ms_to_secs, now_ms};
 
@@ -330,12 +331,10 @@ pub fn mark_done(
             continue;
         };
         let (job_id, status, n_attempts) = (r.i64(0)?, r.string(1)?, r.i64(2)?);
+        let processing = status == JobStatus::Processing.as_str();
         let (lease_until, updated_at, owner) = (r.opt_i64(3)?, r.i64(4)?, r.opt_string(5)?);
         let lease_ran_out = lease_until.is_none_or(|at| at < now);
-        if status != c.status
-            || n_attempts != c.attempts
-            || (status == "processing" && !lease_ran_out)
-        {
+        if status != c.status || n_attempts != c.attempts || (processing && !lease_ran_out) {
             c.left_alone = Some(format!(
                 "the job moved on since it was asked about (now {status}, {n_attempts} attempt(s)); left alone"
             ));
@@ -347,7 +346,7 @@ pub fn mark_done(
                 args![job_id],
             )?
             .i64(0)?;
-        if status == "processing" && last_recorded < n_attempts {
+        if processing && last_recorded < n_attempts {
             db.execute(
                 "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
                  VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)
