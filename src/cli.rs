@@ -318,9 +318,6 @@ fn postgres_refusal(command: &Command, url: &crate::store::PostgresUrl) -> Optio
         Command::Migrate { .. } => Some(format!(
             "database is {url}: migrate copies a SQLite database into PostgreSQL; run it with the config that names the SQLite file"
         )),
-        Command::Replay(_) | Command::Resolve(_) | Command::Prune { .. } => Some(format!(
-            "database is {url}: this command does not run on PostgreSQL in this build yet"
-        )),
         _ => None,
     }
 }

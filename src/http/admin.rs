@@ -439,9 +439,7 @@ fn replay_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) 
         force: b.force,
     };
     if b.dry_run {
-        return match read(app, |db| {
-            replay::plan(db.sqlite_only()?, &app.config, &target)
-        }) {
+        return match read(app, |db| replay::plan(db, &app.config, &target)) {
             Ok(plan) => Reply::json(200, &replay::report(&plan, None, None)),
             Err(e) => op_error(e),
         };
@@ -449,7 +447,7 @@ fn replay_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) 
     let config = app.config.clone();
     let (source, event_id) = (source.to_string(), event_id.to_string());
     let result = write(app, move |db| {
-        let conn = db.sqlite_only()?;
+        let conn = db;
         let plan = replay::plan(conn, &config, &target)?;
         let done = replay::apply(conn, &config, &plan.steps, replay::Origin::Api, now_ms())?;
         let state = replay::event_state(conn, &source, &event_id)?;
@@ -485,9 +483,7 @@ fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
             Ok(t) => t,
             Err(e) => return op_error(e),
         };
-    let plan = match read(app, |db| {
-        replay::plan(db.sqlite_only()?, &app.config, &target)
-    }) {
+    let plan = match read(app, |db| replay::plan(db, &app.config, &target)) {
         Ok(p) => p,
         Err(e) => return op_error(e),
     };
@@ -497,15 +493,8 @@ fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
     let mut all = Vec::with_capacity(plan.steps.len());
     for chunk in plan.steps.chunks(replay::APPLY_CHUNK) {
         let (config, steps) = (app.config.clone(), chunk.to_vec());
-        let done = app.write(move |db| {
-            replay::apply(
-                db.sqlite_only()?,
-                &config,
-                &steps,
-                replay::Origin::Api,
-                now_ms(),
-            )
-        });
+        let done =
+            app.write(move |db| replay::apply(db, &config, &steps, replay::Origin::Api, now_ms()));
         match done {
             Ok(done) => all.extend(done),
             Err(e) => return store_error(&e),
@@ -560,7 +549,7 @@ fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str)
     let (source, event_id) = (source.to_string(), event_id.to_string());
     if b.dry_run {
         return match read(app, |db| {
-            resolve::plan(db.sqlite_only()?, &source, &event_id, &action, &note)
+            resolve::plan(db, &source, &event_id, &action, &note)
         }) {
             Ok(plan) => match &plan.refused {
                 Some(reason) => Reply::error(409, reason),
@@ -570,7 +559,7 @@ fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str)
         };
     }
     let result = write(app, move |db| {
-        let conn = db.sqlite_only()?;
+        let conn = db;
         let plan = resolve::plan(conn, &source, &event_id, &action, &note)?;
         if plan.refused.is_some() {
             return Ok((plan, None));

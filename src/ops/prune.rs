@@ -22,9 +22,11 @@ use anyhow::Result;
 use rusqlite::{Connection, params};
 use serde::Serialize;
 
-use super::inspect::{OpError, finish, open_read, open_write};
+use super::inspect::{OpError, finish, open_db_read, open_db_write, open_write};
+use crate::args;
 use crate::config::{Config, format_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
+use crate::store::db::{Db, Value};
 use crate::store::{StoreError, Writer, now_ms};
 
 /// Rows one batch (one write transaction) touches at most.
@@ -278,23 +280,24 @@ pub fn delete_unknown_refused_batch(
     Ok(n as u64)
 }
 
-/// What a prune would do, counted on a read-only connection.
-fn count(conn: &Connection, c: &Cutoffs) -> Result<Counts, StoreError> {
-    let one = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> Result<u64, StoreError> {
-        let n: i64 = conn.prepare_cached(sql)?.query_row(p, |r| r.get(0))?;
+/// What a prune would do, counted on a read-only connection of either
+/// backend.
+fn count(conn: &Db<'_>, c: &Cutoffs) -> Result<Counts, StoreError> {
+    let one = |sql: &str, p: &[Value]| -> Result<u64, StoreError> {
+        let n = conn.query_one(sql, p)?.i64(0)?;
         Ok(n.max(0) as u64)
     };
     let events = one(
         &format!(
             "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2 AND {NO_OPEN_JOB}"
         ),
-        &[&c.source, &c.keys_before],
+        args![&c.source, c.keys_before],
     )?;
     let kept = one(
         &format!(
             "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2 AND NOT {NO_OPEN_JOB}"
         ),
-        &[&c.source, &c.keys_before],
+        args![&c.source, c.keys_before],
     )?;
     // Events deleted first do not have their bodies dropped as well.
     let bodies = one(
@@ -303,7 +306,7 @@ fn count(conn: &Connection, c: &Cutoffs) -> Result<Counts, StoreError> {
                AND e.erased_at IS NULL AND {NO_OPEN_JOB}
                AND NOT (e.received_at < ?3)"
         ),
-        &[&c.source, &c.bodies_before, &c.keys_before],
+        args![&c.source, c.bodies_before, c.keys_before],
     )? + one(
         // Kept bodies of mismatched duplicates, as a prune drops them
         // (those of events deleted first go with their event).
@@ -314,7 +317,7 @@ fn count(conn: &Connection, c: &Cutoffs) -> Result<Counts, StoreError> {
                    WHERE e.source = i.source AND e.event_id = i.event_id
                      AND e.received_at < ?3 AND {NO_OPEN_JOB})"
         ),
-        &[&c.source, &c.bodies_before, &c.keys_before],
+        args![&c.source, c.bodies_before, c.keys_before],
     )?;
     let deliveries = one(
         &format!(
@@ -323,7 +326,7 @@ fn count(conn: &Connection, c: &Cutoffs) -> Result<Counts, StoreError> {
                  OR d.event_id IN (SELECT e.event_id FROM events e
                      WHERE e.source = ?1 AND e.received_at < ?2 AND {NO_OPEN_JOB}))"
         ),
-        &[&c.source, &c.keys_before],
+        args![&c.source, c.keys_before],
     )?;
     Ok(Counts {
         source: c.source.clone(),
@@ -334,12 +337,15 @@ fn count(conn: &Connection, c: &Cutoffs) -> Result<Counts, StoreError> {
     })
 }
 
-fn count_kept(conn: &Connection, c: &Cutoffs) -> Result<u64, StoreError> {
-    let n: i64 = conn
-        .prepare_cached(&format!(
-            "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2 AND NOT {NO_OPEN_JOB}"
-        ))?
-        .query_row(params![c.source, c.keys_before], |r| r.get(0))?;
+fn count_kept(conn: &Db<'_>, c: &Cutoffs) -> Result<u64, StoreError> {
+    let n = conn
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM events e WHERE e.source = ?1 AND e.received_at < ?2 AND NOT {NO_OPEN_JOB}"
+            ),
+            args![&c.source, c.keys_before],
+        )?
+        .i64(0)?;
     Ok(n.max(0) as u64)
 }
 
@@ -429,10 +435,11 @@ fn prune_all(
 pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
     let now = now_ms();
     if dry_run {
-        let conn = open_read(config)?;
+        let mut handle = open_db_read(config)?;
+        let db = handle.db();
         let mut all = Vec::new();
         for c in cutoffs(config, now) {
-            match count(&conn, &c) {
+            match count(&db, &c) {
                 Ok(counts) => all.push(counts),
                 Err(e) => return finish(Err(OpError::Store(e))),
             }
@@ -440,6 +447,9 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
         print_counts(config, &all, true);
         println!("dry run: nothing changed");
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(url) = &config.postgres {
+        return cmd_postgres(config, url, now);
     }
     let conn = open_write(config)?;
     let mut first = true;
@@ -466,7 +476,7 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
         Err(e) => return finish(Err(OpError::Store(e))),
     };
     for (counts, c) in all.iter_mut().zip(cutoffs(config, now)) {
-        counts.kept = count_kept(&conn, &c).unwrap_or(0);
+        counts.kept = count_kept(&Db::sqlite(&conn), &c).unwrap_or(0);
     }
     print_counts(config, &all, false);
     // Each step is its own short transaction (autocommit).
@@ -494,6 +504,34 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
         ),
         Err(e) => return finish(Err(OpError::Store(e))),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `prune` on PostgreSQL: the same batches as serve's pruner (each its own
+/// short transaction, every lock `SKIP LOCKED`, so it runs beside the
+/// instances' own pruners), then what was kept.
+fn cmd_postgres(config: &Config, url: &crate::store::PostgresUrl, now: i64) -> Result<ExitCode> {
+    use anyhow::Context as _;
+    // Refuses a database serve has not migrated yet.
+    let mut handle = open_db_write(config)?;
+    let settings =
+        crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)
+            .map_err(anyhow::Error::msg)?;
+    let mut session = crate::store::pg_tx::Session::new(settings);
+    let pruned = prune_all(config, now, &|| false, &mut |op: Batch| {
+        session.transaction(|tx| op.run_postgres(tx.client()))
+    });
+    let mut all = match pruned {
+        Ok(all) => all,
+        Err(e) => return finish(Err(OpError::Store(e))),
+    };
+    let db = handle.db();
+    for (counts, c) in all.iter_mut().zip(cutoffs(config, now)) {
+        counts.kept =
+            count_kept(&db, &c).with_context(|| format!("cannot count what {url} kept"))?;
+    }
+    print_counts(config, &all, false);
+    println!("the freed rows are reused by PostgreSQL's autovacuum");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -779,7 +817,7 @@ mod tests {
             .unwrap();
         }
         let planned = count(
-            &conn,
+            &Db::sqlite(&conn),
             &Cutoffs {
                 source: "s".to_string(),
                 keys_before: 50,

@@ -15,13 +15,15 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, clean, finish, fmt_time, open_read, open_write};
+use super::inspect::{OpError, finish, open_db_read, open_db_write};
+use super::text::{cell, clean, fmt_json_time, fmt_time};
+use crate::args;
 use crate::config::{ActionKind, Config, parse_duration};
 use crate::ingest::{self, Claim};
+use crate::store::db::{self, Db, Row};
 use crate::store::{StoreError, ms_to_secs, now_ms};
 
 /// How many jobs one write transaction of a batch replay re-opens.
@@ -192,17 +194,17 @@ struct JobRow {
     lease_until: Option<i64>,
 }
 
-fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
+fn job_row(r: &Row) -> Result<JobRow, StoreError> {
     Ok(JobRow {
-        id: r.get(0)?,
-        source: r.get(1)?,
-        event_id: r.get(2)?,
-        action: r.get(3)?,
-        kind: r.get(4)?,
-        status: r.get(5)?,
-        n_attempts: r.get(6)?,
-        next_attempt_at: r.get(7)?,
-        lease_until: r.get(8)?,
+        id: r.i64(0)?,
+        source: r.string(1)?,
+        event_id: r.string(2)?,
+        action: r.string(3)?,
+        kind: r.string(4)?,
+        status: r.string(5)?,
+        n_attempts: r.i64(6)?,
+        next_attempt_at: r.opt_i64(7)?,
+        lease_until: r.opt_i64(8)?,
     })
 }
 
@@ -255,8 +257,8 @@ fn left(job: &JobRow, reason: String) -> LeftAlone {
 }
 
 /// Reads what is stored and decides what the replay would do. Writes
-/// nothing, so it runs on a read-only connection.
-pub fn plan(conn: &Connection, config: &Config, target: &Target) -> Result<Plan, OpError> {
+/// nothing, so it runs on a read-only connection, on either backend.
+pub fn plan(conn: &Db<'_>, config: &Config, target: &Target) -> Result<Plan, OpError> {
     match target {
         Target::Event {
             source,
@@ -281,7 +283,7 @@ pub fn plan(conn: &Connection, config: &Config, target: &Target) -> Result<Plan,
 }
 
 fn plan_event(
-    conn: &Connection,
+    conn: &Db<'_>,
     config: &Config,
     source_name: &str,
     event_id: &str,
@@ -289,19 +291,15 @@ fn plan_event(
     force: bool,
 ) -> Result<Plan, OpError> {
     let event = conn
-        .prepare_cached(
+        .query_opt(
             "SELECT type, state, received_at, payload IS NULL FROM events
              WHERE source = ?1 AND event_id = ?2",
+            args![source_name, event_id],
         )?
-        .query_row(params![source_name, event_id], |r| {
-            Ok((
-                r.get::<_, Option<String>>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, bool>(3)?,
-            ))
+        .map(|r| -> Result<_, StoreError> {
+            Ok((r.opt_string(0)?, r.string(1)?, r.i64(2)?, r.bool(3)?))
         })
-        .optional()?;
+        .transpose()?;
     let Some((event_type, state, received_at, erased)) = event else {
         return Err(super::inspect::not_found(source_name, event_id));
     };
@@ -325,10 +323,14 @@ fn plan_event(
         }
     }
     let jobs: Vec<JobRow> = conn
-        .prepare_cached(&format!(
-            "SELECT {JOB_COLUMNS} FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY j.id"
-        ))?
-        .query_map(params![source_name, event_id], job_row)?
+        .query(
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY j.id"
+            ),
+            args![source_name, event_id],
+        )?
+        .iter()
+        .map(job_row)
         .collect::<Result<_, _>>()?;
     if let Some(a) = action
         && !jobs.iter().any(|j| j.action == a)
@@ -342,8 +344,12 @@ fn plan_event(
         )));
     }
     let paused: Vec<String> = conn
-        .prepare_cached("SELECT action FROM paused_actions WHERE source = ?1")?
-        .query_map([source_name], |r| r.get(0))?
+        .query(
+            "SELECT action FROM paused_actions WHERE source = ?1",
+            args![source_name],
+        )?
+        .iter()
+        .map(|r| r.string(0))
         .collect::<Result<_, _>>()?;
 
     let mut plan = Plan {
@@ -458,7 +464,7 @@ fn plan_event(
 }
 
 fn plan_batch(
-    conn: &Connection,
+    conn: &Db<'_>,
     config: &Config,
     source: Option<&str>,
     status: &str,
@@ -487,13 +493,13 @@ fn plan_batch(
          JOIN events e ON e.source = j.source AND e.event_id = j.event_id
          WHERE j.status = ?1"
     );
-    let mut args: Vec<rusqlite::types::Value> = vec![status.to_string().into()];
+    let mut args: Vec<db::Value> = vec![status.into()];
     if let Some(s) = source {
-        args.push(s.to_string().into());
+        args.push(s.into());
         let _ = write!(sql, " AND j.source = ?{}", args.len());
     }
     if let Some(a) = action {
-        args.push(a.to_string().into());
+        args.push(a.into());
         let _ = write!(sql, " AND j.action = ?{}", args.len());
     }
     if let Some(at) = since_ms {
@@ -501,18 +507,18 @@ fn plan_batch(
         let _ = write!(sql, " AND e.received_at >= ?{}", args.len());
     }
     sql.push_str(" ORDER BY j.id");
-    let mut stmt = conn.prepare(&sql)?;
-    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
-        Ok((job_row(r)?, r.get::<_, bool>(9)?))
-    })?;
+    let rows = conn
+        .query(&sql, &args)?
+        .iter()
+        .map(|r| Ok((job_row(r)?, r.bool(9)?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
     let mut plan = Plan {
         event: None,
         steps: Vec::new(),
         left_alone: Vec::new(),
         notes: Vec::new(),
     };
-    for row in rows {
-        let (job, erased) = row?;
+    for (job, erased) in rows {
         let in_config = config
             .source(&job.source)
             .and_then(|s| s.action(&job.action))
@@ -537,8 +543,15 @@ fn plan_batch(
 /// Re-opens the planned jobs in the caller's write transaction. A job whose
 /// status moved on since the plan is skipped. Afterwards each touched
 /// event's state is recomputed.
+///
+/// On PostgreSQL each job's row is locked before its status is read
+/// again (a worker's take holding it is waited for), and the re-open is
+/// an UPDATE conditional on that status: of replays racing each other
+/// (or a resolve) on any instances, one re-opens the job and the others
+/// skip it, and a worker's fenced completion (owner + attempt) of an
+/// earlier lease can no longer match a re-opened job.
 pub fn apply(
-    conn: &Connection,
+    conn: &Db<'_>,
     config: &Config,
     steps: &[Step],
     origin: Origin,
@@ -559,10 +572,16 @@ pub fn apply(
             error: None,
             status: None,
         };
-        let current: Option<(String, i64)> = conn
-            .prepare_cached("SELECT status, n_attempts FROM jobs WHERE id = ?1")?
-            .query_row([s.job_id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
+        let current = conn
+            .query_opt(
+                &format!(
+                    "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
+                    conn.dialect().for_update()
+                ),
+                args![s.job_id],
+            )?
+            .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
+            .transpose()?;
         let Some((status, n_attempts)) = current else {
             done.error = Some("the job is gone (pruned)".to_string());
             out.push(done);
@@ -573,26 +592,26 @@ pub fn apply(
             out.push(done);
             continue;
         }
-        conn.prepare_cached(
+        conn.execute(
             "INSERT INTO replays (job_id, replayed_at, from_status, forced, origin)
              VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?
-        .execute(params![
-            s.job_id,
-            now,
-            s.from_status,
-            s.forced,
-            origin.name()
-        ])?;
+            args![s.job_id, now, &s.from_status, s.forced, origin.name()],
+        )?;
         if s.kind == "sql" {
             rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
         } else {
-            conn.prepare_cached(
+            let reopened = conn.execute(
                 "UPDATE jobs SET status = 'pending', next_attempt_at = ?2, lease_owner = NULL,
                         lease_until = NULL, updated_at = ?2
-                 WHERE id = ?1",
-            )?
-            .execute(params![s.job_id, now])?;
+                 WHERE id = ?1 AND status = ?3",
+                args![s.job_id, now, &s.from_status],
+            )?;
+            if reopened != 1 {
+                return Err(StoreError::other(format!(
+                    "job {} changed while it was locked for the replay",
+                    s.job_id
+                )));
+            }
             done.attempt = n_attempts + 1;
             done.result = "requeued".to_string();
             done.status = Some("pending".to_string());
@@ -601,7 +620,9 @@ pub fn apply(
         out.push(done);
     }
     for (source, event_id) in events {
-        ingest::refresh_event_state(conn, &source, &event_id, now)?;
+        crate::with_tx!(conn, |tx| ingest::refresh_event_state_in(
+            tx, &source, &event_id, now
+        ))?;
     }
     Ok(out)
 }
@@ -609,7 +630,7 @@ pub fn apply(
 /// Runs an SQL job's statement again on the stored event and records the
 /// run as the job's next attempt.
 fn rerun_sql(
-    conn: &Connection,
+    conn: &Db<'_>,
     config: &Config,
     s: &Step,
     n_attempts: i64,
@@ -623,15 +644,20 @@ fn rerun_sql(
     let result = match action {
         Some((source, action)) if matches!(action.kind, ActionKind::Sql { .. }) => {
             match stored_claim(conn, &s.source, &s.event_id)? {
-                Some(claim) => ingest::rerun_sql_action(conn, source, action, &claim)?,
+                Some(claim) => crate::with_tx!(conn, |tx| ingest::rerun_sql_action_in(
+                    tx, source, action, &claim
+                ))?,
                 None => Err("the stored body was erased".to_string()),
             }
         }
         _ => Err("the action is no longer an sql action in the config".to_string()),
     };
-    let max_n: i64 = conn
-        .prepare_cached("SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1")?
-        .query_row([s.job_id], |r| r.get(0))?;
+    let max_n = conn
+        .query_one(
+            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
+            args![s.job_id],
+        )?
+        .i64(0)?;
     let n = n_attempts.max(max_n) + 1;
     let finished = now_ms().max(now);
     // A forced re-run of a done job that fails leaves the job done: its
@@ -642,26 +668,31 @@ fn rerun_sql(
         Err(e) if s.from_status == "done" => ("done", "failed", Some(e.as_str())),
         Err(e) => ("failed", "failed", Some(e.as_str())),
     };
-    conn.prepare_cached(
+    conn.execute(
         "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
-        s.job_id,
-        n,
-        now,
-        finished,
-        outcome,
-        error,
-        error.map(|_| "sql"),
-        format!("replay:{}", origin.name()),
-    ])?;
-    conn.prepare_cached(
+        args![
+            s.job_id,
+            n,
+            now,
+            finished,
+            outcome,
+            error,
+            error.map(|_| "sql"),
+            format!("replay:{}", origin.name()),
+        ],
+    )?;
+    let last_error = if status == "failed" {
+        error.map(str::to_string)
+    } else {
+        None
+    };
+    conn.execute(
         "UPDATE jobs SET status = ?2, n_attempts = ?3, next_attempt_at = NULL,
-                last_error = CASE WHEN ?2 = 'failed' THEN ?4 ELSE last_error END, updated_at = ?5
+                last_error = coalesce(?4, last_error), updated_at = ?5
          WHERE id = ?1",
-    )?
-    .execute(params![s.job_id, status, n, error, finished])?;
+        args![s.job_id, status, n, last_error, finished],
+    )?;
     done.attempt = n;
     done.result = outcome.to_string();
     done.error = error.map(str::to_string);
@@ -671,41 +702,28 @@ fn rerun_sql(
 
 /// The stored event as a claim, so an SQL action binds exactly what it
 /// bound the first time. None when the body was erased.
-fn stored_claim(
-    conn: &Connection,
-    source: &str,
-    event_id: &str,
-) -> Result<Option<Claim>, StoreError> {
-    let row = conn
-        .prepare_cached(
-            "SELECT type, payload, content_type, headers, payload_hash, verified_with, signed_at,
-                    received_at
-             FROM events WHERE source = ?1 AND event_id = ?2",
-        )?
-        .query_row(params![source, event_id], |r| {
-            let body = match r.get_ref(1)? {
-                rusqlite::types::ValueRef::Blob(b) | rusqlite::types::ValueRef::Text(b) => {
-                    Some(b.to_vec())
-                }
-                _ => None,
-            };
-            Ok((
-                r.get::<_, Option<String>>(0)?,
-                body,
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, Option<String>>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, Option<i64>>(5)?,
-                r.get::<_, Option<i64>>(6)?,
-                r.get::<_, i64>(7)?,
-            ))
-        })
-        .optional()?;
-    let Some((event_type, Some(body), content_type, kept, hash, verified_with, signed_at, at)) =
-        row
+fn stored_claim(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Claim>, StoreError> {
+    let Some(r) = conn.query_opt(
+        "SELECT type, payload, content_type, headers, payload_hash, verified_with, signed_at,
+                received_at
+         FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
     else {
         return Ok(None);
     };
+    let Some(body) = r.opt_bytes(1)?.map(<[u8]>::to_vec) else {
+        return Ok(None);
+    };
+    let (event_type, content_type, kept, hash, verified_with, signed_at, at) = (
+        r.opt_string(0)?,
+        r.opt_string(2)?,
+        r.opt_string(3)?,
+        r.string(4)?,
+        r.opt_i64(5)?,
+        r.opt_i64(6)?,
+        r.i64(7)?,
+    );
     let headers: Vec<(String, String)> = kept
         .as_deref()
         .and_then(|h| serde_json::from_str::<serde_json::Map<String, Value>>(h).ok())
@@ -733,14 +751,16 @@ fn stored_claim(
 
 /// The current state of one event (after a replay).
 pub fn event_state(
-    conn: &Connection,
+    conn: &Db<'_>,
     source: &str,
     event_id: &str,
 ) -> Result<Option<String>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT state FROM events WHERE source = ?1 AND event_id = ?2")?
-        .query_row(params![source, event_id], |r| r.get(0))
-        .optional()?)
+    conn.query_opt(
+        "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    .map(|r| r.string(0))
+    .transpose()
 }
 
 /// The JSON answer: the plan, and what was done when it was applied.
@@ -831,8 +851,8 @@ pub fn cmd(config: &Config, args: &ReplayArgs) -> Result<ExitCode> {
         Err(e) => return finish(Err(e)),
     };
     if !args.yes {
-        let conn = open_read(config)?;
-        let plan = match plan(&conn, config, &target) {
+        let mut handle = open_db_read(config)?;
+        let plan = match plan(&handle.db(), config, &target) {
             Ok(p) => p,
             Err(e) => return finish(Err(e)),
         };
@@ -842,38 +862,40 @@ pub fn cmd(config: &Config, args: &ReplayArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut conn = open_write(config)?;
+    let mut handle = open_db_write(config)?;
     let result = match target {
-        Target::Event { .. } => replay_event_cli(&mut conn, config, &target),
-        Target::Batch { .. } => replay_batch_cli(&mut conn, config, &target),
+        Target::Event { .. } => replay_event_cli(&mut handle, config, &target),
+        Target::Batch { .. } => replay_batch_cli(&mut handle, config, &target),
     };
     finish(result)
 }
 
+/// One event: planned and applied in one write transaction.
 fn replay_event_cli(
-    conn: &mut Connection,
+    handle: &mut db::Handle,
     config: &Config,
     target: &Target,
 ) -> Result<ExitCode, OpError> {
-    let tx = conn
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(OpError::from)?;
-    let plan = plan(&tx, config, target)?;
+    let (plan, applied) = handle.write(|db| {
+        let plan = plan(db, config, target)?;
+        if plan.steps.is_empty() {
+            return Ok((plan, None));
+        }
+        let done = apply(db, config, &plan.steps, Origin::Cli, now_ms())?;
+        let state = match &plan.event {
+            Some(e) => event_state(
+                db,
+                e["source"].as_str().unwrap_or_default(),
+                e["event_id"].as_str().unwrap_or_default(),
+            )?,
+            None => None,
+        };
+        Ok::<_, OpError>((plan, Some((done, state))))
+    })?;
     print!("{}", render_plan(&plan));
-    if plan.steps.is_empty() {
+    let Some((done, state)) = applied else {
         return Ok(ExitCode::SUCCESS);
-    }
-    let now = now_ms();
-    let done = apply(&tx, config, &plan.steps, Origin::Cli, now)?;
-    let state = match &plan.event {
-        Some(e) => event_state(
-            &tx,
-            e["source"].as_str().unwrap_or_default(),
-            e["event_id"].as_str().unwrap_or_default(),
-        )?,
-        None => None,
     };
-    tx.commit().map_err(OpError::from)?;
     print!("{}", render_done(&done));
     if let Some(state) = state {
         println!("event state now: {state}");
@@ -881,20 +903,18 @@ fn replay_event_cli(
     Ok(exit_for(&done))
 }
 
+/// A batch: planned once, applied [`APPLY_CHUNK`] jobs per write
+/// transaction (each job checked again there).
 fn replay_batch_cli(
-    conn: &mut Connection,
+    handle: &mut db::Handle,
     config: &Config,
     target: &Target,
 ) -> Result<ExitCode, OpError> {
-    let plan = plan(conn, config, target)?;
+    let plan = plan(&handle.db(), config, target)?;
     print!("{}", render_plan(&plan));
     let mut all = Vec::with_capacity(plan.steps.len());
     for chunk in plan.steps.chunks(APPLY_CHUNK) {
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(OpError::from)?;
-        let done = apply(&tx, config, chunk, Origin::Cli, now_ms())?;
-        tx.commit().map_err(OpError::from)?;
+        let done = handle.write(|db| apply(db, config, chunk, Origin::Cli, now_ms()))?;
         all.extend(done);
     }
     print!("{}", render_done(&all));
@@ -917,11 +937,11 @@ fn render_plan(plan: &Plan) -> String {
             let _ = writeln!(
                 out,
                 "event {}/{}: state {}, type {}, received {}{}",
-                super::inspect::cell(&e["source"]),
-                super::inspect::cell(&e["event_id"]),
-                super::inspect::cell(&e["state"]),
-                super::inspect::cell(&e["type"]),
-                super::inspect::fmt_json_time(&e["received_at"]),
+                cell(&e["source"]),
+                cell(&e["event_id"]),
+                cell(&e["state"]),
+                cell(&e["type"]),
+                fmt_json_time(&e["received_at"]),
                 if e["payload_erased"].as_bool() == Some(true) {
                     ", body erased"
                 } else {
@@ -932,10 +952,10 @@ fn render_plan(plan: &Plan) -> String {
                 let _ = writeln!(
                     out,
                     "  job {} ({}): {}, {} attempt(s)",
-                    super::inspect::cell(&j["action"]),
-                    super::inspect::cell(&j["kind"]),
-                    super::inspect::cell(&j["status"]),
-                    super::inspect::cell(&j["attempts"]),
+                    cell(&j["action"]),
+                    cell(&j["kind"]),
+                    cell(&j["status"]),
+                    cell(&j["attempts"]),
                 );
             }
         }

@@ -15,13 +15,15 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, clean, finish, open_read, open_write};
+use super::inspect::{OpError, finish, open_db_read, open_db_write};
 use super::replay::Origin;
+use super::text::clean;
+use crate::args;
 use crate::config::Config;
+use crate::store::db::Db;
 use crate::store::{StoreError, now_ms};
 
 /// The longest note kept, in bytes; longer ones are refused.
@@ -76,7 +78,7 @@ pub struct Done {
 /// plan with `refused` set; a missing event or job is `NotFound`; an empty
 /// or overlong note is `Invalid`.
 pub fn plan(
-    conn: &Connection,
+    conn: &Db<'_>,
     source: &str,
     event_id: &str,
     action: &str,
@@ -96,22 +98,26 @@ pub fn plan(
         )));
     }
     let state: Option<String> = conn
-        .prepare_cached("SELECT state FROM events WHERE source = ?1 AND event_id = ?2")?
-        .query_row(params![source, event_id], |r| r.get(0))
-        .optional()?;
+        .query_opt(
+            "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
+            args![source, event_id],
+        )?
+        .map(|r| r.string(0))
+        .transpose()?;
     let Some(state_before) = state else {
         return Err(super::inspect::not_found(source, event_id));
     };
     let job: Option<(i64, String, String, i64, i64)> = conn
-        .prepare_cached(
+        .query_opt(
             "SELECT j.id, j.kind, j.status, j.n_attempts,
                     (SELECT coalesce(max(n), 0) FROM attempts a WHERE a.job_id = j.id)
              FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 AND j.action = ?3",
+            args![source, event_id, action],
         )?
-        .query_row(params![source, event_id, action], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        .map(|r| -> Result<_, StoreError> {
+            Ok((r.i64(0)?, r.string(1)?, r.string(2)?, r.i64(3)?, r.i64(4)?))
         })
-        .optional()?;
+        .transpose()?;
     let Some((job_id, kind, status, n_attempts, max_n)) = job else {
         return Err(OpError::NotFound(format!(
             "event {}/{} has no job for action {}",
@@ -152,47 +158,65 @@ pub fn plan(
 /// Closes the planned job in the caller's write transaction: a new attempt
 /// (outcome ok, error kind operator, the note), the job done, the event's
 /// state recomputed. `Ok(Err(reason))` when the job is no longer failed.
+///
+/// On PostgreSQL the job's row is locked before its status is read again,
+/// so of resolves (or a resolve and a replay) racing on any instances one
+/// closes the job and the others find it done.
 pub fn apply(
-    conn: &Connection,
+    conn: &Db<'_>,
     plan: &Plan,
     origin: Origin,
     now: i64,
 ) -> Result<Result<Done, String>, StoreError> {
-    let current: Option<(String, i64)> = conn
-        .prepare_cached(
-            "SELECT j.status, max(j.n_attempts,
-                    (SELECT coalesce(max(n), 0) FROM attempts a WHERE a.job_id = j.id))
-             FROM jobs j WHERE j.id = ?1",
+    let current = conn
+        .query_opt(
+            &format!(
+                "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
+                conn.dialect().for_update()
+            ),
+            args![plan.job_id],
         )?
-        .query_row([plan.job_id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let Some((status, last_n)) = current else {
+        .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
+        .transpose()?;
+    let Some((status, n_attempts)) = current else {
         return Ok(Err("the job is gone (pruned)".to_string()));
     };
+    let max_n = conn
+        .query_one(
+            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
+            args![plan.job_id],
+        )?
+        .i64(0)?;
+    let last_n = n_attempts.max(max_n);
     if status != "failed" {
         return Ok(Err(format!(
             "the job is now {status}, not failed: left alone"
         )));
     }
     let n = last_n + 1;
-    conn.prepare_cached(
+    conn.execute(
         "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error_kind, worker, note)
          VALUES (?1, ?2, ?3, ?3, 'ok', 'operator', ?4, ?5)",
-    )?
-    .execute(params![
-        plan.job_id,
-        n,
-        now,
-        format!("resolve:{}", origin.name()),
-        plan.note
-    ])?;
-    conn.prepare_cached(
+        args![
+            plan.job_id,
+            n,
+            now,
+            format!("resolve:{}", origin.name()),
+            &plan.note
+        ],
+    )?;
+    conn.execute(
         "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
                 lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
-         WHERE id = ?1",
-    )?
-    .execute(params![plan.job_id, n, now])?;
-    let state = crate::ingest::refresh_event_state(conn, &plan.source, &plan.event_id, now)?;
+         WHERE id = ?1 AND status = 'failed'",
+        args![plan.job_id, n, now],
+    )?;
+    let state = crate::with_tx!(conn, |tx| crate::ingest::refresh_event_state_in(
+        tx,
+        &plan.source,
+        &plan.event_id,
+        now
+    ))?;
     Ok(Ok(Done { attempt: n, state }))
 }
 
@@ -236,9 +260,9 @@ fn what(plan: &Plan) -> String {
 
 pub fn cmd(config: &Config, args: &ResolveArgs) -> Result<ExitCode> {
     if !args.yes {
-        let conn = open_read(config)?;
+        let mut handle = open_db_read(config)?;
         let plan = match plan(
-            &conn,
+            &handle.db(),
             &args.source,
             &args.event_id,
             &args.action,
@@ -255,12 +279,17 @@ pub fn cmd(config: &Config, args: &ResolveArgs) -> Result<ExitCode> {
         println!("nothing changed: run again with --yes to do this");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut conn = open_write(config)?;
-    let tx = conn
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(StoreError::from)?;
-    let plan = match plan(&tx, &args.source, &args.event_id, &args.action, &args.note) {
-        Ok(p) => p,
+    let mut handle = open_db_write(config)?;
+    let outcome = handle.write(|db| {
+        let plan = plan(db, &args.source, &args.event_id, &args.action, &args.note)?;
+        if plan.refused.is_some() {
+            return Ok((plan, None));
+        }
+        let done = apply(db, &plan, Origin::Cli, now_ms())?;
+        Ok::<_, OpError>((plan, Some(done)))
+    });
+    let (plan, done) = match outcome {
+        Ok(v) => v,
         Err(e) => return finish_usage(e),
     };
     if let Some(reason) = &plan.refused {
@@ -268,14 +297,17 @@ pub fn cmd(config: &Config, args: &ResolveArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     print!("{}", render_plan(&plan));
-    let done = match apply(&tx, &plan, Origin::Cli, now_ms())? {
+    // None only with a refusal, answered above.
+    let Some(done) = done else {
+        return Ok(ExitCode::from(2));
+    };
+    let done = match done {
         Ok(done) => done,
         Err(reason) => {
             eprintln!("idemhook: {reason}");
             return Ok(ExitCode::from(2));
         }
     };
-    tx.commit().map_err(StoreError::from)?;
     println!(
         "resolved: attempt {} recorded as ok (operator); the job is done",
         done.attempt

@@ -23,6 +23,7 @@ mod pg_cluster;
 mod pg_ops;
 mod pg_serve_ops;
 mod receiver;
+mod replay_pg;
 mod send;
 mod sign;
 mod store;

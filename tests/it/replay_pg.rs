@@ -1,0 +1,465 @@
+//! `replay`, `resolve` and `prune` on PostgreSQL: the same answers as on
+//! SQLite (one scenario run on both backends, its JSON compared), and
+//! correct across instances (replays and resolves racing each other and
+//! the forward workers of every instance: each job re-opened once, each
+//! effect once at the downstream).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::backend::{Backend, backends};
+use crate::downstream::{Behavior, Downstream};
+use crate::harness::{HTTP_TIMEOUT, Server, ServerConfig, toml_str, wait_until};
+use crate::sign;
+
+const SECRET: &str = "whsec_it_replay_pg_0123456789";
+const ADMIN_TOKEN: &str = "it-admin-token-replay-pg";
+
+fn env() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("STRIPE_SECRET", SECRET),
+        ("IDEMHOOK_ADMIN_TOKEN", ADMIN_TOKEN),
+    ]
+}
+
+/// The same on both dialects: the SQL action fails while its customer is
+/// missing from `accounts` (a foreign key), and "the fix" inserts it.
+const SETUP_SQL: &str = "CREATE TABLE IF NOT EXISTS accounts (id TEXT PRIMARY KEY);\n\
+     CREATE TABLE IF NOT EXISTS ledger (event_id TEXT PRIMARY KEY, \
+     customer TEXT NOT NULL REFERENCES accounts (id), amount BIGINT NOT NULL);";
+
+/// A stripe source with the SQL action `credit` and, when `forward` is
+/// set, the forward action `notify` to it (one attempt: a 500 fails it).
+fn config(forward: Option<&str>) -> ServerConfig {
+    let notify = forward.map_or(String::new(), |url| {
+        format!(
+            "[[sources.stripe.actions]]\nname = \"notify\"\nforward = \"{url}/notify\"\n\
+             max_attempts = 1\ntimeout = \"2s\"\nlease = \"5s\"\n"
+        )
+    });
+    ServerConfig::new()
+        .set("setup_sql", &toml_str(SETUP_SQL))
+        .set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN"))
+        .tables(&format!(
+            "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n\
+             retention = \"1s\"\npayload_retention = \"1s\"\n\
+             [[sources.stripe.actions]]\nname = \"credit\"\n\
+             sql = \"INSERT INTO ledger (event_id, customer, amount) VALUES (:event_id, :customer, :amount)\"\n\
+             params = {{ customer = \"json:/data/object/customer\", amount = \"json:/data/object/amount\" }}\n\
+             {notify}"
+        ))
+}
+
+fn body(id: &str, customer: &str) -> Vec<u8> {
+    json!({
+        "id": id, "object": "event", "type": "charge.succeeded",
+        "data": {"object": {"customer": customer, "amount": 100}}
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn deliver(server: &Server, id: &str, customer: &str) {
+    let body = body(id, customer);
+    let r = server.post("/hooks/stripe", &sign::stripe_now(SECRET, &body), &body);
+    assert_eq!(r.status, 200, "{id}: {}", r.text());
+}
+
+fn api(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .build()
+        .into();
+    let mut resp = agent
+        .post(&server.url(path))
+        .header("Content-Type", "application/json")
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .send(body.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    let status = resp.status().as_u16();
+    let bytes = resp.body_mut().read_to_vec().expect("read the answer");
+    let json = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "POST {path} answered {status} without JSON ({e}): {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    (status, json)
+}
+
+fn job_status(server: &Server, event_id: &str, action: &str) -> String {
+    server
+        .one(
+            "SELECT status FROM jobs WHERE source = 'stripe' AND event_id = ?1 AND action = ?2",
+            &[&event_id, &action],
+        )
+        .text(0)
+}
+
+fn add_account(server: &Server, id: &str) {
+    server.exec("INSERT INTO accounts (id) VALUES (?1)", &[&id]);
+}
+
+/// Times differ by run, and the database's words for a duplicate key by
+/// backend; everything else must be the same.
+fn normalized(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = if k.ends_with("_at") && v.is_number() {
+                        json!(0)
+                    } else if k == "error"
+                        && v.as_str().is_some_and(|e| {
+                            e.contains("UNIQUE constraint failed") || e.contains("duplicate key")
+                        })
+                    {
+                        // The database's own words for the same refusal.
+                        json!("<duplicate key>")
+                    } else {
+                        normalized(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(normalized).collect()),
+        other => other.clone(),
+    }
+}
+
+/// One operator scenario, its every admin answer recorded: replays of
+/// one event (a dry run, for real, nothing left, forced), of a batch
+/// (dry run, for real), resolves (dry run, for real, refused); the CLI
+/// forms beside them; a replayed forward job delivered exactly once.
+fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
+    let ds = Downstream::start_without_dedupe();
+    ds.script("stripe:evt_a:notify", Behavior::Fail500(1));
+    let server = Server::start_on(backend, &config(Some(&ds.url())), &env());
+    let mut answers = Vec::new();
+    let mut record = |label: &str, (status, json): (u16, Value)| {
+        answers.push((label.to_string(), status, normalized(&json)));
+        json
+    };
+
+    deliver(&server, "evt_a", "cus_a");
+    wait_until(Duration::from_secs(30), "notify of evt_a failed", || {
+        job_status(&server, "evt_a", "notify") == "failed"
+    });
+    assert_eq!(job_status(&server, "evt_a", "credit"), "failed");
+    let plan = record(
+        "event dry run",
+        api(
+            &server,
+            "/api/events/stripe/evt_a/replay",
+            json!({"dry_run": true}),
+        ),
+    );
+    assert_eq!(plan["count"], 2, "{plan}");
+    assert_eq!(
+        job_status(&server, "evt_a", "notify"),
+        "failed",
+        "a dry run changes nothing"
+    );
+
+    add_account(&server, "cus_a");
+    let done = record(
+        "event replay",
+        api(&server, "/api/events/stripe/evt_a/replay", json!({})),
+    );
+    assert_eq!(done["replayed"], 2, "{done}");
+    wait_until(
+        Duration::from_secs(30),
+        "the replayed notify is delivered",
+        || job_status(&server, "evt_a", "notify") == "done",
+    );
+    assert_eq!(ds.effects("stripe:evt_a:notify"), 1, "exactly one effect");
+    assert_eq!(job_status(&server, "evt_a", "credit"), "done");
+    assert_eq!(server.count("SELECT count(*) FROM ledger", &[]), 1);
+    record(
+        "event replay, nothing left",
+        api(&server, "/api/events/stripe/evt_a/replay", json!({})),
+    );
+    // Forced: the statement runs again and fails (the ledger row is
+    // there): the job stays done.
+    let forced = record(
+        "forced sql replay",
+        api(
+            &server,
+            "/api/events/stripe/evt_a/replay",
+            json!({"action": "credit", "force": true}),
+        ),
+    );
+    assert_eq!(forced["jobs"][0]["result"], "failed", "{forced}");
+    assert_eq!(forced["jobs"][0]["status"], "done", "{forced}");
+
+    deliver(&server, "evt_b", "cus_b");
+    deliver(&server, "evt_c", "cus_b");
+    wait_until(Duration::from_secs(30), "the notify jobs are done", || {
+        server.count(
+            "SELECT count(*) FROM jobs WHERE action = 'notify' AND status <> 'done'",
+            &[],
+        ) == 0
+    });
+    record(
+        "batch dry run",
+        api(
+            &server,
+            "/api/replay",
+            json!({"source": "stripe", "status": "failed", "since": "1h", "dry_run": true}),
+        ),
+    );
+    add_account(&server, "cus_b");
+    let batch = record(
+        "batch replay",
+        api(
+            &server,
+            "/api/replay",
+            json!({"source": "stripe", "status": "failed"}),
+        ),
+    );
+    assert_eq!(batch["replayed"], 2, "{batch}");
+    assert_eq!(job_status(&server, "evt_b", "credit"), "done");
+
+    deliver(&server, "evt_d", "cus_d");
+    wait_until(Duration::from_secs(30), "evt_d's notify is done", || {
+        job_status(&server, "evt_d", "notify") == "done"
+    });
+    record(
+        "resolve dry run",
+        api(
+            &server,
+            "/api/events/stripe/evt_d/resolve",
+            json!({"action": "credit", "note": "credited by hand", "dry_run": true}),
+        ),
+    );
+    let resolved = record(
+        "resolve",
+        api(
+            &server,
+            "/api/events/stripe/evt_d/resolve",
+            json!({"action": "credit", "note": "credited by hand"}),
+        ),
+    );
+    assert_eq!(resolved["state"], "completed", "{resolved}");
+    record(
+        "resolve again",
+        api(
+            &server,
+            "/api/events/stripe/evt_d/resolve",
+            json!({"action": "credit", "note": "again"}),
+        ),
+    );
+    let closing = server.one(
+        "SELECT a.outcome, a.error_kind, a.note FROM attempts a JOIN jobs j ON j.id = a.job_id
+         WHERE j.event_id = 'evt_d' AND j.action = 'credit' ORDER BY a.n DESC",
+        &[],
+    );
+    assert_eq!(
+        (closing.text(0), closing.text(1), closing.text(2)),
+        (
+            "ok".to_string(),
+            "operator".to_string(),
+            "credited by hand".to_string()
+        )
+    );
+
+    // The CLI forms: a plan without --yes, then --yes.
+    deliver(&server, "evt_e", "cus_e");
+    deliver(&server, "evt_f", "cus_f");
+    let plan = server.run_cli(&["replay", "stripe", "evt_e"]);
+    plan.assert_success();
+    assert!(plan.stdout.contains("nothing changed"), "{}", plan.stdout);
+    add_account(&server, "cus_e");
+    server
+        .run_cli(&["replay", "stripe", "evt_e", "--action", "credit", "--yes"])
+        .assert_success();
+    assert_eq!(job_status(&server, "evt_e", "credit"), "done");
+    let batch = server.run_cli(&[
+        "replay", "--source", "stripe", "--status", "failed", "--since", "1h",
+    ]);
+    batch.assert_success();
+    assert!(batch.stdout.contains("evt_f"), "{}", batch.stdout);
+    let out = server.run_cli(&[
+        "resolve", "stripe", "evt_f", "--action", "credit", "--note", "refunded", "--yes",
+    ]);
+    out.assert_success();
+    assert_eq!(job_status(&server, "evt_f", "credit"), "done");
+    let again = server.run_cli(&[
+        "resolve", "stripe", "evt_f", "--action", "credit", "--note", "refunded", "--yes",
+    ]);
+    assert!(!again.success(), "a done job is not resolved again");
+
+    // prune: a dry run counts, then the done events go (1 s retention).
+    wait_until(Duration::from_secs(30), "every job is done", || {
+        server.count("SELECT count(*) FROM jobs WHERE status <> 'done'", &[]) == 0
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let dry = server.run_cli(&["prune", "--dry-run"]);
+    dry.assert_success();
+    assert!(
+        dry.stdout.contains("would delete 6 event(s)"),
+        "{}",
+        dry.stdout
+    );
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 6);
+    let pruned = server.run_cli(&["prune"]);
+    pruned.assert_success();
+    assert!(
+        pruned.stdout.contains("deleted 6 event(s)"),
+        "{}",
+        pruned.stdout
+    );
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 0);
+    assert_eq!(server.count("SELECT count(*) FROM jobs", &[]), 0);
+    assert_eq!(server.count("SELECT count(*) FROM attempts", &[]), 0);
+    answers
+}
+
+/// Replay, resolve and prune answer the same JSON on PostgreSQL as on
+/// SQLite, step for step.
+#[test]
+fn replay_resolve_and_prune_answer_the_same_on_both_backends() {
+    let mut runs = Vec::new();
+    for backend in backends("replay_resolve_and_prune_answer_the_same_on_both_backends") {
+        runs.push((backend, scenario(backend)));
+    }
+    if let [(_, sqlite), (_, postgres)] = &runs[..] {
+        assert_eq!(sqlite.len(), postgres.len());
+        for (s, p) in sqlite.iter().zip(postgres) {
+            assert_eq!(s, p, "{}: SQLite and PostgreSQL differ", s.0);
+        }
+    }
+}
+
+/// Three batch replays at once (the API of two instances and the CLI)
+/// while both instances' forward workers take and deliver the jobs they
+/// re-open: each failed job is re-opened once and delivered once, at a
+/// downstream that counts every request that reaches it as an effect.
+/// Two resolves of one job at once: one closes it, the other is refused.
+#[test]
+fn replays_across_instances_deliver_each_job_once() {
+    let backend = Backend::Postgres;
+    if !backend.available("replays_across_instances_deliver_each_job_once") {
+        return;
+    }
+    let ds = Downstream::start_without_dedupe();
+    let n = 24;
+    for i in 0..n {
+        ds.script(&format!("stripe:evt_{i}:notify"), Behavior::Fail500(1));
+    }
+    let config = backend
+        .config(config(Some(&ds.url())))
+        .set("forward_workers", "3");
+    let a = Server::start(&config, &env());
+    let b = Server::start(&config, &env());
+    add_account(&a, "cus");
+    for i in 0..n {
+        deliver(if i % 2 == 0 { &a } else { &b }, &format!("evt_{i}"), "cus");
+    }
+    wait_until(Duration::from_secs(60), "every notify failed once", || {
+        a.count(
+            "SELECT count(*) FROM jobs WHERE action = 'notify' AND status = 'failed'",
+            &[],
+        ) == n as i64
+    });
+    ds.set_delay(Duration::from_millis(50));
+    let a = std::sync::Arc::new(a);
+    let b = std::sync::Arc::new(b);
+    let racers: Vec<_> = (0..3)
+        .map(|k| {
+            let (a, b) = (a.clone(), b.clone());
+            std::thread::spawn(move || match k {
+                0 => {
+                    api(
+                        &a,
+                        "/api/replay",
+                        json!({"source": "stripe", "status": "failed"}),
+                    )
+                    .0
+                }
+                1 => {
+                    api(
+                        &b,
+                        "/api/replay",
+                        json!({"source": "stripe", "status": "failed"}),
+                    )
+                    .0
+                }
+                _ => {
+                    let out = a.run_cli(&[
+                        "replay", "--source", "stripe", "--status", "failed", "--yes",
+                    ]);
+                    if out.success() { 200 } else { 500 }
+                }
+            })
+        })
+        .collect();
+    for r in racers {
+        assert_eq!(r.join().expect("a replay finished"), 200);
+    }
+    wait_until(
+        Duration::from_secs(60),
+        "every replayed notify is done",
+        || {
+            a.count(
+                "SELECT count(*) FROM jobs WHERE action = 'notify' AND status = 'done'",
+                &[],
+            ) == n as i64
+        },
+    );
+    for i in 0..n {
+        let key = format!("stripe:evt_{i}:notify");
+        assert_eq!(ds.effects(&key), 1, "exactly one effect for {key}");
+    }
+    assert_eq!(
+        a.count("SELECT count(*) FROM replays", &[]),
+        n as i64,
+        "each failed job re-opened once\n{}",
+        a.dump("SELECT job_id, origin FROM replays ORDER BY job_id")
+    );
+    assert_eq!(
+        a.count("SELECT count(*) FROM events WHERE state = 'completed'", &[]),
+        n as i64
+    );
+
+    // Two resolves of one failed job at once, on two instances.
+    ds.script("stripe:evt_r:notify", Behavior::Fail500(1));
+    deliver(&a, "evt_r", "cus");
+    wait_until(Duration::from_secs(30), "notify of evt_r failed", || {
+        job_status(&a, "evt_r", "notify") == "failed"
+    });
+    let resolvers: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                api(
+                    &s,
+                    "/api/events/stripe/evt_r/resolve",
+                    json!({"action": "notify", "note": "sent by hand"}),
+                )
+                .0
+            })
+        })
+        .collect();
+    let mut statuses: Vec<u16> = resolvers
+        .into_iter()
+        .map(|t| t.join().expect("a resolve finished"))
+        .collect();
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200, 409],
+        "one resolve closes the job, the other is refused"
+    );
+    assert_eq!(
+        a.count(
+            "SELECT count(*) FROM attempts WHERE error_kind = 'operator'",
+            &[]
+        ),
+        1
+    );
+    assert_eq!(job_status(&a, "evt_r", "notify"), "done");
+}
