@@ -71,7 +71,7 @@ pub enum Command {
         command: EventsCommand,
     },
     /// Re-open failed (or, with --force, done) jobs of an event, or in batch.
-    Replay(crate::ops::replay::ReplayArgs),
+    Replay(ReplayArgs),
     /// Close a failed job by hand, after a compensation: recorded as a new
     /// attempt (ok, error kind operator) with the note; dry run without --yes.
     Resolve(crate::ops::resolve::ResolveArgs),
@@ -129,6 +129,34 @@ pub enum Command {
         #[arg(long)]
         yes: bool,
     },
+}
+
+/// `idemhook replay`'s arguments: one event (SOURCE EVENT_ID) or a batch
+/// (--source/--status/--since); `ops::replay` turns them into a target.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// The event's source (with EVENT_ID: replay one event).
+    pub source: Option<String>,
+    /// The event id.
+    pub event_id: Option<String>,
+    /// Batch: only jobs of this source.
+    #[arg(long = "source", id = "batch_source")]
+    pub batch_source: Option<String>,
+    /// Batch: the job status to replay, failed (default) or paused.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only this action's job.
+    #[arg(long)]
+    pub action: Option<String>,
+    /// Batch: only events received within this duration, e.g. 2h.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Also re-run jobs that are done (one event only).
+    #[arg(long)]
+    pub force: bool,
+    /// Do it; without this only print what would be done.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Subcommand, Debug)]

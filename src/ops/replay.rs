@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use super::inspect::{OpError, finish, open_db_read, open_db_write};
 use super::text::{cell, clean, fmt_json_time, fmt_time};
 use crate::args;
+use crate::cli::ReplayArgs;
 use crate::config::{ActionKind, Config, parse_duration};
 use crate::ingest::{self, Claim};
 use crate::store::db::{self, Db, Row};
@@ -28,32 +29,6 @@ use crate::store::{StoreError, ms_to_secs, now_ms};
 
 /// How many jobs one write transaction of a batch replay re-opens.
 pub const APPLY_CHUNK: usize = 100;
-
-#[derive(clap::Args, Debug)]
-pub struct ReplayArgs {
-    /// The event's source (with EVENT_ID: replay one event).
-    pub source: Option<String>,
-    /// The event id.
-    pub event_id: Option<String>,
-    /// Batch: only jobs of this source.
-    #[arg(long = "source", id = "batch_source")]
-    pub batch_source: Option<String>,
-    /// Batch: the job status to replay, failed (default) or paused.
-    #[arg(long)]
-    pub status: Option<String>,
-    /// Only this action's job.
-    #[arg(long)]
-    pub action: Option<String>,
-    /// Batch: only events received within this duration, e.g. 2h.
-    #[arg(long)]
-    pub since: Option<String>,
-    /// Also re-run jobs that are done (one event only).
-    #[arg(long)]
-    pub force: bool,
-    /// Do it; without this only print what would be done.
-    #[arg(long)]
-    pub yes: bool,
-}
 
 /// Who asked for the replay, recorded in `replays.origin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
