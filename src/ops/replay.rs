@@ -599,7 +599,25 @@ pub fn apply(
             tx, &source, &event_id, now
         ))?;
     }
+    // Re-opened forward jobs (or jobs waiting on an SQL job done now):
+    // every instance's workers are woken at the commit (they poll too).
+    if requeued_forward(&out) || out.iter().any(|d| d.kind == "sql" && d.result == "ok") {
+        notify_workers(conn)?;
+    }
     Ok(out)
+}
+
+/// On PostgreSQL, wakes the forward workers of every instance when the
+/// caller's transaction commits (`NOTIFY` is delivered then, or never).
+/// Nothing on SQLite: the server's own wake-up is the caller's.
+pub fn notify_workers(conn: &Db<'_>) -> Result<(), StoreError> {
+    if conn.dialect() == db::Dialect::Postgres {
+        conn.execute(
+            &format!("NOTIFY {}", crate::store::pg_serve::JOBS_CHANNEL),
+            &[],
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs an SQL job's statement again on the stored event and records the

@@ -217,6 +217,8 @@ pub fn apply(
         &plan.event_id,
         now
     ))?;
+    // A forward job waiting on this action (`after`) may be due now.
+    super::replay::notify_workers(conn)?;
     Ok(Ok(Done { attempt: n, state }))
 }
 
