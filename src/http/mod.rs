@@ -1,6 +1,6 @@
-//! HTTP: our HTTP/1.1 server (`server.rs`), the routes, and the handlers.
+//! HTTP: our HTTP/1.1 server (`server/`), the routes, and the handlers.
 //! Handlers take a plain [`Incoming`] and return a [`Reply`]; only
-//! `server.rs` touches sockets.
+//! `server/` touches sockets.
 
 pub mod admin;
 pub mod hooks;

@@ -1,4 +1,4 @@
-//! What a handler answers: status, headers and body; `server.rs` writes it.
+//! What a handler answers: status, headers and body; `server/` writes it.
 
 use serde::Serialize;
 use serde_json::json;
