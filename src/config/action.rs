@@ -1,0 +1,213 @@
+//! One action of a source resolved into an [`Action`] (SQL or forward,
+//! with its retry, lease, check and `after`), and the check that `after`
+//! never names itself around a cycle.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::parse::RawAction;
+use super::source::valid_name;
+use super::values::{format_duration, parse_duration, resolve_secret};
+use super::{Action, ActionKind, Forward, is_builtin_param};
+use crate::key::Part;
+
+pub(super) fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, String> {
+    if !valid_name(&ra.name) {
+        return Err("name: an action name is 1 to 64 of A-Z a-z 0-9 _ - .".to_string());
+    }
+    let types = ra.types.unwrap_or_default();
+    let forward_only = [
+        ("timeout", ra.timeout.is_some()),
+        ("max_attempts", ra.max_attempts.is_some()),
+        ("retry_initial", ra.retry_initial.is_some()),
+        ("retry_max", ra.retry_max.is_some()),
+        ("lease", ra.lease.is_some()),
+        ("sign_secret", ra.sign_secret.is_some()),
+        ("request_id_header", ra.request_id_header.is_some()),
+        ("check", ra.check.is_some()),
+        ("after", ra.after.is_some()),
+    ];
+    let kind = match (ra.sql, ra.forward) {
+        (Some(_), Some(_)) => {
+            return Err("sql: an action has either sql or forward, not both".to_string());
+        }
+        (None, None) => {
+            return Err(
+                "sql: an action needs sql = \"...\" or forward = \"http://...\"".to_string(),
+            );
+        }
+        (Some(sql), None) => {
+            if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
+                return Err(format!("{key}: only forward actions take this key"));
+            }
+            if sql.trim().is_empty() {
+                return Err("sql: the statement is empty".to_string());
+            }
+            let mut params = Vec::new();
+            for (name, spec) in ra.params.unwrap_or_default() {
+                if is_builtin_param(&name) {
+                    return Err(format!(
+                        "params.{name}: :{name} is a built-in parameter and cannot be redefined"
+                    ));
+                }
+                params.push((
+                    name.clone(),
+                    Part::parse(&spec).map_err(|e| format!("params.{name}: {e}"))?,
+                ));
+            }
+            ActionKind::Sql { sql, params }
+        }
+        (None, Some(url)) => {
+            if ra.params.is_some() {
+                return Err("params: only sql actions take params".to_string());
+            }
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "forward: expected an http:// or https:// URL, got {url:?}"
+                ));
+            }
+            let timeout = opt_duration(&ra.timeout, "timeout", "10s")?;
+            let lease = match &ra.lease {
+                Some(s) => parse_duration(s).map_err(|e| format!("lease: {e}"))?,
+                None => (timeout * 6).max(Duration::from_secs(60)),
+            };
+            if lease <= timeout {
+                return Err(format!(
+                    "lease: must be longer than timeout ({} <= {}), or a slow attempt could run twice",
+                    format_duration(lease),
+                    format_duration(timeout)
+                ));
+            }
+            let check = match &ra.check {
+                Some(text) => {
+                    Some(crate::check::Template::parse(text).map_err(|e| format!("check: {e}"))?)
+                }
+                None => None,
+            };
+            if check.is_some() && lease <= timeout * 2 {
+                return Err(format!(
+                    "lease: must be longer than twice the timeout when check is set ({} <= 2 x {}): a check and then a send each take up to timeout",
+                    format_duration(lease),
+                    format_duration(timeout)
+                ));
+            }
+            let retry_initial = opt_duration(&ra.retry_initial, "retry_initial", "1s")?;
+            let retry_max = opt_duration(&ra.retry_max, "retry_max", "1h")?;
+            if retry_max < retry_initial {
+                return Err("retry_max: must not be shorter than retry_initial".to_string());
+            }
+            let max_attempts = ra.max_attempts.unwrap_or(12);
+            if max_attempts == 0 {
+                return Err("max_attempts: must be at least 1".to_string());
+            }
+            let sign_secret = match &ra.sign_secret {
+                Some(spec) => {
+                    Some(resolve_secret(spec, base).map_err(|e| format!("sign_secret: {e}"))?)
+                }
+                None => None,
+            };
+            ActionKind::Forward(Forward {
+                url,
+                timeout,
+                max_attempts,
+                retry_initial,
+                retry_max,
+                lease,
+                sign_secret,
+                request_id_header: ra
+                    .request_id_header
+                    .unwrap_or_else(|| "X-Request-Id".to_string()),
+                check,
+                after: ra.after.unwrap_or_default(),
+            })
+        }
+    };
+    Ok(Action {
+        name: ra.name,
+        types,
+        kind,
+    })
+}
+
+/// Checks every forward action's `after`: it names other actions of the
+/// same source, each once, and following the names never comes back to
+/// where it started (a cycle would wait forever).
+pub(super) fn check_after(actions: &[Action]) -> Result<(), String> {
+    fn after_of(a: &Action) -> &[String] {
+        match &a.kind {
+            ActionKind::Forward(f) => f.after.as_slice(),
+            ActionKind::Sql { .. } => &[],
+        }
+    }
+    for (i, a) in actions.iter().enumerate() {
+        let names = after_of(a);
+        for (j, name) in names.iter().enumerate() {
+            let at = format!("actions[{i}] ({}).after", a.name);
+            if name == &a.name {
+                return Err(format!("{at}: an action cannot wait for itself"));
+            }
+            if !actions.iter().any(|b| &b.name == name) {
+                let known: Vec<&str> = actions.iter().map(|b| b.name.as_str()).collect();
+                return Err(format!(
+                    "{at}: no action {name:?} in this source (after names actions of the same source: {})",
+                    known.join(", ")
+                ));
+            }
+            if names[..j].contains(name) {
+                return Err(format!("{at}: {name:?} is named twice"));
+            }
+        }
+    }
+    // Depth-first, from each action: a name met again on the current
+    // path closes a cycle.
+    fn visit<'a>(
+        actions: &'a [Action],
+        name: &'a str,
+        path: &mut Vec<&'a str>,
+        finished: &mut Vec<&'a str>,
+    ) -> Result<(), String> {
+        if finished.contains(&name) {
+            return Ok(());
+        }
+        if let Some(start) = path.iter().position(|n| *n == name) {
+            let mut cycle: Vec<&str> = path[start..].to_vec();
+            cycle.push(name);
+            return Err(format!(
+                "actions ({}).after: a cycle, {}: each would wait for the other forever",
+                path[start],
+                cycle.join(" -> ")
+            ));
+        }
+        path.push(name);
+        if let Some(ActionKind::Forward(f)) =
+            actions.iter().find(|a| a.name == name).map(|a| &a.kind)
+        {
+            for next in &f.after {
+                visit(actions, next, path, finished)?;
+            }
+        }
+        path.pop();
+        finished.push(name);
+        Ok(())
+    }
+    let mut finished = Vec::new();
+    for a in actions {
+        visit(actions, &a.name, &mut Vec::new(), &mut finished)?;
+    }
+    Ok(())
+}
+
+pub(super) fn nonzero(d: Result<Duration, String>, key: &str) -> Result<Duration, String> {
+    match d {
+        Ok(d) if d.is_zero() => Err(format!("{key}: must be longer than 0s")),
+        other => other,
+    }
+}
+
+pub(super) fn opt_duration(
+    value: &Option<String>,
+    key: &str,
+    default: &str,
+) -> Result<Duration, String> {
+    parse_duration(value.as_deref().unwrap_or(default)).map_err(|e| format!("{key}: {e}"))
+}

@@ -1,0 +1,244 @@
+//! The configuration file: parsed once, validated, resolved (secrets read,
+//! durations parsed, relative paths anchored at the file's folder) and then
+//! passed down as plain structs. Nothing else reads the TOML or the
+//! environment for settings.
+//!
+//! This file holds the resolved types ([`Config`], [`Source`], [`Action`]).
+//! The files: `parse.rs` (the TOML as written, `Config::parse`),
+//! `source.rs` and `action.rs` (one source, one action resolved),
+//! `kind.rs` (the kinds of source and their defaults), `values.rs`
+//! (secret specs, durations), `warnings.rs` (what `check` warns about).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::key::{Part, Rule};
+use crate::state::JobKind;
+use crate::store::PostgresUrl;
+use crate::verify::{Secret, Verifier};
+
+mod action;
+mod kind;
+mod parse;
+mod source;
+#[cfg(test)]
+mod tests;
+mod values;
+mod warnings;
+
+pub use kind::Kind;
+pub use values::{format_duration, parse_duration, resolve_secret};
+
+/// A configuration problem, with the file it came from when there was one.
+#[derive(Debug, thiserror::Error)]
+#[error("{origin}: {message}")]
+pub struct ConfigError {
+    origin: String,
+    message: String,
+}
+
+impl ConfigError {
+    fn new(origin: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            origin: origin.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// synchronous=FULL: every acknowledged event has been fsynced.
+    Full,
+    /// synchronous=NORMAL: survives a crash of the process, not of the machine.
+    Normal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMismatch {
+    Ack,
+    Reject,
+}
+
+/// The resolved configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// The file it came from; None for the development default.
+    pub file: Option<PathBuf>,
+    pub listen: String,
+    /// The SQLite file; empty when `postgres` is set.
+    pub database: PathBuf,
+    /// The PostgreSQL database, when `database` is a postgres:// URL.
+    pub postgres: Option<PostgresUrl>,
+    pub durability: Durability,
+    pub admin_token: Option<Secret>,
+    /// The environment variable `admin_token` names when it is not set:
+    /// the admin API is then off, and serve and check say why.
+    pub admin_token_unset: Option<String>,
+    pub max_body_bytes: usize,
+    pub http_workers: usize,
+    pub forward_workers: usize,
+    pub prune_interval: Duration,
+    /// How long a write waits for a lock held by another process before the
+    /// delivery is answered 503.
+    pub busy_timeout: Duration,
+    pub setup_sql: Option<String>,
+    /// PEM certificate chain and private key: when both are set, the
+    /// listeners speak TLS only.
+    pub tls: Option<TlsFiles>,
+    /// A second listener for the admin API and /metrics; when set, the main
+    /// listener does not serve them.
+    pub admin_listen: Option<String>,
+    pub http: HttpLimits,
+    pub sources: Vec<Source>,
+    /// What is valid but will likely misbehave (a secret that looks like a
+    /// shell variable, a retention shorter than the provider retries):
+    /// `check` prints these and `serve` logs them at start.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Connection limits of the HTTP server.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    pub max_connections: usize,
+    /// Open connections from one address (an IPv6 /64).
+    pub max_connections_per_address: usize,
+    /// Bytes a second a request must average after its first 2 s; 0: none.
+    pub min_receive_rate: u64,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug)]
+pub struct Source {
+    pub name: String,
+    pub kind: Kind,
+    pub verifier: Verifier,
+    pub secret_count: usize,
+    pub allow_unsigned: bool,
+    pub tolerance: Duration,
+    pub retention: Duration,
+    pub payload_retention: Duration,
+    pub key: Rule,
+    pub event_type: Option<Part>,
+    /// What a duplicate must match; empty means the whole body.
+    pub hash: Vec<Part>,
+    pub on_mismatch: OnMismatch,
+    pub actions: Vec<Action>,
+}
+
+impl Source {
+    /// True when anything about this source reads the body as JSON, so the
+    /// body must parse.
+    pub fn needs_json(&self) -> bool {
+        self.kind == Kind::Linear
+            || self.kind == Kind::Slack
+            || self.key.parts.iter().any(Part::reads_json)
+            || self.event_type.as_ref().is_some_and(Part::reads_json)
+            || self.hash.iter().any(Part::reads_json)
+            || self.binds_json()
+    }
+
+    /// True when an SQL action binds values from the body, so the claim
+    /// needs the parsed JSON tree (not just a few values from it).
+    pub fn binds_json(&self) -> bool {
+        self.actions.iter().any(|a| match &a.kind {
+            ActionKind::Sql { params, .. } => params.iter().any(|(_, p)| p.reads_json()),
+            ActionKind::Forward(_) => false,
+        })
+    }
+
+    pub fn action(&self, name: &str) -> Option<&Action> {
+        self.actions.iter().find(|a| a.name == name)
+    }
+
+    /// The hash rule as text, recorded with the key rule.
+    pub fn hash_rule(&self) -> String {
+        if self.hash.is_empty() {
+            "body".to_string()
+        } else {
+            self.hash
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Action {
+    pub name: String,
+    /// Event types this action takes; empty means all.
+    pub types: Vec<String>,
+    pub kind: ActionKind,
+}
+
+impl Action {
+    pub fn takes(&self, event_type: Option<&str>) -> bool {
+        self.types.is_empty() || event_type.is_some_and(|t| self.types.iter().any(|want| want == t))
+    }
+
+    /// The `kind` its jobs are stored with.
+    pub fn job_kind(&self) -> JobKind {
+        match self.kind {
+            ActionKind::Sql { .. } => JobKind::Sql,
+            ActionKind::Forward(_) => JobKind::Forward,
+        }
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        self.job_kind().as_str()
+    }
+}
+
+#[derive(Debug)]
+pub enum ActionKind {
+    /// A database-only effect, run in the claim transaction.
+    Sql {
+        sql: String,
+        params: Vec<(String, Part)>,
+    },
+    /// An external effect, delivered through the outbox.
+    Forward(Forward),
+}
+
+#[derive(Debug, Clone)]
+pub struct Forward {
+    pub url: String,
+    pub timeout: Duration,
+    pub max_attempts: u32,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    pub lease: Duration,
+    pub sign_secret: Option<Secret>,
+    /// The downstream header recorded as the attempt's request id.
+    pub request_id_header: String,
+    /// Asked before an attempt whose predecessor's outcome is unknown
+    /// (`check.rs`).
+    pub check: Option<crate::check::Template>,
+    /// Actions of the same event that must be done before this one is sent.
+    pub after: Vec<String>,
+}
+/// The development default that `serve` runs when there is no config file.
+pub const DEV_DEFAULT_SECRET: &str = "whsec_ZGV2LXNlY3JldC1mb3ItaWRlbWhvb2stZGVtbw==";
+
+impl Config {
+    pub fn source(&self, name: &str) -> Option<&Source> {
+        self.sources.iter().find(|s| s.name == name)
+    }
+}
+
+/// Built-in SQL action parameters.
+pub const BUILTIN_PARAMS: [&str; 5] = ["source", "event_id", "type", "payload", "received_at"];
+
+fn is_builtin_param(name: &str) -> bool {
+    BUILTIN_PARAMS.contains(&name)
+}

@@ -1,0 +1,295 @@
+//! Reading the file: the TOML as written (`Raw*`, unknown keys refused),
+//! then `Config::parse`, which resolves it into a [`Config`] once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::action::{nonzero, opt_duration};
+use super::source::resolve_source;
+use super::values::resolve_secret;
+use super::warnings::{retention_warning, shell_variable_warnings, unset_variables};
+use super::{Config, ConfigError, DEV_DEFAULT_SECRET, Durability, HttpLimits, TlsFiles};
+use crate::store::{DatabaseUrl, PostgresUrl};
+
+// ---------------------------------------------------------------------------
+// The file as written.
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) listen: Option<String>,
+    pub(super) database: Option<String>,
+    pub(super) durability: Option<String>,
+    pub(super) admin_token: Option<String>,
+    pub(super) max_body_bytes: Option<u64>,
+    pub(super) http_workers: Option<usize>,
+    pub(super) forward_workers: Option<usize>,
+    pub(super) prune_interval: Option<String>,
+    pub(super) busy_timeout: Option<String>,
+    pub(super) setup_sql: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    pub(super) admin_listen: Option<String>,
+    pub(super) max_connections: Option<usize>,
+    pub(super) max_connections_per_address: Option<usize>,
+    pub(super) min_receive_rate: Option<u64>,
+    pub(super) header_timeout: Option<String>,
+    pub(super) body_timeout: Option<String>,
+    pub(super) idle_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) sources: BTreeMap<String, RawSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSource {
+    pub(super) kind: String,
+    #[serde(default)]
+    pub(super) secrets: Vec<String>,
+    pub(super) tolerance: Option<String>,
+    pub(super) retention: Option<String>,
+    pub(super) payload_retention: Option<String>,
+    pub(super) key: Option<Vec<String>>,
+    #[serde(rename = "type")]
+    pub(super) event_type: Option<String>,
+    pub(super) hash: Option<Vec<String>>,
+    pub(super) on_mismatch: Option<String>,
+    pub(super) allow_unsigned: Option<bool>,
+    // kind = "hmac"
+    pub(super) header: Option<String>,
+    pub(super) algorithm: Option<String>,
+    pub(super) encoding: Option<String>,
+    pub(super) prefix: Option<String>,
+    #[serde(default)]
+    pub(super) actions: Vec<RawAction>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAction {
+    pub(super) name: String,
+    pub(super) types: Option<Vec<String>>,
+    pub(super) sql: Option<String>,
+    pub(super) params: Option<BTreeMap<String, String>>,
+    pub(super) forward: Option<String>,
+    pub(super) timeout: Option<String>,
+    pub(super) max_attempts: Option<u32>,
+    pub(super) retry_initial: Option<String>,
+    pub(super) retry_max: Option<String>,
+    pub(super) lease: Option<String>,
+    pub(super) sign_secret: Option<String>,
+    pub(super) request_id_header: Option<String>,
+    pub(super) check: Option<String>,
+    pub(super) after: Option<Vec<String>>,
+}
+
+impl Config {
+    /// Reads and resolves the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(&origin, format!("cannot read: {e}")))?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Config::parse(&text, &origin, &base, Some(path.to_path_buf()))
+    }
+
+    /// The documented development default: database ./idemhook.db, listen
+    /// 127.0.0.1:8080, one source `demo` of kind standard.
+    pub fn dev_default() -> Config {
+        let text =
+            format!("[sources.demo]\nkind = \"standard\"\nsecrets = [\"{DEV_DEFAULT_SECRET}\"]\n");
+        match Config::parse(&text, "development default", Path::new("."), None) {
+            Ok(config) => config,
+            // The text above is a constant; a failure here is a bug in this file.
+            Err(e) => panic!("the development default config is invalid: {e}"),
+        }
+    }
+
+    /// Parses and resolves config text. `base` anchors relative paths.
+    pub fn parse(
+        text: &str,
+        origin: &str,
+        base: &Path,
+        file: Option<PathBuf>,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| ConfigError::new(origin, e.to_string()))?;
+        let err = |msg: String| ConfigError::new(origin, msg);
+        let missing = unset_variables(&raw);
+        if !missing.is_empty() {
+            let list: Vec<String> = missing
+                .iter()
+                .map(|(name, key)| format!("{name} ({key})"))
+                .collect();
+            return Err(err(format!(
+                "environment variable{} not set: {}",
+                if list.len() == 1 { "" } else { "s" },
+                list.join(", ")
+            )));
+        }
+        let mut warnings = shell_variable_warnings(&raw);
+
+        let durability = match raw.durability.as_deref().unwrap_or("full") {
+            "full" => Durability::Full,
+            "normal" => Durability::Normal,
+            other => {
+                return Err(err(format!(
+                    "durability: expected \"full\" or \"normal\", got {other:?}"
+                )));
+            }
+        };
+        // An `env:` token whose variable is not set turns the admin API off
+        // (as PRODUCT.md's example config reads), unlike a source secret,
+        // without which nothing could be verified.
+        let admin_token_unset = raw
+            .admin_token
+            .as_deref()
+            .and_then(|spec| spec.strip_prefix("env:"))
+            .filter(|name| std::env::var_os(name).is_none())
+            .map(str::to_string);
+        let admin_token = match &raw.admin_token {
+            Some(_) if admin_token_unset.is_some() => None,
+            Some(spec) => {
+                let token =
+                    resolve_secret(spec, base).map_err(|e| err(format!("admin_token: {e}")))?;
+                if token.expose().is_empty() {
+                    return Err(err("admin_token: the token is empty".into()));
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(1_048_576);
+        if max_body_bytes == 0 || max_body_bytes > 64 * 1024 * 1024 {
+            return Err(err(format!(
+                "max_body_bytes: must be between 1 and 67108864, got {max_body_bytes}"
+            )));
+        }
+        let http_workers = raw.http_workers.unwrap_or(8);
+        if !(1..=256).contains(&http_workers) {
+            return Err(err(format!(
+                "http_workers: must be 1 to 256, got {http_workers}"
+            )));
+        }
+        let forward_workers = raw.forward_workers.unwrap_or(4);
+        if forward_workers > 256 {
+            return Err(err(format!(
+                "forward_workers: must be 0 to 256, got {forward_workers}"
+            )));
+        }
+        let prune_interval =
+            opt_duration(&raw.prune_interval, "prune_interval", "1h").map_err(err)?;
+        let busy_timeout = opt_duration(&raw.busy_timeout, "busy_timeout", "5s").map_err(err)?;
+        let (database, postgres) = resolve_database(raw.database.as_deref(), base).map_err(err)?;
+
+        let tls = match (&raw.tls_cert, &raw.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: base.join(cert),
+                key: base.join(key),
+            }),
+            (None, None) => None,
+            _ => return Err(err("tls_cert and tls_key: set both or neither".into())),
+        };
+        let max_connections = raw.max_connections.unwrap_or(1024);
+        if !(1..=65_536).contains(&max_connections) {
+            return Err(err(format!(
+                "max_connections: must be 1 to 65536, got {max_connections}"
+            )));
+        }
+        // A cap per address that defaults to 128, never above the cap in
+        // all.
+        let max_connections_per_address = match raw.max_connections_per_address {
+            None => max_connections.min(128),
+            Some(n) if (1..=max_connections).contains(&n) => n,
+            Some(n) => {
+                return Err(err(format!(
+                    "max_connections_per_address: must be 1 to max_connections ({max_connections}), got {n}"
+                )));
+            }
+        };
+        let min_receive_rate = raw.min_receive_rate.unwrap_or(1024);
+        if min_receive_rate > 1 << 30 {
+            return Err(err(format!(
+                "min_receive_rate: must be 0 (no minimum) to 1073741824 bytes a second, got {min_receive_rate}"
+            )));
+        }
+        let http = HttpLimits {
+            max_connections,
+            max_connections_per_address,
+            min_receive_rate,
+            header_timeout: nonzero(
+                opt_duration(&raw.header_timeout, "header_timeout", "10s"),
+                "header_timeout",
+            )
+            .map_err(err)?,
+            body_timeout: nonzero(
+                opt_duration(&raw.body_timeout, "body_timeout", "30s"),
+                "body_timeout",
+            )
+            .map_err(err)?,
+            idle_timeout: nonzero(
+                opt_duration(&raw.idle_timeout, "idle_timeout", "60s"),
+                "idle_timeout",
+            )
+            .map_err(err)?,
+        };
+
+        if raw.sources.is_empty() && file.is_some() {
+            return Err(err(
+                "no [sources.NAME] table: at least one source is needed".into(),
+            ));
+        }
+        let mut sources = Vec::new();
+        for (name, rs) in raw.sources {
+            let source =
+                resolve_source(&name, rs, base).map_err(|m| err(format!("sources.{name}.{m}")))?;
+            warnings.extend(retention_warning(&source));
+            sources.push(source);
+        }
+
+        Ok(Config {
+            file,
+            listen: raw.listen.unwrap_or_else(|| "127.0.0.1:8080".to_string()),
+            database,
+            postgres,
+            durability,
+            admin_token,
+            admin_token_unset,
+            max_body_bytes: max_body_bytes as usize,
+            http_workers,
+            forward_workers,
+            prune_interval,
+            busy_timeout,
+            setup_sql: raw.setup_sql,
+            tls,
+            admin_listen: raw.admin_listen,
+            http,
+            sources,
+            warnings,
+        })
+    }
+}
+
+/// The `database` value: a path, `sqlite:PATH`, or a PostgreSQL URL,
+/// directly or through `env:NAME` (an unset variable is reported with the
+/// others before this runs). The backend is decided here, once.
+fn resolve_database(
+    spec: Option<&str>,
+    base: &Path,
+) -> Result<(PathBuf, Option<PostgresUrl>), String> {
+    let spec = spec.unwrap_or("idemhook.db");
+    let value = match spec.strip_prefix("env:") {
+        Some(name) => std::env::var(name)
+            .map_err(|_| format!("database: environment variable {name} is not set"))?,
+        None => spec.to_string(),
+    };
+    match DatabaseUrl::parse(&value, base).map_err(|e| format!("database: {e}"))? {
+        DatabaseUrl::Sqlite(path) => Ok((path, None)),
+        DatabaseUrl::Postgres(url) => Ok((PathBuf::new(), Some(url))),
+    }
+}

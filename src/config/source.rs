@@ -1,0 +1,205 @@
+//! One `[sources.NAME]` table resolved into a [`Source`]: its kind, secrets,
+//! key, type and hash rules, retention and actions.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::action::{check_after, opt_duration, resolve_action};
+use super::kind::Kind;
+use super::parse::RawSource;
+use super::values::{parse_duration, resolve_secret};
+use super::{Action, OnMismatch, Source};
+use crate::key::{Part, Rule};
+use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Verifier};
+
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, String> {
+    if !valid_name(name) {
+        return Err(
+            "name: a source name is 1 to 64 of A-Z a-z 0-9 _ - . (it is a URL path segment)"
+                .to_string(),
+        );
+    }
+    let kind = Kind::parse(&rs.kind).ok_or_else(|| {
+        let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        format!(
+            "kind: unknown kind {:?}, expected one of {}",
+            rs.kind,
+            names.join(", ")
+        )
+    })?;
+
+    let hmac_keys = [
+        ("header", rs.header.is_some()),
+        ("algorithm", rs.algorithm.is_some()),
+        ("encoding", rs.encoding.is_some()),
+        ("prefix", rs.prefix.is_some()),
+    ];
+    if kind != Kind::Hmac
+        && let Some((key, _)) = hmac_keys.iter().find(|(_, set)| *set)
+    {
+        return Err(format!(
+            "{key}: only sources of kind \"hmac\" take this key"
+        ));
+    }
+    let scheme = match kind {
+        Kind::Stripe => Scheme::Stripe,
+        Kind::Github => Scheme::Github,
+        Kind::Shopify => Scheme::Shopify,
+        Kind::Slack => Scheme::Slack,
+        Kind::Paddle => Scheme::Paddle,
+        Kind::Linear => Scheme::Linear,
+        Kind::Standard => Scheme::Standard,
+        Kind::None => Scheme::None,
+        Kind::Hmac => {
+            let header = rs
+                .header
+                .clone()
+                .filter(|h| !h.trim().is_empty())
+                .ok_or("header: kind \"hmac\" needs the name of the signature header")?;
+            let algorithm = match rs.algorithm.as_deref().unwrap_or("sha256") {
+                "sha1" => HmacAlgorithm::Sha1,
+                "sha256" => HmacAlgorithm::Sha256,
+                "sha512" => HmacAlgorithm::Sha512,
+                other => {
+                    return Err(format!(
+                        "algorithm: expected sha1, sha256 or sha512, got {other:?}"
+                    ));
+                }
+            };
+            let encoding = match rs.encoding.as_deref().unwrap_or("hex") {
+                "hex" => Encoding::Hex,
+                "base64" => Encoding::Base64,
+                other => return Err(format!("encoding: expected hex or base64, got {other:?}")),
+            };
+            let prefix = rs.prefix.clone().unwrap_or_default();
+            // Header values are trimmed, so a prefix with blanks or control
+            // characters could never match.
+            if !prefix.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!(
+                    "prefix: {prefix:?} must be visible ASCII without spaces, e.g. \"sha256=\""
+                ));
+            }
+            Scheme::Hmac(HmacParams {
+                header,
+                algorithm,
+                encoding,
+                prefix,
+            })
+        }
+    };
+
+    let allow_unsigned = rs.allow_unsigned.unwrap_or(false);
+    if kind == Kind::None {
+        if !allow_unsigned {
+            return Err(
+                "allow_unsigned: kind \"none\" accepts unsigned requests only with allow_unsigned = true"
+                    .to_string(),
+            );
+        }
+        if !rs.secrets.is_empty() {
+            return Err("secrets: kind \"none\" takes no secrets".to_string());
+        }
+    } else if allow_unsigned {
+        return Err(
+            "allow_unsigned: only sources of kind \"none\" take this key; other kinds always verify"
+                .to_string(),
+        );
+    } else if rs.secrets.is_empty() {
+        return Err("secrets: at least one secret is needed".to_string());
+    }
+    let mut secrets = Vec::new();
+    for (i, spec) in rs.secrets.iter().enumerate() {
+        secrets.push(resolve_secret(spec, base).map_err(|e| format!("secrets[{i}]: {e}"))?);
+    }
+    let secret_count = secrets.len();
+    let tolerance = opt_duration(&rs.tolerance, "tolerance", "5m")?;
+    let verifier =
+        Verifier::new(scheme, secrets, tolerance).map_err(|e| format!("secrets: {e}"))?;
+
+    let retention = match &rs.retention {
+        Some(s) => parse_duration(s).map_err(|e| format!("retention: {e}"))?,
+        None => kind.default_retention(),
+    };
+    let payload_retention = match &rs.payload_retention {
+        Some(s) => parse_duration(s).map_err(|e| format!("payload_retention: {e}"))?,
+        None => retention.min(Duration::from_secs(7 * 86_400)),
+    };
+    if payload_retention > retention {
+        return Err(
+            "payload_retention: cannot exceed retention (the body is kept with its key)"
+                .to_string(),
+        );
+    }
+
+    let key_parts = match &rs.key {
+        Some(parts) => {
+            if parts.is_empty() {
+                return Err("key: needs at least one part".to_string());
+            }
+            parse_parts(parts).map_err(|e| format!("key: {e}"))?
+        }
+        None => kind.default_key().ok_or_else(|| {
+            format!(
+                "key: kind \"{}\" has no event id of its own; set key = [\"json:/id\"] or [\"header:Name\"]",
+                kind.name()
+            )
+        })?,
+    };
+    let event_type = match &rs.event_type {
+        Some(t) => Some(Part::parse(t).map_err(|e| format!("type: {e}"))?),
+        None => kind.default_type(),
+    };
+    let hash = match &rs.hash {
+        Some(parts) => parse_parts(parts).map_err(|e| format!("hash: {e}"))?,
+        None => Vec::new(),
+    };
+    let on_mismatch = match rs.on_mismatch.as_deref().unwrap_or("ack") {
+        "ack" => OnMismatch::Ack,
+        "reject" => OnMismatch::Reject,
+        other => {
+            return Err(format!(
+                "on_mismatch: expected ack or reject, got {other:?}"
+            ));
+        }
+    };
+
+    let mut actions: Vec<Action> = Vec::new();
+    for (i, ra) in rs.actions.into_iter().enumerate() {
+        let action_name = ra.name.clone();
+        if actions.iter().any(|a| a.name == action_name) {
+            return Err(format!("actions[{i}].name: {action_name:?} is used twice"));
+        }
+        actions.push(
+            resolve_action(ra, base).map_err(|e| format!("actions[{i}] ({action_name}).{e}"))?,
+        );
+    }
+    check_after(&actions)?;
+
+    Ok(Source {
+        name: name.to_string(),
+        kind,
+        verifier,
+        secret_count,
+        allow_unsigned,
+        tolerance,
+        retention,
+        payload_retention,
+        key: Rule { parts: key_parts },
+        event_type,
+        hash,
+        on_mismatch,
+        actions,
+    })
+}
+
+fn parse_parts(specs: &[String]) -> Result<Vec<Part>, String> {
+    specs.iter().map(|s| Part::parse(s)).collect()
+}

@@ -1,0 +1,85 @@
+//! Values written the same way under many keys: secret specs (`env:`,
+//! `file:`, literal) and durations (`30d`, `500ms`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::verify::Secret;
+
+/// Resolves a secret spec: a literal, `env:NAME` or `file:PATH` (relative to
+/// `base`, trailing newline trimmed). Errors never contain the secret.
+pub fn resolve_secret(spec: &str, base: &Path) -> Result<Secret, String> {
+    let value = if let Some(name) = spec.strip_prefix("env:") {
+        std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))?
+    } else if let Some(path) = spec.strip_prefix("file:") {
+        let path = base.join(path);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        text.strip_suffix("\r\n")
+            .or_else(|| text.strip_suffix('\n'))
+            .unwrap_or(&text)
+            .to_string()
+    } else {
+        spec.to_string()
+    };
+    if value.is_empty() {
+        return Err("the secret is empty".to_string());
+    }
+    Ok(Secret::new(value))
+}
+
+/// Parses `300ms`, `5s`, `5m`, `2h`, `7d`, or a sum like `1h30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err("empty duration: expected e.g. 300ms, 5s, 5m, 2h, 7d".to_string());
+    }
+    let mut total: u128 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 12 {
+            return Err(format!(
+                "invalid duration {text:?}: expected e.g. 300ms, 5s, 5m, 2h, 7d"
+            ));
+        }
+        let number: u128 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit_ms: u128 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "" => {
+                return Err(format!(
+                    "invalid duration {text:?}: a unit is needed (ms, s, m, h, d)"
+                ));
+            }
+            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?}")),
+        };
+        rest = &rest[unit_len..];
+        total = total.saturating_add(number.saturating_mul(unit_ms));
+    }
+    let ms = u64::try_from(total).map_err(|_| format!("duration {text:?} is too long"))?;
+    Ok(Duration::from_millis(ms))
+}
+
+/// The shortest exact text for a duration, e.g. `90s` -> `90s`, `3600s` -> `1h`.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
