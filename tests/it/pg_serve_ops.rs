@@ -389,3 +389,75 @@ fn job_gauges_come_from_the_database_on_postgres() {
         "{text}"
     );
 }
+
+/// A prune batch never waits: an event whose row, or one of whose jobs'
+/// rows, another transaction holds (a replay deciding on it, another
+/// instance's pruner) is left for a later batch, and the prune finishes
+/// (waiting would end in a lock timeout and a failed prune); the rest is
+/// pruned. Once the holder commits, the next prune takes them too.
+#[test]
+fn prune_on_postgres_skips_rows_another_transaction_holds() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("prune_on_postgres_skips_rows_another_transaction_holds");
+        return;
+    };
+    let url = cluster.create_database("it_pg_prune_skip");
+    let config = ledger_config(&url).tables(&source("short", "1s", "1s"));
+    let server = Server::start(&config, &[]);
+    for (i, id) in ["evt_job_held", "evt_row_held", "evt_free"]
+        .iter()
+        .enumerate()
+    {
+        deliver(&server, "short", id, 1 + i as i64);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut holder = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let mut held = holder.transaction().expect("begin");
+    held.query(
+        "SELECT 1 FROM jobs WHERE event_id = 'evt_job_held' FOR UPDATE",
+        &[],
+    )
+    .expect("hold a job row");
+    held.query(
+        "SELECT 1 FROM events WHERE event_id = 'evt_row_held' FOR UPDATE",
+        &[],
+    )
+    .expect("hold an event row");
+
+    let pruned = server.run_cli(&["prune"]);
+    pruned.assert_success();
+    assert!(
+        pruned.stdout.contains("short: deleted 1 event(s)"),
+        "{}",
+        pruned.stdout
+    );
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let left: Vec<String> = db
+        .query("SELECT event_id FROM events ORDER BY event_id", &[])
+        .expect("events")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["evt_job_held", "evt_row_held"]);
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM jobs", &[]),
+        2,
+        "the held events keep their jobs"
+    );
+    // Deliveries are answered meanwhile.
+    deliver(&server, "short", "evt_new", 9);
+
+    held.commit().expect("release");
+    let pruned = server.run_cli(&["prune"]);
+    pruned.assert_success();
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM events WHERE event_id LIKE 'evt_%_held'",
+            &[]
+        ),
+        0,
+        "released, they are pruned\n{}",
+        pruned.stdout
+    );
+}
