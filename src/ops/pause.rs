@@ -12,7 +12,7 @@ use super::inspect::{OpError, finish, open_db_write};
 use super::text::clean;
 use crate::args;
 use crate::config::{ActionKind, Config};
-use crate::store::db::Db;
+use crate::store::db::{Db, Dialect};
 use crate::store::now_ms;
 
 /// Splits `SOURCE/ACTION`; [`pause`] and [`resume`] check it against the config.
@@ -52,6 +52,23 @@ fn check(config: &Config, source: &str, action: &str) -> Result<(), OpError> {
     Ok(())
 }
 
+/// On PostgreSQL, waits until every claim that has read whether an action
+/// is paused has committed, and holds new ones back until the caller's
+/// transaction ends. A claim decides a forward job's status from
+/// `paused_actions` (pending or paused) before it inserts the job; without
+/// this, a claim that read it just before a pause (or a resume) commits
+/// its job after the UPDATE below has looked, and the job is left pending
+/// under a paused action (or paused under a resumed one). The claims hold
+/// their read lock on the table until they commit, so the exclusive lock
+/// is granted only after they have. SQLite's one writer already orders
+/// them.
+fn hold_back_claims(db: &Db<'_>) -> Result<(), OpError> {
+    if db.dialect() == Dialect::Postgres {
+        db.execute("LOCK TABLE paused_actions IN ACCESS EXCLUSIVE MODE", &[])?;
+    }
+    Ok(())
+}
+
 /// Pauses an action in the caller's write transaction: records it and
 /// turns its pending jobs to 'paused'. Jobs in flight finish their attempt.
 pub fn pause(
@@ -62,6 +79,7 @@ pub fn pause(
     now: i64,
 ) -> Result<Value, OpError> {
     check(config, source, action)?;
+    hold_back_claims(db)?;
     let inserted = db.execute(
         "INSERT INTO paused_actions (source, action, paused_at) VALUES (?1, ?2, ?3)
          ON CONFLICT DO NOTHING",
@@ -92,6 +110,7 @@ pub fn resume(
     action: &str,
     now: i64,
 ) -> Result<Value, OpError> {
+    hold_back_claims(db)?;
     let was_paused = db
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
@@ -161,4 +180,80 @@ pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::db::pg_write;
+    use crate::store::pg_cluster;
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    const CONFIG: &str = r#"
+[sources.s]
+kind = "none"
+allow_unsigned = true
+key = ["json:/id"]
+[[sources.s.actions]]
+name = "notify"
+forward = "http://127.0.0.1:9/"
+"#;
+
+    /// On PostgreSQL, a claim that read `paused_actions` before a pause and
+    /// commits its pending job after it: the pause waits for it and pauses
+    /// that job too (and new claims wait for the pause).
+    #[test]
+    fn a_pause_waits_for_claims_that_read_it_was_not_paused() {
+        let Some(cluster) = pg_cluster::cluster() else {
+            pg_cluster::skipped("a_pause_waits_for_claims_that_read_it_was_not_paused");
+            return;
+        };
+        let url = cluster.create_database("pause_waits_for_claims");
+        let config = Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap();
+        let mut watcher = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        crate::store::pg::migrate(&mut watcher).unwrap();
+        // A claim half done: it has read that the action is not paused.
+        let mut claim = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        claim
+            .batch_execute(
+                "BEGIN;
+                 SELECT 1 FROM paused_actions WHERE source = 's' AND action = 'notify'",
+            )
+            .unwrap();
+        let pausing = std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            pg_write(&mut c, |db| pause(db, &config, "s", "notify", 10)).unwrap()
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = watcher
+                .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pause did not wait for the claim"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The claim writes its job as pending, as it decided, and commits.
+        claim
+            .batch_execute(
+                "INSERT INTO jobs (source, event_id, action, kind, status, next_attempt_at, created_at, updated_at)
+                 VALUES ('s', 'e', 'notify', 'forward', 'pending', 1, 1, 1);
+                 COMMIT",
+            )
+            .unwrap();
+        let out = pausing.join().unwrap();
+        assert_eq!(out["jobs_paused"], 1, "{out}");
+        let status: String = watcher
+            .query_one("SELECT status FROM jobs", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(status, "paused");
+    }
 }
