@@ -446,3 +446,58 @@ fn backup_on_postgres_points_at_pg_dump() {
     let list = cli(&server, &["events", "list"], 0);
     assert!(list.stdout.contains("no events match"), "{list:?}");
 }
+
+/// PostgreSQL stopped: the admin API answers 503 (reads and a write) and
+/// an operator command exits 2; once it is back,
+/// the API answers again without a restart of idemhook.
+#[test]
+fn the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped() {
+    let Some(local) = crate::pg_cluster::private() else {
+        crate::pg_cluster::skipped(
+            "pg_ops::the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped",
+        );
+        return;
+    };
+    let url = local.cluster().create_database("it_pg_ops_down");
+    let ds = Downstream::start();
+    let server = Server::start(
+        &config(&ds)
+            .set("database", &toml_str(&url))
+            .set("busy_timeout", &toml_str("2s")),
+        &env(),
+    );
+    deliver(&server, "evt_a", 1);
+    assert_eq!(
+        get_ok(&server, "/api/events").as_array().map(Vec::len),
+        Some(1)
+    );
+
+    local.stop();
+    for (method, path) in [
+        ("GET", "/api/events"),
+        ("GET", "/api/reconcile"),
+        ("POST", "/api/actions/stripe/later/pause"),
+    ] {
+        let (status, v) = api(&server, method, path, "");
+        assert_eq!(status, 503, "{method} {path}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("retry later")),
+            "{v}"
+        );
+    }
+    let out = server.run_cli(&["events", "list", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    local.spawn().expect("PostgreSQL starts again");
+    local.wait_ready().expect("PostgreSQL is ready again");
+    wait_for(JOBS_TIMEOUT, "the admin API answers again", || {
+        match api(&server, "GET", "/api/events", "") {
+            (200, v) => Ok(v),
+            (status, v) => Err(format!("{status} {v}")),
+        }
+    });
+    let out = cli(&server, &["events", "list", "--json"], 0);
+    assert_eq!(out.json().as_array().map(Vec::len), Some(1));
+}
