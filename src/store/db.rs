@@ -226,19 +226,6 @@ impl<'c> Db<'c> {
         }
     }
 
-    /// The SQLite connection, for code that has not moved to this layer
-    /// yet; on PostgreSQL an error that says so (the API answers 503, the
-    /// CLI exits 2).
-    pub fn sqlite_only(&self) -> Result<&'c Connection, StoreError> {
-        match self.conn {
-            Conn::Sqlite(c) => Ok(c),
-            Conn::Postgres(_) => Err(StoreError {
-                kind: StoreErrorKind::Other,
-                message: "this operation does not run on PostgreSQL in this build yet".to_string(),
-            }),
-        }
-    }
-
     /// Runs `sqlite` or `pg` with the open transaction as the claim's and
     /// outbox's storage steps (`store::Tx`, `store::OutboxTx`), for the
     /// shared decisions written against them (an event's state, a check's
