@@ -560,8 +560,8 @@ params = { amount = "json:/amount" }
         assert!(!plan.contains("SCAN deliveries"), "{plan}");
     }
 
-    /// Issue 6: one claim in a group whose SQL action fails rolls back only
-    /// itself; the others in the same group transaction commit.
+    /// Group commit: one claim in a group whose SQL action fails rolls back
+    /// only itself; the others in the same group transaction commit.
     #[test]
     fn a_failing_action_in_a_group_rolls_back_only_its_own_claim() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,4 @@
-//! idemhook's throughput benchmark (issue 6): the real binary against a
+//! idemhook's throughput benchmark: the real binary against a
 //! no-op tiny_http server, driven by one load generator.
 //!
 //! ```text
@@ -99,11 +99,11 @@ struct Opts {
     scale: f64,
     log_level: Option<String>,
     perf_dir: Option<PathBuf>,
-    /// idemhook's http_workers (the spec's is 8, like the no-op server).
+    /// idemhook's http_workers (its default is 8, like the no-op server's).
     idem_workers: usize,
     /// idemhook's forward_workers; None keeps its default (4).
     forward_workers: Option<usize>,
-    /// idemhook's durability: "full" (the issue's setup) or "normal".
+    /// idemhook's durability: "full" (the measured setup) or "normal".
     durability: String,
     /// cargo bench passes `--bench`; `cargo test --all-targets` does not.
     bench_flag: bool,

@@ -62,8 +62,8 @@ impl Kind {
     }
 
     /// How long keys are kept by default: the provider's documented retry or
-    /// redelivery horizon plus a margin, never under 7 days. The README's
-    /// retention table gives the reason for each.
+    /// redelivery horizon plus a margin, never under 7 days. The table of
+    /// kinds in docs/configuration.md gives the reason for each.
     pub fn default_retention(self) -> Duration {
         let days = match self {
             // retries for up to 3 days

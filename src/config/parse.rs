@@ -144,8 +144,9 @@ impl Config {
             }
         };
         // An `env:` token whose variable is not set turns the admin API off
-        // (as PRODUCT.md's example config reads), unlike a source secret,
-        // without which nothing could be verified.
+        // (a config may name IDEMHOOK_ADMIN_TOKEN and leave it unset where
+        // no admin API is wanted), unlike a source secret, without which
+        // nothing could be verified.
         let admin_token_unset = raw
             .admin_token
             .as_deref()

@@ -308,7 +308,7 @@ fn incident_level(delivery: Delivery) -> crate::log::Level {
     }
 }
 
-/// The JSON answer to a claimed delivery (README, "HTTP").
+/// The JSON answer to a claimed delivery (docs/configuration.md, "HTTP").
 #[derive(serde::Serialize)]
 struct Answered<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]

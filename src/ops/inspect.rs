@@ -350,8 +350,9 @@ fn headers_value(stored: Option<&str>) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// One event, the object of PRODUCT.md's "JSON shapes", plus the kept
-/// `headers` and each attempt's operator `note`.
+/// One event, the object `events show --json` and the admin API print:
+/// its fields, payload, jobs with their attempts, deliveries and
+/// incidents, plus the kept `headers` and each attempt's operator `note`.
 pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
     let Some(r) = db.query_opt(
         "SELECT type, state, received_at, completed_at, payload, payload_hash, verified_with,

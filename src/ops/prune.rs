@@ -500,7 +500,7 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
         ),
         Ok(None) => println!(
             "the database was created without incremental auto-vacuum, so freed pages stay in the file for reuse; \
-             to give them back, stop serve and run VACUUM once (README, \"Housekeeping\")"
+             to give them back, stop serve and run VACUUM once (docs/runbook.md, \"Reclaiming disk space\")"
         ),
         Err(e) => return finish(Err(OpError::Store(e))),
     }

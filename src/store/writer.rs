@@ -193,7 +193,7 @@ impl Writer {
         // Checkpoints belong to the checkpointer, not to request commits.
         // The cache stays modest: once a b-tree split has used the
         // pending-byte page number, SQLite walks the whole page cache on
-        // every commit (ARCHITECTURE.md, "Performance").
+        // every commit (docs/performance.md, "Kept").
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = -8192;")?;
         // After wal_autocheckpoint, which replaces the WAL hook: with
         // durability normal the writer learns the WAL's size from it.

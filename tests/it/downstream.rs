@@ -17,7 +17,8 @@
 //! dedupe: every processed request is an effect, repeats of a key too, so
 //! its per-key count shows a second send.
 //!
-//! Owns no knowledge of idemhook beyond the header names in PRODUCT.md.
+//! Owns no knowledge of idemhook beyond the names of the headers a
+//! forwarded request carries (`Idempotency-Key`, `X-Idemhook-*`).
 
 #![allow(dead_code)] // not every test module uses every helper
 

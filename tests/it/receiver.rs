@@ -1321,9 +1321,10 @@ fn status_503_with_retry_after_while_the_database_is_locked() {
 
 #[test]
 fn idle_and_slow_connections_do_not_starve_deliveries() {
-    // PRODUCT.md "Hostile input" and NOTES.md (tiny_http's queued
-    // connections): 64 connections that send nothing or half a request must
-    // not delay a normal delivery past a bound.
+    // Slow or idle connections never starve normal deliveries (tiny_http
+    // could queue a new connection behind idle ones): 64 connections that
+    // send nothing or half a request must not delay a normal delivery past
+    // a bound.
     const IDLE: usize = 48;
     const HALF: usize = 16;
     const BOUND: Duration = Duration::from_secs(2);
@@ -1482,7 +1483,7 @@ secrets = ["file:filed-secret.txt"]
         "signed with a secret that is in neither slot",
     );
 
-    // Secrets never reach logs (ARCHITECTURE invariant, STYLE.md).
+    // Secrets never reach logs.
     let logs = format!("{}{}", server.stdout(), server.stderr());
     for (name, secret) in [
         ("STRIPE_SECRET", STRIPE_SECRET),

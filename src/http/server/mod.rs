@@ -1,7 +1,8 @@
 //! The HTTP/1.1 server: one thread per connection, with deadlines, limits
 //! and caps on connections, so slow or idle clients cannot starve
 //! deliveries (tiny_http 0.12 has no socket timeouts and can leave a new
-//! connection queued behind long-lived ones; see NOTES.md).
+//! connection queued behind long-lived ones, so a provider that opens
+//! several connections at once would see timeouts).
 //!
 //! A connection thread reads a request's head and whole body itself,
 //! under deadlines, before it asks for one of `http_workers` processing
