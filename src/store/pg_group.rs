@@ -7,12 +7,18 @@
 //! has been answered, and the retry decides every claim afresh. A group
 //! is cut into several transactions when its SQL actions would open more
 //! savepoints than PostgreSQL's per-backend subtransaction cache holds.
+//!
+//! A transaction is few round trips to the server, whatever its size:
+//! BEGIN, one insert of all its events (in key order), one read of the
+//! events it lost, the claims' own steps (SQL actions and jobs; answered
+//! from what is known for a duplicate), one insert of all its delivery
+//! rows, COMMIT (see `PgTx::grouped`).
 
 use std::time::Duration;
 
 use postgres::Client;
 
-use super::pg_tx::{PgTx, Statements};
+use super::pg_tx::{EventRow, PgTx, Statements};
 use super::{StoreError, StoreErrorKind};
 
 /// Savepoints one transaction may open: below the 64 subtransactions
@@ -28,10 +34,13 @@ pub const MAX_RETRIES: usize = 8;
 pub type Work<'f, R> = Box<dyn FnMut(&mut PgTx<'_>) -> Result<R, StoreError> + 'f>;
 
 /// One operation of a group: its key (the order it runs in), the
-/// savepoints it may open, and the work.
+/// savepoints it may open, the event row its claim inserts (inserted with
+/// the rest of its transaction's before any operation runs), and the
+/// work.
 pub struct Op<'f, R> {
     pub key: (String, String),
     pub savepoints: usize,
+    pub event: Option<EventRow>,
     pub run: Work<'f, R>,
 }
 
@@ -122,20 +131,25 @@ fn try_transaction<R>(
         .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         .map_err(|e| (StoreError::from(e), false))?;
     let mut values = Vec::with_capacity(chunk.len());
-    {
-        let mut tx = PgTx::new(client, statements);
-        for &i in chunk {
-            match (ops[i].run)(&mut tx) {
-                Ok(v) => values.push(v),
-                Err(e) => {
-                    let retryable = is_retryable(&e);
-                    return Err((e, retryable));
-                }
+    let mut tx = PgTx::grouped(client, statements);
+    let rows: Vec<&EventRow> = chunk
+        .iter()
+        .filter_map(|&i| ops[i].event.as_ref())
+        .collect();
+    if let Err(e) = tx.insert_events(&rows) {
+        let retryable = is_retryable(&e);
+        return Err((e, retryable));
+    }
+    for &i in chunk {
+        match (ops[i].run)(&mut tx) {
+            Ok(v) => values.push(v),
+            Err(e) => {
+                let retryable = is_retryable(&e);
+                return Err((e, retryable));
             }
         }
     }
-    crate::failpoint::hit("pg.group.before_commit");
-    match client.batch_execute("COMMIT") {
+    match tx.commit() {
         Ok(()) => Ok(values),
         Err(e) => {
             let retryable = super::pg::is_retryable(&e);
@@ -161,6 +175,7 @@ mod tests {
     use crate::config::{Config, Durability};
     use crate::ingest::{Claim, Outcome, claim_in};
     use crate::store::pg::{Settings, migrate};
+    use crate::store::pg_serve::event_row;
     use crate::store::{DatabaseUrl, now_ms, pg_cluster};
 
     const CONFIG: &str = r#"
@@ -240,6 +255,7 @@ params = { instance = "header:x-instance" }
                             .map(|c| Op {
                                 key: (source.name.clone(), c.event_id.clone()),
                                 savepoints: 1,
+                                event: event_row(source, c),
                                 run: Box::new(move |tx: &mut PgTx<'_>| claim_in(tx, source, c)),
                             })
                             .collect();
@@ -276,6 +292,110 @@ params = { instance = "header:x-instance" }
         );
     }
 
+    /// One group's claims, decided by one insert of its events: the first
+    /// claim of a key wins, a later one in the same group is a duplicate
+    /// (or a mismatch), a key another transaction stored is a duplicate
+    /// with that event's state, and every delivery gets its row; a claim
+    /// without a prepared row is claimed on its own.
+    #[test]
+    fn a_groups_claims_are_decided_by_one_insert() {
+        let Some(settings) = settings("group_insert") else {
+            return;
+        };
+        let mut admin = settings.connect().unwrap();
+        migrate(&mut admin).unwrap();
+        admin
+            .batch_execute("CREATE TABLE ledger (event_id text PRIMARY KEY, instance text)")
+            .unwrap();
+        let config = Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap();
+        let source = &config.sources[0];
+        let mut client = settings.connect().unwrap();
+        let mut statements = Statements::default();
+        // e0 is stored first, by another transaction.
+        let stored = claim_for("e0", 9);
+        let mut first = vec![Op {
+            key: (source.name.clone(), "e0".to_string()),
+            savepoints: 1,
+            event: event_row(source, &stored),
+            run: Box::new(|tx: &mut PgTx<'_>| claim_in(tx, source, &stored)),
+        }];
+        let r = run_group(&mut client, &mut statements, &mut first);
+        assert!(matches!(r[0], Ok(Outcome::Accepted { .. })), "{r:?}");
+        drop(first);
+
+        let mut other = claim_for("e1", 2);
+        other.payload_hash = "hash-other".to_string();
+        let claims = [
+            claim_for("e2", 1),
+            claim_for("e1", 1),
+            claim_for("e0", 1),
+            claim_for("e1", 1),
+            other,
+            claim_for("e3", 1),
+        ];
+        let mut ops: Vec<Op<'_, Outcome>> = claims
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Op {
+                key: (source.name.clone(), c.event_id.clone()),
+                savepoints: 1,
+                // e3 has no row: its claim inserts it on its own.
+                event: (i != 5).then(|| event_row(source, c)).flatten(),
+                run: Box::new(move |tx: &mut PgTx<'_>| claim_in(tx, source, c)),
+            })
+            .collect();
+        let outcomes: Vec<Outcome> = run_group(&mut client, &mut statements, &mut ops)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        drop(ops);
+        let accepted =
+            |o: &Outcome| matches!(o, Outcome::Accepted { state, .. } if state == "completed");
+        assert!(accepted(&outcomes[0]), "{outcomes:?}");
+        assert!(accepted(&outcomes[1]), "{outcomes:?}");
+        let completed = "completed".to_string();
+        assert_eq!(
+            outcomes[2],
+            Outcome::Duplicate {
+                state: completed.clone()
+            }
+        );
+        assert_eq!(
+            outcomes[3],
+            Outcome::Duplicate {
+                state: completed.clone()
+            }
+        );
+        assert_eq!(outcomes[4], Outcome::Mismatch { state: completed });
+        assert!(accepted(&outcomes[5]), "{outcomes:?}");
+
+        let count = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM events"), 4);
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM ledger"), 4);
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM incidents"), 1);
+        let deliveries: Vec<(String, String)> = admin
+            .query("SELECT event_id, outcome FROM deliveries ORDER BY id", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let want = [
+            ("e0", "accepted"),
+            // The group's, in key order.
+            ("e0", "duplicate"),
+            ("e1", "accepted"),
+            ("e1", "duplicate"),
+            ("e1", "mismatch"),
+            ("e2", "accepted"),
+            ("e3", "accepted"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(e, o)| (e.to_string(), o.to_string()))
+            .collect();
+        assert_eq!(deliveries, want);
+    }
+
     /// Two transactions that lock the same business rows in opposite
     /// orders deadlock; the loser's group is run again and both succeed.
     #[test]
@@ -303,6 +423,7 @@ params = { instance = "header:x-instance" }
                     let mut ops = vec![Op {
                         key: ("k".to_string(), first.to_string()),
                         savepoints: 0,
+                        event: None,
                         run: Box::new(|tx: &mut PgTx<'_>| {
                             tries += 1;
                             let c = tx.client();
@@ -348,6 +469,7 @@ params = { instance = "header:x-instance" }
                 .map(|i| Op {
                     key: ("k".to_string(), format!("{i:03}")),
                     savepoints: 2,
+                    event: None,
                     run: Box::new(move |tx: &mut PgTx<'_>| {
                         let xid: i64 = tx.client().query_one("SELECT txid_current()", &[])?.get(0);
                         Ok((xid, i))

@@ -21,10 +21,10 @@ use postgres::Client;
 
 use super::pg::{Settings, Tls};
 use super::pg_group::{Op, run_group};
-use super::pg_tx::{PgTx, Statements};
-use super::tx::Tx;
+use super::pg_tx::{EventRow, PgTx, Statements};
+use super::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use super::{PostgresUrl, StoreError, StoreErrorKind};
-use crate::config::{ActionKind, Config};
+use crate::config::{ActionKind, Config, Source};
 use crate::ingest::{Claim, Outcome, claim_in};
 use crate::metrics::Delivery;
 
@@ -448,14 +448,6 @@ fn claimer(
         let results = run_batch(c, &mut statements, config, &live);
         commits.fetch_add(1, Ordering::Relaxed);
         grouped.fetch_add(live.len() as u64, Ordering::Relaxed);
-        // Forward jobs written: every instance's workers are told (a
-        // wake-up only; they also poll).
-        let wrote_jobs = results
-            .iter()
-            .any(|r| matches!(r, Ok(Outcome::Accepted { forward_jobs, .. }) if *forward_jobs > 0));
-        if wrote_jobs {
-            let _ = c.batch_execute("NOTIFY idemhook_jobs");
-        }
         let mut broken = false;
         for (job, result) in live.into_iter().zip(results) {
             if let Err(e) = &result
@@ -533,6 +525,7 @@ fn run_batch(
                         claim.event_id.clone(),
                     ),
                     savepoints,
+                    event: source.and_then(|s| event_row(s, claim)),
                     run: Box::new(move |tx: &mut PgTx<'_>| {
                         let source =
                             source.ok_or_else(|| StoreError::other("source index out of range"))?;
@@ -549,6 +542,7 @@ fn run_batch(
             } => Op {
                 key: (source.clone(), String::new()),
                 savepoints: 0,
+                event: None,
                 run: Box::new(move |tx: &mut PgTx<'_>| {
                     tx.insert_delivery(source, None, *at, outcome.name(), remote, Some(detail))?;
                     // Not a claim: nobody reads this outcome.
@@ -562,8 +556,96 @@ fn run_batch(
     run_group(client, statements, &mut ops)
 }
 
-/// The channel forward workers are woken on when jobs were written.
-pub const JOBS_CHANNEL: &str = "idemhook_jobs";
+/// The channel forward workers are woken on when jobs were written (by
+/// the NOTIFY of the commit that wrote them, `PgTx::commit`).
+pub use super::pg_tx::JOBS_CHANNEL;
+
+/// The event row the claim of `c` inserts, as `claim_in` itself makes it:
+/// asked of the claim with a transaction that records its first step
+/// (always the insert: the claim never reads first) and stops it there.
+/// The group inserts every claim's row with one statement before the
+/// claims run.
+pub fn event_row(source: &Source, c: &Claim) -> Option<EventRow> {
+    let mut first = FirstStep(None);
+    let _ = claim_in(&mut first, source, c);
+    first.0
+}
+
+/// A [`Tx`] that records the event a claim inserts and fails every step,
+/// so the claim stops at its first.
+struct FirstStep(Option<EventRow>);
+
+fn stopped() -> StoreError {
+    StoreError::other("stopped after the claim's first step")
+}
+
+impl Tx for FirstStep {
+    fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
+        self.0 = Some(EventRow::of(e));
+        Err(stopped())
+    }
+    fn event_state_and_hash(&mut self, _: &str, _: &str) -> Result<(String, String), StoreError> {
+        Err(stopped())
+    }
+    fn insert_mismatch(
+        &mut self,
+        _: &str,
+        _: &str,
+        _: i64,
+        _: &str,
+        _: &str,
+        _: &[u8],
+    ) -> Result<(), StoreError> {
+        Err(stopped())
+    }
+    fn insert_delivery(
+        &mut self,
+        _: &str,
+        _: Option<&str>,
+        _: i64,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+    ) -> Result<(), StoreError> {
+        Err(stopped())
+    }
+    fn insert_job(&mut self, _: &NewJob<'_>) -> Result<i64, StoreError> {
+        Err(stopped())
+    }
+    fn insert_sql_attempt(
+        &mut self,
+        _: i64,
+        _: i64,
+        _: i64,
+        _: &str,
+        _: Option<&str>,
+    ) -> Result<(), StoreError> {
+        Err(stopped())
+    }
+    fn is_paused(&mut self, _: &str, _: &str) -> Result<bool, StoreError> {
+        Err(stopped())
+    }
+    fn job_tallies(&mut self, _: &str, _: &str) -> Result<JobTallies, StoreError> {
+        Err(stopped())
+    }
+    fn set_event_state(&mut self, _: &str, _: &str, _: &str, _: i64) -> Result<(), StoreError> {
+        Err(stopped())
+    }
+    fn in_savepoint<T, E: From<StoreError>>(
+        &mut self,
+        _: &'static str,
+        _: impl FnOnce(&mut Self) -> Result<T, E>,
+    ) -> Result<T, E> {
+        Err(stopped().into())
+    }
+    fn execute_action(
+        &mut self,
+        _: &str,
+        _: impl FnMut(&str) -> Option<ParamValue>,
+    ) -> Result<(), ActionError> {
+        Err(ActionError::Store(stopped()))
+    }
+}
 
 /// Listens for new forward jobs written by any instance and wakes this
 /// instance's workers; connects again after a failure. Never needed for
