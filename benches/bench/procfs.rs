@@ -2,8 +2,6 @@
 
 use super::*;
 
-// /proc
-
 pub(crate) fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()

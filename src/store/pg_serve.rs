@@ -11,7 +11,7 @@
 //! again for the next group, so a restarted server is used again without
 //! restarting idemhook.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -85,8 +85,85 @@ enum Job {
     },
 }
 
+/// The claims (and refusal records) waiting for a claimer, and the keys
+/// of the claims a claimer is committing now. A claim whose key is being
+/// committed by one claimer waits for that commit instead of joining the
+/// other claimer's group: there its insert would wait on the first
+/// group's transaction, and stall every other claim of its group with it.
+#[derive(Default)]
+struct Lined {
+    jobs: VecDeque<Job>,
+    in_flight: HashSet<(usize, String)>,
+}
+
+impl Job {
+    fn key(&self) -> Option<(usize, String)> {
+        match self {
+            Job::Claim {
+                source_index,
+                claim,
+                ..
+            } => Some((*source_index, claim.event_id.clone())),
+            Job::Refusal { .. } => None,
+        }
+    }
+}
+
+impl Lined {
+    fn takeable(&self, job: &Job) -> bool {
+        job.key().is_none_or(|k| !self.in_flight.contains(&k))
+    }
+
+    /// Up to `MAX_GROUP` jobs whose keys no claimer is committing, in
+    /// queue order; their keys are then in flight.
+    fn take_group(&mut self) -> Vec<Job> {
+        let mut group = Vec::new();
+        let mut held = VecDeque::new();
+        while group.len() < MAX_GROUP {
+            let Some(job) = self.jobs.pop_front() else {
+                break;
+            };
+            if self.takeable(&job) {
+                group.push(job);
+            } else {
+                held.push_back(job);
+            }
+        }
+        for job in &group {
+            if let Some(k) = job.key() {
+                self.in_flight.insert(k);
+            }
+        }
+        while let Some(job) = held.pop_back() {
+            self.jobs.push_front(job);
+        }
+        group
+    }
+}
+
+/// A group's keys, in flight until its claimer is done with it (committed
+/// or failed); then a claimer that held claims back for them is woken.
+struct Done<'q> {
+    queue: &'q Queue,
+    keys: Vec<(usize, String)>,
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let mut lined = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        for k in self.keys.drain(..) {
+            lined.in_flight.remove(&k);
+        }
+        drop(lined);
+        self.queue.ready.notify_all();
+    }
+}
+
 struct Queue {
-    jobs: Mutex<VecDeque<Job>>,
+    jobs: Mutex<Lined>,
     ready: Condvar,
     stop: AtomicBool,
     /// Claims not answered yet, for the reaper.
@@ -230,7 +307,7 @@ fn check_actions(client: &mut impl postgres::GenericClient, config: &Config) -> 
 impl PgStore {
     pub fn start(config: Arc<Config>, settings: Settings) -> Result<PgStore, StoreError> {
         let queue = Arc::new(Queue {
-            jobs: Mutex::new(VecDeque::new()),
+            jobs: Mutex::new(Lined::default()),
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
             waiting: Mutex::new(Vec::new()),
@@ -307,7 +384,7 @@ impl PgStore {
 
     fn push(&self, job: Job) {
         let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.push_back(job);
+        jobs.jobs.push_back(job);
         drop(jobs);
         self.queue.ready.notify_one();
     }
@@ -317,6 +394,7 @@ impl PgStore {
             .jobs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .jobs
             .len()
     }
 
@@ -404,20 +482,21 @@ fn claimer(
     let mut statements = Statements::default();
     loop {
         let batch: Vec<Job> = {
-            let mut jobs = queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            while jobs.is_empty() {
-                if queue.stop.load(Ordering::SeqCst) {
+            let mut lined = queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            while !lined.jobs.iter().any(|j| lined.takeable(j)) {
+                if queue.stop.load(Ordering::SeqCst) && lined.jobs.is_empty() {
                     return;
                 }
-                jobs = queue
+                lined = queue
                     .ready
-                    .wait_timeout(jobs, Duration::from_millis(200))
+                    .wait_timeout(lined, Duration::from_millis(200))
                     .map(|(g, _)| g)
                     .unwrap_or_else(|p| p.into_inner().0);
             }
-            let n = jobs.len().min(MAX_GROUP);
-            jobs.drain(..n).collect()
+            lined.take_group()
         };
+        let keys: Vec<(usize, String)> = batch.iter().filter_map(Job::key).collect();
+        let _done = Done { queue, keys };
         // Claims already answered 503 (they waited past busy_timeout) are
         // not tried: their callers were told nothing was stored.
         let live: Vec<Job> = batch
