@@ -381,11 +381,6 @@ impl Writer {
         })
     }
 
-    /// Frames in the WAL when the checkpointer last looked.
-    pub fn wal_frames(&self) -> i64 {
-        self.shared.wal_frames.load(Ordering::Relaxed)
-    }
-
     /// (commits, operations committed) since start: their ratio is the
     /// average group size.
     pub fn group_stats(&self) -> (u64, u64) {
