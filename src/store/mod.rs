@@ -2,7 +2,7 @@
 //! `schema.sql`, classifying errors. Beside it: what the `database`
 //! setting names (`url.rs`), the claim's storage steps as a trait
 //! (`tx.rs`) with SQLite's SQL for them (`sqlite.rs`), the group-commit
-//! writer (`writer.rs`), and the operator side's query layer on both
+//! writer (`writer/`), and the operator side's query layer on both
 //! backends (`db.rs`). Only `store/`, `ingest.rs` and the
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 

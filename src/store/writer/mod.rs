@@ -27,19 +27,28 @@
 //! carry them; it also keeps the WAL bounded. With durability full it is
 //! woken after every commit; with normal, where a checkpoint's two fsyncs
 //! would be the only ones, once the WAL holds 1,000 frames, else every 10 s.
+//!
+//! This file holds the callers' side ([`Writer`]); `group.rs` the writer
+//! and answer threads, `checkpoint.rs` the WAL bound and the checkpointer.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::Connection;
 
 use super::{StoreError, in_savepoint};
 use crate::config::Durability;
 use crate::time::now_ms;
+
+mod checkpoint;
+mod group;
+
+use checkpoint::{Checkpointer, note_wal_pages};
+use group::{answer_loop, run};
 
 /// The most closures in one transaction. Bounded so that one commit's
 /// latency stays bounded too.
@@ -406,408 +415,6 @@ impl WriterThreads {
         self.checkpointer.stop();
     }
 }
-
-fn run(
-    conn: Connection,
-    rx: Receiver<Msg>,
-    shared: Arc<Shared>,
-    kick: Arc<Kick>,
-    answers: mpsc::Sender<Answers>,
-) {
-    let mut group = Group::default();
-    let mut stopping = false;
-    let mut last_restart = None;
-    while !stopping {
-        match rx.recv() {
-            Ok(msg) => stopping = group.add(msg, &shared),
-            Err(_) => break,
-        }
-        while !stopping && group.ops.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(msg) => stopping = group.add(msg, &shared),
-                Err(_) => break,
-            }
-        }
-        // No caller waits on this group, only records (a forward job's
-        // completion, a refused delivery): let others join it for a moment
-        // rather than pay a commit for each. A caller that waits ends the
-        // moment, so claims never wait for it.
-        let deadline = Instant::now() + shared.linger;
-        while !stopping && !group.waited && group.ops.len() < MAX_GROUP {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(msg) => stopping = group.add(msg, &shared),
-                Err(_) => break,
-            }
-        }
-        if !group.ops.is_empty() {
-            commit_group(&conn, &mut group.ops, &shared, &answers);
-        }
-        group.waited = false;
-        if wants_checkpoint(&shared) {
-            kick.notify();
-        }
-        bound_wal(&conn, &shared, &mut last_restart);
-    }
-    // Drain what was queued before the stop so no caller waits forever.
-    while let Ok(msg) = rx.try_recv() {
-        group.add(msg, &shared);
-        if group.ops.len() >= MAX_GROUP {
-            commit_group(&conn, &mut group.ops, &shared, &answers);
-        }
-    }
-    if !group.ops.is_empty() {
-        commit_group(&conn, &mut group.ops, &shared, &answers);
-    }
-}
-
-/// The operations gathered for the next commit.
-struct Group {
-    ops: Vec<(Op, Guard, Waits)>,
-    /// Whether anyone (a caller or a continuation) waits for this group.
-    waited: bool,
-}
-
-impl Default for Group {
-    fn default() -> Group {
-        Group {
-            ops: Vec::with_capacity(MAX_GROUP),
-            waited: false,
-        }
-    }
-}
-
-impl Group {
-    /// Adds an operation; true when the message asks the writer to stop.
-    fn add(&mut self, msg: Msg, shared: &Shared) -> bool {
-        match msg {
-            Msg::Op(op, waits, guard) => {
-                shared.queued.fetch_sub(1, Ordering::Relaxed);
-                self.ops.push((op, guard, waits));
-                self.waited |= waits != Waits::No;
-                false
-            }
-            Msg::Stop => true,
-        }
-    }
-}
-
-/// Pages in the WAL after the last commit, as SQLite's WAL hook reports
-/// them (with durability normal). The hook is a plain function, which
-/// cannot reach the writer's state, hence a static: the server runs one
-/// writer. -1 until the first commit.
-static WAL_PAGES: AtomicI64 = AtomicI64::new(-1);
-
-fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
-    WAL_PAGES.store(i64::from(pages), Ordering::Relaxed);
-    Ok(())
-}
-
-/// Whether to wake the checkpointer after a commit. With durability full,
-/// always: the commit has fsynced the WAL anyway, and copying at once keeps
-/// the WAL short. With normal, a commit costs no fsync, but a checkpoint
-/// costs two (the WAL, then the database): waking it after every commit
-/// made a lone delivery cost about three fsyncs. So only once the WAL holds
-/// [`CHECKPOINT_FRAMES`]; below that the checkpointer's timer
-/// ([`NORMAL_CHECKPOINT_INTERVAL`]) copies what there is.
-fn wants_checkpoint(shared: &Shared) -> bool {
-    match shared.durability {
-        Durability::Full => true,
-        Durability::Normal => {
-            let pages = WAL_PAGES.load(Ordering::Relaxed);
-            if pages >= 0 {
-                shared.wal_frames.store(pages, Ordering::Relaxed);
-            }
-            pages >= CHECKPOINT_FRAMES
-        }
-    }
-}
-
-/// Keeps the WAL bounded under continuous load. The checkpointer copies
-/// frames in the background, but the WAL only starts over when a checkpoint
-/// completes with no commit in between, which a busy writer may never
-/// allow. Past `STARVED_FRAMES` the writer itself runs a RESTART checkpoint
-/// between two groups: the checkpointer has copied most frames already, so
-/// this costs the rest of the copy, once per ~64 MiB of WAL.
-///
-/// RESTART waits for the checkpointer's pass in progress and for readers
-/// on an old snapshot (a backup, a long admin query): it gets a 100 ms busy
-/// timeout here and at most four tries a second, so it never stalls the
-/// writer for long.
-fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Option<Instant>) {
-    if shared.wal_frames.load(Ordering::Relaxed) <= STARVED_FRAMES
-        || last_try.is_some_and(|t| t.elapsed() < Duration::from_millis(250))
-    {
-        return;
-    }
-    *last_try = Some(Instant::now());
-    let restore = conn.busy_timeout(Duration::from_millis(100));
-    let result = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    });
-    if restore.is_ok() {
-        let _ = conn.busy_timeout(shared.busy_timeout);
-    }
-    if let Ok((0, _, _)) = result {
-        // Restarted: the next commit writes from the WAL's beginning.
-        shared.wal_frames.store(0, Ordering::Relaxed);
-    }
-}
-
-fn commit_group(
-    conn: &Connection,
-    group: &mut Vec<(Op, Guard, Waits)>,
-    shared: &Shared,
-    answers: &mpsc::Sender<Answers>,
-) {
-    let n = group.len() as u64;
-    let begin = conn
-        .prepare_cached("BEGIN IMMEDIATE")
-        .and_then(|mut s| s.execute([]));
-    let (result, dones) = match begin {
-        Err(e) => {
-            let err = StoreError::from(e);
-            // The ops do not run; they are told why.
-            let dones: Vec<(Done, Waits)> = group
-                .drain(..)
-                .map(|(op, _, waits)| (op(Err(&err)).0, waits))
-                .collect();
-            (Err(err), dones)
-        }
-        Ok(_) => {
-            let mut dones: Vec<(Done, Waits)> = Vec::with_capacity(group.len());
-            let lost = StoreError::other("the group transaction was rolled back by SQLite");
-            let mut lost_transaction = false;
-            // Set when an op without a savepoint failed: the transaction
-            // holds its partial writes and must be rolled back whole.
-            let mut poisoned: Option<StoreError> = None;
-            for (op, guard, waits) in group.drain(..) {
-                // If SQLite rolled the whole transaction back (disk full, I/O
-                // error), later ops would run in autocommit mode and commit
-                // on their own: stop running them.
-                lost_transaction = lost_transaction || conn.is_autocommit();
-                if lost_transaction || poisoned.is_some() {
-                    dones.push((op(Err(poisoned.as_ref().unwrap_or(&lost))).0, waits));
-                    continue;
-                }
-                // A panic in an operation (a bug) must not take the writer
-                // down, nor leave its half-done writes in the group: roll
-                // back to its savepoint (or, without one, the whole group);
-                // its caller sees the writer's reply channel close and
-                // answers 503.
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok(conn)))) {
-                    Ok((done, poison)) => {
-                        dones.push((done, waits));
-                        poisoned = poison;
-                    }
-                    Err(_) => {
-                        crate::log::error(
-                            "storage operation panicked",
-                            &[("effect", &"rolled back")],
-                        );
-                        match guard {
-                            Guard::Savepoint => {
-                                let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
-                            }
-                            Guard::Group => {
-                                poisoned = Some(StoreError::other(
-                                    "an operation panicked; its group was rolled back",
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-            let commit = if lost_transaction {
-                Err(lost)
-            } else if let Some(e) = poisoned {
-                Err(e)
-            } else {
-                conn.prepare_cached("COMMIT")
-                    .and_then(|mut s| s.execute([]))
-                    .map(|_| ())
-                    .map_err(StoreError::from)
-            };
-            if commit.is_err() && !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-            (commit, dones)
-        }
-    };
-    // The gauges first, so a released caller already sees this commit in them.
-    shared.healthy.store(result.is_ok(), Ordering::Relaxed);
-    shared.last_commit_at.store(now_ms(), Ordering::Relaxed);
-    match &result {
-        Ok(()) => {
-            shared.commits.fetch_add(1, Ordering::Relaxed);
-            shared.grouped_ops.fetch_add(n, Ordering::Relaxed);
-        }
-        Err(e) => {
-            crate::log::warn("storage", &[("error", &e.message)]);
-            if let Ok(mut last) = shared.last_failure.lock() {
-                *last = Some((now_ms(), e.clone()));
-            }
-        }
-    }
-    // Continuations go to the answer thread in one message; blocked
-    // callers are woken here.
-    let (later, now): (Vec<_>, Vec<_>) = dones.into_iter().partition(|(_, w)| *w == Waits::Answer);
-    if !later.is_empty() {
-        let later = later.into_iter().map(|(done, _)| done).collect();
-        // If the answer thread is gone, the continuations are dropped
-        // uncalled, which their owners treat as a failure.
-        let _ = answers.send((later, result.clone()));
-    }
-    for (done, _) in now {
-        done(result.clone());
-    }
-}
-
-/// The answer thread: runs each group's continuations, in commit order.
-fn answer_loop(answers: &Receiver<Answers>) {
-    while let Ok((dones, result)) = answers.recv() {
-        for done in dones {
-            let result = result.clone();
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(result))).is_err() {
-                crate::log::error(
-                    "a continuation panicked",
-                    &[("effect", &"its answer, if it held one, is a 500")],
-                );
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-
-/// Wakes the checkpointer after commits.
-struct Kick {
-    pending: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Kick {
-    fn notify(&self) {
-        if let Ok(mut p) = self.pending.lock() {
-            *p = true;
-            self.cv.notify_one();
-        }
-    }
-}
-
-/// Runs WAL checkpoints on its own thread and connection.
-///
-/// PASSIVE checkpoints copy what they can without blocking anyone; once a
-/// checkpoint has copied the whole WAL, the writer's next transaction
-/// starts the WAL over from its beginning, so the file stops growing. If
-/// readers keep it from ever completing (checkpoint starvation) and the WAL
-/// passes `STARVED_FRAMES`, a RESTART checkpoint waits for them.
-struct Checkpointer {
-    kick: Arc<Kick>,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
-}
-
-/// Frames (pages) in the WAL after which a blocking checkpoint is forced:
-/// 16,384 frames of 4 KiB is 64 MiB.
-const STARVED_FRAMES: i64 = 16_384;
-/// Frames worth a passive checkpoint (SQLite's own autocheckpoint size,
-/// about 4 MiB).
-const CHECKPOINT_FRAMES: i64 = 1_000;
-/// How often the checkpointer looks without being woken. With durability
-/// normal this is what checkpoints a WAL that stays small (low load):
-/// at most two fsyncs per interval, however many deliveries it held.
-const FULL_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-const NORMAL_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
-
-impl Checkpointer {
-    fn start(
-        path: PathBuf,
-        durability: Durability,
-        busy_timeout: Duration,
-        wal_frames: Arc<AtomicI64>,
-    ) -> Result<Checkpointer, StoreError> {
-        let conn = super::open(&path, durability, busy_timeout)?;
-        conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
-        let kick = Arc::new(Kick {
-            pending: Mutex::new(false),
-            cv: Condvar::new(),
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let (k, s, w) = (kick.clone(), stop.clone(), wal_frames.clone());
-        let handle = std::thread::Builder::new()
-            .name("idemhook-checkpoint".into())
-            .spawn(move || {
-                let interval = match durability {
-                    Durability::Full => FULL_CHECKPOINT_INTERVAL,
-                    Durability::Normal => NORMAL_CHECKPOINT_INTERVAL,
-                };
-                checkpoint_loop(conn, &k, &s, &w, interval)
-            })
-            .map_err(|e| StoreError::other(format!("cannot start the checkpoint thread: {e}")))?;
-        Ok(Checkpointer {
-            kick,
-            stop,
-            handle: Some(handle),
-        })
-    }
-
-    fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.kick.notify();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-fn checkpoint_loop(
-    conn: Connection,
-    kick: &Kick,
-    stop: &AtomicBool,
-    wal_gauge: &AtomicI64,
-    interval: Duration,
-) {
-    let mut wal_frames: i64 = 0;
-    loop {
-        // Wait to be woken, at most `interval`, so the WAL is tidied at idle.
-        if let Ok(mut pending) = kick.pending.lock() {
-            if !*pending {
-                pending = match kick.cv.wait_timeout(pending, interval) {
-                    Ok((p, _)) => p,
-                    Err(_) => return,
-                };
-            }
-            *pending = false;
-        }
-        if stop.load(Ordering::Relaxed) {
-            let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
-            return;
-        }
-        let mode = if wal_frames > STARVED_FRAMES {
-            "RESTART"
-        } else {
-            "PASSIVE"
-        };
-        let result = conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-            Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-        });
-        if let Ok((log, done)) = result {
-            wal_frames = log;
-            wal_gauge.store(log, Ordering::Relaxed);
-            if log - done < CHECKPOINT_FRAMES {
-                // Caught up: pace the loop so an idle server does not spin.
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        } else {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
 /// Test helper: holds the writer busy inside one operation until
 /// released, so that calls made meanwhile queue up and commit as one group.
 #[cfg(test)]
@@ -837,8 +444,8 @@ impl Held {
 
     /// Waits until `n` operations are queued behind the held one.
     pub(crate) fn wait_queued(writer: &Writer, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while writer.queued() < n && Instant::now() < deadline {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while writer.queued() < n && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
         }
         assert!(writer.queued() >= n, "{n} operations never queued");
@@ -856,6 +463,7 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::time::Instant;
 
     use super::*;
 
