@@ -7,7 +7,7 @@
 //! downstream answers 200 when it has processed the `Idempotency-Key`
 //! (found), 404 when it has not (not found); anything else, or no answer,
 //! is an error and decides nothing. This module does the HTTP and the
-//! classification; what to record is the caller's (`outbox.rs`,
+//! classification; what to record is the caller's (`outbox/`,
 //! `ops/reconcile.rs`). It runs no SQL.
 
 use std::fmt;

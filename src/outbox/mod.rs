@@ -1,0 +1,331 @@
+//! The outbox: forward workers that deliver `forward` jobs to downstreams.
+//!
+//! A job row is written by the claim transaction (status `pending`). A
+//! worker takes it with one conditional `UPDATE ... WHERE` (pending and
+//! due, or processing with an expired lease) decided by `changes()`, which
+//! records the lease (owner, expiry) and counts the attempt. It then POSTs
+//! the stored body with `Idempotency-Key: {source}:{event_id}:{action}`, and
+//! records the result with an update fenced by owner and attempt number: a
+//! worker whose lease expired and was taken over cannot overwrite the new
+//! owner's result. A crashed worker's job is taken over after its lease
+//! and a grace ([`takeover_grace`]); the cut-short attempt is then
+//! recorded as a `retry` with error kind `lease`.
+//!
+//! Two per-action refinements. A job whose action has `after` is not taken
+//! while a named job of its event is not done: the take parks it (pending,
+//! no due time) and the `jobs_release_waiting` trigger (schema.sql) makes
+//! it due again when one of the event's jobs becomes done. A job whose
+//! action has a `check`, and one of whose attempts since its last success
+//! may have reached the downstream, is asked about first (`check.rs`),
+//! under the same lease: 200 is done without a send (`confirmed`), 404
+//! sends, anything else is a retry (`check`) with nothing sent.
+//!
+//! Job life cycle:
+//! ```text
+//!   (claim) --> pending --take--> processing --2xx (or check 200)--> done
+//!               ^  |                |  |
+//!   pause/resume|  v   retryable &  |  +--4xx or attempts used up--> failed
+//!             paused   attempts left|                                  |
+//!               ^                   v                                  |
+//!               +------------- pending (next_attempt_at = backoff) <---+ replay
+//!
+//!   pending (after: a named job not done) --take--> parked (pending, no
+//!   due time) --any job of the event done (trigger)--> pending, due now
+//! ```
+//! Takes and completions go through the one writer; the HTTP call happens
+//! outside any transaction.
+//!
+//! This file starts and stops the workers and holds what they share;
+//! `worker.rs` is one worker's loop (take, check, call, record) and
+//! `steps.rs` the transaction steps it runs through the storage.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::config::{ActionKind, Config, Forward};
+use crate::metrics::Metrics;
+use crate::retry::Verdict;
+use crate::store::Writer;
+use crate::store::pg::Settings;
+use crate::store::pg_tx::Session;
+use crate::store::sqlite::Sqlite;
+use crate::store::tx::OutboxTx;
+use crate::time::now_ms;
+use crate::verify::{Scheme, Verifier};
+
+mod steps;
+mod worker;
+
+pub(crate) use steps::{record_check, record_check_in};
+use worker::Worker;
+
+/// Wakes idle workers when jobs are committed.
+#[derive(Clone)]
+pub struct Waker(Arc<WakeState>);
+
+struct WakeState {
+    generation: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Waker {
+    fn new() -> Waker {
+        Waker(Arc::new(WakeState {
+            generation: Mutex::new(0),
+            cv: Condvar::new(),
+        }))
+    }
+
+    pub fn wake(&self) {
+        if let Ok(mut g) = self.0.generation.lock() {
+            *g = g.wrapping_add(1);
+            self.0.cv.notify_all();
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.generation.lock().map(|g| *g).unwrap_or(0)
+    }
+
+    /// Sleeps until woken after `seen`, or `timeout`.
+    fn wait(&self, seen: u64, timeout: Duration) {
+        if let Ok(g) = self.0.generation.lock()
+            && *g == seen
+        {
+            let _ = self.0.cv.wait_timeout(g, timeout);
+        }
+    }
+}
+
+pub struct Outbox {
+    waker: Waker,
+    stop: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<()>>,
+    /// Attempts whose request is under way right now.
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Outbox {
+    /// Starts `forward_workers` threads (none when no source forwards).
+    pub fn start(config: Arc<Config>, jobs: Jobs, metrics: Arc<Metrics>) -> Result<Outbox> {
+        let waker = Waker::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let any_forward = config.sources.iter().any(|s| {
+            s.actions
+                .iter()
+                .any(|a| matches!(a.kind, ActionKind::Forward(_)))
+        });
+        let n = if any_forward {
+            config.forward_workers
+        } else {
+            0
+        };
+        let agent = http_agent(n);
+        let signers = Arc::new(signers(&config)?);
+        if any_forward {
+            // Jobs parked waiting for an `after` action are released by a
+            // trigger when that action's job is done; one parked under a
+            // config that has since changed is looked at again here.
+            let now = now_ms();
+            match &jobs {
+                Jobs::Sqlite(writer) => {
+                    writer.call(move |conn| Sqlite::new(conn).release_parked(now))
+                }
+                Jobs::Postgres(settings) => {
+                    Session::new((**settings).clone()).transaction(|tx| tx.release_parked(now))
+                }
+            }
+            .context("cannot release the jobs waiting for other actions")?;
+        }
+        let nonce = fastrand::u32(..);
+        let mut workers = Vec::with_capacity(n);
+        for i in 0..n {
+            let worker = Worker {
+                owner: format!("{}-{nonce:08x}-w{i}", std::process::id()),
+                config: config.clone(),
+                jobs: jobs.clone(),
+                session: Mutex::new(None),
+                metrics: metrics.clone(),
+                agent: agent.clone(),
+                signers: signers.clone(),
+                waker: waker.clone(),
+                stop: stop.clone(),
+                in_flight: in_flight.clone(),
+            };
+            let handle = std::thread::Builder::new()
+                .name(format!("idemhook-forward-{i}"))
+                .spawn(move || worker.run())
+                .context("cannot start a forward worker")?;
+            workers.push(handle);
+        }
+        Ok(Outbox {
+            waker,
+            stop,
+            workers,
+            in_flight,
+        })
+    }
+
+    /// Forward attempts whose request is under way (what a stop waits for).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+
+    /// Lets in-flight attempts finish (each is bounded by its action's
+    /// timeout), releases jobs taken but not started, and joins.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
+        for w in self.workers {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The HTTP agent of forward workers (and of `reconcile --check`), for
+/// `workers` threads: no redirects, statuses as answers, the cached resolver.
+pub(crate) fn http_agent(workers: usize) -> ureq::Agent {
+    let agent_config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .max_idle_connections(64.max(workers * 2))
+        .max_idle_connections_per_host(workers.max(1) * 2)
+        .user_agent(concat!("idemhook/", env!("CARGO_PKG_VERSION")))
+        .build();
+    ureq::Agent::with_parts(
+        agent_config,
+        ureq::unversioned::transport::DefaultConnector::new(),
+        crate::resolve::Resolver::default(),
+    )
+}
+
+/// Standard Webhooks signers for actions with a `sign_secret`.
+pub(crate) fn signers(config: &Config) -> Result<HashMap<(String, String), Verifier>> {
+    let mut out = HashMap::new();
+    for s in &config.sources {
+        for a in &s.actions {
+            if let ActionKind::Forward(Forward {
+                sign_secret: Some(secret),
+                ..
+            }) = &a.kind
+            {
+                let v = Verifier::new(
+                    Scheme::Standard,
+                    vec![secret.clone()],
+                    Duration::from_secs(300),
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!("sources.{}.actions ({}).sign_secret: {e}", s.name, a.name)
+                })?;
+                out.insert((s.name.clone(), a.name.clone()), v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A job this worker holds the lease on.
+#[derive(Debug)]
+struct Leased {
+    job_id: i64,
+    source: String,
+    event_id: String,
+    action: String,
+    /// This attempt's number (1-based).
+    n: i64,
+    /// When this worker's lease on the job ends: no attempt starts that
+    /// could run past it. (The row's `lease_until` adds the takeover grace.)
+    lease_ends: i64,
+    /// Attempts made before the last operator replay: a replay gives the
+    /// job a fresh `max_attempts` budget.
+    budget_base: i64,
+    event_type: Option<String>,
+    body: Vec<u8>,
+    content_type: Option<String>,
+    /// The action has a `check` and an earlier attempt may have had its
+    /// effect: ask the downstream before sending.
+    needs_check: bool,
+}
+
+/// What one attempt came to.
+struct Attempt {
+    started_at: i64,
+    finished_at: i64,
+    http_status: Option<u16>,
+    error_kind: Option<&'static str>,
+    error: Option<String>,
+    request_id: Option<String>,
+    response_head: Option<String>,
+    retry_after: Option<Duration>,
+    verdict: Verdict,
+}
+
+/// Where the workers take and record jobs.
+#[derive(Clone)]
+pub enum Jobs {
+    /// Through SQLite's one writer, grouped with the claims.
+    Sqlite(Writer),
+    /// On PostgreSQL, each worker on a connection of its own: rows are
+    /// taken with SKIP LOCKED, so the workers of every instance share the
+    /// jobs, each under its lease.
+    Postgres(Arc<Settings>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steps::take;
+    use super::*;
+    use crate::store::tx::TAKE_BATCH;
+    use rusqlite::StatementStatus;
+
+    /// The take queries run on the writer for every batch a worker takes;
+    /// SQLite re-prepares a statement whose LIMIT is a bound parameter at
+    /// every run, so theirs is a literal.
+    #[test]
+    fn the_take_queries_are_prepared_once_not_at_every_take() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("take.db");
+        let mut conn = crate::store::open(
+            &path,
+            crate::config::Durability::Full,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        crate::store::migrate(&mut conn).unwrap();
+        let config = Config::parse(
+            "[sources.s]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\n",
+            "unit",
+            dir.path(),
+            None,
+        )
+        .unwrap();
+        for now in [1_000, 2_000, 3_000] {
+            let (taken, _) = take(&mut Sqlite::new(&conn), &config, "w", now).unwrap();
+            assert!(taken.is_empty());
+        }
+        use crate::store::sqlite::{DUE_JOBS, EXPIRED_JOBS};
+        for sql in [EXPIRED_JOBS, DUE_JOBS] {
+            assert!(sql.ends_with(&format!("LIMIT {TAKE_BATCH}")), "{sql}");
+            let stmt = conn.prepare_cached(sql).unwrap();
+            assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0, "{sql}");
+        }
+        // What the literal avoids: the same query with `LIMIT ?`.
+        let mut bound = conn
+            .prepare(&DUE_JOBS.replace(&format!("LIMIT {TAKE_BATCH}"), "LIMIT ?2"))
+            .unwrap();
+        for now in [1_000, 2_000] {
+            bound.query([now, 16]).unwrap().next().unwrap();
+        }
+        assert_eq!(bound.get_status(StatementStatus::RePrepare), 2);
+    }
+}

@@ -1,0 +1,396 @@
+//! One forward worker's loop: take due jobs through the storage, ask a
+//! `check` first when an earlier attempt may have reached the downstream,
+//! call the downstream outside any transaction, and record the result (or
+//! give the job back when its lease would not cover the call).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::steps::{complete, give_back, record_check_in, take};
+use super::{Attempt, Jobs, Leased, Waker};
+use crate::check::{self, Asked};
+use crate::config::{ActionKind, Config, Forward};
+use crate::metrics::Metrics;
+use crate::retry::{self, Verdict};
+use crate::state::{Answer, AttemptOutcome};
+use crate::store::pg_tx::{PgTx, Session};
+use crate::store::sqlite::Sqlite;
+use crate::store::tx::TAKE_BATCH;
+use crate::store::{Guard, StoreError};
+use crate::time::now_ms;
+use crate::verify::Verifier;
+
+/// The longest a worker sleeps without looking for due jobs (retries that
+/// came due, jobs re-queued by the CLI, leases that expired).
+const MAX_IDLE: Duration = Duration::from_millis(500);
+/// How much of a downstream's answer is kept with the attempt.
+const RESPONSE_HEAD_BYTES: usize = 1024;
+/// The most of an answer read (so the connection can be reused).
+const RESPONSE_READ_LIMIT: u64 = 64 * 1024;
+
+pub(super) struct Worker {
+    pub(super) owner: String,
+    pub(super) config: Arc<Config>,
+    pub(super) jobs: Jobs,
+    /// The worker's PostgreSQL connection (unused on SQLite).
+    pub(super) session: Mutex<Option<Session>>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) agent: ureq::Agent,
+    pub(super) signers: Arc<HashMap<(String, String), Verifier>>,
+    pub(super) waker: Waker,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) in_flight: Arc<AtomicUsize>,
+}
+
+impl Worker {
+    pub(super) fn run(self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let seen = self.waker.generation();
+            let config = self.config.clone();
+            let owner = self.owner.clone();
+            // Leases and completions fail only when storage does: no
+            // savepoint of their own (Guard::Group).
+            let taken = match &self.jobs {
+                Jobs::Sqlite(writer) => writer.call_with(Guard::Group, move |conn| {
+                    take(&mut Sqlite::new(conn), &config, &owner, now_ms())
+                }),
+                Jobs::Postgres(_) => self.on_postgres(|tx| take(tx, &config, &owner, now_ms())),
+            };
+            let (jobs, next_due) = match taken {
+                Ok(t) => t,
+                Err(e) => {
+                    crate::log::warn("outbox", &[("worker", &self.owner), ("error", &e.message)]);
+                    self.waker.wait(seen, Duration::from_secs(1));
+                    continue;
+                }
+            };
+            if jobs.is_empty() {
+                let wait = next_due
+                    .map(|at| Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)))
+                    .unwrap_or(MAX_IDLE)
+                    .clamp(Duration::from_millis(1), MAX_IDLE);
+                self.waker.wait(seen, wait);
+                continue;
+            }
+            if jobs.len() == TAKE_BATCH {
+                // Likely more due than one batch (a backlog after a restart,
+                // a resume, a downstream back up): bring idle workers in.
+                self.waker.wake();
+            }
+            for job in jobs {
+                // A job whose lease could run out during the call is given
+                // back rather than sent: once the lease ends another worker
+                // may take it, and two workers would send it at once.
+                // A check before the send may take a timeout of its own.
+                let calls = if job.needs_check { 2 } else { 1 };
+                let timeout = self.forward_of(&job.source, &job.action).map_or(0, |f| {
+                    i64::try_from(f.timeout.as_millis()).unwrap_or(i64::MAX / 4) * calls
+                });
+                if self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends {
+                    self.release(&job, None);
+                    continue;
+                }
+                self.deliver(job);
+            }
+        }
+    }
+
+    fn forward_of(&self, source: &str, action: &str) -> Option<&Forward> {
+        match &self.config.source(source)?.action(action)?.kind {
+            ActionKind::Forward(f) => Some(f),
+            ActionKind::Sql { .. } => None,
+        }
+    }
+
+    fn deliver(&self, job: Leased) {
+        let Some(fwd) = self.forward_of(&job.source, &job.action).cloned() else {
+            return;
+        };
+        let clock = Instant::now();
+        let asked = match &fwd.check {
+            Some(template) if job.needs_check => {
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                let asked = check::ask(
+                    &self.agent,
+                    &fwd,
+                    template,
+                    (&job.source, &job.event_id, &job.action),
+                    self.signers.get(&(job.source.clone(), job.action.clone())),
+                );
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                self.metrics
+                    .downstream_check(&job.source, &job.action, asked.answer);
+                log_check(&job, &asked);
+                let timeout = i64::try_from(fwd.timeout.as_millis()).unwrap_or(i64::MAX / 2);
+                if asked.answer == Answer::NotFound
+                    && (self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends)
+                {
+                    // No time left in the lease for the send: give the job
+                    // back; the next take asks again.
+                    self.release(&job, Some(asked));
+                    return;
+                }
+                Some(asked)
+            }
+            _ => None,
+        };
+        let attempt = match &asked {
+            Some(asked) if asked.answer != Answer::NotFound => Attempt::decided_by(asked),
+            _ => {
+                crate::failpoint::hit("forward.before_call");
+                let clock = Instant::now();
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                let attempt = self.call(&job, &fwd);
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                self.metrics.downstream_duration.observe(clock.elapsed());
+                crate::failpoint::hit("forward.after_response");
+                attempt
+            }
+        };
+
+        let outcome = match attempt.verdict {
+            Verdict::Done => AttemptOutcome::Ok,
+            Verdict::Retry if job.n - job.budget_base < i64::from(fwd.max_attempts) => {
+                AttemptOutcome::Retry
+            }
+            Verdict::Retry | Verdict::Fail => AttemptOutcome::Failed,
+        };
+        self.metrics.attempt(&job.source, &job.action, outcome);
+        let ms = format!("{:.1}", clock.elapsed().as_secs_f64() * 1000.0);
+        let status = attempt
+            .http_status
+            .map_or("-".to_string(), |s| s.to_string());
+        let error = attempt.error.clone().unwrap_or_default();
+        // A job failed for good (a dead letter: the effect did not happen)
+        // is an error; a retry is the normal life of an outbox.
+        let level = match outcome {
+            AttemptOutcome::Failed => crate::log::Level::Error,
+            AttemptOutcome::Ok | AttemptOutcome::Retry => crate::log::Level::Info,
+        };
+        crate::log::write(
+            level,
+            "attempt",
+            &[
+                ("source", &job.source),
+                ("event_id", &job.event_id),
+                ("action", &job.action),
+                ("n", &job.n),
+                ("outcome", &outcome.as_str()),
+                ("http_status", &status),
+                ("ms", &ms),
+                ("error", &error),
+            ],
+        );
+        let next_attempt_at = (outcome == AttemptOutcome::Retry).then(|| {
+            let delay = retry::next_delay(
+                u32::try_from(job.n).unwrap_or(u32::MAX),
+                fwd.retry_initial,
+                fwd.retry_max,
+                attempt.retry_after,
+                fastrand::f64(),
+            );
+            attempt.finished_at + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2)
+        });
+        let owner = self.owner.clone();
+        let recorded = match &self.jobs {
+            Jobs::Sqlite(writer) => writer
+                .send_with(Guard::Group, move |conn| {
+                    let mut tx = Sqlite::new(conn);
+                    if let Some(asked) = &asked {
+                        record_check_in(&mut tx, job.job_id, job.n, &owner, asked)?;
+                    }
+                    complete(&mut tx, &job, &owner, outcome, next_attempt_at, &attempt)
+                })
+                .map_err(|_| ()),
+            Jobs::Postgres(_) => self
+                .on_postgres(|tx| {
+                    if let Some(asked) = &asked {
+                        record_check_in(tx, job.job_id, job.n, &owner, asked)?;
+                    }
+                    complete(tx, &job, &owner, outcome, next_attempt_at, &attempt)
+                })
+                .map_err(|_| ()),
+        };
+        if recorded.is_err() {
+            // The writer is gone (shutdown): the job stays leased and is
+            // retried after its lease, with the same Idempotency-Key.
+            crate::log::warn(
+                "outbox",
+                &[
+                    ("worker", &self.owner),
+                    ("error", &"completion not recorded"),
+                ],
+            );
+        }
+        if next_attempt_at.is_some() {
+            // Another worker may be asleep past this retry's due time.
+            self.waker.wake();
+        }
+    }
+
+    /// One HTTP attempt, classified.
+    pub(super) fn call(&self, job: &Leased, fwd: &Forward) -> Attempt {
+        let started_at = now_ms();
+        let key = format!("{}:{}:{}", job.source, job.event_id, job.action);
+        let mut request = self
+            .agent
+            .post(&fwd.url)
+            .config()
+            .timeout_global(Some(fwd.timeout))
+            .timeout_connect(Some(fwd.timeout.min(Duration::from_secs(5))))
+            .build()
+            .header(
+                "Content-Type",
+                job.content_type
+                    .as_deref()
+                    .unwrap_or("application/octet-stream"),
+            )
+            .header("Idempotency-Key", key.as_str())
+            .header("X-Idemhook-Source", job.source.as_str())
+            .header("X-Idemhook-Event-Id", job.event_id.as_str())
+            .header(
+                "X-Idemhook-Event-Type",
+                job.event_type.as_deref().unwrap_or(""),
+            )
+            .header("X-Idemhook-Attempt", job.n.to_string());
+        if let Some(signer) = self.signers.get(&(job.source.clone(), job.action.clone()))
+            && let Ok(headers) = signer.sign(&job.body, started_at / 1000, &key)
+        {
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+        }
+        let mut attempt = Attempt {
+            started_at,
+            finished_at: started_at,
+            http_status: None,
+            error_kind: None,
+            error: None,
+            request_id: None,
+            response_head: None,
+            retry_after: None,
+            verdict: Verdict::Retry,
+        };
+        match request.send(&job.body[..]) {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                attempt.http_status = Some(status);
+                attempt.verdict = retry::classify_status(status);
+                let header = |name: &str| {
+                    response
+                        .headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string)
+                };
+                attempt.request_id = header(&fwd.request_id_header);
+                attempt.retry_after = header("retry-after")
+                    .and_then(|v| retry::parse_retry_after(&v, started_at / 1000));
+                let mut head = Vec::new();
+                let read = response
+                    .body_mut()
+                    .as_reader()
+                    .take(RESPONSE_READ_LIMIT)
+                    .read_to_end(&mut head);
+                head.truncate(RESPONSE_HEAD_BYTES);
+                attempt.response_head = Some(String::from_utf8_lossy(&head).into_owned());
+                if attempt.verdict != Verdict::Done {
+                    attempt.error_kind = Some("status");
+                    attempt.error = Some(format!("downstream answered {status}"));
+                } else if let Err(e) = read {
+                    // The answer was 2xx; a broken body does not undo that.
+                    crate::log::debug("outbox", &[("event_id", &job.event_id), ("body_error", &e)]);
+                }
+            }
+            Err(e) => {
+                let (kind, message) = retry::classify_error(&e);
+                attempt.error_kind = Some(kind);
+                attempt.error = Some(message);
+            }
+        }
+        attempt.finished_at = now_ms();
+        attempt
+    }
+
+    /// Gives back a job taken but not sent (shutdown, or too little of the
+    /// lease left), recording the check asked for it, if any.
+    pub(super) fn release(&self, job: &Leased, asked: Option<Asked>) {
+        let (id, n, owner) = (job.job_id, job.n, self.owner.clone());
+        let (source, action) = (job.source.clone(), job.action.clone());
+        match &self.jobs {
+            Jobs::Sqlite(writer) => {
+                let _ = writer.send(move |conn| {
+                    give_back(
+                        &mut Sqlite::new(conn),
+                        (id, n),
+                        &owner,
+                        &source,
+                        &action,
+                        asked.as_ref(),
+                    )
+                });
+            }
+            Jobs::Postgres(_) => {
+                let _ = self.on_postgres(|tx| {
+                    give_back(tx, (id, n), &owner, &source, &action, asked.as_ref())
+                });
+            }
+        }
+    }
+
+    /// Runs `body` in a transaction on this worker's PostgreSQL connection.
+    fn on_postgres<T>(
+        &self,
+        body: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Jobs::Postgres(settings) = &self.jobs else {
+            return Err(StoreError::other("not on PostgreSQL"));
+        };
+        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        session
+            .get_or_insert_with(|| Session::new((**settings).clone()))
+            .transaction(body)
+    }
+}
+
+impl Attempt {
+    /// The attempt a check decided without sending: found is done
+    /// (`ok`, error kind `confirmed`), an error is a retry (`check`).
+    fn decided_by(asked: &Asked) -> Attempt {
+        let found = asked.answer == Answer::Found;
+        Attempt {
+            started_at: asked.started_at,
+            finished_at: asked.finished_at,
+            http_status: asked.http_status,
+            error_kind: Some(if found { "confirmed" } else { "check" }),
+            error: if found { None } else { asked.error.clone() },
+            request_id: asked.request_id.clone(),
+            response_head: asked.response_head.clone(),
+            retry_after: asked.retry_after,
+            verdict: if found { Verdict::Done } else { Verdict::Retry },
+        }
+    }
+}
+
+fn log_check(job: &Leased, asked: &Asked) {
+    let status = asked.http_status.map_or("-".to_string(), |s| s.to_string());
+    let ms = (asked.finished_at - asked.started_at).to_string();
+    crate::log::info(
+        "check",
+        &[
+            ("source", &job.source),
+            ("event_id", &job.event_id),
+            ("action", &job.action),
+            ("n", &job.n),
+            ("answer", &asked.answer.as_str()),
+            ("http_status", &status),
+            ("ms", &ms),
+            ("error", &asked.error.as_deref().unwrap_or_default()),
+        ],
+    );
+}
