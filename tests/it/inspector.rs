@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
+use crate::backend::{Backend, both_backends};
 use crate::downstream::{Behavior, Downstream};
 use crate::harness::{Server, ServerConfig, count, toml_str, wait_for, wait_until};
 use crate::sign;
@@ -1016,9 +1017,9 @@ fn sign_in_in_browser(browser: &Browser, server: &Server, token: &str) {
     browser.click("#signin button[type=submit]");
 }
 
-#[test]
-fn browser_sign_in_and_a_list_that_updates_itself() {
-    let server = Server::start(&config_with(""), &[]);
+/// On both backends: the page reads only the admin API.
+fn browser_sign_in_and_a_list_that_updates_itself(backend: Backend) {
+    let server = Server::start_on(backend, &config_with(""), &[]);
     send(&server, "evt-list-1", br#"{"n":1}"#, &[]);
     send(&server, "evt-list-2", br#"{"n":2}"#, &[]);
     let Some(browser) = browser() else { return };
@@ -1072,6 +1073,7 @@ fn browser_sign_in_and_a_list_that_updates_itself() {
     browser.resize(1280, 900);
     browser.assert_only_own_origin();
 }
+both_backends!(browser_sign_in_and_a_list_that_updates_itself);
 
 #[test]
 fn browser_hostile_payloads_are_shown_as_text_and_run_nothing() {
@@ -1251,10 +1253,10 @@ fn browser_replay_shows_its_plan_and_waits_for_the_confirming_click() {
     );
 }
 
-#[test]
-fn browser_pause_and_resume_change_what_the_outbox_does() {
+/// On both backends.
+fn browser_pause_and_resume_change_what_the_outbox_does(backend: Backend) {
     let downstream = Downstream::start();
-    let server = Server::start(&config_with(&forward_action(&downstream, 3)), &[]);
+    let server = Server::start_on(backend, &config_with(&forward_action(&downstream, 3)), &[]);
     let Some(browser) = browser() else { return };
     browser.resize(1280, 900);
     sign_in_in_browser(&browser, &server, TOKEN);
@@ -1267,15 +1269,11 @@ fn browser_pause_and_resume_change_what_the_outbox_does() {
     );
     browser.click("#actions button[data-action='notify']");
     wait_until(PAGE_TIMEOUT, "the action to be paused", || {
-        count(&server.db(), "SELECT count(*) FROM paused_actions", []) == 1
+        server.count("SELECT count(*) FROM paused_actions", &[]) == 1
     });
     send(&server, "evt-paused", br#"{"p":1}"#, &[]);
     wait_until(PAGE_TIMEOUT, "the job to wait as paused", || {
-        count(
-            &server.db(),
-            "SELECT count(*) FROM jobs WHERE status = 'paused'",
-            [],
-        ) == 1
+        server.count("SELECT count(*) FROM jobs WHERE status = 'paused'", &[]) == 1
     });
     browser.wait_js(
         "the paused count and the resume button",
@@ -1305,7 +1303,7 @@ fn browser_pause_and_resume_change_what_the_outbox_does() {
     );
     assert!(server.logs().contains("why=origin"), "{}", server.logs());
     assert_eq!(
-        count(&server.db(), "SELECT count(*) FROM paused_actions", []),
+        server.count("SELECT count(*) FROM paused_actions", &[]),
         1,
         "another origin resumed it"
     );
@@ -1320,10 +1318,7 @@ fn browser_pause_and_resume_change_what_the_outbox_does() {
     wait_until(PAGE_TIMEOUT, "the resumed job at the downstream", || {
         downstream.effects("gh:evt-paused:notify") == 1
     });
-    assert_eq!(
-        count(&server.db(), "SELECT count(*) FROM paused_actions", []),
-        0
-    );
+    assert_eq!(server.count("SELECT count(*) FROM paused_actions", &[]), 0);
 
     browser.go(&format!("{}/ui/reconcile", server.base_url()));
     browser.wait_for("the reconcile report", "#reconcile section");
@@ -1333,6 +1328,7 @@ fn browser_pause_and_resume_change_what_the_outbox_does() {
     browser.screenshot("overview");
     browser.assert_only_own_origin();
 }
+both_backends!(browser_pause_and_resume_change_what_the_outbox_does);
 
 #[test]
 fn browser_a_check_and_the_attempt_it_confirmed_are_in_the_timeline() {
