@@ -1285,15 +1285,14 @@ both_backends!(jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out);
 // 7. Pause and resume
 // ---------------------------------------------------------------------------
 
-#[test]
-fn paused_action_accepts_events_and_holds_their_jobs_until_resumed() {
+fn paused_action_accepts_events_and_holds_their_jobs_until_resumed(backend: Backend) {
     let ds = Downstream::start();
     let (paused, running) = (ACTION, "audit");
     let config = ServerConfig::new()
         .tables(&stripe_source())
         .tables(&forward_action(paused, &action_url(&ds, paused), &[]))
         .tables(&forward_action(running, &action_url(&ds, running), &[]));
-    let server = Server::start(&config, &stripe_env());
+    let server = Server::start_on(backend, &config, &stripe_env());
     let target = format!("{SOURCE}/{paused}");
     server.run_cli(&["pause", &target]).assert_success();
 
@@ -1328,18 +1327,18 @@ fn paused_action_accepts_events_and_holds_their_jobs_until_resumed() {
         assert_eq!(event_state(db, id).as_deref(), Some("completed"));
     }
 }
+both_backends!(paused_action_accepts_events_and_holds_their_jobs_until_resumed);
 
 /// Regression guard for the paused-retry bug (fixed in b08ae99): an attempt
 /// in flight when its action is paused ends in a retry; the job must then
 /// wait as 'paused', not come back as 'pending' and be retried while the
 /// action is paused.
-#[test]
-fn attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume() {
+fn attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume(backend: Backend) {
     let ds = Downstream::start();
     let id = "evt_pause_in_flight";
     ds.script(&key(id), Behavior::Fail500(1));
     ds.close_gate();
-    let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
+    let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
     wait_until(
         Duration::from_secs(10),
@@ -1381,6 +1380,7 @@ fn attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume() {
         vec![Outcome::Failed500, Outcome::Effect]
     );
 }
+both_backends!(attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume);
 
 // ---------------------------------------------------------------------------
 // 8. Graceful shutdown
