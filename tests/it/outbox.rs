@@ -1514,3 +1514,60 @@ fn replay_of_a_dead_letter_gets_a_fresh_retry_budget() {
     );
     assert_eq!(ds.effects(&key(id)), 1);
 }
+
+/// `after` naming an SQL action that succeeds in the claim: the forward
+/// is due at once (nothing to wait for) and sent once; one whose SQL
+/// action failed waits, parked, and is never sent.
+fn a_forward_after_a_sql_action_is_sent_once_it_committed(backend: Backend) {
+    let ds = Downstream::start();
+    let config = ServerConfig::new()
+        .set(
+            "setup_sql",
+            &toml_str("CREATE TABLE IF NOT EXISTS wallet(event_id TEXT, amount INTEGER CHECK (amount >= 0))"),
+        )
+        .tables(&stripe_source())
+        .tables(&format!(
+            "[[sources.{SOURCE}.actions]]\nname = \"credit\"\n\
+             sql = \"INSERT INTO wallet(event_id, amount) VALUES (:event_id, :amount)\"\n\
+             params = {{ amount = \"json:/data/object/amount\" }}\n"
+        ))
+        .tables(&forward_action(
+            ACTION,
+            &action_url(&ds, ACTION),
+            &[("after", "[\"credit\"]")],
+        ));
+    let server = Server::start_on(backend, &config, &stripe_env());
+    let good = "evt_after_ok";
+    assert_accepted(&deliver(&server, &stripe_event(good)), good, "delivery");
+    let bad = "evt_after_bad";
+    let body = serde_json::json!({
+        "id": bad, "object": "event", "type": "charge.succeeded",
+        "data": {"object": {"id": "ch_bad", "amount": -1, "currency": "eur"}}
+    })
+    .to_string()
+    .into_bytes();
+    assert_accepted(&deliver(&server, &body), bad, "delivery");
+
+    wait_job(&server, good, ACTION, "done");
+    assert_eq!(ds.effects(&key(good)), 1);
+    assert_eq!(event_state(&server, good).as_deref(), Some("completed"));
+    // The bad one's forward waits for its failed SQL action: parked.
+    wait_until(JOBS_TIMEOUT, "the bad event's forward is parked", || {
+        server.count(
+            "SELECT count(*) FROM jobs WHERE event_id = ?1 AND action = ?2
+               AND status = 'pending' AND next_attempt_at IS NULL",
+            &[&bad, &ACTION],
+        ) == 1
+    });
+    // A later event goes through, so the workers have looked again.
+    let later = "evt_after_later";
+    assert_accepted(&deliver(&server, &stripe_event(later)), later, "delivery");
+    wait_job(&server, later, ACTION, "done");
+    assert!(
+        ds.requests_for(&key(bad)).is_empty(),
+        "{}",
+        outbox_dump(&server)
+    );
+    assert_eq!(ds.total_effects(), 2);
+}
+both_backends!(a_forward_after_a_sql_action_is_sent_once_it_committed);
