@@ -436,6 +436,16 @@ fn two_instances_share_forward_jobs_and_one_takes_over_after_kill_9() {
         ),
         n as i64
     );
+    // reconcile against the shared database: nothing stuck, overdue or
+    // failed after the takeover (exit 0).
+    let report = b.run_cli(&["reconcile", "--json"]);
+    assert_eq!(
+        report.status.code(),
+        Some(0),
+        "reconcile is clean after the takeover\n{}\n{}",
+        report.stdout,
+        report.stderr
+    );
     drop(b);
 }
 
