@@ -108,3 +108,79 @@ fn other_schemes_are_refused_and_passwords_never_show() {
         show(&out)
     );
 }
+
+/// `database = "env:NAME"` naming a PostgreSQL URL: serve runs on that
+/// database (the event lands there, not in a SQLite file beside the
+/// config), and the URL is shown without its password.
+#[test]
+fn serve_on_a_postgres_url_read_from_the_environment() {
+    if !crate::backend::Backend::Postgres
+        .available("serve_on_a_postgres_url_read_from_the_environment")
+    {
+        return;
+    }
+    let url = crate::backend::fresh_database();
+    // The throwaway cluster trusts local connections, so a password in
+    // its URL is carried but not needed: it must not show anywhere.
+    let local = crate::pg_cluster::cluster().is_some_and(|c| c.data_dir.is_some());
+    let url = if local {
+        url.replacen(
+            "postgresql://postgres@",
+            "postgresql://postgres:hunter2@",
+            1,
+        )
+    } else {
+        url
+    };
+    let config = ServerConfig::new()
+        .set("database", &toml_str("env:IDEMHOOK_IT_DATABASE_URL"))
+        .tables("[sources.gh]\nkind = \"github\"\nsecrets = [\"env:GH_SECRET\"]\n");
+    let server = crate::harness::Server::start(
+        &config,
+        &[
+            ("IDEMHOOK_IT_DATABASE_URL", url.as_str()),
+            ("GH_SECRET", "s3cret-for-tests"),
+        ],
+    );
+    let body = br#"{"action":"opened"}"#;
+    let r = server.post(
+        "/hooks/gh",
+        &crate::sign::github("s3cret-for-tests", body, "delivery-env-1", "push"),
+        body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut db = crate::backend::Db::postgres(&url);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM events WHERE source = ?1 AND event_id = ?2",
+            &[&"gh", &"delivery-env-1"]
+        ),
+        1,
+        "the event is in the PostgreSQL database"
+    );
+    assert!(
+        !server.dir().join("idemhook.db").exists(),
+        "no SQLite file beside the config"
+    );
+    let checked = server.run_cli(&["check"]);
+    assert!(checked.success(), "{}", checked.stderr);
+    if local {
+        assert!(
+            checked.stdout.contains("[REDACTED]"),
+            "check shows the URL with its password redacted\n{}",
+            checked.stdout
+        );
+    }
+    for (what, text) in [
+        ("serve's output", server.logs()),
+        (
+            "check's output",
+            format!("{}{}", checked.stdout, checked.stderr),
+        ),
+    ] {
+        assert!(
+            !text.contains("hunter2"),
+            "the password reached {what}\n{text}"
+        );
+    }
+}
