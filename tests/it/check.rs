@@ -651,22 +651,36 @@ const SETUP_SQL: &str = "CREATE TABLE IF NOT EXISTS wallet(event_id TEXT PRIMARY
        WHEN EXISTS (SELECT 1 FROM wallet_down)\n\
        BEGIN SELECT RAISE(ABORT, 'the wallet is down'); END;";
 
+/// SETUP_SQL in PostgreSQL's dialect.
+const SETUP_SQL_PG: &str = "CREATE TABLE IF NOT EXISTS wallet(event_id TEXT PRIMARY KEY);\n\
+     CREATE TABLE IF NOT EXISTS wallet_down(down INTEGER);\n\
+     CREATE OR REPLACE FUNCTION wallet_guard() RETURNS trigger LANGUAGE plpgsql AS $$\n\
+       BEGIN IF EXISTS (SELECT 1 FROM wallet_down) THEN RAISE EXCEPTION 'the wallet is down'; END IF;\n\
+       RETURN NEW; END $$;\n\
+     CREATE OR REPLACE TRIGGER wallet_guard BEFORE INSERT ON wallet\n\
+       FOR EACH ROW EXECUTE FUNCTION wallet_guard();";
+
 /// The SQL action `credit` fails while the wallet is down; `notify`, with
 /// `after = ["credit"]`, sends nothing meanwhile (parked, listed by
 /// reconcile, its reason shown by events show) and is sent once, after
 /// the replay of `credit` succeeds.
-#[test]
-fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once() {
+fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once(backend: Backend) {
     let ds = Downstream::start_without_dedupe();
     let tables = ServerConfig::new()
-        .set("setup_sql", &toml_str(SETUP_SQL))
+        .set(
+            "setup_sql",
+            &toml_str(match backend {
+                Backend::Sqlite => SETUP_SQL,
+                Backend::Postgres => SETUP_SQL_PG,
+            }),
+        )
         .tables(&source())
         .tables(&format!(
             "[[sources.{SOURCE}.actions]]\nname = \"credit\"\n\
              sql = \"INSERT INTO wallet(event_id) VALUES (:event_id)\"\n"
         ))
         .tables(&notify(&ds, "1s", "3s", "after = [\"credit\"]"));
-    let server = Server::start(&tables, &env());
+    let server = Server::start_on(backend, &tables, &env());
     let db = &server;
 
     // While the wallet works, the forward follows the credit.
@@ -674,10 +688,7 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once() 
     wait_job(db, "evt_a_ok", ACTION, "done");
     assert_eq!(ds.effects(&key("evt_a_ok")), 1);
 
-    server
-        .db_rw()
-        .execute("INSERT INTO wallet_down(down) VALUES (1)", [])
-        .unwrap();
+    server.exec("INSERT INTO wallet_down(down) VALUES (1)", &[]);
     deliver(&server, "evt_a_wait");
     assert_eq!(
         job_status(db, "evt_a_wait", "credit").as_deref(),
@@ -742,10 +753,7 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once() 
     );
 
     // Fix the wallet, replay the credit: the forward is released and sent once.
-    server
-        .db_rw()
-        .execute("DELETE FROM wallet_down", [])
-        .unwrap();
+    server.exec("DELETE FROM wallet_down", &[]);
     server
         .run_cli(&[
             "replay",
@@ -781,6 +789,7 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once() 
         "one attempt: parking is not an attempt"
     );
 }
+both_backends!(a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once);
 
 // ---------------------------------------------------------------------------
 // Configuration

@@ -273,9 +273,8 @@ both_backends!(metrics_count_a_scripted_mix_exactly);
 /// SQL actions run in the claim; each run is an attempt and is counted
 /// like a forward attempt, ok or failed, once per event (a duplicate runs
 /// nothing), and again when an operator replays it through the API.
-#[test]
-fn sql_action_attempts_are_counted() {
-    let server = Server::start(
+fn sql_action_attempts_are_counted(backend: Backend) {
+    let server = Server::start_on(backend,
         &ServerConfig::new()
             .set("admin_token", &toml_str("env:ADMIN_TOKEN"))
             .set(
@@ -335,6 +334,7 @@ sql = "SELECT 1"
     assert_eq!(value(&s, "idemhook_jobs", &[("status", "done")]), 3.0);
     assert_eq!(value(&s, "idemhook_jobs", &[("status", "failed")]), 2.0);
 }
+both_backends!(sql_action_attempts_are_counted);
 
 #[test]
 fn json_log_lines_parse_and_carry_the_delivery_fields() {

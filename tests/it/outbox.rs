@@ -631,12 +631,11 @@ fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered(backen
 }
 both_backends!(unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered);
 
-#[test]
-fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
+fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once(backend: Backend) {
     let ds = Downstream::start();
     let id = "evt_400";
     ds.script(&key(id), Behavior::Reject400);
-    let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
+    let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
 
     let db = &server;
@@ -712,6 +711,7 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once() {
         "the replay is recorded"
     );
 }
+both_backends!(reject_400_fails_after_one_attempt_and_replay_delivers_it_once);
 
 // ---------------------------------------------------------------------------
 // 2. What the downstream receives
@@ -1483,15 +1483,14 @@ fn sigterm_during_a_hang_exits_0_and_the_retry_after_restart_delivers_once() {
 /// Regression guard: a replay gives a dead-lettered job a fresh
 /// `max_attempts` budget. Before, a job that had used up its attempts got a
 /// single try after a replay and failed again on its first retryable error.
-#[test]
-fn replay_of_a_dead_letter_gets_a_fresh_retry_budget() {
+fn replay_of_a_dead_letter_gets_a_fresh_retry_budget(backend: Backend) {
     let ds = Downstream::start();
     let id = "evt_budget";
     // Two 500s use up max_attempts = 2; after the replay, one more 500 and
     // then success needs a second attempt within the new budget.
     ds.script(&key(id), Behavior::Fail500(3));
     let config = one_action_config(&ds, &[("max_attempts", "2")]);
-    let server = Server::start(&config, &stripe_env());
+    let server = Server::start_on(backend, &config, &stripe_env());
     assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
     let db = &server;
     let failed = wait_job(db, id, ACTION, "failed");
@@ -1514,6 +1513,7 @@ fn replay_of_a_dead_letter_gets_a_fresh_retry_budget() {
     );
     assert_eq!(ds.effects(&key(id)), 1);
 }
+both_backends!(replay_of_a_dead_letter_gets_a_fresh_retry_budget);
 
 /// `after` naming an SQL action that succeeds in the claim: the forward
 /// is due at once (nothing to wait for) and sent once; one whose SQL
