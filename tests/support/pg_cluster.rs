@@ -116,10 +116,6 @@ impl Cluster {
 }
 
 fn start() -> Result<Cluster, String> {
-    // To see the skip path on a machine that has PostgreSQL.
-    if std::env::var_os("IDEMHOOK_TEST_NO_PG").is_some() {
-        return Err("IDEMHOOK_TEST_NO_PG is set".to_string());
-    }
     if let Ok(url) = std::env::var("IDEMHOOK_TEST_PG_URL")
         && !url.is_empty()
     {
@@ -211,6 +207,11 @@ pub fn private() -> Option<Local> {
 impl Local {
     fn create() -> Result<Local, String> {
         static N: AtomicUsize = AtomicUsize::new(0);
+        // To see the skip path on a machine that has PostgreSQL (the
+        // shared cluster and the private ones alike).
+        if std::env::var_os("IDEMHOOK_TEST_NO_PG").is_some() {
+            return Err("IDEMHOOK_TEST_NO_PG is set".to_string());
+        }
         let bin = find_bin_dir().ok_or("no initdb in /usr/lib/postgresql/*/bin or on PATH")?;
         let dir = std::env::temp_dir().join(format!(
             "idemhook-pg-{}-{}-{}",
