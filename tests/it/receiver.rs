@@ -641,10 +641,10 @@ both_backends!(kill9_right_after_200_keeps_every_acknowledged_event);
 /// A request under way when SIGTERM comes (its head read, its body not
 /// yet sent) is read to its end and answered: stored and 200, not a 400
 /// for a body cut short. Only idle connections are ended at once.
-#[test]
-fn a_request_under_way_at_sigterm_is_finished() {
+fn a_request_under_way_at_sigterm_is_finished(backend: Backend) {
     use std::io::{Read, Write};
-    let mut server = Server::start(
+    let mut server = Server::start_on(
+        backend,
         &ServerConfig::new().tables(&stripe_source("stripe", "")),
         &stripe_env(),
     );
@@ -677,13 +677,16 @@ fn a_request_under_way_at_sigterm_is_finished() {
     assert_eq!(status.code(), Some(0), "serve exits 0 after SIGTERM");
     assert_eq!(events_count(&server), 1, "the event is stored");
 }
+both_backends!(a_request_under_way_at_sigterm_is_finished);
 
-#[test]
-fn sigterm_under_load_answers_or_closes_every_request_and_keeps_every_acknowledged_event() {
+fn sigterm_under_load_answers_or_closes_every_request_and_keeps_every_acknowledged_event(
+    backend: Backend,
+) {
     const THREADS: usize = 8;
     const BEFORE_TERM: usize = 200;
     const HUNG: Duration = Duration::from_secs(4);
-    let mut server = Server::start(
+    let mut server = Server::start_on(
+        backend,
         &ServerConfig::new().tables(&stripe_source("stripe", "")),
         &stripe_env(),
     );
@@ -752,6 +755,9 @@ fn sigterm_under_load_answers_or_closes_every_request_and_keeps_every_acknowledg
         acked.len()
     );
 }
+both_backends!(
+    sigterm_under_load_answers_or_closes_every_request_and_keeps_every_acknowledged_event
+);
 
 // ---------------------------------------------------------------------------
 // 4. Mismatched duplicates
