@@ -278,13 +278,35 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
             ("forward_in_flight", &outbox.in_flight()),
         ],
     );
-    http.stop();
-    pruner.stop();
-    outbox.stop();
-    listening.store(true, std::sync::atomic::Ordering::SeqCst);
-    let _ = listener.join();
-    drop(app);
-    store.stop();
+    // A hung server (stopped processes, or a peer whose kernel still
+    // acknowledges) can hold a claimer, a worker or the listener inside a
+    // call that no timeout of ours ends (statement timeouts are the
+    // server's; connect_timeout covers the socket, not the handshake). The
+    // stop waits for them only as long as a live server could need, then
+    // exits as a crash would: nothing uncommitted was answered 2xx, and a
+    // cut-short attempt is taken over after its lease.
+    let bound = crate::http::STOP_GRACE
+        + longest_forward_timeout(&config).unwrap_or_default()
+        + config.busy_timeout
+        + std::time::Duration::from_secs(5);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        http.stop();
+        pruner.stop();
+        outbox.stop();
+        listening.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = listener.join();
+        drop(app);
+        store.stop();
+        let _ = done_tx.send(());
+    });
+    if done_rx.recv_timeout(bound).is_err() {
+        crate::log::warn(
+            "stopped without waiting for PostgreSQL",
+            &[("waited", &format_duration(bound))],
+        );
+        return Ok(());
+    }
     crate::log::info("stopped", &[]);
     Ok(())
 }
