@@ -1051,3 +1051,52 @@ fn two_instances_updating_shared_rows_survive_deadlocks_without_doubling() {
     );
     eprintln!("deadlocks detected (and their groups run again): {deadlocks}");
 }
+
+/// SIGTERM while PostgreSQL hangs (every server process stopped) with a
+/// delivery waiting on it: the delivery is answered 503 within
+/// busy_timeout, and serve still exits within its grace instead of
+/// waiting for the database forever; once PostgreSQL is back a new serve
+/// stores the retry.
+#[test]
+fn sigterm_while_postgres_hangs_exits_within_the_grace() {
+    let Some(local) = pg_cluster::private() else {
+        pg_cluster::skipped("sigterm_while_postgres_hangs_exits_within_the_grace");
+        return;
+    };
+    let url = local.cluster().create_database("it_sigterm_hung");
+    let mut server = Server::start(&config(&url).set("busy_timeout", &toml_str("2s")), &[]);
+    let client = Client::new(Duration::from_secs(30));
+    let post = |server: &Server, i: usize| {
+        let body = event(i);
+        client.try_post(
+            &server.url("/hooks/stripe"),
+            &sign::stripe_now(SECRET, &body),
+            &body,
+        )
+    };
+    assert_eq!(post(&server, 1).map(|r| r.status), Ok(200));
+    local.freeze();
+    let r = post(&server, 2).expect("an answer while PostgreSQL hangs");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let started = Instant::now();
+    server.terminate();
+    // Before: the stop joined a claimer stuck in the handshake of a new
+    // connection to the hung server, until PostgreSQL came back.
+    let status = server.wait_exit(Duration::from_secs(60));
+    let took = started.elapsed();
+    local.thaw();
+    assert!(
+        status.success()
+            && server
+                .stderr()
+                .contains("stopped without waiting for PostgreSQL"),
+        "serve exited 0 on its own after SIGTERM, saying it did not wait: {status:?}\n{}",
+        server.logs()
+    );
+    eprintln!("serve exited {took:?} after SIGTERM with PostgreSQL hung");
+    local.wait_ready().expect("PostgreSQL is back");
+    server.restart();
+    assert_eq!(post(&server, 2).map(|r| r.status), Ok(200), "the retry");
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 2);
+    assert_eq!(server.count("SELECT count(*) FROM ledger", &[]), 2);
+}

@@ -267,7 +267,8 @@ impl Local {
         let script = format!(
             "while [ -d /proc/{me} ]; do sleep 1; done; \
              pid=$(head -1 '{pidfile}' 2>/dev/null); \
-             if [ -n \"$pid\" ]; then kill -CONT $pid 2>/dev/null; kill -INT $pid 2>/dev/null; \
+             if [ -n \"$pid\" ]; then kill -CONT $pid 2>/dev/null; pkill -CONT -P $pid 2>/dev/null; \
+             kill -INT $pid 2>/dev/null; \
              i=0; while [ -d /proc/$pid ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; \
              kill -KILL $pid 2>/dev/null; fi; rm -rf '{dir}'",
             me = std::process::id(),
