@@ -501,3 +501,55 @@ fn the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped() {
     let out = cli(&server, &["events", "list", "--json"], 0);
     assert_eq!(out.json().as_array().map(Vec::len), Some(1));
 }
+
+/// Two instances on one PostgreSQL database: a pause through one
+/// instance's API holds the jobs of events the other one claims, either
+/// instance's API reports them, a resume through the other one releases
+/// them, and the workers of both deliver each once; `reconcile` from the
+/// command line is clean after.
+#[test]
+fn operator_changes_through_one_instance_hold_for_the_other() {
+    if !Backend::Postgres
+        .available("pg_ops::operator_changes_through_one_instance_hold_for_the_other")
+    {
+        return;
+    }
+    let ds = Downstream::start();
+    let config = Backend::Postgres.config(config(&ds));
+    let a = Server::start(&config, &env());
+    let b = Server::start(&config, &env());
+    let paused = post_ok(&a, "/api/actions/stripe/later/pause", "");
+    assert_eq!(paused["paused"], true, "{paused}");
+    let ids = ["evt_m1", "evt_m2", "evt_m3", "evt_m4"];
+    for id in ids {
+        deliver(&b, id, 3);
+    }
+    for id in ids {
+        wait_job(&a, id, "notify", "done");
+        assert_eq!(job_status(&a, id, "later").as_deref(), Some("paused"));
+    }
+    let actions = get_ok(&a, "/api/actions");
+    let later = actions
+        .as_array()
+        .and_then(|all| all.iter().find(|x| x["action"] == "later"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (&later["paused"], &later["counts"]["paused"]),
+        (&json!(true), &json!(4)),
+        "{actions:#}"
+    );
+    let report = get_ok(&b, "/api/reconcile");
+    assert_eq!(report["paused"][0]["waiting"], 4, "{report:#}");
+    let resumed = post_ok(&b, "/api/actions/stripe/later/resume", "");
+    assert_eq!(resumed["jobs_resumed"], 4, "{resumed}");
+    for id in ids {
+        wait_job(&b, id, "later", "done");
+        assert_eq!(ds.effects(&key(id, "later")), 1, "{id}");
+        assert_eq!(ds.effects(&key(id, "notify")), 1, "{id}");
+    }
+    let clean = cli(&a, &["reconcile", "--json"], 0).json();
+    assert_eq!(clean["clean"], true, "{clean:#}");
+    let list = cli(&b, &["events", "list", "--json"], 0).json();
+    assert_eq!(list.as_array().map(Vec::len), Some(4), "{list:#}");
+}
