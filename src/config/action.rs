@@ -79,9 +79,10 @@ pub(super) fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, Strin
                 ));
             }
             let check = match &ra.check {
-                Some(text) => {
-                    Some(crate::check::Template::parse(text).map_err(|e| format!("check: {e}"))?)
-                }
+                Some(text) => Some(
+                    super::check_template::Template::parse(text)
+                        .map_err(|e| format!("check: {e}"))?,
+                ),
                 None => None,
             };
             if check.is_some() && lease <= timeout * 2 {

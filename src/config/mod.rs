@@ -18,6 +18,7 @@ use crate::store::PostgresUrl;
 use crate::verify::{Secret, Verifier};
 
 mod action;
+pub mod check_template;
 mod kind;
 mod parse;
 mod source;
@@ -223,7 +224,7 @@ pub struct Forward {
     pub request_id_header: String,
     /// Asked before an attempt whose predecessor's outcome is unknown
     /// (`check.rs`).
-    pub check: Option<crate::check::Template>,
+    pub check: Option<check_template::Template>,
     /// Actions of the same event that must be done before this one is sent.
     pub after: Vec<String>,
 }
