@@ -3,7 +3,7 @@
 //! the tarpit for connections past their address's cap, and the 503s
 //! written when there is no room.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,7 +14,7 @@ use super::response::serialize;
 use super::wire::{ConnState, Io, Wire};
 use super::{
     EVICTABLE_AFTER_MS, IDLE, LINGER, Limits, MAX_REFUSING, Open, READING, REFUSE_WITHIN,
-    Registered, Shared, address_key, dropped, lock, mono_ms,
+    Registered, Shared, address_key, drain, dropped, lock, mono_ms,
 };
 use crate::http::reply::Reply;
 
@@ -394,28 +394,6 @@ fn refuse_in_thread(shared: &Shared, socket: Arc<TcpStream>, answer: &[u8]) {
     io.close_notify();
     let _ = socket.shutdown(Shutdown::Write);
     drain(&socket, LINGER.min(REFUSE_WITHIN), 64 * 1024);
-}
-
-/// Reads and discards what the client still sends, for up to `within`
-/// and `max` bytes, until it closes: after a half-close, so that closing
-/// with unread bytes does not reset the connection before the client has
-/// read its answer.
-pub(super) fn drain(socket: &TcpStream, within: Duration, max: u64) {
-    let until = Instant::now() + within;
-    let mut buf = [0u8; 8192];
-    let mut total = 0u64;
-    while total < max {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() || socket.set_read_timeout(Some(left)).is_err() {
-            return;
-        }
-        match (&*socket).read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => total += n as u64,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return,
-        }
-    }
 }
 
 struct Slot<'a>(&'a Shared, u64);

@@ -9,16 +9,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::accept::drain;
+use super::body::read_body;
 use super::head::{HeadError, read_head};
 use super::later::{Later, OutState, Outbound, locked};
 use super::permit::Permit;
-use super::read::{BodyError, Budget, read_body, write_out};
+use super::read::{BodyError, Budget, write_out};
 use super::response::serialize;
 use super::wire::{ConnState, Io, Wire};
 use super::{
     BUSY, BodyProblem, Conn, DRAIN_413, DRAIN_MAX_BYTES, IDLE, LINGER, Limits, REFUSE_WITHIN,
-    Request, Shared, dropped,
+    Request, Shared, drain, dropped,
 };
 use crate::http::reply::Reply;
 

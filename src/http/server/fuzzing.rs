@@ -4,7 +4,7 @@
 use std::sync::atomic::AtomicUsize;
 
 use super::Limits;
-use super::chunked::read_chunked;
+use super::body::read_chunked;
 use super::head::{HeadError, read_head};
 use super::read::Budget;
 

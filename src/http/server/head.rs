@@ -5,7 +5,7 @@
 use std::io::BufRead;
 
 use super::Limits;
-use super::read::{Stop, read_line};
+use super::read::{Stop, is_token, read_line};
 
 pub(super) struct Head {
     pub(super) method: String,
@@ -306,10 +306,6 @@ pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, (u16, Stri
         expect_continue,
         headers,
     })
-}
-
-pub(super) fn is_token(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 #[cfg(test)]

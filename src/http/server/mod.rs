@@ -36,13 +36,14 @@
 //! The files: `accept.rs` (the acceptor, the caps, eviction, the tarpit),
 //! `connection.rs` (a connection's thread: requests one after another),
 //! `wire.rs` (a connection's state and deadlines, its socket below TLS),
-//! `head.rs` and `read.rs` (request heads, lines and bodies), `chunked.rs`
-//! (the chunked coding), `later.rs` (answers written by the answer thread),
+//! `head.rs` (request heads), `body.rs` (bodies: Content-Length or the
+//! chunked coding), `read.rs` (reading lines and bytes under the limits,
+//! the body budget), `later.rs` (answers written by the answer thread),
 //! `response.rs` (an answer's bytes), `permit.rs` (processing permits),
 //! `fuzzing.rs` (the parsers on bytes, for the fuzz target).
 
 use std::collections::HashMap;
-use std::io::{self, BufReader};
+use std::io::{self, BufReader, Read};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -52,7 +53,7 @@ use std::time::{Duration, Instant};
 use super::reply::Reply;
 
 mod accept;
-mod chunked;
+mod body;
 mod connection;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -318,6 +319,28 @@ fn dropped(remote: Option<SocketAddr>, why: &str, detail: &dyn std::fmt::Display
 }
 
 const DROP_LINES_PER_SECOND: u64 = 20;
+
+/// Reads and discards what the client still sends, for up to `within`
+/// and `max` bytes, until it closes: after a half-close, so that closing
+/// with unread bytes does not reset the connection before the client has
+/// read its answer.
+fn drain(socket: &TcpStream, within: Duration, max: u64) {
+    let until = Instant::now() + within;
+    let mut buf = [0u8; 8192];
+    let mut total = 0u64;
+    while total < max {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || socket.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match (&*socket).read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
 
 /// Raises the soft limit on open files to the hard limit, and returns
 /// `wanted` open connections per listener lowered (with a warning) to what

@@ -5,8 +5,6 @@
 use std::io::{self, BufRead, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::chunked::read_chunked;
-use super::head::Head;
 use super::{BodyProblem, Conn};
 
 /// Bytes of request bodies reserved from the shared budget, given back
@@ -152,27 +150,8 @@ pub(super) fn read_into<R: BufRead>(
     Ok(())
 }
 
-/// Reads the body, up to `max` bytes.
-pub(super) fn read_body<R: BufRead>(
-    reader: &mut R,
-    head: &Head,
-    max: usize,
-    budget: &mut Budget<'_>,
-) -> Result<Vec<u8>, BodyError> {
-    if head.chunked {
-        return read_chunked(reader, max, budget);
-    }
-    let Some(expected) = head.content_length else {
-        return Ok(Vec::new());
-    };
-    if expected > max {
-        return Err(BodyError::TooLarge);
-    }
-    let mut body = Vec::new();
-    match read_into(reader, expected, &mut body, budget) {
-        Ok(()) => Ok(body),
-        Err((Stop::TimedOut, _)) => Err(BodyError::Problem(BodyProblem::TimedOut)),
-        Err((Stop::Busy, _)) => Err(BodyError::Busy),
-        Err((_, got)) => Err(BodyError::Problem(BodyProblem::Short { expected, got })),
-    }
+/// A byte of an RFC 9110 token (`tchar`): method names, field names,
+/// chunk extension names.
+pub(super) fn is_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }

@@ -1,11 +1,37 @@
-//! Chunked transfer coding (RFC 9112 section 7.1), decoded strictly: chunk
+//! Request bodies: a Content-Length body read as its bytes arrive, or the
+//! chunked transfer coding (RFC 9112 section 7.1), decoded strictly: chunk
 //! sizes, extensions and trailers are checked, not skipped.
 
 use std::io::BufRead;
 
 use super::BodyProblem;
-use super::head::is_token;
-use super::read::{BodyError, Budget, Stop, read_into, read_line, stop_of};
+use super::head::Head;
+use super::read::{BodyError, Budget, Stop, is_token, read_into, read_line, stop_of};
+
+/// Reads the body, up to `max` bytes.
+pub(super) fn read_body<R: BufRead>(
+    reader: &mut R,
+    head: &Head,
+    max: usize,
+    budget: &mut Budget<'_>,
+) -> Result<Vec<u8>, BodyError> {
+    if head.chunked {
+        return read_chunked(reader, max, budget);
+    }
+    let Some(expected) = head.content_length else {
+        return Ok(Vec::new());
+    };
+    if expected > max {
+        return Err(BodyError::TooLarge);
+    }
+    let mut body = Vec::new();
+    match read_into(reader, expected, &mut body, budget) {
+        Ok(()) => Ok(body),
+        Err((Stop::TimedOut, _)) => Err(BodyError::Problem(BodyProblem::TimedOut)),
+        Err((Stop::Busy, _)) => Err(BodyError::Busy),
+        Err((_, got)) => Err(BodyError::Problem(BodyProblem::Short { expected, got })),
+    }
+}
 
 /// Most trailer lines accepted after a chunked body.
 const MAX_TRAILERS: usize = 32;
