@@ -5,9 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::parse::RawAction;
-use super::source::valid_name;
-use super::values::{format_duration, parse_duration, resolve_secret};
+use super::raw::RawAction;
+use super::values::{format_duration, opt_duration, parse_duration, resolve_secret, valid_name};
 use super::{Action, ActionKind, Forward, is_builtin_param};
 use crate::key::Part;
 
@@ -196,19 +195,4 @@ pub(super) fn check_after(actions: &[Action]) -> Result<(), String> {
         visit(actions, &a.name, &mut Vec::new(), &mut finished)?;
     }
     Ok(())
-}
-
-pub(super) fn nonzero(d: Result<Duration, String>, key: &str) -> Result<Duration, String> {
-    match d {
-        Ok(d) if d.is_zero() => Err(format!("{key}: must be longer than 0s")),
-        other => other,
-    }
-}
-
-pub(super) fn opt_duration(
-    value: &Option<String>,
-    key: &str,
-    default: &str,
-) -> Result<Duration, String> {
-    parse_duration(value.as_deref().unwrap_or(default)).map_err(|e| format!("{key}: {e}"))
 }

@@ -4,7 +4,7 @@
 //! environment for settings.
 //!
 //! This file holds the resolved types ([`Config`], [`Source`], [`Action`]).
-//! The files: `parse.rs` (the TOML as written, `Config::parse`),
+//! The files: `raw.rs` (the TOML as written), `parse.rs` (`Config::parse`),
 //! `source.rs` and `action.rs` (one source, one action resolved),
 //! `kind.rs` (the kinds of source and their defaults), `values.rs`
 //! (secret specs, durations), `warnings.rs` (what `check` warns about).
@@ -21,6 +21,7 @@ mod action;
 pub mod check_template;
 mod kind;
 mod parse;
+mod raw;
 mod source;
 #[cfg(test)]
 mod tests;

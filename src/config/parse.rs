@@ -1,89 +1,14 @@
-//! Reading the file: the TOML as written (`Raw*`, unknown keys refused),
-//! then `Config::parse`, which resolves it into a [`Config`] once.
+//! Reading the file: `Config::load` and `Config::parse`, which deserialize
+//! the TOML (`raw.rs`) and resolve it into a [`Config`] once.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
-use super::action::{nonzero, opt_duration};
+use super::raw::RawConfig;
 use super::source::resolve_source;
-use super::values::resolve_secret;
+use super::values::{nonzero, opt_duration, resolve_secret};
 use super::warnings::{retention_warning, shell_variable_warnings, unset_variables};
 use super::{Config, ConfigError, DEV_DEFAULT_SECRET, Durability, HttpLimits, TlsFiles};
 use crate::store::{DatabaseUrl, PostgresUrl};
-
-// ---------------------------------------------------------------------------
-// The file as written.
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawConfig {
-    pub(super) listen: Option<String>,
-    pub(super) database: Option<String>,
-    pub(super) durability: Option<String>,
-    pub(super) admin_token: Option<String>,
-    pub(super) max_body_bytes: Option<u64>,
-    pub(super) http_workers: Option<usize>,
-    pub(super) forward_workers: Option<usize>,
-    pub(super) prune_interval: Option<String>,
-    pub(super) busy_timeout: Option<String>,
-    pub(super) setup_sql: Option<String>,
-    tls_cert: Option<String>,
-    tls_key: Option<String>,
-    pub(super) admin_listen: Option<String>,
-    pub(super) max_connections: Option<usize>,
-    pub(super) max_connections_per_address: Option<usize>,
-    pub(super) min_receive_rate: Option<u64>,
-    pub(super) header_timeout: Option<String>,
-    pub(super) body_timeout: Option<String>,
-    pub(super) idle_timeout: Option<String>,
-    #[serde(default)]
-    pub(super) sources: BTreeMap<String, RawSource>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawSource {
-    pub(super) kind: String,
-    #[serde(default)]
-    pub(super) secrets: Vec<String>,
-    pub(super) tolerance: Option<String>,
-    pub(super) retention: Option<String>,
-    pub(super) payload_retention: Option<String>,
-    pub(super) key: Option<Vec<String>>,
-    #[serde(rename = "type")]
-    pub(super) event_type: Option<String>,
-    pub(super) hash: Option<Vec<String>>,
-    pub(super) on_mismatch: Option<String>,
-    pub(super) allow_unsigned: Option<bool>,
-    // kind = "hmac"
-    pub(super) header: Option<String>,
-    pub(super) algorithm: Option<String>,
-    pub(super) encoding: Option<String>,
-    pub(super) prefix: Option<String>,
-    #[serde(default)]
-    pub(super) actions: Vec<RawAction>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawAction {
-    pub(super) name: String,
-    pub(super) types: Option<Vec<String>>,
-    pub(super) sql: Option<String>,
-    pub(super) params: Option<BTreeMap<String, String>>,
-    pub(super) forward: Option<String>,
-    pub(super) timeout: Option<String>,
-    pub(super) max_attempts: Option<u32>,
-    pub(super) retry_initial: Option<String>,
-    pub(super) retry_max: Option<String>,
-    pub(super) lease: Option<String>,
-    pub(super) sign_secret: Option<String>,
-    pub(super) request_id_header: Option<String>,
-    pub(super) check: Option<String>,
-    pub(super) after: Option<Vec<String>>,
-}
 
 impl Config {
     /// Reads and resolves the file at `path`.

@@ -4,21 +4,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::action::{check_after, opt_duration, resolve_action};
+use super::action::{check_after, resolve_action};
 use super::kind::Kind;
-use super::parse::RawSource;
-use super::values::{parse_duration, resolve_secret};
+use super::raw::RawSource;
+use super::values::{opt_duration, parse_duration, resolve_secret, valid_name};
 use super::{Action, OnMismatch, Source};
 use crate::key::{Part, Rule};
 use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Verifier};
-
-pub(super) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
-}
 
 pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, String> {
     if !valid_name(name) {

@@ -1,5 +1,5 @@
 //! Values written the same way under many keys: secret specs (`env:`,
-//! `file:`, literal) and durations (`30d`, `500ms`).
+//! `file:`, literal), durations (`30d`, `500ms`) and names.
 
 use std::path::Path;
 use std::time::Duration;
@@ -82,4 +82,28 @@ pub fn format_duration(d: Duration) -> String {
         }
     }
     format!("{ms}ms")
+}
+
+/// A source or action name: 1 to 64 of `A-Z a-z 0-9 _ - .`.
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+pub(super) fn nonzero(d: Result<Duration, String>, key: &str) -> Result<Duration, String> {
+    match d {
+        Ok(d) if d.is_zero() => Err(format!("{key}: must be longer than 0s")),
+        other => other,
+    }
+}
+
+pub(super) fn opt_duration(
+    value: &Option<String>,
+    key: &str,
+    default: &str,
+) -> Result<Duration, String> {
+    parse_duration(value.as_deref().unwrap_or(default)).map_err(|e| format!("{key}: {e}"))
 }

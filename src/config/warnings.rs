@@ -3,7 +3,7 @@
 //! a provider's retries.
 
 use super::Source;
-use super::parse::RawConfig;
+use super::raw::RawConfig;
 use super::values::format_duration;
 
 /// Every secret spec in the file with the key it sits under, except
