@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use crate::key::{Part, Rule};
 use crate::state::JobKind;
-use crate::store::PostgresUrl;
 use crate::verify::{Secret, Verifier};
+use database_url::PostgresUrl;
 
 mod action;
 pub mod check_template;
+pub mod database_url;
 mod kind;
 mod parse;
 mod raw;

@@ -3,12 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use super::database_url::{DatabaseUrl, PostgresUrl};
 use super::raw::RawConfig;
 use super::source::resolve_source;
 use super::values::{nonzero, opt_duration, resolve_secret};
 use super::warnings::{retention_warning, shell_variable_warnings, unset_variables};
 use super::{Config, ConfigError, DEV_DEFAULT_SECRET, Durability, HttpLimits, TlsFiles};
-use crate::store::{DatabaseUrl, PostgresUrl};
 
 impl Config {
     /// Reads and resolves the file at `path`.

@@ -1,6 +1,5 @@
 //! Storage. Here: SQLite's connections with the right pragmas, applying
-//! `schema.sql`, classifying errors. Beside it: what the `database`
-//! setting names (`url.rs`), the claim's storage steps as a trait
+//! `schema.sql`, classifying errors. Beside it: the claim's storage steps as a trait
 //! (`tx.rs`) with SQLite's SQL for them (`sqlite.rs`), the group-commit
 //! writer (`writer/`), and the operator side's query layer on both
 //! backends (`db.rs`). Only `store/`, `ingest.rs` and the
@@ -18,7 +17,6 @@ pub mod pg_serve;
 pub mod pg_tx;
 pub mod sqlite;
 pub mod tx;
-pub mod url;
 pub mod writer;
 
 use std::path::Path;
@@ -28,7 +26,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::config::Durability;
 
-pub use url::{DatabaseUrl, PostgresUrl};
+/// The parsed `database` setting lives with the config that reads it.
+pub use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 pub use writer::{Guard, Writer};
 
 /// The whole schema, applied on every start (every statement is idempotent).
