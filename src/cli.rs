@@ -5,11 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
 use crate::log::{Format, Level};
+use crate::ops::{self, CommandError, Outcome, replay::Target, resolve};
+use crate::store::now_ms;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -74,7 +76,7 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Close a failed job by hand, after a compensation: recorded as a new
     /// attempt (ok, error kind operator) with the note; dry run without --yes.
-    Resolve(crate::ops::resolve::ResolveArgs),
+    Resolve(ResolveArgs),
     /// Pause an action: its jobs wait, events keep being accepted.
     Pause {
         /// The forward action to pause, as SOURCE/ACTION.
@@ -132,7 +134,7 @@ pub enum Command {
 }
 
 /// `idemhook replay`'s arguments: one event (SOURCE EVENT_ID) or a batch
-/// (--source/--status/--since); `ops::replay` turns them into a target.
+/// (--source/--status/--since); [`ReplayArgs::target`] checks them.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     /// The event's source (with EVENT_ID: replay one event).
@@ -154,6 +156,67 @@ pub struct ReplayArgs {
     /// Also re-run jobs that are done (one event only).
     #[arg(long)]
     pub force: bool,
+    /// Do it; without this only print what would be done.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+impl ReplayArgs {
+    /// One event or a batch, checked: a mix of the two, or neither, is
+    /// refused (exit 1, as a bad filter is).
+    fn target(&self, now: i64) -> Result<Target, CommandError> {
+        const ONE_OR_BATCH: &str =
+            "replay one event with SOURCE EVENT_ID, or a batch with --source S --status failed";
+        let batch_flags =
+            self.batch_source.is_some() || self.status.is_some() || self.since.is_some();
+        match (&self.source, &self.event_id) {
+            (Some(source), Some(event_id)) => {
+                if batch_flags {
+                    return Err(CommandError::Invalid(
+                        "give either SOURCE EVENT_ID (one event) or --source/--status/--since \
+                         (a batch), not both"
+                            .to_string(),
+                    ));
+                }
+                Ok(Target::Event {
+                    source: source.clone(),
+                    event_id: event_id.clone(),
+                    action: self.action.clone(),
+                    force: self.force,
+                })
+            }
+            (Some(_), None) => Err(CommandError::Invalid(ONE_OR_BATCH.to_string())),
+            (None, _) if self.force => Err(CommandError::Invalid(
+                "--force re-runs a done job of one event: give SOURCE EVENT_ID --action A"
+                    .to_string(),
+            )),
+            (None, _) if !batch_flags => Err(CommandError::Invalid(ONE_OR_BATCH.to_string())),
+            (None, _) => Target::batch(
+                self.batch_source.clone(),
+                self.status.clone(),
+                self.action.clone(),
+                self.since.as_deref(),
+                now,
+            )
+            .map_err(CommandError::from),
+        }
+    }
+}
+
+/// `idemhook resolve`'s arguments; `ops::resolve` gets them as a
+/// [`resolve::Request`].
+#[derive(clap::Args, Debug)]
+pub struct ResolveArgs {
+    /// The event's source.
+    pub source: String,
+    /// The event id.
+    pub event_id: String,
+    /// The action whose failed job to close.
+    #[arg(long)]
+    pub action: String,
+    /// What was done instead (the compensation), kept with the attempt.
+    #[arg(long)]
+    pub note: String,
     /// Do it; without this only print what would be done.
     #[arg(long)]
     pub yes: bool,
@@ -199,23 +262,15 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let level = match log_level(cli.log_level.as_deref(), std::env::var("IDEMHOOK_LOG").ok()) {
         Ok(level) => level,
-        Err(e) => {
-            report(&e);
-            return ExitCode::from(2);
-        }
+        Err(e) => return exit(Err(CommandError::Failed(e))),
     };
     let format = match cli.log_format.as_deref() {
         Some("json") => Format::Json,
         _ => Format::Text,
     };
     crate::log::init(level, format);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli)));
-    match outcome {
-        Ok(Ok(code)) => code,
-        Ok(Err(e)) => {
-            report(&e);
-            ExitCode::from(2)
-        }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
+        Ok(result) => exit(result),
         // The reader of our output went away (`idemhook events list | head`):
         // stop, quietly and successfully, as ripgrep does.
         Err(payload) if is_closed_pipe(payload.as_ref()) => ExitCode::SUCCESS,
@@ -223,11 +278,32 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Prints an error with its context chain. Not with eprintln!, which
-/// panics when stderr is a closed pipe: the exit code still says it failed.
-fn report(e: &anyhow::Error) {
+/// The one place a command's result becomes the process's exit code, and
+/// its error a line on stderr: 1 for something named that does not exist
+/// or a request that does not fit what is stored (and for an outcome that
+/// needs attention), 2 for a command that could not run (usage, config,
+/// database, storage).
+fn exit(result: Result<Outcome, CommandError>) -> ExitCode {
+    let (code, message) = match result {
+        Ok(Outcome::Done) => return ExitCode::SUCCESS,
+        Ok(Outcome::Attention) => return ExitCode::from(1),
+        Err(CommandError::NotFound(m) | CommandError::Invalid(m)) => (1, m),
+        Err(CommandError::Usage(m)) => (2, m),
+        Err(CommandError::Storage(e)) => (
+            2,
+            format!("{:#}", anyhow::Error::new(e).context("storage error")),
+        ),
+        Err(CommandError::Failed(e)) => (2, format!("{e:#}")),
+    };
+    report(&message);
+    ExitCode::from(code)
+}
+
+/// Prints an error's line. Not with eprintln!, which panics when stderr
+/// is a closed pipe: the exit code still says it failed.
+fn report(message: &str) {
     use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "idemhook: {e:#}");
+    let _ = writeln!(std::io::stderr(), "idemhook: {message}");
 }
 
 /// The level from `--log-level`, else `IDEMHOOK_LOG` (empty counts as
@@ -350,112 +426,119 @@ fn postgres_refusal(command: &Command, url: &crate::store::PostgresUrl) -> Optio
     }
 }
 
-fn run(cli: Cli) -> Result<ExitCode> {
-    if !matches!(cli.command, Command::Serve { .. })
-        && let Ok(config) =
-            ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()
-        && let Some(url) = &config.postgres
+/// Loads the config once and hands the verb to the module that owns it.
+fn run(cli: Cli) -> Result<Outcome, CommandError> {
+    let config = match cli.command {
+        // serve does not say where its config came from: its own log
+        // lines name the database.
+        Command::Serve { .. } => {
+            ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()?
+        }
+        _ => load_config(cli.config.as_deref())?,
+    };
+    if let Some(url) = &config.postgres
         && let Some(why) = postgres_refusal(&cli.command, url)
     {
-        anyhow::bail!(why);
+        return Err(CommandError::Usage(why));
     }
     match cli.command {
-        Command::Serve { listen, database } => {
-            let mut config =
-                ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG"))
-                    .load()?;
-            if let Some(l) = listen {
-                config.listen = l;
-            }
-            if let Some(d) = database {
-                config.database = d;
-                config.postgres = None;
-            }
-            crate::serve::run(config)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Check => {
-            // Like every command: with no ./idemhook.toml, the development
-            // default (what `serve` would run here) is what there is to check.
-            let config = load_config(cli.config.as_deref())?;
-            crate::serve::check_sql_actions(&config).map_err(|e| anyhow::anyhow!(e))?;
-            print!("{}", crate::serve::describe(&config));
-            // Warnings do not fail the check: the config works as written.
-            for warning in &config.warnings {
-                eprintln!("warning: {warning}");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Serve { listen, database } => serve(config, listen, database),
+        Command::Check => check(&config),
         Command::Send {
             source,
             url,
             file,
             id,
             event_type,
-        } => {
-            let config = load_config(cli.config.as_deref())?;
-            crate::send::run(&config, &source, url, file, id, event_type)
-        }
-        Command::Events { command } => {
-            let config = load_config(cli.config.as_deref())?;
-            match command {
-                EventsCommand::List {
-                    source,
-                    status,
-                    event_type,
-                    since,
-                    limit,
-                    json,
-                } => crate::ops::inspect::list_cmd(
-                    &config, source, status, event_type, since, limit, json,
-                ),
-                EventsCommand::Show {
-                    source,
-                    event_id,
-                    json,
-                } => crate::ops::inspect::show_cmd(&config, &source, &event_id, json),
-            }
-        }
+        } => exit_code_outcome(crate::send::run(
+            &config, &source, url, file, id, event_type,
+        )),
+        Command::Events { command } => events(&config, command),
         Command::Replay(args) => {
-            crate::ops::replay::cmd(&load_config(cli.config.as_deref())?, &args)
+            let target = args.target(now_ms())?;
+            ops::replay::cmd(&config, &target, args.yes)
         }
         Command::Resolve(args) => {
-            crate::ops::resolve::cmd(&load_config(cli.config.as_deref())?, &args)
+            let request = resolve::Request {
+                source: args.source,
+                event_id: args.event_id,
+                action: args.action,
+                note: args.note,
+            };
+            ops::resolve::cmd(&config, &request, args.yes)
         }
-        Command::Pause { target } => {
-            crate::ops::pause::cmd(&load_config(cli.config.as_deref())?, &target, true)
-        }
-        Command::Resume { target } => {
-            crate::ops::pause::cmd(&load_config(cli.config.as_deref())?, &target, false)
-        }
-        Command::Prune { dry_run } => {
-            crate::ops::prune::cmd(&load_config(cli.config.as_deref())?, dry_run)
-        }
+        Command::Pause { target } => exit_code_outcome(ops::pause::cmd(&config, &target, true)),
+        Command::Resume { target } => exit_code_outcome(ops::pause::cmd(&config, &target, false)),
+        Command::Prune { dry_run } => ops::prune::cmd(&config, dry_run),
         Command::Reconcile { json, check, yes } => {
-            crate::ops::reconcile::cmd(&load_config(cli.config.as_deref())?, json, check, yes)
+            exit_code_outcome(ops::reconcile::cmd(&config, json, check, yes))
         }
         Command::Erase {
             source,
             event_id,
             yes,
-        } => crate::ops::erase::cmd(
-            &load_config(cli.config.as_deref())?,
-            &source,
-            &event_id,
-            yes,
-        ),
-        Command::Migrate { to, yes } => {
-            crate::ops::migrate::cmd(&load_config(cli.config.as_deref())?, &to, yes)
-        }
-        Command::Backup { path } => {
-            let config = load_config(cli.config.as_deref())?;
-            if path.exists() {
-                bail!("{} already exists; choose a new path", path.display());
-            }
-            crate::ops::backup::cmd(&config, &path).context("backup failed")?;
-            Ok(ExitCode::SUCCESS)
-        }
+        } => exit_code_outcome(ops::erase::cmd(&config, &source, &event_id, yes)),
+        Command::Migrate { to, yes } => ops::migrate::cmd(&config, &to, yes),
+        Command::Backup { path } => ops::backup::cmd(&config, &path),
     }
+}
+
+/// `idemhook serve`: the flags override the config's `listen` and
+/// `database`; it runs until SIGTERM or SIGINT.
+fn serve(
+    mut config: Config,
+    listen: Option<String>,
+    database: Option<PathBuf>,
+) -> Result<Outcome, CommandError> {
+    if let Some(l) = listen {
+        config.listen = l;
+    }
+    if let Some(d) = database {
+        config.database = d;
+        config.postgres = None;
+    }
+    crate::serve::run(config)?;
+    Ok(Outcome::Done)
+}
+
+/// `idemhook check`: like every command, with no ./idemhook.toml it checks
+/// the development default (what `serve` would run here).
+fn check(config: &Config) -> Result<Outcome, CommandError> {
+    crate::serve::check_sql_actions(config).map_err(|e| anyhow::anyhow!(e))?;
+    print!("{}", crate::serve::describe(config));
+    // Warnings do not fail the check: the config works as written.
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(Outcome::Done)
+}
+
+fn events(config: &Config, command: EventsCommand) -> Result<Outcome, CommandError> {
+    exit_code_outcome(match command {
+        EventsCommand::List {
+            source,
+            status,
+            event_type,
+            since,
+            limit,
+            json,
+        } => ops::inspect::list_cmd(config, source, status, event_type, since, limit, json),
+        EventsCommand::Show {
+            source,
+            event_id,
+            json,
+        } => ops::inspect::show_cmd(config, &source, &event_id, json),
+    })
+}
+
+/// For a command that still decides its own exit code: 0 is done, any
+/// other code (these exit 1) is an outcome that needs attention.
+fn exit_code_outcome(result: Result<ExitCode>) -> Result<Outcome, CommandError> {
+    Ok(if result? == ExitCode::SUCCESS {
+        Outcome::Done
+    } else {
+        Outcome::Attention
+    })
 }
 
 #[cfg(test)]

@@ -11,12 +11,27 @@ use anyhow::{Context, Result, bail};
 use rusqlite::Connection;
 use rusqlite::backup::{Backup, StepResult};
 
+use super::command::{CommandError, Outcome};
 use crate::config::Config;
 
 /// How often a busy or locked step is tried again before giving up.
 const MAX_BUSY_RETRIES: u32 = 100;
 
-pub fn cmd(config: &Config, path: &Path) -> Result<()> {
+/// `idemhook backup PATH`.
+pub fn cmd(config: &Config, path: &Path) -> Result<Outcome, CommandError> {
+    if path.exists() {
+        return Err(CommandError::Usage(format!(
+            "{} already exists; choose a new path",
+            path.display()
+        )));
+    }
+    write(config, path).context("backup failed")?;
+    Ok(Outcome::Done)
+}
+
+/// Creates the file, copies into it, checks the copy; removes the file
+/// again when that fails.
+fn write(config: &Config, path: &Path) -> Result<()> {
     if let Some(dir) = crate::store::missing_folder(path) {
         bail!(
             "cannot create {}: the folder {} does not exist (backup creates the file, not folders)",

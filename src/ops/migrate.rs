@@ -10,12 +10,12 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::process::ExitCode;
 
 use anyhow::{Context, Result, anyhow, bail};
 use postgres::types::ToSql;
 use rusqlite::types::Value;
 
+use super::command::{CommandError, Outcome};
 use crate::config::Config;
 use crate::store::pg::{Settings, migrate};
 use crate::store::{self, DatabaseUrl, PostgresUrl, StoreError};
@@ -182,7 +182,13 @@ pub fn lock_shared(path: &Path) -> Result<File> {
     Ok(file)
 }
 
-pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<ExitCode> {
+/// `idemhook migrate`: every error is one that kept it from running or
+/// from committing (exit 2).
+pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<Outcome, CommandError> {
+    Ok(run(config, to, yes)?)
+}
+
+fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     let source_path = &config.database;
     if config.postgres.is_some() {
         bail!("database is already a PostgreSQL URL: migrate copies a SQLite file to PostgreSQL");
@@ -237,7 +243,7 @@ pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<ExitCode> {
         println!(
             "nothing copied: run again with --yes to copy (stop serve first; it stays refused while this runs)"
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Outcome::Done);
     }
 
     let mut tx = pg.transaction().map_err(StoreError::from)?;
@@ -277,7 +283,7 @@ pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<ExitCode> {
     }
     tx.commit().map_err(StoreError::from)?;
     println!("copied and verified; now set database = \"{url}\" and start serve");
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// Copies one table row for row, in one prepared INSERT.

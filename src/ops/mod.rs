@@ -3,6 +3,7 @@
 //! final barrier). The admin API calls the same functions.
 
 pub mod backup;
+pub mod command;
 pub mod erase;
 pub mod inspect;
 pub mod inspector;
@@ -13,3 +14,5 @@ pub mod reconcile;
 pub mod replay;
 pub mod resolve;
 pub mod text;
+
+pub use command::{CommandError, Outcome};

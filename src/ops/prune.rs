@@ -13,7 +13,6 @@
 //! event with a pending, processing, paused or failed job is never deleted
 //! and keeps its body: that work still needs it.
 
-use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,7 +21,8 @@ use anyhow::Result;
 use rusqlite::{Connection, params};
 use serde::Serialize;
 
-use super::inspect::{OpError, finish, open_db_read, open_db_write, open_write};
+use super::command::{CommandError, Outcome};
+use super::inspect::{open_db_read, open_db_write, open_write};
 use crate::args;
 use crate::config::{Config, format_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
@@ -432,21 +432,20 @@ fn prune_all(
     Ok(all)
 }
 
-pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
+/// `idemhook prune`: the counts (`--dry-run`), or the batches, what was
+/// kept, and the space given back.
+pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
     let now = now_ms();
     if dry_run {
         let mut handle = open_db_read(config)?;
         let db = handle.db();
         let mut all = Vec::new();
         for c in cutoffs(config, now) {
-            match count(&db, &c) {
-                Ok(counts) => all.push(counts),
-                Err(e) => return finish(Err(OpError::Store(e))),
-            }
+            all.push(count(&db, &c).map_err(CommandError::Storage)?);
         }
         print_counts(config, &all, true);
         println!("dry run: nothing changed");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Outcome::Done);
     }
     if let Some(url) = &config.postgres {
         return cmd_postgres(config, url, now);
@@ -471,10 +470,8 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
             }
         }
     };
-    let mut all = match prune_all(config, now, &|| false, &mut run_batch) {
-        Ok(all) => all,
-        Err(e) => return finish(Err(OpError::Store(e))),
-    };
+    let mut all =
+        prune_all(config, now, &|| false, &mut run_batch).map_err(CommandError::Storage)?;
     for (counts, c) in all.iter_mut().zip(cutoffs(config, now)) {
         counts.kept = count_kept(&Db::sqlite(&conn), &c).unwrap_or(0);
     }
@@ -488,8 +485,8 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
         first = false;
         op(&conn)
     });
-    match given {
-        Ok(Some((pages, left))) => println!(
+    match given.map_err(CommandError::Storage)? {
+        Some((pages, left)) => println!(
             "gave {} KiB back to the file system{}",
             pages * page_size(&conn) / 1024,
             if left != 0 {
@@ -498,19 +495,22 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<ExitCode> {
                 String::new()
             }
         ),
-        Ok(None) => println!(
+        None => println!(
             "the database was created without incremental auto-vacuum, so freed pages stay in the file for reuse; \
              to give them back, stop serve and run VACUUM once (docs/runbook.md, \"Reclaiming disk space\")"
         ),
-        Err(e) => return finish(Err(OpError::Store(e))),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// `prune` on PostgreSQL: the same batches as serve's pruner (each its own
 /// short transaction, every lock `SKIP LOCKED`, so it runs beside the
 /// instances' own pruners), then what was kept.
-fn cmd_postgres(config: &Config, url: &crate::store::PostgresUrl, now: i64) -> Result<ExitCode> {
+fn cmd_postgres(
+    config: &Config,
+    url: &crate::store::PostgresUrl,
+    now: i64,
+) -> Result<Outcome, CommandError> {
     use anyhow::Context as _;
     // Refuses a database serve has not migrated yet.
     let mut handle = open_db_write(config)?;
@@ -521,10 +521,7 @@ fn cmd_postgres(config: &Config, url: &crate::store::PostgresUrl, now: i64) -> R
     let pruned = prune_all(config, now, &|| false, &mut |op: Batch| {
         session.transaction(|tx| op.run_postgres(tx.client()))
     });
-    let mut all = match pruned {
-        Ok(all) => all,
-        Err(e) => return finish(Err(OpError::Store(e))),
-    };
+    let mut all = pruned.map_err(CommandError::Storage)?;
     let db = handle.db();
     for (counts, c) in all.iter_mut().zip(cutoffs(config, now)) {
         counts.kept =
@@ -532,7 +529,7 @@ fn cmd_postgres(config: &Config, url: &crate::store::PostgresUrl, now: i64) -> R
     }
     print_counts(config, &all, false);
     println!("the freed rows are reused by PostgreSQL's autovacuum");
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 fn page_size(conn: &Connection) -> i64 {

@@ -12,16 +12,14 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
-use anyhow::Result;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, finish, open_db_read, open_db_write};
+use super::command::{CommandError, Outcome};
+use super::inspect::{OpError, open_db_read, open_db_write};
 use super::text::{cell, clean, fmt_json_time, fmt_time};
 use crate::args;
-use crate::cli::ReplayArgs;
 use crate::config::{ActionKind, Config, parse_duration};
 use crate::ingest::{self, Claim};
 use crate::store::db::{self, Db, Row};
@@ -792,75 +790,24 @@ pub fn requeued_forward(done: &[Done]) -> bool {
 // ---------------------------------------------------------------------------
 // The command line.
 
-fn target_from_args(args: &ReplayArgs, now: i64) -> Result<Target, OpError> {
-    let batch_flags = args.batch_source.is_some() || args.status.is_some() || args.since.is_some();
-    match (&args.source, &args.event_id) {
-        (Some(source), Some(event_id)) => {
-            if batch_flags {
-                return Err(OpError::Invalid(
-                    "give either SOURCE EVENT_ID (one event) or --source/--status/--since (a batch), not both"
-                        .to_string(),
-                ));
-            }
-            Ok(Target::Event {
-                source: source.clone(),
-                event_id: event_id.clone(),
-                action: args.action.clone(),
-                force: args.force,
-            })
-        }
-        (Some(_), None) => Err(OpError::Invalid(
-            "replay one event with SOURCE EVENT_ID, or a batch with --source S --status failed"
-                .to_string(),
-        )),
-        _ => {
-            if args.force {
-                return Err(OpError::Invalid(
-                    "--force re-runs a done job of one event: give SOURCE EVENT_ID --action A"
-                        .to_string(),
-                ));
-            }
-            if !batch_flags {
-                return Err(OpError::Invalid(
-                    "replay one event with SOURCE EVENT_ID, or a batch with --source S --status failed"
-                        .to_string(),
-                ));
-            }
-            Target::batch(
-                args.batch_source.clone(),
-                args.status.clone(),
-                args.action.clone(),
-                args.since.as_deref(),
-                now,
-            )
-        }
-    }
-}
-
-pub fn cmd(config: &Config, args: &ReplayArgs) -> Result<ExitCode> {
-    let now = now_ms();
-    let target = match target_from_args(args, now) {
-        Ok(t) => t,
-        Err(e) => return finish(Err(e)),
-    };
-    if !args.yes {
+/// `idemhook replay`: prints the plan, and without `yes` stops there;
+/// with it, applies the plan and prints what was done.
+pub fn cmd(config: &Config, target: &Target, yes: bool) -> Result<Outcome, CommandError> {
+    if !yes {
         let mut handle = open_db_read(config)?;
-        let plan = match plan(&handle.db(), config, &target) {
-            Ok(p) => p,
-            Err(e) => return finish(Err(e)),
-        };
+        let plan = plan(&handle.db(), config, target)?;
         print!("{}", render_plan(&plan));
         if !plan.steps.is_empty() {
             println!("nothing changed: run again with --yes to do this");
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Outcome::Done);
     }
     let mut handle = open_db_write(config)?;
-    let result = match target {
-        Target::Event { .. } => replay_event_cli(&mut handle, config, &target),
-        Target::Batch { .. } => replay_batch_cli(&mut handle, config, &target),
+    let outcome = match target {
+        Target::Event { .. } => replay_event_cli(&mut handle, config, target)?,
+        Target::Batch { .. } => replay_batch_cli(&mut handle, config, target)?,
     };
-    finish(result)
+    Ok(outcome)
 }
 
 /// One event: planned and applied in one write transaction.
@@ -868,7 +815,7 @@ fn replay_event_cli(
     handle: &mut db::Handle,
     config: &Config,
     target: &Target,
-) -> Result<ExitCode, OpError> {
+) -> Result<Outcome, OpError> {
     let (plan, applied) = handle.write(|db| {
         let plan = plan(db, config, target)?;
         if plan.steps.is_empty() {
@@ -887,7 +834,7 @@ fn replay_event_cli(
     })?;
     print!("{}", render_plan(&plan));
     let Some((done, state)) = applied else {
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Outcome::Done);
     };
     print!("{}", render_done(&done));
     if let Some(state) = state {
@@ -902,7 +849,7 @@ fn replay_batch_cli(
     handle: &mut db::Handle,
     config: &Config,
     target: &Target,
-) -> Result<ExitCode, OpError> {
+) -> Result<Outcome, OpError> {
     let plan = plan(&handle.db(), config, target)?;
     print!("{}", render_plan(&plan));
     let mut all = Vec::with_capacity(plan.steps.len());
@@ -914,12 +861,12 @@ fn replay_batch_cli(
     Ok(exit_for(&all))
 }
 
-/// Exit 1 when an SQL job was run again and failed again.
-fn exit_for(done: &[Done]) -> ExitCode {
+/// Attention (exit 1) when an SQL job was run again and failed again.
+fn exit_for(done: &[Done]) -> Outcome {
     if done.iter().any(|d| d.result == "failed") {
-        ExitCode::from(1)
+        Outcome::Attention
     } else {
-        ExitCode::SUCCESS
+        Outcome::Done
     }
 }
 

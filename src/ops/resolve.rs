@@ -12,13 +12,12 @@
 //! job again in the write transaction).
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
-use anyhow::Result;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, finish, open_db_read, open_db_write};
+use super::command::{CommandError, Outcome};
+use super::inspect::{OpError, open_db_read, open_db_write};
 use super::replay::Origin;
 use super::text::clean;
 use crate::args;
@@ -28,23 +27,6 @@ use crate::store::{StoreError, now_ms};
 
 /// The longest note kept, in bytes; longer ones are refused.
 pub const MAX_NOTE: usize = 4096;
-
-#[derive(clap::Args, Debug)]
-pub struct ResolveArgs {
-    /// The event's source.
-    pub source: String,
-    /// The event id.
-    pub event_id: String,
-    /// The action whose failed job to close.
-    #[arg(long)]
-    pub action: String,
-    /// What was done instead (the compensation), kept with the attempt.
-    #[arg(long)]
-    pub note: String,
-    /// Do it; without this only print what would be done.
-    #[arg(long)]
-    pub yes: bool,
-}
 
 /// What a resolve would do, or why it cannot.
 #[derive(Debug, Clone, Serialize)]
@@ -260,74 +242,59 @@ fn what(plan: &Plan) -> String {
 // ---------------------------------------------------------------------------
 // The command line.
 
-pub fn cmd(config: &Config, args: &ResolveArgs) -> Result<ExitCode> {
-    if !args.yes {
+/// What `idemhook resolve` is asked to close.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    pub note: String,
+}
+
+/// `idemhook resolve`: prints the plan, and without `yes` stops there.
+/// A bad note and a job that is not failed are usage errors (exit 2); a
+/// missing event or job is not found (exit 1).
+pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, CommandError> {
+    let Request {
+        source,
+        event_id,
+        action,
+        note,
+    } = request;
+    if !yes {
         let mut handle = open_db_read(config)?;
-        let plan = match plan(
-            &handle.db(),
-            &args.source,
-            &args.event_id,
-            &args.action,
-            &args.note,
-        ) {
-            Ok(p) => p,
-            Err(e) => return finish_usage(e),
-        };
-        if let Some(reason) = &plan.refused {
-            eprintln!("idemhook: {reason}");
-            return Ok(ExitCode::from(2));
+        let plan = plan(&handle.db(), source, event_id, action, note)
+            .map_err(CommandError::invalid_as_usage)?;
+        if let Some(reason) = plan.refused {
+            return Err(CommandError::Usage(reason));
         }
         print!("{}", render_plan(&plan));
         println!("nothing changed: run again with --yes to do this");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Outcome::Done);
     }
     let mut handle = open_db_write(config)?;
-    let outcome = handle.write(|db| {
-        let plan = plan(db, &args.source, &args.event_id, &args.action, &args.note)?;
-        if plan.refused.is_some() {
-            return Ok((plan, None));
-        }
-        let done = apply(db, &plan, Origin::Cli, now_ms())?;
-        Ok::<_, OpError>((plan, Some(done)))
-    });
-    let (plan, done) = match outcome {
-        Ok(v) => v,
-        Err(e) => return finish_usage(e),
-    };
-    if let Some(reason) = &plan.refused {
-        eprintln!("idemhook: {reason}");
-        return Ok(ExitCode::from(2));
+    let (plan, done) = handle
+        .write(|db| {
+            let plan = plan(db, source, event_id, action, note)?;
+            let done = match &plan.refused {
+                Some(reason) => Err(reason.clone()),
+                None => apply(db, &plan, Origin::Cli, now_ms())?,
+            };
+            Ok::<_, OpError>((plan, done))
+        })
+        .map_err(CommandError::invalid_as_usage)?;
+    if let Some(reason) = plan.refused {
+        return Err(CommandError::Usage(reason));
     }
     print!("{}", render_plan(&plan));
-    // None only with a refusal, answered above.
-    let Some(done) = done else {
-        return Ok(ExitCode::from(2));
-    };
-    let done = match done {
-        Ok(done) => done,
-        Err(reason) => {
-            eprintln!("idemhook: {reason}");
-            return Ok(ExitCode::from(2));
-        }
-    };
+    // The job moved on since the plan: said after the plan.
+    let done = done.map_err(CommandError::Usage)?;
     println!(
         "resolved: attempt {} recorded as ok (operator); the job is done",
         done.attempt
     );
     println!("event state now: {}", done.state);
-    Ok(ExitCode::SUCCESS)
-}
-
-/// A bad note is a usage error (exit 2); a missing event or job is
-/// reported like the other commands do (exit 1).
-fn finish_usage(e: OpError) -> Result<ExitCode> {
-    match e {
-        OpError::Invalid(m) => {
-            eprintln!("idemhook: {m}");
-            Ok(ExitCode::from(2))
-        }
-        other => finish(Err(other)),
-    }
+    Ok(Outcome::Done)
 }
 
 fn render_plan(plan: &Plan) -> String {

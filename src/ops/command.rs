@@ -1,0 +1,67 @@
+//! What an operator command returns to `cli`: an [`Outcome`] when it ran,
+//! a [`CommandError`] when it stopped. `cli` alone turns either into the
+//! process's exit code and prints the error, once; the commands only say
+//! which kind of failure it was.
+//!
+//! The admin API does not use these: it answers [`OpError`] as HTTP.
+
+use crate::ops::inspect::OpError;
+use crate::store::StoreError;
+
+/// How a command that ran to its end ends.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit 0.
+    Done,
+    /// Exit 1: the command ran, and what it reports needs the operator
+    /// (an SQL job that failed again, jobs `reconcile` found stuck or
+    /// failed, an answer that was not 2xx).
+    Attention,
+}
+
+/// Why a command stopped. Each variant is one exit code and one stderr
+/// line (`idemhook: ...`), both decided in `cli`.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The event, source, action or job named does not exist (exit 1).
+    #[error("{0}")]
+    NotFound(String),
+    /// What was asked does not make sense for what is stored, or a filter
+    /// is malformed (exit 1).
+    #[error("{0}")]
+    Invalid(String),
+    /// The command cannot run as given: a bad argument, a refused target
+    /// or backend (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Storage failed (exit 2), printed as `storage error: ...`.
+    #[error("storage error")]
+    Storage(#[source] StoreError),
+    /// Anything else that kept the command from running: the config, the
+    /// database could not be opened, a file, the network (exit 2), printed
+    /// with its context chain.
+    #[error(transparent)]
+    Failed(#[from] anyhow::Error),
+}
+
+impl From<OpError> for CommandError {
+    fn from(e: OpError) -> CommandError {
+        match e {
+            OpError::NotFound(m) => CommandError::NotFound(m),
+            OpError::Invalid(m) => CommandError::Invalid(m),
+            OpError::Store(e) => CommandError::Storage(e),
+        }
+    }
+}
+
+impl CommandError {
+    /// `OpError` for a command whose bad arguments exit 2: `Invalid`
+    /// becomes `Usage`; the rest as [`From`] has them.
+    pub fn invalid_as_usage(e: OpError) -> CommandError {
+        match e {
+            OpError::Invalid(m) => CommandError::Usage(m),
+            other => other.into(),
+        }
+    }
+}
