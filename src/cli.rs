@@ -450,7 +450,7 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             file,
             id,
             event_type,
-        } => exit_code_outcome(crate::send::run(
+        } => send_outcome(crate::send::run(
             &config, &source, url, file, id, event_type,
         )),
         Command::Events { command } => events(&config, command),
@@ -467,17 +467,15 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             };
             ops::resolve::cmd(&config, &request, args.yes)
         }
-        Command::Pause { target } => exit_code_outcome(ops::pause::cmd(&config, &target, true)),
-        Command::Resume { target } => exit_code_outcome(ops::pause::cmd(&config, &target, false)),
+        Command::Pause { target } => ops::pause::cmd(&config, &target, true),
+        Command::Resume { target } => ops::pause::cmd(&config, &target, false),
         Command::Prune { dry_run } => ops::prune::cmd(&config, dry_run),
-        Command::Reconcile { json, check, yes } => {
-            exit_code_outcome(ops::reconcile::cmd(&config, json, check, yes))
-        }
+        Command::Reconcile { json, check, yes } => ops::reconcile::cmd(&config, json, check, yes),
         Command::Erase {
             source,
             event_id,
             yes,
-        } => exit_code_outcome(ops::erase::cmd(&config, &source, &event_id, yes)),
+        } => ops::erase::cmd(&config, &source, &event_id, yes),
         Command::Migrate { to, yes } => ops::migrate::cmd(&config, &to, yes),
         Command::Backup { path } => ops::backup::cmd(&config, &path),
     }
@@ -514,7 +512,7 @@ fn check(config: &Config) -> Result<Outcome, CommandError> {
 }
 
 fn events(config: &Config, command: EventsCommand) -> Result<Outcome, CommandError> {
-    exit_code_outcome(match command {
+    match command {
         EventsCommand::List {
             source,
             status,
@@ -528,12 +526,12 @@ fn events(config: &Config, command: EventsCommand) -> Result<Outcome, CommandErr
             event_id,
             json,
         } => ops::inspect::show_cmd(config, &source, &event_id, json),
-    })
+    }
 }
 
-/// For a command that still decides its own exit code: 0 is done, any
-/// other code (these exit 1) is an outcome that needs attention.
-fn exit_code_outcome(result: Result<ExitCode>) -> Result<Outcome, CommandError> {
+/// `send` decides its own exit code: 0 when the answer was 2xx, else 1
+/// (an outcome that needs attention).
+fn send_outcome(result: Result<ExitCode>) -> Result<Outcome, CommandError> {
     Ok(if result? == ExitCode::SUCCESS {
         Outcome::Done
     } else {

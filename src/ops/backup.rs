@@ -64,7 +64,7 @@ fn write(config: &Config, path: &Path) -> Result<()> {
 }
 
 fn copy(config: &Config, path: &Path) -> Result<(i64, u64)> {
-    let source = super::inspect::open_read(config)?;
+    let source = super::open::open_read(config)?;
     let mut dest = Connection::open(path)
         .with_context(|| format!("cannot open {} for the copy", path.display()))?;
     {

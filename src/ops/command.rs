@@ -5,7 +5,7 @@
 //!
 //! The admin API does not use these: it answers [`OpError`] as HTTP.
 
-use crate::ops::inspect::OpError;
+use crate::ops::error::OpError;
 use crate::store::StoreError;
 
 /// How a command that ran to its end ends.

@@ -4,12 +4,11 @@
 //! redelivery is still recognised as a duplicate. Without `--yes` it only
 //! prints what it would do.
 
-use std::process::ExitCode;
-
-use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, finish, not_found, open_db_read, open_db_write};
+use super::command::{CommandError, Outcome};
+use super::error::{OpError, not_found};
+use super::open::{open_db_read, open_db_write};
 use super::text::{clean, fmt_time};
 use crate::args;
 use crate::config::Config;
@@ -74,20 +73,23 @@ pub fn erase(db: &Db<'_>, source: &str, event_id: &str, now: i64) -> Result<Valu
     Ok(out)
 }
 
-pub fn cmd(config: &Config, source: &str, event_id: &str, yes: bool) -> Result<ExitCode> {
+/// `idemhook erase`: what it would drop, or (`yes`) what it dropped.
+pub fn cmd(
+    config: &Config,
+    source: &str,
+    event_id: &str,
+    yes: bool,
+) -> Result<Outcome, CommandError> {
     let name = format!("{}/{}", clean(source), clean(event_id));
     if !yes {
         let mut handle = open_db_read(config)?;
-        let d = match handle.read(|db| describe(db, source, event_id)) {
-            Ok(d) => d,
-            Err(e) => return finish(Err(e)),
-        };
+        let d = handle.read(|db| describe(db, source, event_id))?;
         if let (Value::Null, Some(at)) = (&d["payload_bytes"], d["erased_at"].as_i64()) {
             println!(
                 "{name}: the body and headers were already erased at {}; nothing to do",
                 fmt_time(at)
             );
-            return Ok(ExitCode::SUCCESS);
+            return Ok(Outcome::Done);
         }
         println!(
             "{name} (state {}): would drop the stored body ({} bytes) and headers",
@@ -97,20 +99,16 @@ pub fn cmd(config: &Config, source: &str, event_id: &str, yes: bool) -> Result<E
         println!("the key and payload hash stay, so a redelivery is still answered as a duplicate");
         warn_open_jobs(&d);
         println!("nothing changed: run again with --yes to erase");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Outcome::Done);
     }
     let mut handle = open_db_write(config)?;
-    let result = handle.write(|db| erase(db, source, event_id, now_ms()));
-    let d = match result {
-        Ok(d) => d,
-        Err(e) => return finish(Err(e)),
-    };
+    let d = handle.write(|db| erase(db, source, event_id, now_ms()))?;
     println!(
         "erased {name}: dropped the body ({} bytes) and headers; the key and payload hash are kept",
         d["erased_bytes"].as_i64().unwrap_or(0)
     );
     warn_open_jobs(&d);
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 fn warn_open_jobs(d: &Value) {

@@ -2,115 +2,22 @@
 //! an event's whole story (state, payload, jobs, attempts, deliveries,
 //! incidents) and build the JSON that both the CLI's `--json` and the admin
 //! API answer, plus the human-readable rendering of the same values.
-//!
-//! Also owns the few helpers every operator command shares: [`OpError`]
-//! (what went wrong, sorted by who should fix it), opening the database for
-//! a command (printing is `ops::text`'s).
 //! Nothing here writes.
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use rusqlite::Connection;
 use serde_json::{Value, json};
 
+use super::command::{CommandError, Outcome};
+use super::error::{OpError, not_found};
+use super::open::open_db_read;
+use super::text::{cell, clean, fmt_json_time, fmt_time, table};
 use crate::args;
 use crate::config::{Config, parse_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::state::{EventState, JobKind, JobStatus};
-use crate::store::db::{self, Db, Dialect, Handle, TxError};
-use crate::store::{self, StoreError, ms_to_secs, now_ms};
-
-// The text helpers moved to `ops::text`; re-exported for the commands
-// that still import them from here.
-pub use super::text::{cell, clean, fmt_json_time, fmt_time, table};
-
-/// Why an operator command could not do what it was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum OpError {
-    /// The event, source or action named does not exist (CLI exit 1, API 404).
-    #[error("{0}")]
-    NotFound(String),
-    /// The request does not make sense (CLI exit 1, API 400).
-    #[error("{0}")]
-    Invalid(String),
-    /// Storage failed (CLI exit 2, API 503).
-    #[error("{0}")]
-    Store(#[from] StoreError),
-}
-
-impl From<rusqlite::Error> for OpError {
-    fn from(e: rusqlite::Error) -> OpError {
-        OpError::Store(StoreError::from(e))
-    }
-}
-
-impl TxError for OpError {
-    fn as_store(&self) -> Option<&StoreError> {
-        match self {
-            OpError::Store(e) => Some(e),
-            OpError::NotFound(_) | OpError::Invalid(_) => None,
-        }
-    }
-}
-
-/// Turns an operator command's result into the process's exit: a missing
-/// event or a bad argument is printed and exits 1; storage trouble goes up
-/// to `cli` with its context (exit 2).
-pub fn finish(result: Result<ExitCode, OpError>) -> Result<ExitCode> {
-    match result {
-        Ok(code) => Ok(code),
-        Err(OpError::NotFound(m) | OpError::Invalid(m)) => {
-            eprintln!("idemhook: {m}");
-            Ok(ExitCode::from(1))
-        }
-        Err(OpError::Store(e)) => Err(e).context("storage error"),
-    }
-}
-
-/// A read-only connection for a command that only looks; it never changes
-/// the database file.
-pub fn open_read(config: &Config) -> Result<Connection> {
-    store::open_read(&config.database, config.busy_timeout)
-        .with_context(|| format!("cannot open the database {}", config.database.display()))
-}
-
-/// A read-write connection for a command that changes something. Refuses a
-/// database that does not exist yet rather than creating an empty one.
-pub fn open_write(config: &Config) -> Result<Connection> {
-    if !config.database.exists() {
-        anyhow::bail!(
-            "{}: no such database (has serve run yet?)",
-            config.database.display()
-        );
-    }
-    store::open(&config.database, config.durability, config.busy_timeout)
-        .with_context(|| format!("cannot open the database {}", config.database.display()))
-}
-
-/// The database of `config` on either backend, for a command that only
-/// looks: a read-only SQLite connection, or a PostgreSQL session whose
-/// transactions are read-only.
-pub fn open_db_read(config: &Config) -> Result<Handle> {
-    match &config.postgres {
-        Some(url) => db::connect_postgres(url, config.durability, config.busy_timeout, true)
-            .map(Handle::Postgres)
-            .with_context(|| format!("cannot open the database {url}")),
-        None => open_read(config).map(Handle::Sqlite),
-    }
-}
-
-/// The database of `config` on either backend, for a command that
-/// changes something (in [`Handle::write`]'s transaction).
-pub fn open_db_write(config: &Config) -> Result<Handle> {
-    match &config.postgres {
-        Some(url) => db::connect_postgres(url, config.durability, config.busy_timeout, false)
-            .map(Handle::Postgres)
-            .with_context(|| format!("cannot open the database {url}")),
-        None => open_write(config).map(Handle::Sqlite),
-    }
-}
+use crate::store::db::{self, Db, Dialect};
+use crate::store::{ms_to_secs, now_ms};
 
 /// A nullable millisecond column as JSON unix seconds.
 fn secs(ms: Option<i64>) -> Value {
@@ -233,6 +140,7 @@ pub fn list(db: &Db<'_>, filter: &ListFilter) -> Result<Value, OpError> {
     Ok(Value::Array(out))
 }
 
+/// `idemhook events list`.
 pub fn list_cmd(
     config: &Config,
     source: Option<String>,
@@ -241,26 +149,23 @@ pub fn list_cmd(
     since: Option<String>,
     limit: u32,
     json: bool,
-) -> Result<ExitCode> {
-    let filter = match ListFilter::new(
+) -> Result<Outcome, CommandError> {
+    let filter = ListFilter::new(
         source,
         status,
         event_type,
         since.as_deref(),
         limit,
         now_ms(),
-    ) {
-        Ok(f) => f,
-        Err(e) => return finish(Err(e)),
-    };
+    )?;
     let mut handle = open_db_read(config)?;
-    let events = match handle.read(|db| list(db, &filter)) {
-        Ok(v) => v,
-        Err(e) => return finish(Err(e)),
-    };
+    let events = handle.read(|db| list(db, &filter))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&events)?);
-        return Ok(ExitCode::SUCCESS);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&events).map_err(anyhow::Error::from)?
+        );
+        return Ok(Outcome::Done);
     }
     let rows: Vec<Vec<String>> = events
         .as_array()
@@ -285,7 +190,7 @@ pub fn list_cmd(
             table(&["RECEIVED", "SOURCE", "EVENT_ID", "TYPE", "STATE"], &rows)
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 // ---------------------------------------------------------------------------
@@ -377,6 +282,15 @@ pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError>
         "headers": headers_value(r.opt_string(7)?.as_deref()),
     });
 
+    event["jobs"] = jobs(db, source, event_id)?;
+    event["deliveries"] = deliveries(db, source, event_id, received_at)?;
+    event["incidents"] = incidents(db, source, event_id)?;
+    Ok(event)
+}
+
+/// An event's jobs, in the order they were written, each with its
+/// attempts (and a forward job with its checks).
+fn jobs(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
     let mut jobs = Vec::new();
     for r in db.query(
         "SELECT id, action, kind, status, next_attempt_at, last_error
@@ -396,33 +310,47 @@ pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError>
             "status": status,
             "last_error": r.opt_string(5)?,
         });
-        let mut attempts = Vec::new();
-        for a in db.query(
-            "SELECT n, started_at, finished_at, outcome, http_status, error, error_kind,
-                    response_head, request_id, note
-             FROM attempts WHERE job_id = ?1 ORDER BY n",
-            args![job_id],
-        )? {
-            attempts.push(json!({
-                "n": a.i64(0)?,
-                "started_at": ms_to_secs(a.i64(1)?),
-                "finished_at": secs(a.opt_i64(2)?),
-                "outcome": a.opt_string(3)?,
-                "http_status": a.opt_i64(4)?,
-                "error": a.opt_string(5)?,
-                "error_kind": a.opt_string(6)?,
-                "response": a.opt_string(7)?,
-                "request_id": a.opt_string(8)?,
-                "note": a.opt_string(9)?,
-            }));
-        }
-        job["attempts"] = Value::Array(attempts);
+        job["attempts"] = job_attempts(db, job_id)?;
         if job["kind"] == JobKind::Forward.as_str() {
             job["checks"] = job_checks(db, job_id)?;
         }
         jobs.push(job);
     }
+    Ok(Value::Array(jobs))
+}
 
+/// A job's attempts, by number.
+fn job_attempts(db: &Db<'_>, job_id: i64) -> Result<Value, OpError> {
+    let mut attempts = Vec::new();
+    for a in db.query(
+        "SELECT n, started_at, finished_at, outcome, http_status, error, error_kind,
+                response_head, request_id, note
+         FROM attempts WHERE job_id = ?1 ORDER BY n",
+        args![job_id],
+    )? {
+        attempts.push(json!({
+            "n": a.i64(0)?,
+            "started_at": ms_to_secs(a.i64(1)?),
+            "finished_at": secs(a.opt_i64(2)?),
+            "outcome": a.opt_string(3)?,
+            "http_status": a.opt_i64(4)?,
+            "error": a.opt_string(5)?,
+            "error_kind": a.opt_string(6)?,
+            "response": a.opt_string(7)?,
+            "request_id": a.opt_string(8)?,
+            "note": a.opt_string(9)?,
+        }));
+    }
+    Ok(Value::Array(attempts))
+}
+
+/// Every delivery of the event (the accepted one and the redeliveries).
+fn deliveries(
+    db: &Db<'_>,
+    source: &str,
+    event_id: &str,
+    received_at: i64,
+) -> Result<Value, OpError> {
     let mut deliveries = Vec::new();
     for r in db.query(
         &format!(
@@ -437,6 +365,11 @@ pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError>
             "remote": r.opt_string(2)?,
         }));
     }
+    Ok(Value::Array(deliveries))
+}
+
+/// The event's incidents, each with the body it came with when kept.
+fn incidents(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
     let mut incidents = Vec::new();
     for r in db.query(
         "SELECT i.kind, i.created_at, i.detail, p.payload FROM incidents i
@@ -451,19 +384,7 @@ pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError>
             "payload": payload_value(r.get(3)),
         }));
     }
-    event["jobs"] = Value::Array(jobs);
-    event["deliveries"] = Value::Array(deliveries);
-    event["incidents"] = Value::Array(incidents);
-    Ok(event)
-}
-
-/// The error for an event that is not stored.
-pub fn not_found(source: &str, event_id: &str) -> OpError {
-    OpError::NotFound(format!(
-        "no event {}/{} (never received, or pruned past its retention)",
-        clean(source),
-        clean(event_id)
-    ))
+    Ok(Value::Array(incidents))
 }
 
 /// What the human view adds to the JSON: erasure, stored headers, replays.
@@ -471,9 +392,12 @@ struct Extras {
     erased_at: Option<i64>,
     content_type: Option<String>,
     headers: Option<String>,
-    /// (action, replayed_at ms, from_status, forced, origin)
-    replays: Vec<(String, i64, String, bool, String)>,
+    replays: Vec<Replayed>,
 }
+
+/// A replay of one of the event's jobs: (action, replayed_at ms,
+/// from_status, forced, origin).
+type Replayed = (String, i64, String, bool, String);
 
 fn extras(db: &Db<'_>, source: &str, event_id: &str) -> Result<Extras, OpError> {
     let r = db.query_one(
@@ -504,9 +428,34 @@ fn extras(db: &Db<'_>, source: &str, event_id: &str) -> Result<Extras, OpError> 
     })
 }
 
-/// The human view of one event.
+/// The human view of one event: its fields, the payload, the kept
+/// headers, the jobs with their attempts, checks and replays, the
+/// deliveries, the incidents.
 fn render(event: &Value, extras: &Extras) -> String {
     let mut out = String::new();
+    render_fields(&mut out, event);
+    render_payload(&mut out, event, extras);
+    render_headers(&mut out, extras);
+    let jobs = array(&event["jobs"]);
+    if jobs.is_empty() {
+        let _ = writeln!(out, "\njobs: none (no action takes this event's type)");
+    } else {
+        let _ = writeln!(out, "\njobs:");
+    }
+    for job in jobs {
+        render_job(&mut out, job, &extras.replays);
+    }
+    render_deliveries(&mut out, array(&event["deliveries"]));
+    render_incidents(&mut out, array(&event["incidents"]));
+    out
+}
+
+/// A JSON array's items; none for anything else.
+fn array(value: &Value) -> &[Value] {
+    value.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+fn render_fields(out: &mut String, event: &Value) {
     let _ = writeln!(
         out,
         "event {}/{}",
@@ -527,7 +476,9 @@ fn render(event: &Value, extras: &Extras) -> String {
     ] {
         let _ = writeln!(out, "  {label:<13} {value}");
     }
+}
 
+fn render_payload(out: &mut String, event: &Value, extras: &Extras) {
     match (&event["payload"], extras.erased_at) {
         (Value::Null, Some(at)) => {
             let _ = writeln!(
@@ -555,6 +506,9 @@ fn render(event: &Value, extras: &Extras) -> String {
             }
         }
     }
+}
+
+fn render_headers(out: &mut String, extras: &Extras) {
     if let Some(headers) = &extras.headers
         && let Ok(Value::Object(map)) = serde_json::from_str::<Value>(headers)
         && !map.is_empty()
@@ -564,101 +518,89 @@ fn render(event: &Value, extras: &Extras) -> String {
             let _ = writeln!(out, "  {}: {}", clean(&k), cell(&v));
         }
     }
+}
 
-    let jobs = event["jobs"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if jobs.is_empty() {
-        let _ = writeln!(out, "\njobs: none (no action takes this event's type)");
-    } else {
-        let _ = writeln!(out, "\njobs:");
+/// One job: its line, its attempts, the checks asked for it, its last
+/// error when no attempt says it, and the replays of its action.
+fn render_job(out: &mut String, job: &Value, replays: &[Replayed]) {
+    let attempts = array(&job["attempts"]);
+    let mut line = format!(
+        "  {} ({})  {}  {} attempt{}",
+        cell(&job["action"]),
+        cell(&job["kind"]),
+        cell(&job["status"]),
+        attempts.len(),
+        if attempts.len() == 1 { "" } else { "s" }
+    );
+    if !job["next_attempt_at"].is_null() {
+        let _ = write!(line, ", next at {}", fmt_json_time(&job["next_attempt_at"]));
     }
-    for job in jobs {
-        let attempts = job["attempts"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let mut line = format!(
-            "  {} ({})  {}  {} attempt{}",
-            cell(&job["action"]),
-            cell(&job["kind"]),
-            cell(&job["status"]),
-            attempts.len(),
-            if attempts.len() == 1 { "" } else { "s" }
+    let _ = writeln!(out, "{line}");
+    for a in attempts {
+        render_attempt(out, a);
+    }
+    for c in array(&job["checks"]) {
+        let _ = writeln!(
+            out,
+            "    check for #{} {}: {}{}{}",
+            cell(&c["n"]),
+            fmt_json_time(&c["asked_at"]),
+            cell(&c["answer"]),
+            c["http_status"]
+                .as_i64()
+                .map_or_else(String::new, |s| format!(" (http {s})")),
+            c["error"]
+                .as_str()
+                .map_or_else(String::new, |e| format!("  error: {}", clean(e))),
         );
-        if !job["next_attempt_at"].is_null() {
-            let _ = write!(line, ", next at {}", fmt_json_time(&job["next_attempt_at"]));
-        }
-        let _ = writeln!(out, "{line}");
-        for a in attempts {
-            let mut line = format!(
-                "    #{} {} -> {}  {}",
-                cell(&a["n"]),
-                fmt_json_time(&a["started_at"]),
-                fmt_json_time(&a["finished_at"]),
-                cell(&a["outcome"]),
-            );
-            if !a["error_kind"].is_null() {
-                let _ = write!(line, " ({})", cell(&a["error_kind"]));
-            }
-            if !a["http_status"].is_null() {
-                let _ = write!(line, "  http {}", cell(&a["http_status"]));
-            }
-            if !a["request_id"].is_null() {
-                let _ = write!(line, "  request id {}", cell(&a["request_id"]));
-            }
-            if !a["error"].is_null() {
-                let _ = write!(line, "  error: {}", cell(&a["error"]));
-            }
-            let _ = writeln!(out, "{line}");
-            if let Some(response) = a["response"].as_str().filter(|r| !r.is_empty()) {
-                let _ = writeln!(out, "       answer: {}", clean(response));
-            }
-            if !a["note"].is_null() {
-                let _ = writeln!(out, "       note: {}", cell(&a["note"]));
-            }
-        }
-        for c in job["checks"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
+    }
+    if !job["last_error"].is_null() && attempts.is_empty() {
+        let _ = writeln!(out, "    last error: {}", cell(&job["last_error"]));
+    }
+    for (action, at, from, forced, origin) in replays {
+        if Some(action.as_str()) == job["action"].as_str() {
             let _ = writeln!(
                 out,
-                "    check for #{} {}: {}{}{}",
-                cell(&c["n"]),
-                fmt_json_time(&c["asked_at"]),
-                cell(&c["answer"]),
-                c["http_status"]
-                    .as_i64()
-                    .map_or_else(String::new, |s| format!(" (http {s})")),
-                c["error"]
-                    .as_str()
-                    .map_or_else(String::new, |e| format!("  error: {}", clean(e))),
+                "    replayed {} from {}{} by {}",
+                fmt_time(ms_to_secs(*at)),
+                clean(from),
+                if *forced { " (forced)" } else { "" },
+                clean(origin)
             );
         }
-        if !job["last_error"].is_null() && attempts.is_empty() {
-            let _ = writeln!(out, "    last error: {}", cell(&job["last_error"]));
-        }
-        for (action, at, from, forced, origin) in &extras.replays {
-            if Some(action.as_str()) == job["action"].as_str() {
-                let _ = writeln!(
-                    out,
-                    "    replayed {} from {}{} by {}",
-                    fmt_time(ms_to_secs(*at)),
-                    clean(from),
-                    if *forced { " (forced)" } else { "" },
-                    clean(origin)
-                );
-            }
-        }
     }
+}
 
-    let deliveries = event["deliveries"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+fn render_attempt(out: &mut String, a: &Value) {
+    let mut line = format!(
+        "    #{} {} -> {}  {}",
+        cell(&a["n"]),
+        fmt_json_time(&a["started_at"]),
+        fmt_json_time(&a["finished_at"]),
+        cell(&a["outcome"]),
+    );
+    if !a["error_kind"].is_null() {
+        let _ = write!(line, " ({})", cell(&a["error_kind"]));
+    }
+    if !a["http_status"].is_null() {
+        let _ = write!(line, "  http {}", cell(&a["http_status"]));
+    }
+    if !a["request_id"].is_null() {
+        let _ = write!(line, "  request id {}", cell(&a["request_id"]));
+    }
+    if !a["error"].is_null() {
+        let _ = write!(line, "  error: {}", cell(&a["error"]));
+    }
+    let _ = writeln!(out, "{line}");
+    if let Some(response) = a["response"].as_str().filter(|r| !r.is_empty()) {
+        let _ = writeln!(out, "       answer: {}", clean(response));
+    }
+    if !a["note"].is_null() {
+        let _ = writeln!(out, "       note: {}", cell(&a["note"]));
+    }
+}
+
+fn render_deliveries(out: &mut String, deliveries: &[Value]) {
     let _ = writeln!(out, "\ndeliveries ({}):", deliveries.len());
     for d in deliveries {
         let _ = writeln!(
@@ -669,30 +611,34 @@ fn render(event: &Value, extras: &Extras) -> String {
             cell(&d["remote"])
         );
     }
-    let incidents = event["incidents"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if incidents.is_empty() {
-        let _ = writeln!(out, "\nincidents: none");
-    } else {
-        let _ = writeln!(out, "\nincidents ({}):", incidents.len());
-        for i in incidents {
-            let _ = writeln!(
-                out,
-                "  {}  {}  {}",
-                fmt_json_time(&i["created_at"]),
-                cell(&i["kind"]),
-                cell(&i["detail"])
-            );
-        }
-    }
-    out
 }
 
-pub fn show_cmd(config: &Config, source: &str, event_id: &str, json: bool) -> Result<ExitCode> {
+fn render_incidents(out: &mut String, incidents: &[Value]) {
+    if incidents.is_empty() {
+        let _ = writeln!(out, "\nincidents: none");
+        return;
+    }
+    let _ = writeln!(out, "\nincidents ({}):", incidents.len());
+    for i in incidents {
+        let _ = writeln!(
+            out,
+            "  {}  {}  {}",
+            fmt_json_time(&i["created_at"]),
+            cell(&i["kind"]),
+            cell(&i["detail"])
+        );
+    }
+}
+
+/// `idemhook events show`.
+pub fn show_cmd(
+    config: &Config,
+    source: &str,
+    event_id: &str,
+    json: bool,
+) -> Result<Outcome, CommandError> {
     let mut handle = open_db_read(config)?;
-    let shown = handle.read(|db| {
+    let (event, extras) = handle.read(|db| {
         let event = show(db, source, event_id)?;
         let extras = if json {
             None
@@ -700,13 +646,15 @@ pub fn show_cmd(config: &Config, source: &str, event_id: &str, json: bool) -> Re
             Some(extras(db, source, event_id)?)
         };
         Ok::<_, OpError>((event, extras))
-    });
-    match shown {
-        Ok((event, None)) => println!("{}", serde_json::to_string_pretty(&event)?),
-        Ok((event, Some(extras))) => print!("{}", render(&event, &extras)),
-        Err(e) => return finish(Err(e)),
+    })?;
+    match extras {
+        None => println!(
+            "{}",
+            serde_json::to_string_pretty(&event).map_err(anyhow::Error::from)?
+        ),
+        Some(extras) => print!("{}", render(&event, &extras)),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// The questions asked of a forward job's `check` URL (`checks`), oldest

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::inspect::OpError;
+use super::error::OpError;
 use crate::args;
 use crate::config::Config;
 use crate::ingest::DELIVERIES_OF_EVENT;

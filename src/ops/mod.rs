@@ -5,9 +5,11 @@
 pub mod backup;
 pub mod command;
 pub mod erase;
+pub mod error;
 pub mod inspect;
 pub mod inspector;
 pub mod migrate;
+pub mod open;
 pub mod pause;
 pub mod prune;
 pub mod reconcile;
@@ -16,3 +18,4 @@ pub mod resolve;
 pub mod text;
 
 pub use command::{CommandError, Outcome};
+pub use error::OpError;

@@ -3,12 +3,11 @@
 //! its jobs wait as 'paused' (the claim writes new ones that way) until it
 //! is resumed. Owns the `paused_actions` table's writes.
 
-use std::process::ExitCode;
-
-use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, finish, open_db_write};
+use super::command::{CommandError, Outcome};
+use super::error::OpError;
+use super::open::open_db_write;
 use super::text::clean;
 use crate::args;
 use crate::config::{ActionKind, Config};
@@ -139,23 +138,17 @@ pub fn resume(
     }))
 }
 
-pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<ExitCode> {
-    let (source, action) = match parse_target(target) {
-        Ok(t) => t,
-        Err(e) => return finish(Err(e)),
-    };
+/// `idemhook pause` (`pausing`) and `idemhook resume`.
+pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<Outcome, CommandError> {
+    let (source, action) = parse_target(target)?;
     let mut handle = open_db_write(config)?;
-    let result = handle.write(|db| {
+    let out = handle.write(|db| {
         if pausing {
             pause(db, config, &source, &action, now_ms())
         } else {
             resume(db, config, &source, &action, now_ms())
         }
-    });
-    let out = match result {
-        Ok(v) => v,
-        Err(e) => return finish(Err(e)),
-    };
+    })?;
     let name = format!("{}/{}", clean(&source), clean(&action));
     if pausing {
         let already = if out["was_paused"].as_bool() == Some(true) {
@@ -179,7 +172,7 @@ pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<ExitCode> {
             out["jobs_resumed"]
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 #[cfg(test)]

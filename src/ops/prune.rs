@@ -17,12 +17,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::Result;
 use rusqlite::{Connection, params};
 use serde::Serialize;
 
 use super::command::{CommandError, Outcome};
-use super::inspect::{open_db_read, open_db_write, open_write};
+use super::open::{open_db_read, open_db_write, open_write};
 use crate::args;
 use crate::config::{Config, format_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;

@@ -13,14 +13,14 @@
 //! `ok` with error kind `confirmed`, nothing rewritten.
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::inspect::{OpError, finish, open_db_read, open_db_write};
+use super::command::{CommandError, Outcome};
+use super::error::OpError;
+use super::open::{open_db_read, open_db_write};
 use super::text::{cell, clean, fmt_json_time};
 use crate::args;
 use crate::check::{Answer, Asked};
@@ -564,41 +564,41 @@ fn render_checks(out: &mut String, checks: &[Value], applied: bool) {
 /// Exit 1 says that something needs attention; a command that could not
 /// look at all (a bad argument, no database) exits 2, so that a monitor
 /// never mistakes one for the other.
-pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<ExitCode> {
-    fn failed(e: OpError) -> Result<ExitCode> {
+pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<Outcome, CommandError> {
+    // Whatever keeps it from looking is a usage error here (exit 2).
+    fn failed(e: OpError) -> CommandError {
         match e {
-            OpError::NotFound(m) | OpError::Invalid(m) => Err(anyhow::anyhow!(m)),
-            store => finish(Err(store)),
+            OpError::NotFound(m) | OpError::Invalid(m) => CommandError::Usage(m),
+            store => store.into(),
         }
     }
     if yes && !check {
-        return failed(OpError::Invalid(
+        return Err(CommandError::Usage(
             "--yes marks done what --check finds done downstream: give --check --yes".to_string(),
         ));
     }
     let mut handle = open_db_read(config)?;
-    let report = match handle.read(|db| reconcile(db, config, now_ms())) {
-        Ok(r) => r,
-        Err(e) => return failed(e),
-    };
+    let report = handle
+        .read(|db| reconcile(db, config, now_ms()))
+        .map_err(failed)?;
     let report = if check {
         drop(handle);
-        match check_and_apply(config, report, yes) {
-            Ok(r) => r,
-            Err(e) => return failed(e),
-        }
+        check_and_apply(config, report, yes).map_err(failed)?
     } else {
         report
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?
+        );
     } else {
         print!("{}", render(&report));
     }
     Ok(if report["clean"].as_bool() == Some(true) {
-        ExitCode::SUCCESS
+        Outcome::Done
     } else {
-        ExitCode::from(1)
+        Outcome::Attention
     })
 }
 

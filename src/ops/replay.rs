@@ -17,7 +17,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
-use super::inspect::{OpError, open_db_read, open_db_write};
+use super::error::{OpError, not_found};
+use super::open::{open_db_read, open_db_write};
 use super::text::{cell, clean, fmt_json_time, fmt_time};
 use crate::args;
 use crate::config::{ActionKind, Config, parse_duration};
@@ -274,7 +275,7 @@ fn plan_event(
         })
         .transpose()?;
     let Some((event_type, state, received_at, erased)) = event else {
-        return Err(super::inspect::not_found(source_name, event_id));
+        return Err(not_found(source_name, event_id));
     };
     let source = config.source(source_name);
     if let Some(a) = action {

@@ -17,7 +17,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
-use super::inspect::{OpError, open_db_read, open_db_write};
+use super::error::{OpError, not_found};
+use super::open::{open_db_read, open_db_write};
 use super::replay::Origin;
 use super::text::clean;
 use crate::args;
@@ -87,7 +88,7 @@ pub fn plan(
         .map(|r| r.string(0))
         .transpose()?;
     let Some(state_before) = state else {
-        return Err(super::inspect::not_found(source, event_id));
+        return Err(not_found(source, event_id));
     };
     let job: Option<(i64, String, String, i64, i64)> = conn
         .query_opt(

@@ -1,0 +1,45 @@
+//! [`OpError`]: why an operation could not do what it was asked, sorted
+//! by who should fix it. The admin API answers it as an HTTP status; the
+//! CLI's commands turn it into a `CommandError`.
+
+use crate::ops::text::clean;
+use crate::store::StoreError;
+use crate::store::db::TxError;
+
+/// Why an operator command could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// The event, source or action named does not exist (CLI exit 1, API 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The request does not make sense (CLI exit 1, API 400).
+    #[error("{0}")]
+    Invalid(String),
+    /// Storage failed (CLI exit 2, API 503).
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+impl From<rusqlite::Error> for OpError {
+    fn from(e: rusqlite::Error) -> OpError {
+        OpError::Store(StoreError::from(e))
+    }
+}
+
+impl TxError for OpError {
+    fn as_store(&self) -> Option<&StoreError> {
+        match self {
+            OpError::Store(e) => Some(e),
+            OpError::NotFound(_) | OpError::Invalid(_) => None,
+        }
+    }
+}
+
+/// The error for an event that is not stored.
+pub fn not_found(source: &str, event_id: &str) -> OpError {
+    OpError::NotFound(format!(
+        "no event {}/{} (never received, or pruned past its retention)",
+        clean(source),
+        clean(event_id)
+    ))
+}
