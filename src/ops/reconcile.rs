@@ -45,23 +45,6 @@ const CHECKS_AT_ONCE: usize = 8;
 /// "paused", "counts"}`. Waiting jobs (parked by `after`) do not make it
 /// unclean by themselves: what they wait for is listed in its own right.
 pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpError> {
-    let job = |r: &Row| -> Result<Value, StoreError> {
-        Ok(json!({
-            "source": r.string(0)?,
-            "event_id": r.string(1)?,
-            "action": r.string(2)?,
-            "kind": r.string(3)?,
-            "status": r.string(4)?,
-            "attempts": r.i64(5)?,
-            "lease_owner": r.opt_string(6)?,
-            "lease_until": secs(r.opt_i64(7)?),
-            "next_attempt_at": secs(r.opt_i64(8)?),
-            "last_error": r.opt_string(9)?,
-            "updated_at": secs(r.opt_i64(10)?),
-        }))
-    };
-    let columns = "source, event_id, action, kind, status, n_attempts, lease_owner, lease_until, \
-                   next_attempt_at, last_error, updated_at";
     // (name, clause, order, the time the clause compares with if any)
     let stuck_where = "status = 'processing' AND coalesce(lease_until, 0) < ?1";
     // A pending job without a due time is parked by `after` (waiting).
@@ -82,42 +65,16 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
         ("failed", failed_where, "updated_at DESC", None),
         ("waiting", waiting_where, "created_at", None),
     ] {
-        let args: Vec<crate::store::db::Value> = at.into_iter().map(Into::into).collect();
-        let mut items = db
-            .query(
-                &format!(
-                    "SELECT {columns} FROM jobs WHERE {clause} ORDER BY {order} LIMIT {LIST_LIMIT}"
-                ),
-                &args,
-            )?
-            .iter()
-            .map(job)
-            .collect::<Result<Vec<_>, _>>()?;
+        let (mut items, n) = jobs_where(db, clause, order, at)?;
         if name == "waiting" {
             for item in &mut items {
                 item["waiting_for"] = waiting_for(db, config, item)?;
             }
         }
-        let n = db
-            .query_one(&format!("SELECT count(*) FROM jobs WHERE {clause}"), &args)?
-            .i64(0)?;
         lists.push((name, Value::Array(items)));
         counts.push((name, n));
     }
-    let mut paused = Vec::new();
-    for r in db.query(
-        "SELECT p.source, p.action, p.paused_at, count(j.id) FROM paused_actions p
-         JOIN jobs j ON j.source = p.source AND j.action = p.action AND j.status = 'paused'
-         GROUP BY p.source, p.action, p.paused_at ORDER BY p.paused_at",
-        &[],
-    )? {
-        paused.push(json!({
-            "source": r.string(0)?,
-            "action": r.string(1)?,
-            "paused_at": ms_to_secs(r.i64(2)?),
-            "waiting": r.i64(3)?,
-        }));
-    }
+    let paused = paused_actions(db)?;
     counts.push(("paused", paused.len() as i64));
     lists.push(("paused", Value::Array(paused)));
 
@@ -133,6 +90,67 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
             .collect(),
     );
     Ok(out)
+}
+
+/// The first [`LIST_LIMIT`] jobs matching `clause` (in `order`), and how
+/// many match. `at` binds `?1` when the clause compares a time.
+fn jobs_where(
+    db: &Db<'_>,
+    clause: &str,
+    order: &str,
+    at: Option<i64>,
+) -> Result<(Vec<Value>, i64), OpError> {
+    let job = |r: &Row| -> Result<Value, StoreError> {
+        Ok(json!({
+            "source": r.string(0)?,
+            "event_id": r.string(1)?,
+            "action": r.string(2)?,
+            "kind": r.string(3)?,
+            "status": r.string(4)?,
+            "attempts": r.i64(5)?,
+            "lease_owner": r.opt_string(6)?,
+            "lease_until": secs(r.opt_i64(7)?),
+            "next_attempt_at": secs(r.opt_i64(8)?),
+            "last_error": r.opt_string(9)?,
+            "updated_at": secs(r.opt_i64(10)?),
+        }))
+    };
+    let columns = "source, event_id, action, kind, status, n_attempts, lease_owner, lease_until, \
+                   next_attempt_at, last_error, updated_at";
+    let args: Vec<crate::store::db::Value> = at.into_iter().map(Into::into).collect();
+    let items = db
+        .query(
+            &format!(
+                "SELECT {columns} FROM jobs WHERE {clause} ORDER BY {order} LIMIT {LIST_LIMIT}"
+            ),
+            &args,
+        )?
+        .iter()
+        .map(job)
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = db
+        .query_one(&format!("SELECT count(*) FROM jobs WHERE {clause}"), &args)?
+        .i64(0)?;
+    Ok((items, n))
+}
+
+/// The paused actions that hold jobs, with how many each holds.
+fn paused_actions(db: &Db<'_>) -> Result<Vec<Value>, OpError> {
+    let mut paused = Vec::new();
+    for r in db.query(
+        "SELECT p.source, p.action, p.paused_at, count(j.id) FROM paused_actions p
+         JOIN jobs j ON j.source = p.source AND j.action = p.action AND j.status = 'paused'
+         GROUP BY p.source, p.action, p.paused_at ORDER BY p.paused_at",
+        &[],
+    )? {
+        paused.push(json!({
+            "source": r.string(0)?,
+            "action": r.string(1)?,
+            "paused_at": ms_to_secs(r.i64(2)?),
+            "waiting": r.i64(3)?,
+        }));
+    }
+    Ok(paused)
 }
 
 /// The jobs a parked job waits for: the actions its `after` names that are
@@ -315,88 +333,125 @@ pub fn mark_done(
 ) -> Result<usize, StoreError> {
     let mut marked = 0;
     for c in checked.iter_mut() {
-        if c.asked.answer != Answer::Found {
-            continue;
+        if c.asked.answer == Answer::Found && mark_one(db, c, worker, now)? {
+            marked += 1;
         }
-        let current = db.query_opt(
-            &format!(
-                "SELECT id, status, n_attempts, lease_until, updated_at, lease_owner FROM jobs
-                 WHERE source = ?1 AND event_id = ?2 AND action = ?3{}",
-                db.dialect().for_update()
-            ),
-            args![&c.source, &c.event_id, &c.action],
-        )?;
-        let Some(r) = current else {
-            c.left_alone = Some("the job is gone (pruned); left alone".to_string());
-            continue;
-        };
-        let (job_id, status, n_attempts) = (r.i64(0)?, r.string(1)?, r.i64(2)?);
-        let processing = status == JobStatus::Processing.as_str();
-        let (lease_until, updated_at, owner) = (r.opt_i64(3)?, r.i64(4)?, r.opt_string(5)?);
-        let lease_ran_out = lease_until.is_none_or(|at| at < now);
-        if status != c.status || n_attempts != c.attempts || (processing && !lease_ran_out) {
-            c.left_alone = Some(format!(
-                "the job moved on since it was asked about (now {status}, {n_attempts} attempt(s)); left alone"
-            ));
-            continue;
-        }
-        let last_recorded = db
-            .query_one(
-                "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
-                args![job_id],
-            )?
-            .i64(0)?;
-        if processing && last_recorded < n_attempts {
-            db.execute(
-                "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)
-                 ON CONFLICT DO NOTHING",
-                args![job_id, n_attempts, updated_at, now, owner],
-            )?;
-        }
-        let n = n_attempts.max(last_recorded) + 1;
-        let a = &c.asked;
-        db.execute(
-            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
-                                   error_kind, request_id, response_head, worker)
-             VALUES (?1, ?2, ?3, ?4, 'ok', ?5, 'confirmed', ?6, ?7, ?8)",
-            args![
-                job_id,
-                n,
-                a.started_at,
-                a.finished_at,
-                a.http_status.map(i64::from),
-                &a.request_id,
-                &a.response_head,
-                worker,
-            ],
-        )?;
-        let changed = db.execute(
-            "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
-                    lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
-             WHERE id = ?1 AND status = ?4 AND n_attempts = ?5",
-            args![job_id, n, now, &status, n_attempts],
-        )?;
-        if changed != 1 {
-            // Cannot happen under the lock above; never mark what moved.
-            return Err(StoreError::other(format!(
-                "job {job_id} changed while it was being marked done"
-            )));
-        }
-        db.steps(
-            |tx| {
-                crate::outbox::record_check(tx.conn, job_id, n, worker, a)?;
-                crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
-            },
-            |tx| {
-                crate::outbox::record_check_in(tx, job_id, n, worker, a)?;
-                crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
-            },
-        )?;
-        c.marked_done = Some(n);
-        marked += 1;
     }
     Ok(marked)
+}
+
+/// A job as [`mark_one`] reads it under its lock.
+struct Locked {
+    job_id: i64,
+    status: String,
+    n_attempts: i64,
+    processing: bool,
+    updated_at: i64,
+    owner: Option<String>,
+}
+
+/// One job the downstream has done: marked done (true), or left alone
+/// with the reason in `c.left_alone` when it is gone or moved on.
+fn mark_one(db: &Db<'_>, c: &mut Checked, worker: &str, now: i64) -> Result<bool, StoreError> {
+    let current = db.query_opt(
+        &format!(
+            "SELECT id, status, n_attempts, lease_until, updated_at, lease_owner FROM jobs
+             WHERE source = ?1 AND event_id = ?2 AND action = ?3{}",
+            db.dialect().for_update()
+        ),
+        args![&c.source, &c.event_id, &c.action],
+    )?;
+    let Some(r) = current else {
+        c.left_alone = Some("the job is gone (pruned); left alone".to_string());
+        return Ok(false);
+    };
+    let (status, lease_until) = (r.string(1)?, r.opt_i64(3)?);
+    let job = Locked {
+        job_id: r.i64(0)?,
+        processing: status == JobStatus::Processing.as_str(),
+        status,
+        n_attempts: r.i64(2)?,
+        updated_at: r.i64(4)?,
+        owner: r.opt_string(5)?,
+    };
+    let lease_ran_out = lease_until.is_none_or(|at| at < now);
+    if job.status != c.status || job.n_attempts != c.attempts || (job.processing && !lease_ran_out)
+    {
+        c.left_alone = Some(format!(
+            "the job moved on since it was asked about (now {}, {} attempt(s)); left alone",
+            job.status, job.n_attempts
+        ));
+        return Ok(false);
+    }
+    c.marked_done = Some(confirm(db, &job, c, worker, now)?);
+    Ok(true)
+}
+
+/// Records the confirmation as the job's next attempt (after the cut
+/// short attempt of a stuck job), marks the job done, records the check
+/// and the event's state. Returns the attempt's number.
+fn confirm(
+    db: &Db<'_>,
+    job: &Locked,
+    c: &Checked,
+    worker: &str,
+    now: i64,
+) -> Result<i64, StoreError> {
+    let job_id = job.job_id;
+    let last_recorded = db
+        .query_one(
+            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
+            args![job_id],
+        )?
+        .i64(0)?;
+    if job.processing && last_recorded < job.n_attempts {
+        db.execute(
+            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
+             VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)
+             ON CONFLICT DO NOTHING",
+            args![job_id, job.n_attempts, job.updated_at, now, &job.owner],
+        )?;
+    }
+    let n = job.n_attempts.max(last_recorded) + 1;
+    let a = &c.asked;
+    db.execute(
+        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
+                               error_kind, request_id, response_head, worker)
+         VALUES (?1, ?2, ?3, ?4, 'ok', ?5, 'confirmed', ?6, ?7, ?8)",
+        args![
+            job_id,
+            n,
+            a.started_at,
+            a.finished_at,
+            a.http_status.map(i64::from),
+            &a.request_id,
+            &a.response_head,
+            worker,
+        ],
+    )?;
+    let changed = db.execute(
+        "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
+                lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
+         WHERE id = ?1 AND status = ?4 AND n_attempts = ?5",
+        args![job_id, n, now, &job.status, job.n_attempts],
+    )?;
+    if changed != 1 {
+        // Cannot happen under the lock above; never mark what moved.
+        return Err(StoreError::other(format!(
+            "job {job_id} changed while it was being marked done"
+        )));
+    }
+    db.steps(
+        |tx| {
+            crate::outbox::record_check(tx.conn, job_id, n, worker, a)?;
+            crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
+        },
+        |tx| {
+            crate::outbox::record_check_in(tx, job_id, n, worker, a)?;
+            crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
+        },
+    )?;
+    Ok(n)
 }
 
 /// The report with what was asked: `checks` (one object per job asked
@@ -440,51 +495,8 @@ fn render(report: &Value) -> String {
     ];
     for (name, what) in sections {
         let _ = writeln!(out, "{name}: {} {what}", counts[name]);
-        for j in report[name]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
-            let mut line = format!(
-                "  {}/{}  {} ({})  {} attempt(s)",
-                cell(&j["source"]),
-                cell(&j["event_id"]),
-                cell(&j["action"]),
-                cell(&j["kind"]),
-                cell(&j["attempts"]),
-            );
-            match name {
-                "stuck" => {
-                    let _ = write!(
-                        line,
-                        "  lease {} until {}",
-                        cell(&j["lease_owner"]),
-                        fmt_json_time(&j["lease_until"])
-                    );
-                }
-                "overdue" => {
-                    let _ = write!(line, "  due {}", fmt_json_time(&j["next_attempt_at"]));
-                }
-                "waiting" => {
-                    let names: Vec<String> = j["waiting_for"]
-                        .as_array()
-                        .map(Vec::as_slice)
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|w| format!("{} ({})", cell(&w["action"]), cell(&w["status"])))
-                        .collect();
-                    let _ = write!(line, "  waiting for {}", names.join(", "));
-                }
-                _ => {
-                    let _ = write!(
-                        line,
-                        "  at {}  {}",
-                        fmt_json_time(&j["updated_at"]),
-                        cell(&j["last_error"])
-                    );
-                }
-            }
-            let _ = writeln!(out, "{line}");
+        for j in list(&report[name]) {
+            let _ = writeln!(out, "{}", job_line(name, j));
         }
     }
     let _ = writeln!(
@@ -492,11 +504,7 @@ fn render(report: &Value) -> String {
         "paused: {} action(s) with waiting jobs",
         counts["paused"]
     );
-    for p in report["paused"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
+    for p in list(&report["paused"]) {
         let _ = writeln!(
             out,
             "  {}/{}  paused {}  {} job(s) waiting: idemhook resume {}/{}",
@@ -518,6 +526,53 @@ fn render(report: &Value) -> String {
         );
     }
     out
+}
+
+/// A JSON array's items; none for anything else.
+fn list(value: &Value) -> &[Value] {
+    value.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+/// One job of the report's section `name`, with what that section says
+/// about it.
+fn job_line(name: &str, j: &Value) -> String {
+    let mut line = format!(
+        "  {}/{}  {} ({})  {} attempt(s)",
+        cell(&j["source"]),
+        cell(&j["event_id"]),
+        cell(&j["action"]),
+        cell(&j["kind"]),
+        cell(&j["attempts"]),
+    );
+    match name {
+        "stuck" => {
+            let _ = write!(
+                line,
+                "  lease {} until {}",
+                cell(&j["lease_owner"]),
+                fmt_json_time(&j["lease_until"])
+            );
+        }
+        "overdue" => {
+            let _ = write!(line, "  due {}", fmt_json_time(&j["next_attempt_at"]));
+        }
+        "waiting" => {
+            let names: Vec<String> = list(&j["waiting_for"])
+                .iter()
+                .map(|w| format!("{} ({})", cell(&w["action"]), cell(&w["status"])))
+                .collect();
+            let _ = write!(line, "  waiting for {}", names.join(", "));
+        }
+        _ => {
+            let _ = write!(
+                line,
+                "  at {}  {}",
+                fmt_json_time(&j["updated_at"]),
+                cell(&j["last_error"])
+            );
+        }
+    }
+    line
 }
 
 fn render_checks(out: &mut String, checks: &[Value], applied: bool) {

@@ -21,7 +21,7 @@ use super::error::{OpError, not_found};
 use super::open::{open_db_read, open_db_write};
 use super::text::{cell, clean, fmt_json_time, fmt_time};
 use crate::args;
-use crate::config::{ActionKind, Config, parse_duration};
+use crate::config::{ActionKind, Config, Source, parse_duration};
 use crate::ingest::{self, Claim};
 use crate::store::db::{self, Db, Row};
 use crate::store::{StoreError, ms_to_secs, now_ms};
@@ -256,6 +256,14 @@ pub fn plan(conn: &Db<'_>, config: &Config, target: &Target) -> Result<Plan, OpE
     }
 }
 
+/// The stored event a one-event replay starts from.
+struct EventRow {
+    event_type: Option<String>,
+    state: String,
+    received_at: i64,
+    erased: bool,
+}
+
 fn plan_event(
     conn: &Db<'_>,
     config: &Config,
@@ -264,48 +272,12 @@ fn plan_event(
     action: Option<&str>,
     force: bool,
 ) -> Result<Plan, OpError> {
-    let event = conn
-        .query_opt(
-            "SELECT type, state, received_at, payload IS NULL FROM events
-             WHERE source = ?1 AND event_id = ?2",
-            args![source_name, event_id],
-        )?
-        .map(|r| -> Result<_, StoreError> {
-            Ok((r.opt_string(0)?, r.string(1)?, r.i64(2)?, r.bool(3)?))
-        })
-        .transpose()?;
-    let Some((event_type, state, received_at, erased)) = event else {
-        return Err(not_found(source_name, event_id));
-    };
+    let event = read_event(conn, source_name, event_id)?;
     let source = config.source(source_name);
     if let Some(a) = action {
-        match source {
-            None => {
-                return Err(OpError::Invalid(format!(
-                    "source {} is not in the config, so its actions cannot run",
-                    clean(source_name)
-                )));
-            }
-            Some(s) if s.action(a).is_none() => {
-                return Err(OpError::NotFound(format!(
-                    "source {} has no action {} in the config",
-                    clean(source_name),
-                    clean(a)
-                )));
-            }
-            Some(_) => {}
-        }
+        check_action_configured(source, source_name, a)?;
     }
-    let jobs: Vec<JobRow> = conn
-        .query(
-            &format!(
-                "SELECT {JOB_COLUMNS} FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY j.id"
-            ),
-            args![source_name, event_id],
-        )?
-        .iter()
-        .map(job_row)
-        .collect::<Result<_, _>>()?;
+    let jobs = event_jobs(conn, source_name, event_id)?;
     if let Some(a) = action
         && !jobs.iter().any(|j| j.action == a)
     {
@@ -314,30 +286,13 @@ fn plan_event(
             clean(source_name),
             clean(event_id),
             clean(a),
-            clean(event_type.as_deref().unwrap_or("(none)"))
+            clean(event.event_type.as_deref().unwrap_or("(none)"))
         )));
     }
-    let paused: Vec<String> = conn
-        .query(
-            "SELECT action FROM paused_actions WHERE source = ?1",
-            args![source_name],
-        )?
-        .iter()
-        .map(|r| r.string(0))
-        .collect::<Result<_, _>>()?;
+    let paused = paused_actions(conn, source_name)?;
 
     let mut plan = Plan {
-        event: Some(json!({
-            "source": source_name,
-            "event_id": event_id,
-            "type": event_type,
-            "state": state,
-            "received_at": ms_to_secs(received_at),
-            "payload_erased": erased,
-            "jobs": jobs.iter().map(|j| json!({
-                "action": j.action, "kind": j.kind, "status": j.status, "attempts": j.n_attempts,
-            })).collect::<Vec<_>>(),
-        })),
+        event: Some(event_summary(source_name, event_id, &event, &jobs)),
         steps: Vec::new(),
         left_alone: Vec::new(),
         notes: Vec::new(),
@@ -345,35 +300,13 @@ fn plan_event(
     let mut done_jobs = Vec::new();
     for job in jobs.iter().filter(|j| action.is_none_or(|a| j.action == a)) {
         let in_config = source.and_then(|s| s.action(&job.action)).is_some();
-        let reason = match job.status.as_str() {
-            "failed" | "paused" => None,
-            "done" if force => None,
-            "done" => {
-                done_jobs.push(job);
-                Some("already done (--force re-runs it)".to_string())
+        match left_alone_because(job, force, in_config) {
+            Some(reason) => {
+                if job.status == "done" && !force {
+                    done_jobs.push(job);
+                }
+                plan.left_alone.push(left(job, reason));
             }
-            "pending" => Some(format!(
-                "already queued{}",
-                job.next_attempt_at
-                    .map(|at| format!(", due at {}", fmt_time(ms_to_secs(at))))
-                    .unwrap_or_default()
-            )),
-            "processing" => Some(format!(
-                "in flight: a worker holds it{}",
-                job.lease_until
-                    .map(|at| format!(" until {}", fmt_time(ms_to_secs(at))))
-                    .unwrap_or_default()
-            )),
-            other => Some(format!("status {other}")),
-        };
-        let reason = match reason {
-            None if !in_config => {
-                Some("the action is no longer in the config, so it cannot run".to_string())
-            }
-            other => other,
-        };
-        match reason {
-            Some(r) => plan.left_alone.push(left(job, r)),
             None => {
                 if job.status == "paused" && paused.contains(&job.action) {
                     plan.notes.push(format!(
@@ -387,7 +320,7 @@ fn plan_event(
             }
         }
     }
-    if !plan.steps.is_empty() && erased {
+    if !plan.steps.is_empty() && event.erased {
         return Err(OpError::Invalid(format!(
             "the stored body of {}/{} was erased, and a replay runs only from the stored body",
             clean(source_name),
@@ -395,46 +328,170 @@ fn plan_event(
         )));
     }
     if plan.steps.is_empty() {
-        if jobs.is_empty() {
-            plan.notes.push(format!(
-                "nothing to do: no action takes this event (type {})",
-                clean(event_type.as_deref().unwrap_or("(none)"))
-            ));
-        } else if !done_jobs.is_empty() && plan.left_alone.len() == done_jobs.len() {
-            plan.notes.push(format!(
-                "nothing to do: {} done",
-                if action.is_some() {
-                    "the job is"
-                } else {
-                    "every job is"
-                }
-            ));
-        } else {
-            plan.notes
-                .push("nothing to do: no failed or paused job to re-open".to_string());
-        }
+        explain_nothing_to_do(&mut plan, &event, &jobs, &done_jobs, action.is_some());
         for job in done_jobs {
-            let how = format!(
-                "to run {} again anyway: idemhook replay {} {} --force --action {} --yes",
-                clean(&job.action),
-                clean(source_name),
-                clean(event_id),
-                clean(&job.action)
-            );
-            let consequence = if job.kind == "sql" {
-                "it is an sql action: the statement runs again and its effect happens a second time"
-                    .to_string()
-            } else {
-                format!(
-                    "it is a forward action: it is sent again with the same Idempotency-Key {}, \
-                     so an idempotent downstream ignores the repeat",
-                    idempotency_key(source_name, event_id, &job.action)
-                )
-            };
-            plan.notes.push(format!("{how}\n  ({consequence})"));
+            plan.notes.push(how_to_force(source_name, event_id, job));
         }
     }
     Ok(plan)
+}
+
+fn read_event(conn: &Db<'_>, source: &str, event_id: &str) -> Result<EventRow, OpError> {
+    let event = conn
+        .query_opt(
+            "SELECT type, state, received_at, payload IS NULL FROM events
+             WHERE source = ?1 AND event_id = ?2",
+            args![source, event_id],
+        )?
+        .map(|r| -> Result<_, StoreError> {
+            Ok(EventRow {
+                event_type: r.opt_string(0)?,
+                state: r.string(1)?,
+                received_at: r.i64(2)?,
+                erased: r.bool(3)?,
+            })
+        })
+        .transpose()?;
+    event.ok_or_else(|| not_found(source, event_id))
+}
+
+/// The event's jobs, in the order they were written.
+fn event_jobs(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<JobRow>, StoreError> {
+    conn.query(
+        &format!(
+            "SELECT {JOB_COLUMNS} FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY j.id"
+        ),
+        args![source, event_id],
+    )?
+    .iter()
+    .map(job_row)
+    .collect()
+}
+
+/// The source's paused actions.
+fn paused_actions(conn: &Db<'_>, source: &str) -> Result<Vec<String>, StoreError> {
+    conn.query(
+        "SELECT action FROM paused_actions WHERE source = ?1",
+        args![source],
+    )?
+    .iter()
+    .map(|r| r.string(0))
+    .collect()
+}
+
+/// `--action` must name an action of the source in the config.
+fn check_action_configured(
+    source: Option<&Source>,
+    source_name: &str,
+    action: &str,
+) -> Result<(), OpError> {
+    match source {
+        None => Err(OpError::Invalid(format!(
+            "source {} is not in the config, so its actions cannot run",
+            clean(source_name)
+        ))),
+        Some(s) if s.action(action).is_none() => Err(OpError::NotFound(format!(
+            "source {} has no action {} in the config",
+            clean(source_name),
+            clean(action)
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The plan's `event`: the event's summary and each job's status.
+fn event_summary(source: &str, event_id: &str, event: &EventRow, jobs: &[JobRow]) -> Value {
+    json!({
+        "source": source,
+        "event_id": event_id,
+        "type": event.event_type,
+        "state": event.state,
+        "received_at": ms_to_secs(event.received_at),
+        "payload_erased": event.erased,
+        "jobs": jobs.iter().map(|j| json!({
+            "action": j.action, "kind": j.kind, "status": j.status, "attempts": j.n_attempts,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Why a one-event replay leaves `job` alone, or None when it re-opens it:
+/// failed and paused jobs are re-opened, done ones only with `force`, and
+/// none whose action left the config.
+fn left_alone_because(job: &JobRow, force: bool, in_config: bool) -> Option<String> {
+    let reason = match job.status.as_str() {
+        "failed" | "paused" => None,
+        "done" if force => None,
+        "done" => Some("already done (--force re-runs it)".to_string()),
+        "pending" => Some(format!(
+            "already queued{}",
+            job.next_attempt_at
+                .map(|at| format!(", due at {}", fmt_time(ms_to_secs(at))))
+                .unwrap_or_default()
+        )),
+        "processing" => Some(format!(
+            "in flight: a worker holds it{}",
+            job.lease_until
+                .map(|at| format!(" until {}", fmt_time(ms_to_secs(at))))
+                .unwrap_or_default()
+        )),
+        other => Some(format!("status {other}")),
+    };
+    match reason {
+        None if !in_config => {
+            Some("the action is no longer in the config, so it cannot run".to_string())
+        }
+        other => other,
+    }
+}
+
+/// The note of a plan with no step: why there is nothing to do.
+fn explain_nothing_to_do(
+    plan: &mut Plan,
+    event: &EventRow,
+    jobs: &[JobRow],
+    done_jobs: &[&JobRow],
+    one_action: bool,
+) {
+    let note = if jobs.is_empty() {
+        format!(
+            "nothing to do: no action takes this event (type {})",
+            clean(event.event_type.as_deref().unwrap_or("(none)"))
+        )
+    } else if !done_jobs.is_empty() && plan.left_alone.len() == done_jobs.len() {
+        format!(
+            "nothing to do: {} done",
+            if one_action {
+                "the job is"
+            } else {
+                "every job is"
+            }
+        )
+    } else {
+        "nothing to do: no failed or paused job to re-open".to_string()
+    };
+    plan.notes.push(note);
+}
+
+/// How to re-run a done job anyway, and what that means for its kind.
+fn how_to_force(source: &str, event_id: &str, job: &JobRow) -> String {
+    let how = format!(
+        "to run {} again anyway: idemhook replay {} {} --force --action {} --yes",
+        clean(&job.action),
+        clean(source),
+        clean(event_id),
+        clean(&job.action)
+    );
+    let consequence = if job.kind == "sql" {
+        "it is an sql action: the statement runs again and its effect happens a second time"
+            .to_string()
+    } else {
+        format!(
+            "it is a forward action: it is sent again with the same Idempotency-Key {}, \
+             so an idempotent downstream ignores the repeat",
+            idempotency_key(source, event_id, &job.action)
+        )
+    };
+    format!("{how}\n  ({consequence})")
 }
 
 fn plan_batch(
@@ -534,63 +591,10 @@ pub fn apply(
     let mut out = Vec::with_capacity(steps.len());
     let mut events = BTreeSet::new();
     for s in steps {
-        let mut done = Done {
-            source: s.source.clone(),
-            event_id: s.event_id.clone(),
-            action: s.action.clone(),
-            kind: s.kind.clone(),
-            from_status: s.from_status.clone(),
-            attempt: s.attempt,
-            forced: s.forced,
-            result: "skipped".to_string(),
-            error: None,
-            status: None,
-        };
-        let current = conn
-            .query_opt(
-                &format!(
-                    "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
-                    conn.dialect().for_update()
-                ),
-                args![s.job_id],
-            )?
-            .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
-            .transpose()?;
-        let Some((status, n_attempts)) = current else {
-            done.error = Some("the job is gone (pruned)".to_string());
-            out.push(done);
-            continue;
-        };
-        if status != s.from_status {
-            done.error = Some(format!("the job is now {status}; left alone"));
-            out.push(done);
-            continue;
+        let done = apply_step(conn, config, s, origin, now)?;
+        if done.result != "skipped" {
+            events.insert((s.source.clone(), s.event_id.clone()));
         }
-        conn.execute(
-            "INSERT INTO replays (job_id, replayed_at, from_status, forced, origin)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-            args![s.job_id, now, &s.from_status, s.forced, origin.name()],
-        )?;
-        if s.kind == "sql" {
-            rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
-        } else {
-            let reopened = conn.execute(
-                "UPDATE jobs SET status = 'pending', next_attempt_at = ?2, lease_owner = NULL,
-                        lease_until = NULL, updated_at = ?2
-                 WHERE id = ?1 AND status = ?3",
-                args![s.job_id, now, &s.from_status],
-            )?;
-            if reopened != 1 {
-                return Err(StoreError::other(format!(
-                    "job {} changed while it was locked for the replay",
-                    s.job_id
-                )));
-            }
-            done.attempt = n_attempts + 1;
-            done.result = "requeued".to_string();
-            done.status = Some("pending".to_string());
-        }
-        events.insert((s.source.clone(), s.event_id.clone()));
         out.push(done);
     }
     for (source, event_id) in events {
@@ -604,6 +608,72 @@ pub fn apply(
         notify_workers(conn)?;
     }
     Ok(out)
+}
+
+/// One planned job: locked and read again, skipped when it moved on,
+/// else recorded in `replays` and re-queued (forward) or run now (SQL).
+fn apply_step(
+    conn: &Db<'_>,
+    config: &Config,
+    s: &Step,
+    origin: Origin,
+    now: i64,
+) -> Result<Done, StoreError> {
+    let mut done = Done {
+        source: s.source.clone(),
+        event_id: s.event_id.clone(),
+        action: s.action.clone(),
+        kind: s.kind.clone(),
+        from_status: s.from_status.clone(),
+        attempt: s.attempt,
+        forced: s.forced,
+        result: "skipped".to_string(),
+        error: None,
+        status: None,
+    };
+    let current = conn
+        .query_opt(
+            &format!(
+                "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
+                conn.dialect().for_update()
+            ),
+            args![s.job_id],
+        )?
+        .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
+        .transpose()?;
+    let Some((status, n_attempts)) = current else {
+        done.error = Some("the job is gone (pruned)".to_string());
+        return Ok(done);
+    };
+    if status != s.from_status {
+        done.error = Some(format!("the job is now {status}; left alone"));
+        return Ok(done);
+    }
+    conn.execute(
+        "INSERT INTO replays (job_id, replayed_at, from_status, forced, origin)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        args![s.job_id, now, &s.from_status, s.forced, origin.name()],
+    )?;
+    if s.kind == "sql" {
+        rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
+        return Ok(done);
+    }
+    let reopened = conn.execute(
+        "UPDATE jobs SET status = 'pending', next_attempt_at = ?2, lease_owner = NULL,
+                lease_until = NULL, updated_at = ?2
+         WHERE id = ?1 AND status = ?3",
+        args![s.job_id, now, &s.from_status],
+    )?;
+    if reopened != 1 {
+        return Err(StoreError::other(format!(
+            "job {} changed while it was locked for the replay",
+            s.job_id
+        )));
+    }
+    done.attempt = n_attempts + 1;
+    done.result = "requeued".to_string();
+    done.status = Some("pending".to_string());
+    Ok(done)
 }
 
 /// On PostgreSQL, wakes the forward workers of every instance when the
