@@ -10,6 +10,10 @@
 //!   not yet recorded;
 //! - `pg.group.before_commit`: on PostgreSQL, a group of claims has run
 //!   every statement and holds its row locks, `COMMIT` not yet sent.
+//!
+//! And one setting: `outbox.idle=sleep(MS)` makes a forward worker with
+//! nothing due sleep up to MS between looks instead of 500 ms, so a test
+//! can tell a wake-up (NOTIFY, a commit) from a poll.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -72,6 +76,17 @@ pub fn hit(name: &str) {
             Action::Sleep(d) => std::thread::sleep(*d),
         }
     }
+}
+
+/// The duration a `sleep(MS)` names for `name`, if configured: a setting,
+/// not a place (nothing runs).
+pub fn duration(name: &str) -> Option<Duration> {
+    configured()
+        .iter()
+        .find_map(|(point, action)| match action {
+            Action::Sleep(d) if point == name => Some(*d),
+            _ => None,
+        })
 }
 
 #[cfg(test)]

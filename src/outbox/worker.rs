@@ -70,10 +70,11 @@ impl Worker {
                 }
             };
             if jobs.is_empty() {
+                let max_idle = crate::failpoint::duration("outbox.idle").unwrap_or(MAX_IDLE);
                 let wait = next_due
                     .map(|at| Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)))
-                    .unwrap_or(MAX_IDLE)
-                    .clamp(Duration::from_millis(1), MAX_IDLE);
+                    .unwrap_or(max_idle)
+                    .clamp(Duration::from_millis(1), max_idle);
                 self.waker.wait(seen, wait);
                 continue;
             }

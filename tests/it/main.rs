@@ -20,6 +20,7 @@ mod outbox;
 mod pg;
 #[path = "../support/pg_cluster.rs"]
 mod pg_cluster;
+mod pg_notify;
 mod pg_ops;
 mod pg_serve_ops;
 mod receiver;
