@@ -3,7 +3,7 @@
 //! `serve` runs on the file (serve holds a shared lock on it; this takes
 //! an exclusive one for the whole copy, so no serve starts meanwhile) and
 //! refuses a target that already holds events. Copies every table row for
-//! row, ids included (jobs with their attempts, checks and replays,
+//! row with COPY, ids included (jobs with their attempts, checks and replays,
 //! deliveries, incidents and their bodies, paused actions, key rules), in
 //! one PostgreSQL transaction that also verifies the counts before it
 //! commits. Without `--yes` it only prints what it would copy.
@@ -12,7 +12,8 @@ use std::fs::File;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
-use postgres::types::ToSql;
+use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::types::{ToSql, Type};
 use rusqlite::types::Value;
 
 use super::command::{CommandError, Outcome};
@@ -286,7 +287,8 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-/// Copies one table row for row, in one prepared INSERT.
+/// Copies one table row for row with one `COPY ... FROM STDIN BINARY`
+/// (a stream, not a round trip per row).
 fn copy_table(
     sqlite: &rusqlite::Connection,
     tx: &mut postgres::Transaction<'_>,
@@ -294,14 +296,21 @@ fn copy_table(
     columns: &[(&str, char)],
 ) -> Result<()> {
     let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
-    let placeholders: Vec<String> = (1..=columns.len()).map(|i| format!("${i}")).collect();
-    let insert = tx
-        .prepare(&format!(
-            "INSERT INTO {table} ({}) OVERRIDING SYSTEM VALUE VALUES ({})",
-            names.join(", "),
-            placeholders.join(", ")
+    let types: Vec<Type> = columns
+        .iter()
+        .map(|(_, kind)| match kind {
+            'i' => Type::INT8,
+            'b' => Type::BYTEA,
+            _ => Type::TEXT,
+        })
+        .collect();
+    let sink = tx
+        .copy_in(&format!(
+            "COPY {table} ({}) FROM STDIN (FORMAT binary)",
+            names.join(", ")
         ))
         .map_err(StoreError::from)?;
+    let mut writer = BinaryCopyInWriter::new(sink, &types);
     let mut select = sqlite.prepare(&format!("SELECT {} FROM {table}", names.join(", ")))?;
     let mut rows = select.query([])?;
     while let Some(row) = rows.next()? {
@@ -326,7 +335,8 @@ fn copy_table(
             });
         }
         let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v.as_ref()).collect();
-        tx.execute(&insert, &refs).map_err(StoreError::from)?;
+        writer.write(&refs).map_err(StoreError::from)?;
     }
+    writer.finish().map_err(StoreError::from)?;
     Ok(())
 }

@@ -44,7 +44,7 @@ fn a_job_committed_on_one_instance_wakes_the_workers_of_another() {
     // its last transaction ended a second ago or more (a worker that is
     // not asleep runs one within milliseconds).
     let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-    let mut count = |db: &mut postgres::Client, sql: &str| -> i64 {
+    let count = |db: &mut postgres::Client, sql: &str| -> i64 {
         db.query_one(sql, &[])
             .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
             .get(0)
