@@ -1571,3 +1571,57 @@ fn a_forward_after_a_sql_action_is_sent_once_it_committed(backend: Backend) {
     assert_eq!(ds.total_effects(), 2);
 }
 both_backends!(a_forward_after_a_sql_action_is_sent_once_it_committed);
+
+/// A body that is not text (every byte value, NUL included), from a
+/// source that reads its key from a header: stored byte for byte (a BLOB,
+/// a bytea), forwarded byte for byte with its Content-Type, and the same
+/// bytes again are a duplicate.
+fn a_binary_body_is_stored_and_forwarded_byte_for_byte(backend: Backend) {
+    let ds = Downstream::start();
+    let config = ServerConfig::new()
+        .tables(
+            "[sources.raw]\nkind = \"none\"\nallow_unsigned = true\n\
+             key = [\"header:X-Id\"]\ntype = \"header:X-Type\"\n",
+        )
+        .tables(
+            &forward_action(ACTION, &action_url(&ds, ACTION), &[])
+                .replace("sources.stripe.actions", "sources.raw.actions"),
+        );
+    let server = Server::start_on(backend, &config, &[]);
+    let body: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    let headers = crate::harness::headers(&[
+        ("X-Id", "blob-1"),
+        ("X-Type", "file.uploaded"),
+        ("Content-Type", "application/octet-stream"),
+    ]);
+    let r = server.post("/hooks/raw", &headers, &body);
+    assert_eq!(
+        (r.status, r.json_status().as_deref()),
+        (200, Some("accepted")),
+        "{}",
+        r.text()
+    );
+    let stored = server
+        .row(
+            "SELECT payload FROM events WHERE source = 'raw' AND event_id = 'blob-1'",
+            &[],
+        )
+        .and_then(|r| r.bytes(0));
+    assert_eq!(stored.as_deref(), Some(&body[..]), "stored byte for byte");
+    let key = "raw:blob-1:notify";
+    wait_until(JOBS_TIMEOUT, "the forward is done", || ds.effects(key) == 1);
+    let reqs = ds.requests_for(key);
+    assert!(reqs[0].body == body, "forwarded byte for byte");
+    assert_eq!(
+        reqs[0].header("Content-Type"),
+        Some("application/octet-stream")
+    );
+    let again = server.post("/hooks/raw", &headers, &body);
+    assert_eq!(
+        (again.status, again.json_status().as_deref()),
+        (200, Some("duplicate")),
+        "{}",
+        again.text()
+    );
+}
+both_backends!(a_binary_body_is_stored_and_forwarded_byte_for_byte);
