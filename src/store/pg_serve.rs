@@ -524,7 +524,20 @@ fn claimer(
             }
         }
         let Some(c) = client.as_mut() else { continue };
-        let results = run_batch(c, &mut statements, config, &live);
+        // A panic in a group (a bug) must not end the claimer, or each one
+        // would take a claimer with it until every delivery waits out
+        // busy_timeout: the group's callers are answered 503 at once, its
+        // connection is dropped (rolling back what it had open) and the
+        // claimer goes on.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_batch(c, &mut statements, config, &live)
+        }));
+        let Ok(results) = ran else {
+            crate::log::error("storage operation panicked", &[("effect", &"rolled back")]);
+            client = None;
+            fail_all(live, &StoreError::other("storage operation panicked"));
+            continue;
+        };
         commits.fetch_add(1, Ordering::Relaxed);
         grouped.fetch_add(live.len() as u64, Ordering::Relaxed);
         let mut broken = false;
