@@ -1100,3 +1100,63 @@ fn sigterm_while_postgres_hangs_exits_within_the_grace() {
     assert_eq!(server.count("SELECT count(*) FROM events", &[]), 2);
     assert_eq!(server.count("SELECT count(*) FROM ledger", &[]), 2);
 }
+
+/// A panic inside a group of claims (a bug; the failpoint stands in for
+/// it, in every group): each delivery is answered 503 at once, nothing is
+/// stored, and the claimers live on to take the next delivery. Before,
+/// each panic ended a claimer, and once both were gone every delivery
+/// waited out busy_timeout for a 503, for as long as the process ran.
+#[test]
+fn a_panic_in_a_group_of_claims_answers_503_and_the_claimers_go_on() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("a_panic_in_a_group_of_claims_answers_503_and_the_claimers_go_on");
+        return;
+    };
+    let url = cluster.create_database("it_claimer_panic");
+    // A busy_timeout far past the client's patience: a 503 from the
+    // reaper would come too late to count.
+    let config = unkeyed_config(&url).set("busy_timeout", &toml_str("120s"));
+    let mut server = Server::start(
+        &config,
+        &[("IDEMHOOK_FAILPOINTS", "pg.group.before_commit=panic")],
+    );
+    let client = Client::new(Duration::from_secs(30));
+    for i in 0..5 {
+        let body = event(i);
+        let r = client
+            .try_post(
+                &server.url("/hooks/stripe"),
+                &sign::stripe_now(SECRET, &body),
+                &body,
+            )
+            .unwrap_or_else(|e| panic!("delivery {i} answered: {e}\n{}", server.logs()));
+        assert_eq!(r.status, 503, "delivery {i}: {}", r.text());
+        assert!(r.header("retry-after").is_some());
+    }
+    // Each delivery's claim, and the record of its 503, are groups of
+    // their own: at least one panic per delivery, none of them fatal.
+    let panics = server
+        .stderr()
+        .matches("failpoint pg.group.before_commit: Panic")
+        .count();
+    assert!(
+        panics >= 5,
+        "every delivery reached a live claimer ({panics} panics)\n{}",
+        server.logs()
+    );
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 0);
+    assert_eq!(server.count("SELECT count(*) FROM effects", &[]), 0);
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    let body = event(0);
+    let r = client.post(
+        &server.url("/hooks/stripe"),
+        &sign::stripe_now(SECRET, &body),
+        &body,
+    );
+    assert_eq!(
+        (r.status, r.json_status().as_deref()),
+        (200, Some("accepted"))
+    );
+    assert_eq!(server.count("SELECT count(*) FROM effects", &[]), 1);
+}
