@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use super::action::{check_after, resolve_action};
 use super::kind::Kind;
-use super::raw::RawSource;
+use super::raw::{RawAction, RawSource};
 use super::values::{opt_duration, parse_duration, resolve_secret, valid_name};
 use super::{Action, OnMismatch, Source};
 use crate::key::{Part, Rule};
 use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Verifier};
 
+/// Resolves one source, step by step in the file's order of keys, so the
+/// first error named is the one a reader meets first.
 pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, String> {
     if !valid_name(name) {
         return Err(
@@ -27,7 +29,41 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
             names.join(", ")
         )
     })?;
+    let scheme = scheme_of(kind, &rs)?;
+    let signing = signing_of(kind, scheme, &rs, base)?;
+    let (retention, payload_retention) = retentions_of(kind, &rs)?;
+    let (key_parts, event_type, hash) = rules_of(kind, &rs)?;
+    let on_mismatch = match rs.on_mismatch.as_deref().unwrap_or("ack") {
+        "ack" => OnMismatch::Ack,
+        "reject" => OnMismatch::Reject,
+        other => {
+            return Err(format!(
+                "on_mismatch: expected ack or reject, got {other:?}"
+            ));
+        }
+    };
+    let actions = actions_of(rs.actions, base)?;
 
+    Ok(Source {
+        name: name.to_string(),
+        kind,
+        verifier: signing.verifier,
+        secret_count: signing.secret_count,
+        allow_unsigned: signing.allow_unsigned,
+        tolerance: signing.tolerance,
+        retention,
+        payload_retention,
+        key: Rule { parts: key_parts },
+        event_type,
+        hash,
+        on_mismatch,
+        actions,
+    })
+}
+
+/// The signature scheme of `kind`; for kind `hmac`, its header, algorithm,
+/// encoding and prefix (keys no other kind takes).
+fn scheme_of(kind: Kind, rs: &RawSource) -> Result<Scheme, String> {
     let hmac_keys = [
         ("header", rs.header.is_some()),
         ("algorithm", rs.algorithm.is_some()),
@@ -41,7 +77,7 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
             "{key}: only sources of kind \"hmac\" take this key"
         ));
     }
-    let scheme = match kind {
+    Ok(match kind {
         Kind::Stripe => Scheme::Stripe,
         Kind::Github => Scheme::Github,
         Kind::Shopify => Scheme::Shopify,
@@ -50,44 +86,58 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         Kind::Linear => Scheme::Linear,
         Kind::Standard => Scheme::Standard,
         Kind::None => Scheme::None,
-        Kind::Hmac => {
-            let header = rs
-                .header
-                .clone()
-                .filter(|h| !h.trim().is_empty())
-                .ok_or("header: kind \"hmac\" needs the name of the signature header")?;
-            let algorithm = match rs.algorithm.as_deref().unwrap_or("sha256") {
-                "sha1" => HmacAlgorithm::Sha1,
-                "sha256" => HmacAlgorithm::Sha256,
-                "sha512" => HmacAlgorithm::Sha512,
-                other => {
-                    return Err(format!(
-                        "algorithm: expected sha1, sha256 or sha512, got {other:?}"
-                    ));
-                }
-            };
-            let encoding = match rs.encoding.as_deref().unwrap_or("hex") {
-                "hex" => Encoding::Hex,
-                "base64" => Encoding::Base64,
-                other => return Err(format!("encoding: expected hex or base64, got {other:?}")),
-            };
-            let prefix = rs.prefix.clone().unwrap_or_default();
-            // Header values are trimmed, so a prefix with blanks or control
-            // characters could never match.
-            if !prefix.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!(
-                    "prefix: {prefix:?} must be visible ASCII without spaces, e.g. \"sha256=\""
-                ));
-            }
-            Scheme::Hmac(HmacParams {
-                header,
-                algorithm,
-                encoding,
-                prefix,
-            })
+        Kind::Hmac => Scheme::Hmac(hmac_params(rs)?),
+    })
+}
+
+fn hmac_params(rs: &RawSource) -> Result<HmacParams, String> {
+    let header = rs
+        .header
+        .clone()
+        .filter(|h| !h.trim().is_empty())
+        .ok_or("header: kind \"hmac\" needs the name of the signature header")?;
+    let algorithm = match rs.algorithm.as_deref().unwrap_or("sha256") {
+        "sha1" => HmacAlgorithm::Sha1,
+        "sha256" => HmacAlgorithm::Sha256,
+        "sha512" => HmacAlgorithm::Sha512,
+        other => {
+            return Err(format!(
+                "algorithm: expected sha1, sha256 or sha512, got {other:?}"
+            ));
         }
     };
+    let encoding = match rs.encoding.as_deref().unwrap_or("hex") {
+        "hex" => Encoding::Hex,
+        "base64" => Encoding::Base64,
+        other => return Err(format!("encoding: expected hex or base64, got {other:?}")),
+    };
+    let prefix = rs.prefix.clone().unwrap_or_default();
+    // Header values are trimmed, so a prefix with blanks or control
+    // characters could never match.
+    if !prefix.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "prefix: {prefix:?} must be visible ASCII without spaces, e.g. \"sha256=\""
+        ));
+    }
+    Ok(HmacParams {
+        header,
+        algorithm,
+        encoding,
+        prefix,
+    })
+}
 
+/// How a source's requests are verified.
+struct Signing {
+    verifier: Verifier,
+    secret_count: usize,
+    allow_unsigned: bool,
+    tolerance: Duration,
+}
+
+/// The secrets (none and `allow_unsigned` for kind `none`, at least one
+/// otherwise), the timestamp tolerance and the verifier they make.
+fn signing_of(kind: Kind, scheme: Scheme, rs: &RawSource, base: &Path) -> Result<Signing, String> {
     let allow_unsigned = rs.allow_unsigned.unwrap_or(false);
     if kind == Kind::None {
         if !allow_unsigned {
@@ -115,7 +165,16 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
     let tolerance = opt_duration(&rs.tolerance, "tolerance", "5m")?;
     let verifier =
         Verifier::new(scheme, secrets, tolerance).map_err(|e| format!("secrets: {e}"))?;
+    Ok(Signing {
+        verifier,
+        secret_count,
+        allow_unsigned,
+        tolerance,
+    })
+}
 
+/// How long the key is kept, and the body (never longer than the key).
+fn retentions_of(kind: Kind, rs: &RawSource) -> Result<(Duration, Duration), String> {
     let retention = match &rs.retention {
         Some(s) => parse_duration(s).map_err(|e| format!("retention: {e}"))?,
         None => kind.default_retention(),
@@ -130,7 +189,14 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
                 .to_string(),
         );
     }
+    Ok((retention, payload_retention))
+}
 
+/// The key's parts, the event type's part and the hash's parts, each the
+/// kind's default unless the source sets it.
+type Rules = (Vec<Part>, Option<Part>, Vec<Part>);
+
+fn rules_of(kind: Kind, rs: &RawSource) -> Result<Rules, String> {
     let key_parts = match &rs.key {
         Some(parts) => {
             if parts.is_empty() {
@@ -153,18 +219,13 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         Some(parts) => parse_parts(parts).map_err(|e| format!("hash: {e}"))?,
         None => Vec::new(),
     };
-    let on_mismatch = match rs.on_mismatch.as_deref().unwrap_or("ack") {
-        "ack" => OnMismatch::Ack,
-        "reject" => OnMismatch::Reject,
-        other => {
-            return Err(format!(
-                "on_mismatch: expected ack or reject, got {other:?}"
-            ));
-        }
-    };
+    Ok((key_parts, event_type, hash))
+}
 
+/// The source's actions, names unique, and `after` checked across them.
+fn actions_of(raw: Vec<RawAction>, base: &Path) -> Result<Vec<Action>, String> {
     let mut actions: Vec<Action> = Vec::new();
-    for (i, ra) in rs.actions.into_iter().enumerate() {
+    for (i, ra) in raw.into_iter().enumerate() {
         let action_name = ra.name.clone();
         if actions.iter().any(|a| a.name == action_name) {
             return Err(format!("actions[{i}].name: {action_name:?} is used twice"));
@@ -174,22 +235,7 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         );
     }
     check_after(&actions)?;
-
-    Ok(Source {
-        name: name.to_string(),
-        kind,
-        verifier,
-        secret_count,
-        allow_unsigned,
-        tolerance,
-        retention,
-        payload_retention,
-        key: Rule { parts: key_parts },
-        event_type,
-        hash,
-        on_mismatch,
-        actions,
-    })
+    Ok(actions)
 }
 
 fn parse_parts(specs: &[String]) -> Result<Vec<Part>, String> {
