@@ -31,30 +31,23 @@ pub fn run(
     let now_ms = crate::time::now_ms();
     // A given body keeps its own id and type unless --id or --type asks
     // otherwise; headers that carry them get these values.
-    let (id_asked, type_asked) = (id.is_some(), event_type.is_some());
+    let asked = Asked {
+        id: id.is_some(),
+        event_type: event_type.is_some(),
+    };
     let id = id.unwrap_or_else(|| format!("evt_{:016x}", fastrand::u64(..)));
     let event_type = event_type.unwrap_or_else(|| default_type(source.kind).to_string());
 
-    let given = match file.as_deref() {
-        Some("-") => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .context("cannot read standard input")?;
-            Some(buf)
-        }
-        Some(path) => Some(std::fs::read(path).with_context(|| format!("cannot read {path}"))?),
-        None => None,
-    };
+    let given = read_given(file.as_deref())?;
     let mut headers: Vec<(String, String)> =
         vec![("Content-Type".into(), "application/json".into())];
-    let body_json = match &given {
+    let mut body_json = match &given {
         Some(bytes) => serde_json::from_slice::<Value>(bytes).ok(),
         // A sample for a given --id is the same body every time (its
         // creation time is fixed), so sending it again is a redelivery,
         // answered as a plain duplicate, never a payload mismatch.
         None => {
-            let created = if id_asked {
+            let created = if asked.id {
                 SAMPLE_CREATED
             } else {
                 now_ms / 1000
@@ -62,49 +55,20 @@ pub fn run(
             Some(sample(source.kind, &id, &event_type, created))
         }
     };
-    let mut body_json = body_json;
-    // Put the id and type where this source reads them.
-    // Every key part gets the id (a derived key then hashes them), and the
-    // type goes where the type rule reads it.
-    let mut places: Vec<(Option<&Part>, &str, bool)> = source
-        .key
-        .parts
-        .iter()
-        .map(|p| (Some(p), id.as_str(), id_asked))
-        .collect();
-    places.push((source.event_type.as_ref(), event_type.as_str(), type_asked));
-    for (part, value, asked) in places {
-        let Some(atom) = part.and_then(|p| p.alternatives.first()) else {
-            continue;
-        };
-        match atom {
-            Atom::Header(name) => headers.push((name.clone(), value.to_string())),
-            Atom::Json(_) if given.is_some() && !asked => {}
-            Atom::Json(ptr) => match body_json.as_mut() {
-                Some(v) => set_pointer(v, ptr, Value::String(value.to_string())),
-                None => {
-                    bail!("the body is not JSON, so the id or type cannot be set at json:{ptr}")
-                }
-            },
-        }
-    }
+    put_id_and_type(
+        source,
+        (&id, &event_type),
+        asked,
+        given.is_some(),
+        &mut headers,
+        body_json.as_mut(),
+    )?;
     if source.kind == Kind::Linear
         && let Some(v) = body_json.as_mut()
     {
         set_pointer(v, "/webhookTimestamp", json!(now_ms));
     }
-    let body: Vec<u8> = match (&given, &body_json) {
-        // A given non-JSON body is sent as is.
-        (Some(bytes), None) => bytes.clone(),
-        // A given JSON body keeps its bytes unless something had to be set.
-        (Some(bytes), Some(v))
-            if serde_json::from_slice::<Value>(bytes).ok().as_ref() == Some(v) =>
-        {
-            bytes.clone()
-        }
-        (_, Some(v)) => serde_json::to_vec(v)?,
-        (None, None) => Vec::new(),
-    };
+    let body = body_bytes(given.as_deref(), body_json.as_ref())?;
     let signature = if source.kind == Kind::None {
         Vec::new()
     } else {
@@ -125,22 +89,7 @@ pub fn run(
         Some(u) => u,
         None => default_url(config, source),
     };
-    let mut agent_config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(30)));
-    if let Some(tls) = tls_for(config, &url)? {
-        agent_config = agent_config.tls_config(tls);
-    }
-    let agent: ureq::Agent = agent_config.build().into();
-    let mut request = agent.post(&url);
-    for (name, value) in &headers {
-        request = request.header(name.as_str(), value.as_str());
-    }
-    let mut response = request
-        .send(&body[..])
-        .with_context(|| format!("POST {url} failed"))?;
-    let status = response.status().as_u16();
-    let text = response.body_mut().read_to_string().unwrap_or_default();
+    let (status, text) = post(config, &url, &headers, &body)?;
     // What the receiver reads as id and type, wherever they came from.
     let input = Input {
         headers: &headers,
@@ -162,6 +111,107 @@ pub fn run(
     } else {
         Ok(ExitCode::from(1))
     }
+}
+
+/// Which of the id and the type the command line set.
+#[derive(Clone, Copy)]
+struct Asked {
+    id: bool,
+    event_type: bool,
+}
+
+/// The body given with `--file` (`-`: standard input), if any.
+fn read_given(file: Option<&str>) -> Result<Option<Vec<u8>>> {
+    Ok(match file {
+        Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read standard input")?;
+            Some(buf)
+        }
+        Some(path) => Some(std::fs::read(path).with_context(|| format!("cannot read {path}"))?),
+        None => None,
+    })
+}
+
+/// Puts the id and type where this source reads them: every key part gets
+/// the id (a derived key then hashes them), and the type goes where the
+/// type rule reads it. In a given body, JSON places change only when asked.
+fn put_id_and_type(
+    source: &Source,
+    (id, event_type): (&str, &str),
+    asked: Asked,
+    given: bool,
+    headers: &mut Vec<(String, String)>,
+    mut body_json: Option<&mut Value>,
+) -> Result<()> {
+    let mut places: Vec<(Option<&Part>, &str, bool)> = source
+        .key
+        .parts
+        .iter()
+        .map(|p| (Some(p), id, asked.id))
+        .collect();
+    places.push((source.event_type.as_ref(), event_type, asked.event_type));
+    for (part, value, asked) in places {
+        let Some(atom) = part.and_then(|p| p.alternatives.first()) else {
+            continue;
+        };
+        match atom {
+            Atom::Header(name) => headers.push((name.clone(), value.to_string())),
+            Atom::Json(_) if given && !asked => {}
+            Atom::Json(ptr) => match body_json.as_deref_mut() {
+                Some(v) => set_pointer(v, ptr, Value::String(value.to_string())),
+                None => {
+                    bail!("the body is not JSON, so the id or type cannot be set at json:{ptr}")
+                }
+            },
+        }
+    }
+    Ok(())
+}
+
+/// The bytes sent: a given body as it is unless something had to be set
+/// in it, else the JSON written out.
+fn body_bytes(given: Option<&[u8]>, body_json: Option<&Value>) -> Result<Vec<u8>> {
+    Ok(match (given, body_json) {
+        // A given non-JSON body is sent as is.
+        (Some(bytes), None) => bytes.to_vec(),
+        // A given JSON body keeps its bytes unless something had to be set.
+        (Some(bytes), Some(v))
+            if serde_json::from_slice::<Value>(bytes).ok().as_ref() == Some(v) =>
+        {
+            bytes.to_vec()
+        }
+        (_, Some(v)) => serde_json::to_vec(v)?,
+        (None, None) => Vec::new(),
+    })
+}
+
+/// POSTs the request; the answer's status and body.
+fn post(
+    config: &Config,
+    url: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Result<(u16, String)> {
+    let mut agent_config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(30)));
+    if let Some(tls) = tls_for(config, url)? {
+        agent_config = agent_config.tls_config(tls);
+    }
+    let agent: ureq::Agent = agent_config.build().into();
+    let mut request = agent.post(url);
+    for (name, value) in headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let mut response = request
+        .send(body)
+        .with_context(|| format!("POST {url} failed"))?;
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    Ok((status, text))
 }
 
 /// The config's own listener, as a base URL (https with TLS).
