@@ -91,28 +91,8 @@ fn accept(
             }
         })?;
 
-    // 2. Only now, the body: checked as JSON when the source reads it, in
-    // one pass. Parsed into a tree only when an SQL action binds its
-    // values; otherwise left as text with its top-level members noted.
-    let text = if source.needs_json() || declares_json(rq.header("content-type")) {
-        Some(json_text(&body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
-    } else {
-        None
-    };
-    let bad_json = |e: serde_json::Error| {
-        refused(
-            Delivery::BadRequest,
-            400,
-            format!("body is not valid JSON: {e}"),
-        )
-    };
-    let (json, doc): (Option<Value>, Option<RawDoc<'_>>) = match text {
-        Some(text) if source.binds_json() => {
-            (Some(serde_json::from_str(text).map_err(bad_json)?), None)
-        }
-        Some(text) => (None, Some(RawDoc::parse(text).map_err(bad_json)?)),
-        None => (None, None),
-    };
+    // 2. Only now, the body, and what the source's rules read in it.
+    let (json, doc) = read_json(source, rq.header("content-type"), &body)?;
     let input = Input {
         headers: &rq.headers,
         json: json
@@ -129,30 +109,7 @@ fn accept(
         .key
         .extract(&input)
         .map_err(|e| refused(Delivery::BadRequest, 400, e.to_string()))?;
-    let event_type = match &source.event_type {
-        Some(part) => {
-            if let Some(name) = part.repeated_header(&rq.headers) {
-                return Err(refused(
-                    Delivery::BadRequest,
-                    400,
-                    format!("duplicate header {name}: the event type is ambiguous"),
-                ));
-            }
-            part.text(&input)
-        }
-        None => None,
-    };
-    if event_type
-        .as_deref()
-        .is_some_and(|t| t.chars().any(|c| c.is_ascii_control()))
-    {
-        // It travels in forwarded requests' headers, like the id.
-        return Err(refused(
-            Delivery::BadRequest,
-            400,
-            "event type contains a control character",
-        ));
-    }
+    let event_type = event_type_of(source, &rq.headers, &input)?;
     let hash = payload_hash(&source.hash, &body, &input);
     let kept_headers = kept_headers(source, &rq.headers);
     let content_type = rq.header("content-type").map(str::to_string);
@@ -171,8 +128,85 @@ fn accept(
         remote: rq.remote.clone(),
     };
 
-    // 3. The claim, committed before we answer. Waiting for the commit is
-    // not work: the permit goes back so more claims can join the group.
+    // 3. The claim, committed before we answer.
+    Ok(hand_over(app, rq, index, claim, event_id, started))
+}
+
+/// The body checked as JSON when the source reads it (or it says it is
+/// JSON), in one pass: parsed into a tree only when an SQL action binds
+/// its values; otherwise left as text with its top-level members noted.
+fn read_json<'b>(
+    source: &Source,
+    content_type: Option<&str>,
+    body: &'b [u8],
+) -> Result<(Option<Value>, Option<RawDoc<'b>>), Refused> {
+    let text = if source.needs_json() || declares_json(content_type) {
+        Some(json_text(body).map_err(|m| refused(Delivery::BadRequest, 400, m))?)
+    } else {
+        None
+    };
+    let bad_json = |e: serde_json::Error| {
+        refused(
+            Delivery::BadRequest,
+            400,
+            format!("body is not valid JSON: {e}"),
+        )
+    };
+    Ok(match text {
+        Some(text) if source.binds_json() => {
+            (Some(serde_json::from_str(text).map_err(bad_json)?), None)
+        }
+        Some(text) => (None, Some(RawDoc::parse(text).map_err(bad_json)?)),
+        None => (None, None),
+    })
+}
+
+/// The event type, when the source has a type rule: refused when the
+/// header it reads is repeated, or when it holds a control character (it
+/// travels in forwarded requests' headers, like the id).
+fn event_type_of(
+    source: &Source,
+    headers: &[(String, String)],
+    input: &Input<'_>,
+) -> Result<Option<String>, Refused> {
+    let event_type = match &source.event_type {
+        Some(part) => {
+            if let Some(name) = part.repeated_header(headers) {
+                return Err(refused(
+                    Delivery::BadRequest,
+                    400,
+                    format!("duplicate header {name}: the event type is ambiguous"),
+                ));
+            }
+            part.text(input)
+        }
+        None => None,
+    };
+    if event_type
+        .as_deref()
+        .is_some_and(|t| t.chars().any(|c| c.is_ascii_control()))
+    {
+        return Err(refused(
+            Delivery::BadRequest,
+            400,
+            "event type contains a control character",
+        ));
+    }
+    Ok(event_type)
+}
+
+/// Hands the claim to the storage. Waiting for the commit is not work: the
+/// permit goes back first so more claims can join the group. With a
+/// [`super::server::Later`], the connection thread goes back to reading and
+/// the answer thread answers after the commit; without, this thread waits.
+fn hand_over(
+    app: &Arc<App>,
+    rq: &mut Incoming<'_>,
+    index: usize,
+    claim: Claim,
+    event_id: String,
+    started: Instant,
+) -> Reply {
     if let Some(permit) = rq.permit.as_mut() {
         permit.release();
     }
@@ -182,9 +216,7 @@ fn accept(
         started,
         claim_started: Instant::now(),
     };
-    Ok(match rq.later.take() {
-        // The connection thread goes back to reading; the answer thread
-        // answers after the commit.
+    match rq.later.take() {
         Some(later) => {
             let (answer, promised) = later.promise();
             let for_answer = app.clone();
@@ -197,7 +229,7 @@ fn accept(
             let result = app.claim(index, claim);
             claimed.reply(app, result)
         }
-    })
+    }
 }
 
 /// A claim handed to the writer, and what its answer needs.
