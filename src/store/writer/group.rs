@@ -106,10 +106,21 @@ fn commit_group(
     answers: &mpsc::Sender<Answers>,
 ) {
     let n = group.len() as u64;
+    let (result, dones) = run_transaction(conn, group);
+    note_commit(shared, &result, n);
+    release(dones, result, answers);
+}
+
+/// Runs the group in one `BEGIN IMMEDIATE` transaction and commits it (or
+/// rolls it back): the commit's result, and each op's continuation.
+fn run_transaction(
+    conn: &Connection,
+    group: &mut Vec<(Op, Guard, Waits)>,
+) -> (Result<(), StoreError>, Vec<(Done, Waits)>) {
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]));
-    let (result, dones) = match begin {
+    match begin {
         Err(e) => {
             let err = StoreError::from(e);
             // The ops do not run; they are told why.
@@ -122,47 +133,7 @@ fn commit_group(
         Ok(_) => {
             let mut dones: Vec<(Done, Waits)> = Vec::with_capacity(group.len());
             let lost = StoreError::other("the group transaction was rolled back by SQLite");
-            let mut lost_transaction = false;
-            // Set when an op without a savepoint failed: the transaction
-            // holds its partial writes and must be rolled back whole.
-            let mut poisoned: Option<StoreError> = None;
-            for (op, guard, waits) in group.drain(..) {
-                // If SQLite rolled the whole transaction back (disk full, I/O
-                // error), later ops would run in autocommit mode and commit
-                // on their own: stop running them.
-                lost_transaction = lost_transaction || conn.is_autocommit();
-                if lost_transaction || poisoned.is_some() {
-                    dones.push((op(Err(poisoned.as_ref().unwrap_or(&lost))).0, waits));
-                    continue;
-                }
-                // A panic in an operation (a bug) must not take the writer
-                // down, nor leave its half-done writes in the group: roll
-                // back to its savepoint (or, without one, the whole group);
-                // its caller sees the writer's reply channel close and
-                // answers 503.
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok(conn)))) {
-                    Ok((done, poison)) => {
-                        dones.push((done, waits));
-                        poisoned = poison;
-                    }
-                    Err(_) => {
-                        crate::log::error(
-                            "storage operation panicked",
-                            &[("effect", &"rolled back")],
-                        );
-                        match guard {
-                            Guard::Savepoint => {
-                                let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
-                            }
-                            Guard::Group => {
-                                poisoned = Some(StoreError::other(
-                                    "an operation panicked; its group was rolled back",
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
+            let (lost_transaction, poisoned) = run_ops(conn, group, &lost, &mut dones);
             let commit = if lost_transaction {
                 Err(lost)
             } else if let Some(e) = poisoned {
@@ -178,11 +149,65 @@ fn commit_group(
             }
             (commit, dones)
         }
-    };
-    // The gauges first, so a released caller already sees this commit in them.
+    }
+}
+
+/// Runs each op inside the open transaction, pushing its continuation.
+/// Returns whether SQLite lost the transaction, and the error that
+/// poisoned it (an op without a savepoint failed or panicked), if any.
+fn run_ops(
+    conn: &Connection,
+    group: &mut Vec<(Op, Guard, Waits)>,
+    lost: &StoreError,
+    dones: &mut Vec<(Done, Waits)>,
+) -> (bool, Option<StoreError>) {
+    let mut lost_transaction = false;
+    // Set when an op without a savepoint failed: the transaction
+    // holds its partial writes and must be rolled back whole.
+    let mut poisoned: Option<StoreError> = None;
+    for (op, guard, waits) in group.drain(..) {
+        // If SQLite rolled the whole transaction back (disk full, I/O
+        // error), later ops would run in autocommit mode and commit
+        // on their own: stop running them.
+        lost_transaction = lost_transaction || conn.is_autocommit();
+        if lost_transaction || poisoned.is_some() {
+            dones.push((op(Err(poisoned.as_ref().unwrap_or(lost))).0, waits));
+            continue;
+        }
+        // A panic in an operation (a bug) must not take the writer
+        // down, nor leave its half-done writes in the group: roll
+        // back to its savepoint (or, without one, the whole group);
+        // its caller sees the writer's reply channel close and
+        // answers 503.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok(conn)))) {
+            Ok((done, poison)) => {
+                dones.push((done, waits));
+                poisoned = poison;
+            }
+            Err(_) => {
+                crate::log::error("storage operation panicked", &[("effect", &"rolled back")]);
+                match guard {
+                    Guard::Savepoint => {
+                        let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+                    }
+                    Guard::Group => {
+                        poisoned = Some(StoreError::other(
+                            "an operation panicked; its group was rolled back",
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    (lost_transaction, poisoned)
+}
+
+/// The gauges, before any caller is released, so a released caller
+/// already sees this commit in them.
+fn note_commit(shared: &Shared, result: &Result<(), StoreError>, n: u64) {
     shared.healthy.store(result.is_ok(), Ordering::Relaxed);
     shared.last_commit_at.store(now_ms(), Ordering::Relaxed);
-    match &result {
+    match result {
         Ok(()) => {
             shared.commits.fetch_add(1, Ordering::Relaxed);
             shared.grouped_ops.fetch_add(n, Ordering::Relaxed);
@@ -194,8 +219,15 @@ fn commit_group(
             }
         }
     }
-    // Continuations go to the answer thread in one message; blocked
-    // callers are woken here.
+}
+
+/// Continuations go to the answer thread in one message; blocked callers
+/// are woken here.
+fn release(
+    dones: Vec<(Done, Waits)>,
+    result: Result<(), StoreError>,
+    answers: &mpsc::Sender<Answers>,
+) {
     let (later, now): (Vec<_>, Vec<_>) = dones.into_iter().partition(|(_, w)| *w == Waits::Answer);
     if !later.is_empty() {
         let later = later.into_iter().map(|(done, _)| done).collect();
