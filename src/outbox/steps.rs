@@ -10,7 +10,7 @@ use rusqlite::Connection;
 
 use super::{Attempt, Leased};
 use crate::check::Asked;
-use crate::config::{ActionKind, Config};
+use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state_in;
 use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::StoreError;
@@ -74,7 +74,29 @@ pub(super) fn take<T: OutboxTx>(
     let mut candidates: Vec<Candidate> = tx.expired_jobs(now)?;
     candidates.extend(tx.due_jobs(now)?);
     let mut taken = Vec::new();
-    for Candidate {
+    for candidate in candidates {
+        if taken.len() >= TAKE_BATCH {
+            break;
+        }
+        if let Some(job) = take_one(tx, config, owner, now, candidate)? {
+            taken.push(job);
+        }
+    }
+    let next_due = tx.next_due()?;
+    Ok((taken, next_due))
+}
+
+/// Leases one candidate, unless its action is gone, it waits for an
+/// `after`, another worker leased it first, it has used up its attempts,
+/// or its body is gone (the last two fail it).
+fn take_one<T: OutboxTx>(
+    tx: &mut T,
+    config: &Config,
+    owner: &str,
+    now: i64,
+    candidate: Candidate,
+) -> Result<Option<Leased>, StoreError> {
+    let Candidate {
         job_id,
         source,
         event_id,
@@ -83,101 +105,98 @@ pub(super) fn take<T: OutboxTx>(
         leased_at,
         previous_owner,
         pending,
-    } in candidates
-    {
-        if taken.len() >= TAKE_BATCH {
-            break;
+    } = candidate;
+    let Some(fwd) = forward_action(config, &source, &action) else {
+        // An action no longer in the config: left for the operator
+        // (reconcile lists it as overdue).
+        return Ok(None);
+    };
+    // A job with `after` is not due while a named job of its event is
+    // not done: it is parked (no due time) until a trigger releases it
+    // (schema.sql, jobs_release_waiting). A job taken over after its
+    // lease was let through once already.
+    if pending && !fwd.after.is_empty() {
+        let waiting = waiting_for(tx, &source, &event_id, &fwd.after)?;
+        if !waiting.is_empty() {
+            park(tx, job_id, n_before, &waiting, now)?;
+            return Ok(None);
         }
-        let Some(fwd) = config
-            .source(&source)
-            .and_then(|s| s.action(&action))
-            .and_then(|a| match &a.kind {
-                ActionKind::Forward(f) => Some(f),
-                ActionKind::Sql { .. } => None,
-            })
-        else {
-            // An action no longer in the config: left for the operator
-            // (reconcile lists it as overdue).
-            continue;
-        };
-        // A job with `after` is not due while a named job of its event is
-        // not done: it is parked (no due time) until a trigger releases it
-        // (schema.sql, jobs_release_waiting). A job taken over after its
-        // lease was let through once already.
-        if pending && !fwd.after.is_empty() {
-            let waiting = waiting_for(tx, &source, &event_id, &fwd.after)?;
-            if !waiting.is_empty() {
-                park(tx, job_id, n_before, &waiting, now)?;
-                continue;
-            }
-        }
-        let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
-        let lease_until = lease_ends
-            .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
-        // The barrier: one conditional UPDATE, decided by the rows it changed.
-        if !tx.lease(job_id, owner, lease_until, now, n_before)? {
-            continue;
-        }
-        // A job's first lease (the common case) has no attempts behind it:
-        // no replay budget to look up and no cut-short attempt to record.
-        let budget_base: i64 = if n_before == 0 {
-            0
-        } else {
-            tx.replay_budget_base(job_id)?
-        };
-        let took_over = n_before > 0 && !tx.attempt_exists(job_id, n_before)?;
-        if took_over {
-            // The previous owner's attempt never recorded an end: its lease
-            // ran out (crash, or a hang past the lease).
-            tx.record_cut_short(job_id, n_before, leased_at, now, previous_owner.as_deref())?;
-            if n_before - budget_base >= i64::from(fwd.max_attempts) {
-                fail_job(
-                    tx,
-                    job_id,
-                    now,
-                    "max_attempts reached (the last attempt was cut short)",
-                )?;
-                refresh_event_state_in(tx, &source, &event_id, now)?;
-                continue;
-            }
-        }
-        let Some(ForwardEvent {
-            event_type,
-            body: Some(body),
-            content_type,
-        }) = tx.forward_event(&source, &event_id)?
-        else {
+    }
+    let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
+    let lease_until = lease_ends
+        .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
+    // The barrier: one conditional UPDATE, decided by the rows it changed.
+    if !tx.lease(job_id, owner, lease_until, now, n_before)? {
+        return Ok(None);
+    }
+    // A job's first lease (the common case) has no attempts behind it:
+    // no replay budget to look up and no cut-short attempt to record.
+    let budget_base: i64 = if n_before == 0 {
+        0
+    } else {
+        tx.replay_budget_base(job_id)?
+    };
+    let took_over = n_before > 0 && !tx.attempt_exists(job_id, n_before)?;
+    if took_over {
+        // The previous owner's attempt never recorded an end: its lease
+        // ran out (crash, or a hang past the lease).
+        tx.record_cut_short(job_id, n_before, leased_at, now, previous_owner.as_deref())?;
+        if n_before - budget_base >= i64::from(fwd.max_attempts) {
             fail_job(
                 tx,
                 job_id,
                 now,
-                "the stored body was erased or pruned; nothing to forward",
+                "max_attempts reached (the last attempt was cut short)",
             )?;
             refresh_event_state_in(tx, &source, &event_id, now)?;
-            continue;
-        };
-        // Asked only when an earlier attempt since the last success may
-        // have reached the downstream: any but a refused connection.
-        let needs_check = n_before > 0 && fwd.check.is_some() && tx.may_have_reached(job_id)?;
-        // accepted -> processing; a cheap conditional update, not a
-        // recount of the event's jobs.
-        tx.mark_processing(&source, &event_id)?;
-        taken.push(Leased {
-            job_id,
-            source,
-            event_id,
-            action,
-            n: n_before + 1,
-            lease_ends,
-            budget_base,
-            event_type,
-            body,
-            content_type,
-            needs_check,
-        });
+            return Ok(None);
+        }
     }
-    let next_due = tx.next_due()?;
-    Ok((taken, next_due))
+    let Some(ForwardEvent {
+        event_type,
+        body: Some(body),
+        content_type,
+    }) = tx.forward_event(&source, &event_id)?
+    else {
+        fail_job(
+            tx,
+            job_id,
+            now,
+            "the stored body was erased or pruned; nothing to forward",
+        )?;
+        refresh_event_state_in(tx, &source, &event_id, now)?;
+        return Ok(None);
+    };
+    // Asked only when an earlier attempt since the last success may
+    // have reached the downstream: any but a refused connection.
+    let needs_check = n_before > 0 && fwd.check.is_some() && tx.may_have_reached(job_id)?;
+    // accepted -> processing; a cheap conditional update, not a
+    // recount of the event's jobs.
+    tx.mark_processing(&source, &event_id)?;
+    Ok(Some(Leased {
+        job_id,
+        source,
+        event_id,
+        action,
+        n: n_before + 1,
+        lease_ends,
+        budget_base,
+        event_type,
+        body,
+        content_type,
+        needs_check,
+    }))
+}
+
+/// The forward action a job belongs to, if the config still has it.
+fn forward_action<'c>(config: &'c Config, source: &str, action: &str) -> Option<&'c Forward> {
+    config
+        .source(source)
+        .and_then(|s| s.action(action))
+        .and_then(|a| match &a.kind {
+            ActionKind::Forward(f) => Some(f),
+            ActionKind::Sql { .. } => None,
+        })
 }
 
 /// The jobs named by `after` that are not done yet, with their status.
