@@ -109,31 +109,10 @@ fn serve_requests(
     let limits = &shared.limits;
     let mut first = true;
     loop {
-        // Idle from here, then the stop is checked: a stop that comes
-        // later sees this connection idle and ends its read (`stop`).
-        state.set_phase(IDLE);
-        if shared.stop.load(Ordering::SeqCst) {
-            return End::Quietly;
-        }
-        // Wait for the next request's first byte (a TLS handshake first,
-        // on a new TLS connection; its deadline was set at the start).
-        if !first {
-            state.deadlines(limits.idle_timeout);
+        if let Some(end) = await_request(reader, out, shared, state, first) {
+            return end;
         }
         first = false;
-        match reader.fill_buf() {
-            Ok([]) | Err(_) => {
-                // (One let go at the cap was logged then.)
-                return End::Quietly;
-            }
-            Ok(_) => {}
-        }
-        state.set_phase(BUSY);
-        // The previous request's answer goes out before anything of this
-        // one (only a pipelining client ever waits here).
-        if !out.settle(reader) {
-            return End::Dropped("a previous answer was not taken in time");
-        }
         state.start_request(reader.buffer().len());
         state.deadlines(limits.header_timeout);
         let (head, raw_target) = match read_head(reader, limits) {
@@ -147,18 +126,7 @@ fn serve_requests(
                 message,
                 target,
             }) => {
-                let cut = if state.evicted.load(Ordering::SeqCst) {
-                    Cut::End(End::Quietly)
-                } else if state.too_slow.load(Ordering::SeqCst) {
-                    Cut::Refuse(408, too_slow_message(limits), Duration::ZERO)
-                } else {
-                    let linger = if status == 408 {
-                        Duration::ZERO
-                    } else {
-                        LINGER
-                    };
-                    Cut::Refuse(status, message, linger)
-                };
+                let cut = head_cut(state, limits, status, message);
                 return refuse_request(reader, state, shared, target.as_deref(), remote, cut);
             }
         };
@@ -201,26 +169,7 @@ fn serve_requests(
             permit: Permit(None),
             later,
         };
-        let promises = locked(&out.state).promises;
-        let reply = {
-            request.permit = shared.permits.acquire();
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let reply = (shared.handler)(&mut request);
-                if let Some(fp) = reply.failpoint {
-                    crate::failpoint::hit(fp);
-                }
-                reply
-            })) {
-                Ok(r) => r,
-                // A promise made before the panic answers by itself (its
-                // `Answer` writes a 500 when dropped): one answer only.
-                Err(_) if locked(&out.state).promises != promises => Later::promised(),
-                Err(_) => {
-                    crate::log::error("handler panicked", &[("effect", &"answered 500")]);
-                    Reply::error(500, "internal error")
-                }
-            }
-        };
+        let reply = handle(shared, out, &mut request);
         request.permit.release();
         drop(budget);
         if reply.later {
@@ -235,6 +184,81 @@ fn serve_requests(
         }
         if close {
             return End::Answered;
+        }
+    }
+}
+
+/// Waits, idle, for the next request's first byte (a TLS handshake first,
+/// on a new TLS connection: its deadline was set at the start), then sends
+/// what is left of the previous answer. `Some` ends the connection.
+fn await_request(
+    reader: &mut Conn,
+    out: &Arc<Outbound>,
+    shared: &Shared,
+    state: &Arc<ConnState>,
+    first: bool,
+) -> Option<End> {
+    // Idle from here, then the stop is checked: a stop that comes
+    // later sees this connection idle and ends its read (`stop`).
+    state.set_phase(IDLE);
+    if shared.stop.load(Ordering::SeqCst) {
+        return Some(End::Quietly);
+    }
+    if !first {
+        state.deadlines(shared.limits.idle_timeout);
+    }
+    match reader.fill_buf() {
+        Ok([]) | Err(_) => {
+            // (One let go at the cap was logged then.)
+            return Some(End::Quietly);
+        }
+        Ok(_) => {}
+    }
+    state.set_phase(BUSY);
+    // The previous request's answer goes out before anything of this
+    // one (only a pipelining client ever waits here).
+    if !out.settle(reader) {
+        return Some(End::Dropped("a previous answer was not taken in time"));
+    }
+    None
+}
+
+/// How a head the reader refused is answered: not at all for a
+/// connection let go, 408 for one under the minimum rate, else as refused
+/// (lingering so the client reads it, except after a 408).
+fn head_cut(state: &ConnState, limits: &Limits, status: u16, message: String) -> Cut {
+    if state.evicted.load(Ordering::SeqCst) {
+        Cut::End(End::Quietly)
+    } else if state.too_slow.load(Ordering::SeqCst) {
+        Cut::Refuse(408, too_slow_message(limits), Duration::ZERO)
+    } else {
+        let linger = if status == 408 {
+            Duration::ZERO
+        } else {
+            LINGER
+        };
+        Cut::Refuse(status, message, linger)
+    }
+}
+
+/// Runs the handler holding a processing permit. A panic is answered 500,
+/// unless the handler promised an answer first (the promise's `Answer`
+/// writes a 500 when dropped): one answer only.
+fn handle(shared: &Shared, out: &Arc<Outbound>, request: &mut Request) -> Reply {
+    let promises = locked(&out.state).promises;
+    request.permit = shared.permits.acquire();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let reply = (shared.handler)(request);
+        if let Some(fp) = reply.failpoint {
+            crate::failpoint::hit(fp);
+        }
+        reply
+    })) {
+        Ok(r) => r,
+        Err(_) if locked(&out.state).promises != promises => Later::promised(),
+        Err(_) => {
+            crate::log::error("handler panicked", &[("effect", &"answered 500")]);
+            Reply::error(500, "internal error")
         }
     }
 }
