@@ -9,6 +9,7 @@ use super::source::resolve_source;
 use super::values::{nonzero, opt_duration, resolve_secret};
 use super::warnings::{retention_warning, shell_variable_warnings, unset_variables};
 use super::{Config, ConfigError, DEV_DEFAULT_SECRET, Durability, HttpLimits, TlsFiles};
+use crate::verify::Secret;
 
 impl Config {
     /// Reads and resolves the file at `path`.
@@ -45,18 +46,7 @@ impl Config {
         let raw: RawConfig =
             toml::from_str(text).map_err(|e| ConfigError::new(origin, e.to_string()))?;
         let err = |msg: String| ConfigError::new(origin, msg);
-        let missing = unset_variables(&raw);
-        if !missing.is_empty() {
-            let list: Vec<String> = missing
-                .iter()
-                .map(|(name, key)| format!("{name} ({key})"))
-                .collect();
-            return Err(err(format!(
-                "environment variable{} not set: {}",
-                if list.len() == 1 { "" } else { "s" },
-                list.join(", ")
-            )));
-        }
+        no_unset_variables(&raw).map_err(err)?;
         let mut warnings = shell_variable_warnings(&raw);
 
         let durability = match raw.durability.as_deref().unwrap_or("full") {
@@ -68,28 +58,7 @@ impl Config {
                 )));
             }
         };
-        // An `env:` token whose variable is not set turns the admin API off
-        // (a config may name IDEMHOOK_ADMIN_TOKEN and leave it unset where
-        // no admin API is wanted), unlike a source secret, without which
-        // nothing could be verified.
-        let admin_token_unset = raw
-            .admin_token
-            .as_deref()
-            .and_then(|spec| spec.strip_prefix("env:"))
-            .filter(|name| std::env::var_os(name).is_none())
-            .map(str::to_string);
-        let admin_token = match &raw.admin_token {
-            Some(_) if admin_token_unset.is_some() => None,
-            Some(spec) => {
-                let token =
-                    resolve_secret(spec, base).map_err(|e| err(format!("admin_token: {e}")))?;
-                if token.expose().is_empty() {
-                    return Err(err("admin_token: the token is empty".into()));
-                }
-                Some(token)
-            }
-            None => None,
-        };
+        let (admin_token, admin_token_unset) = admin_token_of(&raw, base).map_err(err)?;
         let max_body_bytes = raw.max_body_bytes.unwrap_or(1_048_576);
         if max_body_bytes == 0 || max_body_bytes > 64 * 1024 * 1024 {
             return Err(err(format!(
@@ -121,49 +90,7 @@ impl Config {
             (None, None) => None,
             _ => return Err(err("tls_cert and tls_key: set both or neither".into())),
         };
-        let max_connections = raw.max_connections.unwrap_or(1024);
-        if !(1..=65_536).contains(&max_connections) {
-            return Err(err(format!(
-                "max_connections: must be 1 to 65536, got {max_connections}"
-            )));
-        }
-        // A cap per address that defaults to 128, never above the cap in
-        // all.
-        let max_connections_per_address = match raw.max_connections_per_address {
-            None => max_connections.min(128),
-            Some(n) if (1..=max_connections).contains(&n) => n,
-            Some(n) => {
-                return Err(err(format!(
-                    "max_connections_per_address: must be 1 to max_connections ({max_connections}), got {n}"
-                )));
-            }
-        };
-        let min_receive_rate = raw.min_receive_rate.unwrap_or(1024);
-        if min_receive_rate > 1 << 30 {
-            return Err(err(format!(
-                "min_receive_rate: must be 0 (no minimum) to 1073741824 bytes a second, got {min_receive_rate}"
-            )));
-        }
-        let http = HttpLimits {
-            max_connections,
-            max_connections_per_address,
-            min_receive_rate,
-            header_timeout: nonzero(
-                opt_duration(&raw.header_timeout, "header_timeout", "10s"),
-                "header_timeout",
-            )
-            .map_err(err)?,
-            body_timeout: nonzero(
-                opt_duration(&raw.body_timeout, "body_timeout", "30s"),
-                "body_timeout",
-            )
-            .map_err(err)?,
-            idle_timeout: nonzero(
-                opt_duration(&raw.idle_timeout, "idle_timeout", "60s"),
-                "idle_timeout",
-            )
-            .map_err(err)?,
-        };
+        let http = http_limits_of(&raw).map_err(err)?;
 
         if raw.sources.is_empty() && file.is_some() {
             return Err(err(
@@ -218,4 +145,94 @@ fn resolve_database(
         DatabaseUrl::Sqlite(path) => Ok((path, None)),
         DatabaseUrl::Postgres(url) => Ok((PathBuf::new(), Some(url))),
     }
+}
+
+/// Every `env:` variable the file names is set (`admin_token`'s may not be).
+fn no_unset_variables(raw: &RawConfig) -> Result<(), String> {
+    let missing = unset_variables(raw);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = missing
+        .iter()
+        .map(|(name, key)| format!("{name} ({key})"))
+        .collect();
+    Err(format!(
+        "environment variable{} not set: {}",
+        if list.len() == 1 { "" } else { "s" },
+        list.join(", ")
+    ))
+}
+
+/// The admin token, and the name of its `env:` variable when that is not
+/// set. An unset variable turns the admin API off (a config may name
+/// IDEMHOOK_ADMIN_TOKEN and leave it unset where no admin API is wanted),
+/// unlike a source secret, without which nothing could be verified.
+fn admin_token_of(
+    raw: &RawConfig,
+    base: &Path,
+) -> Result<(Option<Secret>, Option<String>), String> {
+    let admin_token_unset = raw
+        .admin_token
+        .as_deref()
+        .and_then(|spec| spec.strip_prefix("env:"))
+        .filter(|name| std::env::var_os(name).is_none())
+        .map(str::to_string);
+    let admin_token = match &raw.admin_token {
+        Some(_) if admin_token_unset.is_some() => None,
+        Some(spec) => {
+            let token = resolve_secret(spec, base).map_err(|e| format!("admin_token: {e}"))?;
+            if token.expose().is_empty() {
+                return Err("admin_token: the token is empty".into());
+            }
+            Some(token)
+        }
+        None => None,
+    };
+    Ok((admin_token, admin_token_unset))
+}
+
+/// The HTTP server's caps and deadlines.
+fn http_limits_of(raw: &RawConfig) -> Result<HttpLimits, String> {
+    let max_connections = raw.max_connections.unwrap_or(1024);
+    if !(1..=65_536).contains(&max_connections) {
+        return Err(format!(
+            "max_connections: must be 1 to 65536, got {max_connections}"
+        ));
+    }
+    // A cap per address that defaults to 128, never above the cap in
+    // all.
+    let max_connections_per_address = match raw.max_connections_per_address {
+        None => max_connections.min(128),
+        Some(n) if (1..=max_connections).contains(&n) => n,
+        Some(n) => {
+            return Err(format!(
+                "max_connections_per_address: must be 1 to max_connections ({max_connections}), got {n}"
+            ));
+        }
+    };
+    let min_receive_rate = raw.min_receive_rate.unwrap_or(1024);
+    if min_receive_rate > 1 << 30 {
+        return Err(format!(
+            "min_receive_rate: must be 0 (no minimum) to 1073741824 bytes a second, got {min_receive_rate}"
+        ));
+    }
+    let http = HttpLimits {
+        max_connections,
+        max_connections_per_address,
+        min_receive_rate,
+        header_timeout: nonzero(
+            opt_duration(&raw.header_timeout, "header_timeout", "10s"),
+            "header_timeout",
+        )?,
+        body_timeout: nonzero(
+            opt_duration(&raw.body_timeout, "body_timeout", "30s"),
+            "body_timeout",
+        )?,
+        idle_timeout: nonzero(
+            opt_duration(&raw.idle_timeout, "idle_timeout", "60s"),
+            "idle_timeout",
+        )?,
+    };
+    Ok(http)
 }
