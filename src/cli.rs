@@ -134,7 +134,7 @@ pub enum Command {
 }
 
 /// `idemhook replay`'s arguments: one event (SOURCE EVENT_ID) or a batch
-/// (--source/--status/--since); [`ReplayArgs::target`] checks them.
+/// (--source/--status/--since); `ReplayArgs::target` checks them.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     /// The event's source (with EVENT_ID: replay one event).
@@ -284,19 +284,29 @@ pub fn main() -> ExitCode {
 /// needs attention), 2 for a command that could not run (usage, config,
 /// database, storage).
 fn exit(result: Result<Outcome, CommandError>) -> ExitCode {
-    let (code, message) = match result {
-        Ok(Outcome::Done) => return ExitCode::SUCCESS,
-        Ok(Outcome::Attention) => return ExitCode::from(1),
-        Err(CommandError::NotFound(m) | CommandError::Invalid(m)) => (1, m),
-        Err(CommandError::Usage(m)) => (2, m),
+    let (code, message) = verdict(result);
+    if let Some(message) = message {
+        report(&message);
+    }
+    ExitCode::from(code)
+}
+
+/// The exit code of a command's result, and the error line to print.
+fn verdict(result: Result<Outcome, CommandError>) -> (u8, Option<String>) {
+    match result {
+        Ok(Outcome::Done) => (0, None),
+        Ok(Outcome::Attention) => (1, None),
+        Err(CommandError::NotFound(m) | CommandError::Invalid(m)) => (1, Some(m)),
+        Err(CommandError::Usage(m)) => (2, Some(m)),
         Err(CommandError::Storage(e)) => (
             2,
-            format!("{:#}", anyhow::Error::new(e).context("storage error")),
+            Some(format!(
+                "{:#}",
+                anyhow::Error::new(e).context("storage error")
+            )),
         ),
-        Err(CommandError::Failed(e)) => (2, format!("{e:#}")),
-    };
-    report(&message);
-    ExitCode::from(code)
+        Err(CommandError::Failed(e)) => (2, Some(format!("{e:#}"))),
+    }
 }
 
 /// Prints an error's line. Not with eprintln!, which panics when stderr
@@ -594,6 +604,46 @@ mod tests {
                 && e.contains("debug, info, warn, error"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn every_command_result_has_one_exit_code_and_line() {
+        use crate::store::StoreError;
+        let cases: [(Result<Outcome, CommandError>, u8, Option<&str>); 7] = [
+            (Ok(Outcome::Done), 0, None),
+            (Ok(Outcome::Attention), 1, None),
+            (
+                Err(CommandError::NotFound("no event a/b".into())),
+                1,
+                Some("no event a/b"),
+            ),
+            (
+                Err(CommandError::Invalid("since: bad".into())),
+                1,
+                Some("since: bad"),
+            ),
+            (
+                Err(CommandError::Usage("--note is required".into())),
+                2,
+                Some("--note is required"),
+            ),
+            (
+                Err(CommandError::Storage(StoreError::other("disk I/O error"))),
+                2,
+                Some("storage error: disk I/O error"),
+            ),
+            (
+                Err(CommandError::Failed(
+                    anyhow::anyhow!("no such file").context("cannot open the database x.db"),
+                )),
+                2,
+                Some("cannot open the database x.db: no such file"),
+            ),
+        ];
+        for (result, code, line) in cases {
+            let shown = format!("{result:?}");
+            assert_eq!(verdict(result), (code, line.map(String::from)), "{shown}");
+        }
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Operator commands: they work on the database directly and are safe
 //! while `serve` runs (WAL, busy timeout; the claim's PRIMARY KEY stays the
 //! final barrier). The admin API calls the same functions.
+//!
+//! Each command's module plans, applies and reports (the JSON the API
+//! answers too); its `cmd` prints the human view and returns an
+//! [`Outcome`] or a [`CommandError`], which `cli` alone turns into an exit
+//! code. Shared by all of them: [`OpError`] (`error`), opening the
+//! database (`open`), terminal output (`text`).
 
 pub mod backup;
 pub mod command;
