@@ -1,0 +1,254 @@
+//! Applying a plan in the caller's write transaction: each job locked and
+//! read again, re-queued (forward) or run again now (SQL) as its next
+//! attempt, and the touched events' states recomputed.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use super::{Done, Origin, Step, requeued_forward};
+use crate::args;
+use crate::config::{ActionKind, Config};
+use crate::ingest::{self, Claim};
+use crate::store::db::{self, Db};
+use crate::store::{StoreError, now_ms};
+
+/// Re-opens the planned jobs in the caller's write transaction. A job whose
+/// status moved on since the plan is skipped. Afterwards each touched
+/// event's state is recomputed.
+///
+/// On PostgreSQL each job's row is locked before its status is read
+/// again (a worker's take holding it is waited for), and the re-open is
+/// an UPDATE conditional on that status: of replays racing each other
+/// (or a resolve) on any instances, one re-opens the job and the others
+/// skip it, and a worker's fenced completion (owner + attempt) of an
+/// earlier lease can no longer match a re-opened job.
+pub fn apply(
+    conn: &Db<'_>,
+    config: &Config,
+    steps: &[Step],
+    origin: Origin,
+    now: i64,
+) -> Result<Vec<Done>, StoreError> {
+    let mut out = Vec::with_capacity(steps.len());
+    let mut events = BTreeSet::new();
+    for s in steps {
+        let done = apply_step(conn, config, s, origin, now)?;
+        if done.result != "skipped" {
+            events.insert((s.source.clone(), s.event_id.clone()));
+        }
+        out.push(done);
+    }
+    for (source, event_id) in events {
+        crate::with_tx!(conn, |tx| ingest::refresh_event_state_in(
+            tx, &source, &event_id, now
+        ))?;
+    }
+    // Re-opened forward jobs (or jobs waiting on an SQL job done now):
+    // every instance's workers are woken at the commit (they poll too).
+    if requeued_forward(&out) || out.iter().any(|d| d.kind == "sql" && d.result == "ok") {
+        notify_workers(conn)?;
+    }
+    Ok(out)
+}
+
+/// One planned job: locked and read again, skipped when it moved on,
+/// else recorded in `replays` and re-queued (forward) or run now (SQL).
+fn apply_step(
+    conn: &Db<'_>,
+    config: &Config,
+    s: &Step,
+    origin: Origin,
+    now: i64,
+) -> Result<Done, StoreError> {
+    let mut done = Done {
+        source: s.source.clone(),
+        event_id: s.event_id.clone(),
+        action: s.action.clone(),
+        kind: s.kind.clone(),
+        from_status: s.from_status.clone(),
+        attempt: s.attempt,
+        forced: s.forced,
+        result: "skipped".to_string(),
+        error: None,
+        status: None,
+    };
+    let current = conn
+        .query_opt(
+            &format!(
+                "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
+                conn.dialect().for_update()
+            ),
+            args![s.job_id],
+        )?
+        .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
+        .transpose()?;
+    let Some((status, n_attempts)) = current else {
+        done.error = Some("the job is gone (pruned)".to_string());
+        return Ok(done);
+    };
+    if status != s.from_status {
+        done.error = Some(format!("the job is now {status}; left alone"));
+        return Ok(done);
+    }
+    conn.execute(
+        "INSERT INTO replays (job_id, replayed_at, from_status, forced, origin)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        args![s.job_id, now, &s.from_status, s.forced, origin.name()],
+    )?;
+    if s.kind == "sql" {
+        rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
+        return Ok(done);
+    }
+    let reopened = conn.execute(
+        "UPDATE jobs SET status = 'pending', next_attempt_at = ?2, lease_owner = NULL,
+                lease_until = NULL, updated_at = ?2
+         WHERE id = ?1 AND status = ?3",
+        args![s.job_id, now, &s.from_status],
+    )?;
+    if reopened != 1 {
+        return Err(StoreError::other(format!(
+            "job {} changed while it was locked for the replay",
+            s.job_id
+        )));
+    }
+    done.attempt = n_attempts + 1;
+    done.result = "requeued".to_string();
+    done.status = Some("pending".to_string());
+    Ok(done)
+}
+
+/// On PostgreSQL, wakes the forward workers of every instance when the
+/// caller's transaction commits (`NOTIFY` is delivered then, or never).
+/// Nothing on SQLite: the server's own wake-up is the caller's.
+pub fn notify_workers(conn: &Db<'_>) -> Result<(), StoreError> {
+    if conn.dialect() == db::Dialect::Postgres {
+        conn.execute(
+            &format!("NOTIFY {}", crate::store::pg_serve::JOBS_CHANNEL),
+            &[],
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs an SQL job's statement again on the stored event and records the
+/// run as the job's next attempt.
+fn rerun_sql(
+    conn: &Db<'_>,
+    config: &Config,
+    s: &Step,
+    n_attempts: i64,
+    origin: Origin,
+    now: i64,
+    done: &mut Done,
+) -> Result<(), StoreError> {
+    let action = config
+        .source(&s.source)
+        .and_then(|src| src.action(&s.action).map(|a| (src, a)));
+    let result = match action {
+        Some((source, action)) if matches!(action.kind, ActionKind::Sql { .. }) => {
+            match stored_claim(conn, &s.source, &s.event_id)? {
+                Some(claim) => crate::with_tx!(conn, |tx| ingest::rerun_sql_action_in(
+                    tx, source, action, &claim
+                ))?,
+                None => Err("the stored body was erased".to_string()),
+            }
+        }
+        _ => Err("the action is no longer an sql action in the config".to_string()),
+    };
+    let max_n = conn
+        .query_one(
+            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
+            args![s.job_id],
+        )?
+        .i64(0)?;
+    let n = n_attempts.max(max_n) + 1;
+    let finished = now_ms().max(now);
+    // A forced re-run of a done job that fails leaves the job done: its
+    // effect already happened once. The failed attempt
+    // is recorded and reported all the same.
+    let (status, outcome, error) = match &result {
+        Ok(()) => ("done", "ok", None),
+        Err(e) if s.from_status == "done" => ("done", "failed", Some(e.as_str())),
+        Err(e) => ("failed", "failed", Some(e.as_str())),
+    };
+    conn.execute(
+        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        args![
+            s.job_id,
+            n,
+            now,
+            finished,
+            outcome,
+            error,
+            error.map(|_| "sql"),
+            format!("replay:{}", origin.name()),
+        ],
+    )?;
+    let last_error = if status == "failed" {
+        error.map(str::to_string)
+    } else {
+        None
+    };
+    conn.execute(
+        "UPDATE jobs SET status = ?2, n_attempts = ?3, next_attempt_at = NULL,
+                last_error = coalesce(?4, last_error), updated_at = ?5
+         WHERE id = ?1",
+        args![s.job_id, status, n, last_error, finished],
+    )?;
+    done.attempt = n;
+    done.result = outcome.to_string();
+    done.error = error.map(str::to_string);
+    done.status = Some(status.to_string());
+    Ok(())
+}
+
+/// The stored event as a claim, so an SQL action binds exactly what it
+/// bound the first time. None when the body was erased.
+fn stored_claim(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Claim>, StoreError> {
+    let Some(r) = conn.query_opt(
+        "SELECT type, payload, content_type, headers, payload_hash, verified_with, signed_at,
+                received_at
+         FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    else {
+        return Ok(None);
+    };
+    let Some(body) = r.opt_bytes(1)?.map(<[u8]>::to_vec) else {
+        return Ok(None);
+    };
+    let (event_type, content_type, kept, hash, verified_with, signed_at, at) = (
+        r.opt_string(0)?,
+        r.opt_string(2)?,
+        r.opt_string(3)?,
+        r.string(4)?,
+        r.opt_i64(5)?,
+        r.opt_i64(6)?,
+        r.i64(7)?,
+    );
+    let headers: Vec<(String, String)> = kept
+        .as_deref()
+        .and_then(|h| serde_json::from_str::<serde_json::Map<String, Value>>(h).ok())
+        .map(|m| {
+            m.into_iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Some(Claim {
+        event_id: event_id.to_string(),
+        event_type,
+        json: serde_json::from_slice(&body).ok(),
+        body,
+        content_type,
+        headers,
+        kept_headers: kept.unwrap_or_default(),
+        payload_hash: hash,
+        verified_with: verified_with.and_then(|i| usize::try_from(i).ok()),
+        signed_at,
+        received_at: at,
+        remote: "replay".to_string(),
+    }))
+}

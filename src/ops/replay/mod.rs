@@ -1,0 +1,304 @@
+//! `idemhook replay` and the admin API's replay routes: re-open an event's
+//! failed or paused jobs (or, with `--force`, done ones), one event or a
+//! batch, always from the stored body and never re-checking signatures.
+//!
+//! A replay is planned first ([`plan`], read-only: what is there and what
+//! would be done) and then applied ([`apply`], in the caller's write
+//! transaction). Apply re-reads each job's status and skips one that moved
+//! on since the plan, so a replay racing the server never runs a job twice.
+//! History is never rewritten: every replay gets a row in `replays`, a
+//! forward job is re-queued so the forward workers record the next attempt,
+//! and an SQL job is run again at once, recorded as attempt n+1.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::args;
+use crate::config::{Config, parse_duration};
+use crate::ops::error::OpError;
+use crate::store::StoreError;
+use crate::store::db::{Db, Row};
+
+mod apply;
+mod cmd;
+mod plan;
+
+pub use apply::{apply, notify_workers};
+pub use cmd::cmd;
+
+/// How many jobs one write transaction of a batch replay re-opens.
+pub const APPLY_CHUNK: usize = 100;
+
+/// Who asked for the replay, recorded in `replays.origin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Cli,
+    Api,
+}
+
+impl Origin {
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Cli => "cli",
+            Origin::Api => "api",
+        }
+    }
+}
+
+/// What to replay.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Event {
+        source: String,
+        event_id: String,
+        action: Option<String>,
+        force: bool,
+    },
+    Batch {
+        source: Option<String>,
+        /// Job status: failed or paused.
+        status: String,
+        action: Option<String>,
+        /// Only events received at or after this time (ms).
+        since_ms: Option<i64>,
+    },
+}
+
+impl Target {
+    /// A batch target from its optional parts, checked.
+    pub fn batch(
+        source: Option<String>,
+        status: Option<String>,
+        action: Option<String>,
+        since: Option<&str>,
+        now: i64,
+    ) -> Result<Target, OpError> {
+        let status = status.unwrap_or_else(|| "failed".to_string());
+        if status != "failed" && status != "paused" {
+            return Err(OpError::Invalid(format!(
+                "a batch replay takes --status failed or --status paused, not {status:?} \
+                 (a done job is re-run only one event at a time, with --force)"
+            )));
+        }
+        let since_ms = match since {
+            Some(text) => {
+                let d =
+                    parse_duration(text).map_err(|e| OpError::Invalid(format!("since: {e}")))?;
+                Some(now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+            }
+            None => None,
+        };
+        Ok(Target::Batch {
+            source,
+            status,
+            action,
+            since_ms,
+        })
+    }
+}
+
+/// One job the replay re-opens.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    #[serde(skip)]
+    pub job_id: i64,
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    pub kind: String,
+    pub from_status: String,
+    /// The number the replayed run will have.
+    pub attempt: i64,
+    pub forced: bool,
+    /// What will be done, in words.
+    pub what: String,
+}
+
+/// A job the replay leaves alone, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeftAlone {
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    pub kind: String,
+    pub status: String,
+    pub reason: String,
+}
+
+/// What a replay would do.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// One event's summary (source, event_id, type, state, received_at,
+    /// payload_erased); None for a batch.
+    pub event: Option<Value>,
+    pub steps: Vec<Step>,
+    pub left_alone: Vec<LeftAlone>,
+    /// Advice for the operator (how to force, what a forced run means).
+    pub notes: Vec<String>,
+}
+
+/// What happened to one planned job.
+#[derive(Debug, Clone, Serialize)]
+pub struct Done {
+    pub source: String,
+    pub event_id: String,
+    pub action: String,
+    pub kind: String,
+    pub from_status: String,
+    pub attempt: i64,
+    pub forced: bool,
+    /// requeued (forward), ok or failed (sql, run now), skipped (the job
+    /// moved on since the plan).
+    pub result: String,
+    pub error: Option<String>,
+    /// The job's status afterwards (None when skipped). A forced SQL run
+    /// that failed leaves it `done`.
+    pub status: Option<String>,
+}
+
+struct JobRow {
+    id: i64,
+    source: String,
+    event_id: String,
+    action: String,
+    kind: String,
+    status: String,
+    n_attempts: i64,
+    next_attempt_at: Option<i64>,
+    lease_until: Option<i64>,
+}
+
+fn job_row(r: &Row) -> Result<JobRow, StoreError> {
+    Ok(JobRow {
+        id: r.i64(0)?,
+        source: r.string(1)?,
+        event_id: r.string(2)?,
+        action: r.string(3)?,
+        kind: r.string(4)?,
+        status: r.string(5)?,
+        n_attempts: r.i64(6)?,
+        next_attempt_at: r.opt_i64(7)?,
+        lease_until: r.opt_i64(8)?,
+    })
+}
+
+const JOB_COLUMNS: &str = "j.id, j.source, j.event_id, j.action, j.kind, j.status, j.n_attempts, \
+                           j.next_attempt_at, j.lease_until";
+
+fn idempotency_key(source: &str, event_id: &str, action: &str) -> String {
+    format!("{source}:{event_id}:{action}")
+}
+
+fn step(job: &JobRow, forced: bool) -> Step {
+    let attempt = job.n_attempts + 1;
+    let what = if job.kind == "sql" {
+        if forced {
+            format!(
+                "run the sql statement again now on the stored body, as attempt {attempt}: \
+                 its effect happens a second time (if the statement fails, the job stays done)"
+            )
+        } else {
+            format!("run the sql statement again now on the stored body, as attempt {attempt}")
+        }
+    } else {
+        format!(
+            "re-queue for the forward workers as attempt {attempt}, with the same Idempotency-Key {}",
+            idempotency_key(&job.source, &job.event_id, &job.action)
+        )
+    };
+    Step {
+        job_id: job.id,
+        source: job.source.clone(),
+        event_id: job.event_id.clone(),
+        action: job.action.clone(),
+        kind: job.kind.clone(),
+        from_status: job.status.clone(),
+        attempt,
+        forced,
+        what,
+    }
+}
+
+fn left(job: &JobRow, reason: String) -> LeftAlone {
+    LeftAlone {
+        source: job.source.clone(),
+        event_id: job.event_id.clone(),
+        action: job.action.clone(),
+        kind: job.kind.clone(),
+        status: job.status.clone(),
+        reason,
+    }
+}
+
+/// Reads what is stored and decides what the replay would do. Writes
+/// nothing, so it runs on a read-only connection, on either backend.
+pub fn plan(conn: &Db<'_>, config: &Config, target: &Target) -> Result<Plan, OpError> {
+    match target {
+        Target::Event {
+            source,
+            event_id,
+            action,
+            force,
+        } => plan::plan_event(conn, config, source, event_id, action.as_deref(), *force),
+        Target::Batch {
+            source,
+            status,
+            action,
+            since_ms,
+        } => plan::plan_batch(
+            conn,
+            config,
+            source.as_deref(),
+            status,
+            action.as_deref(),
+            *since_ms,
+        ),
+    }
+}
+
+/// The current state of one event (after a replay).
+pub fn event_state(
+    conn: &Db<'_>,
+    source: &str,
+    event_id: &str,
+) -> Result<Option<String>, StoreError> {
+    conn.query_opt(
+        "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    .map(|r| r.string(0))
+    .transpose()
+}
+
+/// The JSON answer: the plan, and what was done when it was applied.
+pub fn report(plan: &Plan, done: Option<&[Done]>, state_after: Option<String>) -> Value {
+    let mut out = json!({
+        "dry_run": done.is_none(),
+        "count": plan.steps.len(),
+        "left_alone": plan.left_alone,
+        "notes": plan.notes,
+    });
+    if let Some(event) = &plan.event {
+        out["source"] = event["source"].clone();
+        out["event_id"] = event["event_id"].clone();
+        out["state_before"] = event["state"].clone();
+    }
+    match done {
+        None => {
+            out["would"] = json!(plan.steps);
+        }
+        Some(done) => {
+            out["replayed"] = json!(done.iter().filter(|d| d.result != "skipped").count());
+            out["jobs"] = json!(done);
+            if let Some(state) = state_after {
+                out["state"] = json!(state);
+            }
+        }
+    }
+    out
+}
+
+/// Whether any forward job was re-queued (the outbox should wake).
+pub fn requeued_forward(done: &[Done]) -> bool {
+    done.iter().any(|d| d.result == "requeued")
+}

@@ -1,0 +1,329 @@
+//! Planning a replay, read-only: one event (what each of its jobs would
+//! get, and why the others are left alone) or a batch of jobs by status.
+
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use super::{JOB_COLUMNS, JobRow, Plan, idempotency_key, job_row, left, step};
+use crate::args;
+use crate::config::{Config, Source};
+use crate::ops::error::{OpError, not_found};
+use crate::ops::text::{clean, fmt_time};
+use crate::store::db::{self, Db};
+use crate::store::{StoreError, ms_to_secs};
+
+/// The stored event a one-event replay starts from.
+struct EventRow {
+    event_type: Option<String>,
+    state: String,
+    received_at: i64,
+    erased: bool,
+}
+
+pub(super) fn plan_event(
+    conn: &Db<'_>,
+    config: &Config,
+    source_name: &str,
+    event_id: &str,
+    action: Option<&str>,
+    force: bool,
+) -> Result<Plan, OpError> {
+    let event = read_event(conn, source_name, event_id)?;
+    let source = config.source(source_name);
+    if let Some(a) = action {
+        check_action_configured(source, source_name, a)?;
+    }
+    let jobs = event_jobs(conn, source_name, event_id)?;
+    if let Some(a) = action
+        && !jobs.iter().any(|j| j.action == a)
+    {
+        return Err(OpError::NotFound(format!(
+            "event {}/{} has no job for action {} (the action does not take type {})",
+            clean(source_name),
+            clean(event_id),
+            clean(a),
+            clean(event.event_type.as_deref().unwrap_or("(none)"))
+        )));
+    }
+    let paused = paused_actions(conn, source_name)?;
+
+    let mut plan = Plan {
+        event: Some(event_summary(source_name, event_id, &event, &jobs)),
+        steps: Vec::new(),
+        left_alone: Vec::new(),
+        notes: Vec::new(),
+    };
+    let mut done_jobs = Vec::new();
+    for job in jobs.iter().filter(|j| action.is_none_or(|a| j.action == a)) {
+        let in_config = source.and_then(|s| s.action(&job.action)).is_some();
+        match left_alone_because(job, force, in_config) {
+            Some(reason) => {
+                if job.status == "done" && !force {
+                    done_jobs.push(job);
+                }
+                plan.left_alone.push(left(job, reason));
+            }
+            None => {
+                if job.status == "paused" && paused.contains(&job.action) {
+                    plan.notes.push(format!(
+                        "action {} is paused: this job runs anyway; `idemhook resume {}/{}` releases the others",
+                        clean(&job.action),
+                        clean(source_name),
+                        clean(&job.action)
+                    ));
+                }
+                plan.steps.push(step(job, job.status == "done"));
+            }
+        }
+    }
+    if !plan.steps.is_empty() && event.erased {
+        return Err(OpError::Invalid(format!(
+            "the stored body of {}/{} was erased, and a replay runs only from the stored body",
+            clean(source_name),
+            clean(event_id)
+        )));
+    }
+    if plan.steps.is_empty() {
+        explain_nothing_to_do(&mut plan, &event, &jobs, &done_jobs, action.is_some());
+        for job in done_jobs {
+            plan.notes.push(how_to_force(source_name, event_id, job));
+        }
+    }
+    Ok(plan)
+}
+
+fn read_event(conn: &Db<'_>, source: &str, event_id: &str) -> Result<EventRow, OpError> {
+    let event = conn
+        .query_opt(
+            "SELECT type, state, received_at, payload IS NULL FROM events
+             WHERE source = ?1 AND event_id = ?2",
+            args![source, event_id],
+        )?
+        .map(|r| -> Result<_, StoreError> {
+            Ok(EventRow {
+                event_type: r.opt_string(0)?,
+                state: r.string(1)?,
+                received_at: r.i64(2)?,
+                erased: r.bool(3)?,
+            })
+        })
+        .transpose()?;
+    event.ok_or_else(|| not_found(source, event_id))
+}
+
+/// The event's jobs, in the order they were written.
+fn event_jobs(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<JobRow>, StoreError> {
+    conn.query(
+        &format!(
+            "SELECT {JOB_COLUMNS} FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY j.id"
+        ),
+        args![source, event_id],
+    )?
+    .iter()
+    .map(job_row)
+    .collect()
+}
+
+/// The source's paused actions.
+fn paused_actions(conn: &Db<'_>, source: &str) -> Result<Vec<String>, StoreError> {
+    conn.query(
+        "SELECT action FROM paused_actions WHERE source = ?1",
+        args![source],
+    )?
+    .iter()
+    .map(|r| r.string(0))
+    .collect()
+}
+
+/// `--action` must name an action of the source in the config.
+fn check_action_configured(
+    source: Option<&Source>,
+    source_name: &str,
+    action: &str,
+) -> Result<(), OpError> {
+    match source {
+        None => Err(OpError::Invalid(format!(
+            "source {} is not in the config, so its actions cannot run",
+            clean(source_name)
+        ))),
+        Some(s) if s.action(action).is_none() => Err(OpError::NotFound(format!(
+            "source {} has no action {} in the config",
+            clean(source_name),
+            clean(action)
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The plan's `event`: the event's summary and each job's status.
+fn event_summary(source: &str, event_id: &str, event: &EventRow, jobs: &[JobRow]) -> Value {
+    json!({
+        "source": source,
+        "event_id": event_id,
+        "type": event.event_type,
+        "state": event.state,
+        "received_at": ms_to_secs(event.received_at),
+        "payload_erased": event.erased,
+        "jobs": jobs.iter().map(|j| json!({
+            "action": j.action, "kind": j.kind, "status": j.status, "attempts": j.n_attempts,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Why a one-event replay leaves `job` alone, or None when it re-opens it:
+/// failed and paused jobs are re-opened, done ones only with `force`, and
+/// none whose action left the config.
+fn left_alone_because(job: &JobRow, force: bool, in_config: bool) -> Option<String> {
+    let reason = match job.status.as_str() {
+        "failed" | "paused" => None,
+        "done" if force => None,
+        "done" => Some("already done (--force re-runs it)".to_string()),
+        "pending" => Some(format!(
+            "already queued{}",
+            job.next_attempt_at
+                .map(|at| format!(", due at {}", fmt_time(ms_to_secs(at))))
+                .unwrap_or_default()
+        )),
+        "processing" => Some(format!(
+            "in flight: a worker holds it{}",
+            job.lease_until
+                .map(|at| format!(" until {}", fmt_time(ms_to_secs(at))))
+                .unwrap_or_default()
+        )),
+        other => Some(format!("status {other}")),
+    };
+    match reason {
+        None if !in_config => {
+            Some("the action is no longer in the config, so it cannot run".to_string())
+        }
+        other => other,
+    }
+}
+
+/// The note of a plan with no step: why there is nothing to do.
+fn explain_nothing_to_do(
+    plan: &mut Plan,
+    event: &EventRow,
+    jobs: &[JobRow],
+    done_jobs: &[&JobRow],
+    one_action: bool,
+) {
+    let note = if jobs.is_empty() {
+        format!(
+            "nothing to do: no action takes this event (type {})",
+            clean(event.event_type.as_deref().unwrap_or("(none)"))
+        )
+    } else if !done_jobs.is_empty() && plan.left_alone.len() == done_jobs.len() {
+        format!(
+            "nothing to do: {} done",
+            if one_action {
+                "the job is"
+            } else {
+                "every job is"
+            }
+        )
+    } else {
+        "nothing to do: no failed or paused job to re-open".to_string()
+    };
+    plan.notes.push(note);
+}
+
+/// How to re-run a done job anyway, and what that means for its kind.
+fn how_to_force(source: &str, event_id: &str, job: &JobRow) -> String {
+    let how = format!(
+        "to run {} again anyway: idemhook replay {} {} --force --action {} --yes",
+        clean(&job.action),
+        clean(source),
+        clean(event_id),
+        clean(&job.action)
+    );
+    let consequence = if job.kind == "sql" {
+        "it is an sql action: the statement runs again and its effect happens a second time"
+            .to_string()
+    } else {
+        format!(
+            "it is a forward action: it is sent again with the same Idempotency-Key {}, \
+             so an idempotent downstream ignores the repeat",
+            idempotency_key(source, event_id, &job.action)
+        )
+    };
+    format!("{how}\n  ({consequence})")
+}
+
+pub(super) fn plan_batch(
+    conn: &Db<'_>,
+    config: &Config,
+    source: Option<&str>,
+    status: &str,
+    action: Option<&str>,
+    since_ms: Option<i64>,
+) -> Result<Plan, OpError> {
+    if let Some(s) = source {
+        let Some(src) = config.source(s) else {
+            return Err(OpError::NotFound(format!(
+                "source {} is not in the config",
+                clean(s)
+            )));
+        };
+        if let Some(a) = action
+            && src.action(a).is_none()
+        {
+            return Err(OpError::NotFound(format!(
+                "source {} has no action {} in the config",
+                clean(s),
+                clean(a)
+            )));
+        }
+    }
+    let mut sql = format!(
+        "SELECT {JOB_COLUMNS}, e.payload IS NULL FROM jobs j
+         JOIN events e ON e.source = j.source AND e.event_id = j.event_id
+         WHERE j.status = ?1"
+    );
+    let mut args: Vec<db::Value> = vec![status.into()];
+    if let Some(s) = source {
+        args.push(s.into());
+        let _ = write!(sql, " AND j.source = ?{}", args.len());
+    }
+    if let Some(a) = action {
+        args.push(a.into());
+        let _ = write!(sql, " AND j.action = ?{}", args.len());
+    }
+    if let Some(at) = since_ms {
+        args.push(at.into());
+        let _ = write!(sql, " AND e.received_at >= ?{}", args.len());
+    }
+    sql.push_str(" ORDER BY j.id");
+    let rows = conn
+        .query(&sql, &args)?
+        .iter()
+        .map(|r| Ok((job_row(r)?, r.bool(9)?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let mut plan = Plan {
+        event: None,
+        steps: Vec::new(),
+        left_alone: Vec::new(),
+        notes: Vec::new(),
+    };
+    for (job, erased) in rows {
+        let in_config = config
+            .source(&job.source)
+            .and_then(|s| s.action(&job.action))
+            .is_some();
+        if !in_config {
+            plan.left_alone.push(left(
+                &job,
+                "the action is no longer in the config, so it cannot run".to_string(),
+            ));
+        } else if erased {
+            plan.left_alone.push(left(
+                &job,
+                "the stored body was erased; a replay runs only from the stored body".to_string(),
+            ));
+        } else {
+            plan.steps.push(step(&job, false));
+        }
+    }
+    Ok(plan)
+}
