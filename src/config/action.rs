@@ -10,11 +10,32 @@ use super::values::{format_duration, opt_duration, parse_duration, resolve_secre
 use super::{Action, ActionKind, Forward, is_builtin_param};
 use crate::key::Part;
 
-pub(super) fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, String> {
+pub(super) fn resolve_action(mut ra: RawAction, base: &Path) -> Result<Action, String> {
     if !valid_name(&ra.name) {
         return Err("name: an action name is 1 to 64 of A-Z a-z 0-9 _ - .".to_string());
     }
-    let types = ra.types.unwrap_or_default();
+    let types = ra.types.take().unwrap_or_default();
+    let kind = match (ra.sql.take(), ra.forward.take()) {
+        (Some(_), Some(_)) => {
+            return Err("sql: an action has either sql or forward, not both".to_string());
+        }
+        (None, None) => {
+            return Err(
+                "sql: an action needs sql = \"...\" or forward = \"http://...\"".to_string(),
+            );
+        }
+        (Some(sql), None) => sql_action(sql, &mut ra)?,
+        (None, Some(url)) => forward_action(url, &mut ra, base)?,
+    };
+    Ok(Action {
+        name: ra.name,
+        types,
+        kind,
+    })
+}
+
+/// An SQL action: its statement and `params`; no forward action's keys.
+fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
     let forward_only = [
         ("timeout", ra.timeout.is_some()),
         ("max_attempts", ra.max_attempts.is_some()),
@@ -26,107 +47,92 @@ pub(super) fn resolve_action(ra: RawAction, base: &Path) -> Result<Action, Strin
         ("check", ra.check.is_some()),
         ("after", ra.after.is_some()),
     ];
-    let kind = match (ra.sql, ra.forward) {
-        (Some(_), Some(_)) => {
-            return Err("sql: an action has either sql or forward, not both".to_string());
+    if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
+        return Err(format!("{key}: only forward actions take this key"));
+    }
+    if sql.trim().is_empty() {
+        return Err("sql: the statement is empty".to_string());
+    }
+    let mut params = Vec::new();
+    for (name, spec) in ra.params.take().unwrap_or_default() {
+        if is_builtin_param(&name) {
+            return Err(format!(
+                "params.{name}: :{name} is a built-in parameter and cannot be redefined"
+            ));
         }
-        (None, None) => {
-            return Err(
-                "sql: an action needs sql = \"...\" or forward = \"http://...\"".to_string(),
-            );
-        }
-        (Some(sql), None) => {
-            if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
-                return Err(format!("{key}: only forward actions take this key"));
-            }
-            if sql.trim().is_empty() {
-                return Err("sql: the statement is empty".to_string());
-            }
-            let mut params = Vec::new();
-            for (name, spec) in ra.params.unwrap_or_default() {
-                if is_builtin_param(&name) {
-                    return Err(format!(
-                        "params.{name}: :{name} is a built-in parameter and cannot be redefined"
-                    ));
-                }
-                params.push((
-                    name.clone(),
-                    Part::parse(&spec).map_err(|e| format!("params.{name}: {e}"))?,
-                ));
-            }
-            ActionKind::Sql { sql, params }
-        }
-        (None, Some(url)) => {
-            if ra.params.is_some() {
-                return Err("params: only sql actions take params".to_string());
-            }
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!(
-                    "forward: expected an http:// or https:// URL, got {url:?}"
-                ));
-            }
-            let timeout = opt_duration(&ra.timeout, "timeout", "10s")?;
-            let lease = match &ra.lease {
-                Some(s) => parse_duration(s).map_err(|e| format!("lease: {e}"))?,
-                None => (timeout * 6).max(Duration::from_secs(60)),
-            };
-            if lease <= timeout {
-                return Err(format!(
-                    "lease: must be longer than timeout ({} <= {}), or a slow attempt could run twice",
-                    format_duration(lease),
-                    format_duration(timeout)
-                ));
-            }
-            let check = match &ra.check {
-                Some(text) => Some(
-                    super::check_template::Template::parse(text)
-                        .map_err(|e| format!("check: {e}"))?,
-                ),
-                None => None,
-            };
-            if check.is_some() && lease <= timeout * 2 {
-                return Err(format!(
-                    "lease: must be longer than twice the timeout when check is set ({} <= 2 x {}): a check and then a send each take up to timeout",
-                    format_duration(lease),
-                    format_duration(timeout)
-                ));
-            }
-            let retry_initial = opt_duration(&ra.retry_initial, "retry_initial", "1s")?;
-            let retry_max = opt_duration(&ra.retry_max, "retry_max", "1h")?;
-            if retry_max < retry_initial {
-                return Err("retry_max: must not be shorter than retry_initial".to_string());
-            }
-            let max_attempts = ra.max_attempts.unwrap_or(12);
-            if max_attempts == 0 {
-                return Err("max_attempts: must be at least 1".to_string());
-            }
-            let sign_secret = match &ra.sign_secret {
-                Some(spec) => {
-                    Some(resolve_secret(spec, base).map_err(|e| format!("sign_secret: {e}"))?)
-                }
-                None => None,
-            };
-            ActionKind::Forward(Forward {
-                url,
-                timeout,
-                max_attempts,
-                retry_initial,
-                retry_max,
-                lease,
-                sign_secret,
-                request_id_header: ra
-                    .request_id_header
-                    .unwrap_or_else(|| "X-Request-Id".to_string()),
-                check,
-                after: ra.after.unwrap_or_default(),
-            })
-        }
+        params.push((
+            name.clone(),
+            Part::parse(&spec).map_err(|e| format!("params.{name}: {e}"))?,
+        ));
+    }
+    Ok(ActionKind::Sql { sql, params })
+}
+
+/// A forward action: its URL, timeout and lease (the lease outlasts an
+/// attempt, twice over with a `check`), retries, signing, check and
+/// `after`.
+fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<ActionKind, String> {
+    if ra.params.is_some() {
+        return Err("params: only sql actions take params".to_string());
+    }
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!(
+            "forward: expected an http:// or https:// URL, got {url:?}"
+        ));
+    }
+    let timeout = opt_duration(&ra.timeout, "timeout", "10s")?;
+    let lease = match &ra.lease {
+        Some(s) => parse_duration(s).map_err(|e| format!("lease: {e}"))?,
+        None => (timeout * 6).max(Duration::from_secs(60)),
     };
-    Ok(Action {
-        name: ra.name,
-        types,
-        kind,
-    })
+    if lease <= timeout {
+        return Err(format!(
+            "lease: must be longer than timeout ({} <= {}), or a slow attempt could run twice",
+            format_duration(lease),
+            format_duration(timeout)
+        ));
+    }
+    let check = match &ra.check {
+        Some(text) => {
+            Some(super::check_template::Template::parse(text).map_err(|e| format!("check: {e}"))?)
+        }
+        None => None,
+    };
+    if check.is_some() && lease <= timeout * 2 {
+        return Err(format!(
+            "lease: must be longer than twice the timeout when check is set ({} <= 2 x {}): a check and then a send each take up to timeout",
+            format_duration(lease),
+            format_duration(timeout)
+        ));
+    }
+    let retry_initial = opt_duration(&ra.retry_initial, "retry_initial", "1s")?;
+    let retry_max = opt_duration(&ra.retry_max, "retry_max", "1h")?;
+    if retry_max < retry_initial {
+        return Err("retry_max: must not be shorter than retry_initial".to_string());
+    }
+    let max_attempts = ra.max_attempts.unwrap_or(12);
+    if max_attempts == 0 {
+        return Err("max_attempts: must be at least 1".to_string());
+    }
+    let sign_secret = match &ra.sign_secret {
+        Some(spec) => Some(resolve_secret(spec, base).map_err(|e| format!("sign_secret: {e}"))?),
+        None => None,
+    };
+    Ok(ActionKind::Forward(Forward {
+        url,
+        timeout,
+        max_attempts,
+        retry_initial,
+        retry_max,
+        lease,
+        sign_secret,
+        request_id_header: ra
+            .request_id_header
+            .take()
+            .unwrap_or_else(|| "X-Request-Id".to_string()),
+        check,
+        after: ra.after.take().unwrap_or_default(),
+    }))
 }
 
 /// Checks every forward action's `after`: it names other actions of the
