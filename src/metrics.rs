@@ -188,6 +188,17 @@ impl Metrics {
     /// The whole exposition, Prometheus text format 0.0.4.
     pub fn render(&self, jobs: Option<&JobGauges>, storage: &StorageGauges) -> String {
         let mut out = String::with_capacity(8192);
+        self.render_deliveries(&mut out);
+        self.render_actions(&mut out);
+        if let Some(j) = jobs {
+            render_jobs(&mut out, j);
+        }
+        self.render_process(&mut out, storage);
+        out
+    }
+
+    /// Deliveries by source and outcome, and the claims' latency.
+    fn render_deliveries(&self, out: &mut String) {
         out.push_str(
             "# HELP idemhook_deliveries_total Deliveries received, by source and outcome.\n",
         );
@@ -215,8 +226,11 @@ impl Metrics {
         out.push_str("# HELP idemhook_claim_duration_seconds Time from a verified request to its committed claim.\n");
         out.push_str("# TYPE idemhook_claim_duration_seconds histogram\n");
         self.claim_duration
-            .render(&mut out, "idemhook_claim_duration_seconds", "");
+            .render(out, "idemhook_claim_duration_seconds", "");
+    }
 
+    /// Attempts and checks by action, and the downstreams' latency.
+    fn render_actions(&self, out: &mut String) {
         out.push_str("# HELP idemhook_action_attempts_total Attempts of actions, by outcome.\n");
         out.push_str("# TYPE idemhook_action_attempts_total counter\n");
         for (i, (s, a)) in self.actions.iter().enumerate() {
@@ -253,30 +267,11 @@ impl Metrics {
         );
         out.push_str("# TYPE idemhook_downstream_duration_seconds histogram\n");
         self.downstream_duration
-            .render(&mut out, "idemhook_downstream_duration_seconds", "");
+            .render(out, "idemhook_downstream_duration_seconds", "");
+    }
 
-        if let Some(j) = jobs {
-            out.push_str("# HELP idemhook_jobs Jobs by status.\n");
-            out.push_str("# TYPE idemhook_jobs gauge\n");
-            for (status, n) in [
-                (JobStatus::Pending, j.pending),
-                (JobStatus::Processing, j.processing),
-                (JobStatus::Done, j.done),
-                (JobStatus::Failed, j.failed),
-                (JobStatus::Paused, j.paused),
-            ] {
-                let _ = writeln!(out, "idemhook_jobs{{status=\"{status}\"}} {n}");
-            }
-            out.push_str(
-                "# HELP idemhook_oldest_pending_age_seconds Age of the oldest pending job.\n",
-            );
-            out.push_str("# TYPE idemhook_oldest_pending_age_seconds gauge\n");
-            let _ = writeln!(
-                out,
-                "idemhook_oldest_pending_age_seconds {}",
-                j.oldest_pending_age_secs
-            );
-        }
+    /// The process and its storage: uptime, file sizes, the writer's counters.
+    fn render_process(&self, out: &mut String, storage: &StorageGauges) {
         out.push_str("# HELP idemhook_uptime_seconds Seconds since this process started.\n");
         out.push_str("# TYPE idemhook_uptime_seconds gauge\n");
         let _ = writeln!(
@@ -314,8 +309,29 @@ impl Metrics {
             "idemhook_dropped_records_total {}",
             self.dropped_records.load(Ordering::Relaxed)
         );
-        out
     }
+}
+
+/// Job counts by status and the oldest pending job's age.
+fn render_jobs(out: &mut String, j: &JobGauges) {
+    out.push_str("# HELP idemhook_jobs Jobs by status.\n");
+    out.push_str("# TYPE idemhook_jobs gauge\n");
+    for (status, n) in [
+        (JobStatus::Pending, j.pending),
+        (JobStatus::Processing, j.processing),
+        (JobStatus::Done, j.done),
+        (JobStatus::Failed, j.failed),
+        (JobStatus::Paused, j.paused),
+    ] {
+        let _ = writeln!(out, "idemhook_jobs{{status=\"{status}\"}} {n}");
+    }
+    out.push_str("# HELP idemhook_oldest_pending_age_seconds Age of the oldest pending job.\n");
+    out.push_str("# TYPE idemhook_oldest_pending_age_seconds gauge\n");
+    let _ = writeln!(
+        out,
+        "idemhook_oldest_pending_age_seconds {}",
+        j.oldest_pending_age_secs
+    );
 }
 
 fn escape(v: &str) -> String {
