@@ -483,6 +483,18 @@ impl Tx for PgTx<'_> {
     }
 
     fn job_tallies(&mut self, source: &str, event_id: &str) -> Result<JobTallies, StoreError> {
+        // Outside a claim, two transactions may each finish a different job
+        // of one event: each count would miss the other's uncommitted job,
+        // both would write `processing`, and the event would stay there with
+        // every job done. The event row's lock orders them; it is its own
+        // statement because at READ COMMITTED a statement keeps the snapshot
+        // it started with after a lock wait, and the count must start after.
+        // A claim's group inserted its events itself and already holds them.
+        if self.group.is_none() {
+            let lock = self
+                .prepared("SELECT 1 FROM events WHERE source = $1 AND event_id = $2 FOR UPDATE")?;
+            self.client.query(&lock, &[&source, &event_id])?;
+        }
         let s = self.prepared(
             "SELECT
                  count(*) FILTER (WHERE status = 'failed'),
@@ -1183,6 +1195,81 @@ forward = "http://127.0.0.1:9/"
         let mut client = settings.connect().unwrap();
         migrate(&mut client).unwrap();
         Some(client)
+    }
+
+    /// Two transactions each finishing a different job of one event: the
+    /// second counts only once the first has committed, so the event ends
+    /// completed. Without the event row's lock both counted one job still
+    /// open, both wrote `processing`, and it stayed so with every job done.
+    #[test]
+    fn jobs_of_one_event_finished_at_once_leave_it_completed() {
+        let Some(mut a) = connect("jobs_of_one_event_finished_at_once") else {
+            return;
+        };
+        let mut b = Client::connect(&url_of(&mut a), postgres::NoTls).unwrap();
+        a.batch_execute(
+            "INSERT INTO events (source, event_id, state, received_at, payload, headers, payload_hash)
+                 VALUES ('pay', 'e1', 'processing', 1, '\\x7b7d', '{}', 'h');
+             INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, created_at, updated_at)
+                 VALUES ('pay', 'e1', 'one', 'forward', 'processing', 1, 1, 1),
+                        ('pay', 'e1', 'two', 'forward', 'processing', 1, 1, 1);",
+        )
+        .unwrap();
+        let finish = |client: &mut Client, action: &str| -> String {
+            client
+                .execute(
+                    "UPDATE jobs SET status = 'done' WHERE event_id = 'e1' AND action = $1",
+                    &[&action],
+                )
+                .unwrap();
+            let mut st = Statements::default();
+            let mut tx = PgTx::new(client, &mut st);
+            crate::ingest::refresh_event_state_in(&mut tx, "pay", "e1", 2).unwrap()
+        };
+        a.batch_execute("BEGIN").unwrap();
+        assert_eq!(finish(&mut a, "one"), "processing");
+        let other = std::thread::spawn(move || {
+            b.batch_execute("BEGIN").unwrap();
+            let state = finish(&mut b, "two");
+            b.batch_execute("COMMIT").unwrap();
+            state
+        });
+        // Commit the first only once the second is waiting for it, or has
+        // already counted (which is the bug).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut probe = Client::connect(&url_of(&mut a), postgres::NoTls).unwrap();
+        while !other.is_finished() {
+            let waiting: i64 = probe
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the second never ran");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        a.batch_execute("COMMIT").unwrap();
+        assert_eq!(other.join().unwrap(), "completed");
+        let stored: String = a
+            .query_one("SELECT state FROM events WHERE event_id = 'e1'", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(stored, "completed");
+    }
+
+    /// The URL of the database `client` is connected to, for a second
+    /// connection to it.
+    fn url_of(client: &mut Client) -> String {
+        let db: String = client
+            .query_one("SELECT current_database()", &[])
+            .unwrap()
+            .get(0);
+        pg_cluster::cluster().unwrap().url(&db)
     }
 
     fn claim_for(id: &str, hash: &str) -> Claim {
