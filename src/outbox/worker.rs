@@ -114,30 +114,11 @@ impl Worker {
         };
         let clock = Instant::now();
         let asked = match &fwd.check {
-            Some(template) if job.needs_check => {
-                self.in_flight.fetch_add(1, Ordering::SeqCst);
-                let asked = check::ask(
-                    &self.agent,
-                    &fwd,
-                    template,
-                    (&job.source, &job.event_id, &job.action),
-                    self.signers.get(&(job.source.clone(), job.action.clone())),
-                );
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                self.metrics
-                    .downstream_check(&job.source, &job.action, asked.answer);
-                log_check(&job, &asked);
-                let timeout = i64::try_from(fwd.timeout.as_millis()).unwrap_or(i64::MAX / 2);
-                if asked.answer == Answer::NotFound
-                    && (self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends)
-                {
-                    // No time left in the lease for the send: give the job
-                    // back; the next take asks again.
-                    self.release(&job, Some(asked));
-                    return;
-                }
-                Some(asked)
-            }
+            Some(template) if job.needs_check => match self.check_first(&job, &fwd, template) {
+                Some(asked) => Some(asked),
+                // Given back: no time left in the lease for the send.
+                None => return,
+            },
             _ => None,
         };
         let attempt = match &asked {
@@ -162,31 +143,7 @@ impl Worker {
             Verdict::Retry | Verdict::Fail => AttemptOutcome::Failed,
         };
         self.metrics.attempt(&job.source, &job.action, outcome);
-        let ms = format!("{:.1}", clock.elapsed().as_secs_f64() * 1000.0);
-        let status = attempt
-            .http_status
-            .map_or("-".to_string(), |s| s.to_string());
-        let error = attempt.error.clone().unwrap_or_default();
-        // A job failed for good (a dead letter: the effect did not happen)
-        // is an error; a retry is the normal life of an outbox.
-        let level = match outcome {
-            AttemptOutcome::Failed => crate::log::Level::Error,
-            AttemptOutcome::Ok | AttemptOutcome::Retry => crate::log::Level::Info,
-        };
-        crate::log::write(
-            level,
-            "attempt",
-            &[
-                ("source", &job.source),
-                ("event_id", &job.event_id),
-                ("action", &job.action),
-                ("n", &job.n),
-                ("outcome", &outcome.as_str()),
-                ("http_status", &status),
-                ("ms", &ms),
-                ("error", &error),
-            ],
-        );
+        log_attempt(&job, outcome, &attempt, clock);
         let next_attempt_at = (outcome == AttemptOutcome::Retry).then(|| {
             let delay = retry::next_delay(
                 u32::try_from(job.n).unwrap_or(u32::MAX),
@@ -197,6 +154,54 @@ impl Worker {
             );
             attempt.finished_at + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2)
         });
+        self.record(job, asked, outcome, next_attempt_at, attempt);
+        if next_attempt_at.is_some() {
+            // Another worker may be asleep past this retry's due time.
+            self.waker.wake();
+        }
+    }
+
+    /// Asks the downstream's `check` URL before a send. None when the
+    /// answer allows the send but the lease has no time left for it: the
+    /// job is given back, and the next take asks again.
+    fn check_first(
+        &self,
+        job: &Leased,
+        fwd: &Forward,
+        template: &check::Template,
+    ) -> Option<Asked> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let asked = check::ask(
+            &self.agent,
+            fwd,
+            template,
+            (&job.source, &job.event_id, &job.action),
+            self.signers.get(&(job.source.clone(), job.action.clone())),
+        );
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.metrics
+            .downstream_check(&job.source, &job.action, asked.answer);
+        log_check(job, &asked);
+        let timeout = i64::try_from(fwd.timeout.as_millis()).unwrap_or(i64::MAX / 2);
+        if asked.answer == Answer::NotFound
+            && (self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends)
+        {
+            self.release(job, Some(asked));
+            return None;
+        }
+        Some(asked)
+    }
+
+    /// Records the attempt (and the check before it) through the storage,
+    /// fenced by owner and attempt number.
+    fn record(
+        &self,
+        job: Leased,
+        asked: Option<Asked>,
+        outcome: AttemptOutcome,
+        next_attempt_at: Option<i64>,
+        attempt: Attempt,
+    ) {
         let owner = self.owner.clone();
         let recorded = match &self.jobs {
             Jobs::Sqlite(writer) => writer
@@ -227,10 +232,6 @@ impl Worker {
                     ("error", &"completion not recorded"),
                 ],
             );
-        }
-        if next_attempt_at.is_some() {
-            // Another worker may be asleep past this retry's due time.
-            self.waker.wake();
         }
     }
 
@@ -376,6 +377,35 @@ impl Attempt {
             verdict: if found { Verdict::Done } else { Verdict::Retry },
         }
     }
+}
+
+/// The attempt's log line: a job failed for good (a dead letter: the
+/// effect did not happen) is an error; a retry is the normal life of an
+/// outbox.
+fn log_attempt(job: &Leased, outcome: AttemptOutcome, attempt: &Attempt, clock: Instant) {
+    let ms = format!("{:.1}", clock.elapsed().as_secs_f64() * 1000.0);
+    let status = attempt
+        .http_status
+        .map_or("-".to_string(), |s| s.to_string());
+    let error = attempt.error.clone().unwrap_or_default();
+    let level = match outcome {
+        AttemptOutcome::Failed => crate::log::Level::Error,
+        AttemptOutcome::Ok | AttemptOutcome::Retry => crate::log::Level::Info,
+    };
+    crate::log::write(
+        level,
+        "attempt",
+        &[
+            ("source", &job.source),
+            ("event_id", &job.event_id),
+            ("action", &job.action),
+            ("n", &job.n),
+            ("outcome", &outcome.as_str()),
+            ("http_status", &status),
+            ("ms", &ms),
+            ("error", &error),
+        ],
+    );
 }
 
 fn log_check(job: &Leased, asked: &Asked) {
