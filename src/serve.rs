@@ -206,7 +206,7 @@ pub fn run(mut config: Config) -> Result<()> {
 /// woken by LISTEN/NOTIFY. Each instance records the key rules (warning
 /// when one changed) and prunes by retention on its own connection.
 fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
-    use crate::store::pg_serve::{PgStore, prepare};
+    use crate::pg_serve::{PgStore, prepare};
     let settings = prepare(&config, url).map_err(|e| anyhow!(e))?;
     record_key_rules_postgres(&settings, &config)?;
     let config = Arc::new(config);
@@ -222,7 +222,7 @@ fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
     let listening = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let listener = {
         let waker = outbox.waker();
-        crate::store::pg_serve::listen(
+        crate::pg_serve::listen(
             store.settings().clone(),
             move || waker.wake(),
             listening.clone(),
@@ -459,7 +459,7 @@ fn record_key_rules_with(
 /// its tables may come from elsewhere). Changes nothing on disk.
 pub fn check_sql_actions(config: &Config) -> Result<(), String> {
     if let Some(url) = &config.postgres {
-        return crate::store::pg_serve::check(config, url);
+        return crate::pg_serve::check(config, url);
     }
     if let Some(dir) = store::missing_folder(&config.database) {
         return Err(format!(

@@ -13,7 +13,6 @@ pub mod pg;
 pub(crate) mod pg_cluster;
 pub mod pg_group;
 pub mod pg_maint;
-pub mod pg_serve;
 pub mod pg_tx;
 pub mod sqlite;
 pub mod tx;

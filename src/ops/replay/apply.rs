@@ -124,7 +124,7 @@ fn apply_step(
 pub fn notify_workers(conn: &Db<'_>) -> Result<(), StoreError> {
     if conn.dialect() == db::Dialect::Postgres {
         conn.execute(
-            &format!("NOTIFY {}", crate::store::pg_serve::JOBS_CHANNEL),
+            &format!("NOTIFY {}", crate::store::pg_tx::JOBS_CHANNEL),
             &[],
         )?;
     }

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
-use super::pg::{Settings, Tls};
-use super::pg_group::{Op, run_group};
-use super::pg_tx::{EventRow, PgTx, Statements};
-use super::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
-use super::{PostgresUrl, StoreError, StoreErrorKind};
+use crate::store::pg::{Settings, Tls};
+use crate::store::pg_group::{Op, run_group};
+use crate::store::pg_tx::{EventRow, PgTx, Statements};
+use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::{PostgresUrl, StoreError, StoreErrorKind};
 use crate::config::{ActionKind, Config, Source};
 use crate::ingest::{Claim, Outcome, claim_in};
 use crate::metrics::Delivery;
@@ -244,7 +244,7 @@ pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<Settings, String> {
     let mut tx = client
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
-    super::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
+    crate::store::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {
         tx.batch_execute(sql)
             .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
@@ -266,7 +266,7 @@ pub fn check(config: &Config, url: &PostgresUrl) -> Result<(), String> {
     let mut tx = client
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
-    super::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
+    crate::store::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {
         tx.batch_execute(sql)
             .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
@@ -282,7 +282,7 @@ fn check_actions(client: &mut impl postgres::GenericClient, config: &Config) -> 
             let where_ = format!("sources.{}.actions ({})", source.name, action.name);
             match &action.kind {
                 ActionKind::Sql { sql, params } => {
-                    let p = super::named::to_positional(sql)
+                    let p = crate::store::named::to_positional(sql)
                         .map_err(|e| format!("{where_}.sql: {e}"))?;
                     for name in &p.names {
                         let known = params.iter().any(|(n, _)| n == name)
@@ -412,7 +412,7 @@ impl PgStore {
                     c.execute(
                         "INSERT INTO meta (key, value) VALUES ('ready_probe', $1)
                          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                        &[&super::now_ms().to_string()],
+                        &[&crate::store::now_ms().to_string()],
                     )?;
                     Ok(())
                 });
@@ -650,7 +650,7 @@ fn run_batch(
 
 /// The channel forward workers are woken on when jobs were written (by
 /// the NOTIFY of the commit that wrote them, `PgTx::commit`).
-pub use super::pg_tx::JOBS_CHANNEL;
+pub use crate::store::pg_tx::JOBS_CHANNEL;
 
 /// The event row the claim of `c` inserts, as `claim_in` itself makes it:
 /// asked of the claim with a transaction that records its first step
