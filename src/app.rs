@@ -14,8 +14,8 @@ use rusqlite::OpenFlags;
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
 use crate::metrics::{AttemptOutcome, Delivery, JobGauges, Metrics, StorageGauges};
-use crate::store::db::{Db, TxError};
 use crate::pg_serve::PgStore;
+use crate::store::db::{Db, TxError};
 use crate::store::{Guard, StoreError, Writer};
 
 pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;

@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
+use crate::config::{ActionKind, Config, Source};
+use crate::ingest::{Claim, Outcome, claim_in};
+use crate::metrics::Delivery;
 use crate::store::pg::{Settings, Tls};
 use crate::store::pg_group::{Op, run_group};
 use crate::store::pg_tx::{EventRow, PgTx, Statements};
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{PostgresUrl, StoreError, StoreErrorKind};
-use crate::config::{ActionKind, Config, Source};
-use crate::ingest::{Claim, Outcome, claim_in};
-use crate::metrics::Delivery;
 
 /// Claimer threads per instance: one group commits while the next forms.
 const CLAIMERS: usize = 2;

@@ -174,8 +174,8 @@ mod tests {
     use super::*;
     use crate::config::{Config, Durability};
     use crate::ingest::{Claim, Outcome, claim_in};
-    use crate::store::pg::{Settings, migrate};
     use crate::pg_serve::event_row;
+    use crate::store::pg::{Settings, migrate};
     use crate::store::{DatabaseUrl, now_ms, pg_cluster};
 
     const CONFIG: &str = r#"
