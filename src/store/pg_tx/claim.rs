@@ -1,0 +1,303 @@
+//! [`PgTx`]'s claim steps ([`Tx`]) in PostgreSQL's dialect.
+
+use postgres::types::ToSql;
+
+use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::{StoreError, StoreErrorKind, named};
+
+use super::{DeliveryRow, PgParam, PgTx, key};
+
+impl Tx for PgTx<'_> {
+    fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
+        if let Some(won) = self
+            .group
+            .as_mut()
+            .and_then(|g| g.claims.get_mut(&key(e.source, e.event_id)))
+        {
+            // Decided by the group's insert; only the first claim of the
+            // key takes the win.
+            return Ok(std::mem::take(won));
+        }
+        let s = self.prepared(
+            "INSERT INTO events (source, event_id, type, state, received_at, completed_at,
+                 payload, content_type, headers, payload_hash, verified_with, signed_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             ON CONFLICT (source, event_id) DO NOTHING
+             RETURNING 1",
+        )?;
+        let rows = self.client.query(
+            &s,
+            &[
+                &e.source,
+                &e.event_id,
+                &e.event_type,
+                &e.state,
+                &e.received_at,
+                &e.completed_at,
+                &e.payload,
+                &e.content_type,
+                &e.headers,
+                &e.payload_hash,
+                &e.verified_with,
+                &e.signed_at,
+            ],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
+    fn event_state_and_hash(
+        &mut self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<(String, String), StoreError> {
+        if let Some(known) = self
+            .group
+            .as_ref()
+            .and_then(|g| g.known.get(&key(source, event_id)))
+        {
+            return Ok(known.clone());
+        }
+        let s = self.prepared(
+            "SELECT state, payload_hash FROM events WHERE source = $1 AND event_id = $2",
+        )?;
+        let row = self.client.query_one(&s, &[&source, &event_id])?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    fn insert_mismatch(
+        &mut self,
+        source: &str,
+        event_id: &str,
+        created_at: i64,
+        payload_hash: &str,
+        detail: &str,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        let s = self.prepared(
+            "WITH incident AS (
+                 INSERT INTO incidents (source, event_id, kind, created_at, payload_hash, detail)
+                 VALUES ($1, $2, 'payload_mismatch', $3, $4, $5)
+                 RETURNING id)
+             INSERT INTO incident_payloads (incident_id, payload) SELECT id, $6 FROM incident",
+        )?;
+        self.client.execute(
+            &s,
+            &[
+                &source,
+                &event_id,
+                &created_at,
+                &payload_hash,
+                &detail,
+                &payload,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn insert_delivery(
+        &mut self,
+        source: &str,
+        event_id: Option<&str>,
+        received_at: i64,
+        outcome: &str,
+        remote: &str,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        if let Some(g) = &mut self.group {
+            g.deliveries.push(DeliveryRow {
+                source: source.to_string(),
+                event_id: event_id.map(str::to_string),
+                received_at,
+                outcome: outcome.to_string(),
+                remote: remote.to_string(),
+                detail: detail.map(str::to_string),
+            });
+            return Ok(());
+        }
+        let s = self.prepared(
+            "INSERT INTO deliveries (source, event_id, received_at, outcome, remote, detail)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )?;
+        self.client.execute(
+            &s,
+            &[&source, &event_id, &received_at, &outcome, &remote, &detail],
+        )?;
+        Ok(())
+    }
+
+    fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError> {
+        if let Some(g) = &mut self.group {
+            g.forward_jobs |= j.kind == "forward";
+        }
+        let s = self.prepared(
+            "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
+                               last_error, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+             RETURNING id",
+        )?;
+        let row = self.client.query_one(
+            &s,
+            &[
+                &j.source,
+                &j.event_id,
+                &j.action,
+                &j.kind,
+                &j.status,
+                &j.n_attempts,
+                &j.next_attempt_at,
+                &j.last_error,
+                &j.created_at,
+            ],
+        )?;
+        Ok(row.get(0))
+    }
+
+    fn insert_sql_attempt(
+        &mut self,
+        job_id: i64,
+        started_at: i64,
+        finished_at: i64,
+        outcome: &str,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let s = self.prepared(
+            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
+             VALUES ($1, 1, $2, $3, $4, $5, $6)",
+        )?;
+        let kind = error.map(|_| "sql");
+        self.client.execute(
+            &s,
+            &[&job_id, &started_at, &finished_at, &outcome, &error, &kind],
+        )?;
+        Ok(())
+    }
+
+    fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError> {
+        let s = self.prepared("SELECT 1 FROM paused_actions WHERE source = $1 AND action = $2")?;
+        Ok(!self.client.query(&s, &[&source, &action])?.is_empty())
+    }
+
+    fn job_tallies(&mut self, source: &str, event_id: &str) -> Result<JobTallies, StoreError> {
+        // Outside a claim, two transactions may each finish a different job
+        // of one event: each count would miss the other's uncommitted job,
+        // both would write `processing`, and the event would stay there with
+        // every job done. The event row's lock orders them; it is its own
+        // statement because at READ COMMITTED a statement keeps the snapshot
+        // it started with after a lock wait, and the count must start after.
+        // A claim's group inserted its events itself and already holds them.
+        if self.group.is_none() {
+            let lock = self
+                .prepared("SELECT 1 FROM events WHERE source = $1 AND event_id = $2 FOR UPDATE")?;
+            self.client.query(&lock, &[&source, &event_id])?;
+        }
+        let s = self.prepared(
+            "SELECT
+                 count(*) FILTER (WHERE status = 'failed'),
+                 count(*) FILTER (WHERE status IN ('pending', 'processing', 'paused')),
+                 count(*) FILTER (WHERE status = 'processing' OR n_attempts > 0)
+             FROM jobs WHERE source = $1 AND event_id = $2",
+        )?;
+        let row = self.client.query_one(&s, &[&source, &event_id])?;
+        Ok(JobTallies {
+            failed: row.get(0),
+            open: row.get(1),
+            started: row.get(2),
+        })
+    }
+
+    fn set_event_state(
+        &mut self,
+        source: &str,
+        event_id: &str,
+        state: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.forget_state(source, event_id);
+        let s = self.prepared(
+            "UPDATE events SET state = $3::text,
+                    completed_at = CASE WHEN $3::text = 'completed'
+                                        THEN coalesce(completed_at, $4) ELSE NULL END
+             WHERE source = $1 AND event_id = $2 AND state <> $3::text",
+        )?;
+        self.client
+            .execute(&s, &[&source, &event_id, &state, &now])?;
+        Ok(())
+    }
+
+    fn in_savepoint<T, E: From<StoreError>>(
+        &mut self,
+        name: &'static str,
+        body: impl FnOnce(&mut Self) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.savepoints += 1;
+        self.client
+            .batch_execute(&format!("SAVEPOINT {name}"))
+            .map_err(StoreError::from)?;
+        let held_back = self.group.as_ref().map_or(0, |g| g.deliveries.len());
+        match body(self) {
+            Ok(v) => {
+                self.client
+                    .batch_execute(&format!("RELEASE SAVEPOINT {name}"))
+                    .map_err(StoreError::from)?;
+                Ok(v)
+            }
+            Err(e) => {
+                // A broken connection has no savepoint left; the caller's
+                // COMMIT fails and nothing of the group is acknowledged.
+                let _ = self.client.batch_execute(&format!(
+                    "ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}"
+                ));
+                // Rows held back inside it are rolled back with it.
+                if let Some(g) = &mut self.group {
+                    g.deliveries.truncate(held_back);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn execute_action(
+        &mut self,
+        sql: &str,
+        mut value_of: impl FnMut(&str) -> Option<ParamValue>,
+    ) -> Result<(), ActionError> {
+        // The action may write any table, idemhook's too.
+        if let Some(g) = &mut self.group {
+            g.known.clear();
+        }
+        let (statement, names) = match self.statements.cache.get(sql) {
+            Some(found) => found.clone(),
+            None => {
+                let positional = named::to_positional(sql).map_err(ActionError::Statement)?;
+                let statement = self.client.prepare(&positional.sql).map_err(action_error)?;
+                let entry = (statement, positional.names);
+                self.statements.cache.insert(sql.to_string(), entry.clone());
+                entry
+            }
+        };
+        let mut values = Vec::with_capacity(names.len());
+        for name in &names {
+            let v = value_of(name)
+                .ok_or_else(|| ActionError::Statement(format!("unknown parameter :{name}")))?;
+            values.push(PgParam(v));
+        }
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        self.client
+            .execute(&statement, &refs)
+            .map_err(action_error)?;
+        Ok(())
+    }
+}
+
+/// An SQL action's failure: the statement's own (a constraint, a syntax
+/// error, a value that does not fit its parameter) is the action's; a
+/// connection or server failure is storage's.
+fn action_error(e: postgres::Error) -> ActionError {
+    let store = StoreError::from(e);
+    if store.kind == StoreErrorKind::Other {
+        ActionError::Statement(store.message)
+    } else {
+        ActionError::Store(store)
+    }
+}
