@@ -13,8 +13,9 @@ use rusqlite::OpenFlags;
 
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
-use crate::metrics::{AttemptOutcome, Delivery, JobGauges, Metrics, StorageGauges};
+use crate::metrics::{JobGauges, Metrics, StorageGauges};
 use crate::pg_serve::PgStore;
+use crate::state::{AttemptOutcome, Delivery};
 use crate::store::db::{Db, TxError};
 use crate::store::{Guard, StoreError, Writer};
 
@@ -289,7 +290,7 @@ impl App {
                 }
             }
             g.oldest_pending_age_secs = oldest
-                .map(|at| ((crate::store::now_ms() - at).max(0) as f64) / 1000.0)
+                .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
                 .unwrap_or(0.0);
             g
         });
@@ -328,7 +329,7 @@ fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
             .prepare_cached("SELECT min(created_at) FROM jobs WHERE status = 'pending'")?
             .query_row([], |r| r.get(0))?;
         g.oldest_pending_age_secs = oldest
-            .map(|at| ((crate::store::now_ms() - at).max(0) as f64) / 1000.0)
+            .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
             .unwrap_or(0.0);
         Ok(g)
     }

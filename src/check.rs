@@ -15,8 +15,8 @@ use std::io::Read;
 use std::time::Duration;
 
 use crate::config::Forward;
-pub use crate::config::check_template::{PLACEHOLDERS, Template, idempotency_key};
-pub use crate::state::Answer;
+use crate::config::check_template::{Template, idempotency_key};
+use crate::state::Answer;
 use crate::time::now_ms;
 use crate::verify::Verifier;
 

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use crate::config::Config;
 use crate::log::{Format, Level};
 use crate::ops::{self, CommandError, Outcome, replay::Target, resolve};
-use crate::store::now_ms;
+use crate::time::now_ms;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -424,7 +424,10 @@ pub fn load_config(flag: Option<&Path>) -> Result<Config> {
 
 /// Why `command` does not run against PostgreSQL, when it does not.
 /// Every other command works on either backend.
-fn postgres_refusal(command: &Command, url: &crate::store::PostgresUrl) -> Option<String> {
+fn postgres_refusal(
+    command: &Command,
+    url: &crate::config::database_url::PostgresUrl,
+) -> Option<String> {
     match command {
         Command::Backup { .. } => Some(format!(
             "database is {url}: idemhook does not back up PostgreSQL; use pg_dump (pg_dump --format=custom --file=idemhook.dump URL), which takes a consistent copy while serve runs"

@@ -255,6 +255,3 @@ fn emit_locked(bytes: &[u8]) {
 fn timestamp() -> String {
     crate::time::rfc3339_ms(crate::time::now_ms())
 }
-
-/// Kept for callers that have not moved to [`crate::time`] yet.
-pub use crate::time::civil_from_days;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 
 use crate::state::{Answer, JobStatus};
-pub use crate::state::{AttemptOutcome, Delivery};
+use crate::state::{AttemptOutcome, Delivery};
 
 /// The label used for deliveries to a path that names no configured source.
 pub const UNKNOWN_SOURCE_LABEL: &str = "unknown";

@@ -19,14 +19,15 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
+use crate::config::database_url::PostgresUrl;
 use crate::config::{ActionKind, Config, Source};
 use crate::ingest::{Claim, Outcome, claim_in};
-use crate::metrics::Delivery;
+use crate::state::Delivery;
 use crate::store::pg::{Settings, Tls};
 use crate::store::pg_group::{Op, run_group};
 use crate::store::pg_tx::{EventRow, PgTx, Statements};
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
-use crate::store::{PostgresUrl, StoreError, StoreErrorKind};
+use crate::store::{StoreError, StoreErrorKind};
 
 /// Claimer threads per instance: one group commits while the next forms.
 const CLAIMERS: usize = 2;
@@ -412,7 +413,7 @@ impl PgStore {
                     c.execute(
                         "INSERT INTO meta (key, value) VALUES ('ready_probe', $1)
                          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                        &[&crate::store::now_ms().to_string()],
+                        &[&crate::time::now_ms().to_string()],
                     )?;
                     Ok(())
                 });
@@ -636,7 +637,7 @@ fn run_batch(
                 savepoints: 0,
                 event: None,
                 run: Box::new(move |tx: &mut PgTx<'_>| {
-                    tx.insert_delivery(source, None, *at, outcome.name(), remote, Some(detail))?;
+                    tx.insert_delivery(source, None, *at, outcome.as_str(), remote, Some(detail))?;
                     // Not a claim: nobody reads this outcome.
                     Ok(Outcome::Duplicate {
                         state: String::new(),

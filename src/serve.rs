@@ -12,7 +12,8 @@ use crate::app::{self, App};
 use crate::config::{ActionKind, Config, format_duration};
 use crate::http::HttpServer;
 use crate::metrics::Metrics;
-use crate::store::{self, Writer, now_ms};
+use crate::store::{self, Writer};
+use crate::time::now_ms;
 
 pub fn run(mut config: Config) -> Result<()> {
     // Info lines in batches while serving; dropped last, so every line is
@@ -23,7 +24,7 @@ pub fn run(mut config: Config) -> Result<()> {
     // run, printed with the inspector's address for a one-click sign-in.
     let run_token = if dev_default && config.admin_token.is_none() && loopback_only(&config.listen)
     {
-        crate::http::ui::random_token()
+        crate::auth::random_token()
     } else {
         None
     };
@@ -205,7 +206,7 @@ pub fn run(mut config: Config) -> Result<()> {
 /// stop. The forward workers share the jobs with every other instance,
 /// woken by LISTEN/NOTIFY. Each instance records the key rules (warning
 /// when one changed) and prunes by retention on its own connection.
-fn run_postgres(config: Config, url: &crate::store::PostgresUrl) -> Result<()> {
+fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) -> Result<()> {
     use crate::pg_serve::{PgStore, prepare};
     let settings = prepare(&config, url).map_err(|e| anyhow!(e))?;
     record_key_rules_postgres(&settings, &config)?;
@@ -562,7 +563,10 @@ fn database_report(config: &Config) -> DatabaseReport {
 
 /// [`database_report`] for PostgreSQL: read only, and nothing created
 /// (`check` leaves the database as it was).
-fn database_report_postgres(config: &Config, url: &crate::store::PostgresUrl) -> DatabaseReport {
+fn database_report_postgres(
+    config: &Config,
+    url: &crate::config::database_url::PostgresUrl,
+) -> DatabaseReport {
     let read = || -> Result<DatabaseReport, String> {
         let settings =
             crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)?;

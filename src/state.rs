@@ -233,26 +233,6 @@ impl Answer {
     }
 }
 
-// The older method name of the metrics' vocabularies, kept while callers
-// outside this module's owners move to `as_str`.
-impl Delivery {
-    pub const fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl AttemptOutcome {
-    pub const fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl Answer {
-    pub const fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

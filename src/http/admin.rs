@@ -17,13 +17,14 @@ use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
 use crate::auth::same_token;
-use crate::metrics::AttemptOutcome;
 use crate::ops::OpError;
 use crate::ops::inspect::{self, ListFilter};
 use crate::ops::inspector;
 use crate::ops::{pause, reconcile, replay, resolve};
+use crate::state::AttemptOutcome;
+use crate::store::StoreError;
 use crate::store::db::Db;
-use crate::store::{StoreError, now_ms};
+use crate::time::now_ms;
 
 /// The largest admin request body we read.
 const MAX_ADMIN_BODY: usize = 64 * 1024;
@@ -130,7 +131,7 @@ fn check_token(app: &App, rq: &Incoming<'_>, token: &str) -> Result<(), Reply> {
             )
             .with_header("WWW-Authenticate", "Bearer")
         };
-        if crate::verify::header_values(&rq.headers, "authorization")
+        if crate::headers::header_values(&rq.headers, "authorization")
             .next()
             .is_none()
         {
@@ -168,7 +169,7 @@ pub fn metrics_gate(app: &App, rq: &Incoming<'_>) -> Result<(), Reply> {
 }
 
 fn authorized(rq: &Incoming<'_>, token: &str) -> bool {
-    let mut values = crate::verify::header_values(&rq.headers, "authorization");
+    let mut values = crate::headers::header_values(&rq.headers, "authorization");
     let (Some(value), None) = (values.next(), values.next()) else {
         return false;
     };
@@ -343,7 +344,7 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
     // a few index look-ups. `since` moves with the clock, so it is left
     // out of the tag only when absent.
     let query = rq.query.to_string();
-    let known: Vec<String> = crate::verify::header_values(&rq.headers, "if-none-match")
+    let known: Vec<String> = crate::headers::header_values(&rq.headers, "if-none-match")
         .flat_map(|v| v.split(','))
         .map(|t| t.trim().to_string())
         .collect();
@@ -405,7 +406,7 @@ fn show(app: &App, rq: &Incoming<'_>, source: &str, event_id: &str) -> Reply {
             // a 304 instead of the same payload again.
             let reply = Reply::json(200, &v);
             let tag = format!("\"{}\"", hex::encode(&Sha256::digest(&reply.body)[..12]));
-            let known = crate::verify::header_values(&rq.headers, "if-none-match")
+            let known = crate::headers::header_values(&rq.headers, "if-none-match")
                 .flat_map(|v| v.split(','))
                 .any(|t| t.trim() == tag);
             if known {

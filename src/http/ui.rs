@@ -22,8 +22,7 @@ use sha2::{Digest, Sha256};
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
-pub use crate::auth::{Sessions, random_token};
-use crate::store::now_ms;
+use crate::time::now_ms;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "idemhook_session";
@@ -178,7 +177,7 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
 
 /// The session cookie's value in the request, if it sent one.
 fn session_cookie<'a>(rq: &'a Incoming<'_>) -> Option<&'a str> {
-    crate::verify::header_values(&rq.headers, "cookie")
+    crate::headers::header_values(&rq.headers, "cookie")
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(name, _)| *name == COOKIE)
@@ -232,7 +231,7 @@ pub fn cookie_auth(app: &App, rq: &Incoming<'_>, listener: &Listener) -> CookieA
 }
 
 fn check_host(rq: &Incoming<'_>, listener: &Listener) -> Result<(), Reply> {
-    let mut hosts = crate::verify::header_values(&rq.headers, "host");
+    let mut hosts = crate::headers::header_values(&rq.headers, "host");
     match (hosts.next(), hosts.next()) {
         (Some(host), None) if listener.answers_as(host) => Ok(()),
         _ => Err(Reply::error(
@@ -315,7 +314,7 @@ fn route(app: &App, rq: &mut Incoming<'_>, listener: &Listener) -> Reply {
 /// An asset, or 304 when the browser already has these bytes.
 fn serve(rq: &Incoming<'_>, asset: &Asset) -> Reply {
     let tag = etag(asset);
-    let cached = crate::verify::header_values(&rq.headers, "if-none-match")
+    let cached = crate::headers::header_values(&rq.headers, "if-none-match")
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().trim_start_matches("W/") == tag);
     let reply = if cached {

@@ -13,7 +13,7 @@ use super::text::{clean, fmt_time};
 use crate::args;
 use crate::config::Config;
 use crate::store::db::Db;
-use crate::store::{ms_to_secs, now_ms};
+use crate::time::{ms_to_secs, now_ms};
 
 /// What is stored for the event and what erasing it would touch.
 pub fn describe(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {

@@ -17,7 +17,7 @@ use crate::config::{Config, parse_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::state::{EventState, JobKind, JobStatus};
 use crate::store::db::{self, Db, Dialect};
-use crate::store::{ms_to_secs, now_ms};
+use crate::time::{ms_to_secs, now_ms};
 
 /// A nullable millisecond column as JSON unix seconds.
 fn secs(ms: Option<i64>) -> Value {

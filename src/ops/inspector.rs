@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::state::JobStatus;
 use crate::store::db::{Db, Dialect};
-use crate::store::ms_to_secs;
+use crate::time::ms_to_secs;
 
 /// The job statuses an action's row counts (done jobs are the common
 /// case and not counted: that would read every job).
@@ -149,7 +149,7 @@ pub fn overview(
         "from": ms_to_secs(from),
         "to": ms_to_secs(end),
         "bucket_secs": BUCKET_MS / 1000,
-        "outcomes": crate::metrics::Delivery::ALL.map(crate::metrics::Delivery::name),
+        "outcomes": crate::state::Delivery::ALL.map(crate::state::Delivery::as_str),
         "buckets": known.iter().map(|(at, counts)| json!({
             "at": ms_to_secs(*at),
             "counts": counts,

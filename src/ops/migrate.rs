@@ -18,8 +18,9 @@ use rusqlite::types::Value;
 
 use super::command::{CommandError, Outcome};
 use crate::config::Config;
+use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 use crate::store::pg::{Settings, migrate};
-use crate::store::{self, DatabaseUrl, PostgresUrl, StoreError};
+use crate::store::{self, StoreError};
 
 /// Each table in the order its rows can be inserted (referenced rows
 /// first), with its columns and their kinds: i integer, t text, b blob.

@@ -12,7 +12,7 @@ use super::text::clean;
 use crate::args;
 use crate::config::{ActionKind, Config};
 use crate::store::db::{Db, Dialect};
-use crate::store::now_ms;
+use crate::time::now_ms;
 
 /// Splits `SOURCE/ACTION`; [`pause`] and [`resume`] check it against the config.
 pub fn parse_target(target: &str) -> Result<(String, String), OpError> {

@@ -26,7 +26,8 @@ use crate::args;
 use crate::config::{Config, format_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::store::db::{Db, Value};
-use crate::store::{StoreError, Writer, now_ms};
+use crate::store::{StoreError, Writer};
+use crate::time::now_ms;
 
 /// Rows one batch (one write transaction) touches at most.
 pub const BATCH: usize = 500;
@@ -507,7 +508,7 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
 /// instances' own pruners), then what was kept.
 fn cmd_postgres(
     config: &Config,
-    url: &crate::store::PostgresUrl,
+    url: &crate::config::database_url::PostgresUrl,
     now: i64,
 ) -> Result<Outcome, CommandError> {
     use anyhow::Context as _;

@@ -23,11 +23,13 @@ use super::error::OpError;
 use super::open::{open_db_read, open_db_write};
 use super::text::{cell, clean, fmt_json_time};
 use crate::args;
-use crate::check::{Answer, Asked};
+use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
+use crate::state::Answer;
 use crate::state::JobStatus;
+use crate::store::StoreError;
 use crate::store::db::{Db, Row};
-use crate::store::{StoreError, ms_to_secs, now_ms};
+use crate::time::{ms_to_secs, now_ms};
 
 /// A pending job this far past its due time counts as overdue.
 pub const OVERDUE_AFTER_MS: i64 = 60_000;
@@ -219,7 +221,7 @@ impl Checked {
             "action": self.action,
             "status": self.status,
             "attempts": self.attempts,
-            "answer": self.asked.answer.name(),
+            "answer": self.asked.answer.as_str(),
             "http_status": self.asked.http_status,
             "error": self.asked.error,
             "marked_done": self.marked_done.is_some(),

@@ -23,8 +23,9 @@ use super::replay::Origin;
 use super::text::clean;
 use crate::args;
 use crate::config::Config;
+use crate::store::StoreError;
 use crate::store::db::Db;
-use crate::store::{StoreError, now_ms};
+use crate::time::now_ms;
 
 /// The longest note kept, in bytes; longer ones are refused.
 pub const MAX_NOTE: usize = 4096;

@@ -7,14 +7,7 @@ use serde_json::Value;
 
 /// Unix seconds as `2025-11-30T10:00:00Z`.
 pub fn fmt_time(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = crate::log::civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    crate::time::rfc3339_secs(secs)
 }
 
 /// A JSON time (unix seconds or null) for a human: the time, or `-`.

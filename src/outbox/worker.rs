@@ -168,7 +168,7 @@ impl Worker {
         &self,
         job: &Leased,
         fwd: &Forward,
-        template: &check::Template,
+        template: &crate::config::check_template::Template,
     ) -> Option<Asked> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let asked = check::ask(

@@ -444,7 +444,7 @@ impl Handle {
 /// transaction of the session is read-only. A database `serve` never
 /// migrated is refused, as SQLite refuses a missing file.
 pub fn connect_postgres(
-    url: &super::PostgresUrl,
+    url: &crate::config::database_url::PostgresUrl,
     durability: crate::config::Durability,
     busy_timeout: std::time::Duration,
     read_only: bool,

@@ -25,8 +25,6 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::config::Durability;
 
-/// The parsed `database` setting lives with the config that reads it.
-pub use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 pub use writer::{Guard, Writer};
 
 /// The whole schema, applied on every start (every statement is idempotent).
@@ -276,10 +274,6 @@ pub fn in_savepoint<T, E: From<rusqlite::Error>>(
         }
     }
 }
-
-/// The clock's helpers live in [`crate::time`]; kept here for the callers
-/// that name them through `store`.
-pub use crate::time::{ms_to_secs, now_ms};
 
 /// Test helper: SQLite's query plan for `sql` with `params`, one line per
 /// step, to check that a query uses the index it was written for.

@@ -18,8 +18,9 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::{PostgresUrl, StoreError, StoreErrorKind};
+use super::{StoreError, StoreErrorKind};
 use crate::config::Durability;
+use crate::config::database_url::PostgresUrl;
 
 /// The numbered migrations, in order: (version, name, SQL). A migration
 /// is never edited once released; a change is a new file.
@@ -238,7 +239,7 @@ pub fn migrate_in(tx: &mut postgres::Transaction<'_>) -> Result<(), StoreError> 
             .map_err(|e| StoreError::other(format!("migration {version} ({name}): {e}")))?;
         tx.execute(
             "INSERT INTO idemhook_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-            &[version, name, &super::now_ms()],
+            &[version, name, &crate::time::now_ms()],
         )?;
     }
     Ok(())
@@ -310,7 +311,7 @@ pub fn is_retryable(e: &postgres::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::DatabaseUrl;
+    use crate::config::database_url::DatabaseUrl;
     use std::path::Path;
 
     fn settings(url: &str) -> Result<Settings, String> {

@@ -172,11 +172,13 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::config::database_url::DatabaseUrl;
     use crate::config::{Config, Durability};
     use crate::ingest::{Claim, Outcome, claim_in};
     use crate::pg_serve::event_row;
     use crate::store::pg::{Settings, migrate};
-    use crate::store::{DatabaseUrl, now_ms, pg_cluster};
+    use crate::store::pg_cluster;
+    use crate::time::now_ms;
 
     const CONFIG: &str = r#"
 [sources.pay]

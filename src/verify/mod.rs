@@ -33,6 +33,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 
+use crate::headers::header_values;
+
 /// Longest signature, timestamp or id header value that is parsed at all.
 pub const MAX_HEADER_LEN: usize = 8 * 1024;
 
@@ -476,9 +478,6 @@ fn mac_tag<M: Mac + KeyInit>(key: &[u8], message: &[&[u8]]) -> Result<Vec<u8>, S
 
 // ---------------------------------------------------------------------------
 // Headers
-
-/// Kept for callers that have not moved to [`crate::headers`] yet.
-pub use crate::headers::header_values;
 
 fn malformed(header: &str, reason: MalformedReason) -> VerifyError {
     VerifyError::MalformedHeader {

@@ -10,8 +10,9 @@ use super::{Done, Origin, Step, requeued_forward};
 use crate::args;
 use crate::config::{ActionKind, Config};
 use crate::ingest::{self, Claim};
+use crate::store::StoreError;
 use crate::store::db::{self, Db};
-use crate::store::{StoreError, now_ms};
+use crate::time::now_ms;
 
 /// Re-opens the planned jobs in the caller's write transaction. A job whose
 /// status moved on since the plan is skipped. Afterwards each touched

@@ -10,7 +10,7 @@ use crate::ops::error::OpError;
 use crate::ops::open::{open_db_read, open_db_write};
 use crate::ops::text::{cell, clean, fmt_json_time};
 use crate::store::db;
-use crate::store::now_ms;
+use crate::time::now_ms;
 
 /// `idemhook replay`: prints the plan, and without `yes` stops there;
 /// with it, applies the plan and prints what was done.

@@ -10,8 +10,9 @@ use crate::args;
 use crate::config::{Config, Source};
 use crate::ops::error::{OpError, not_found};
 use crate::ops::text::{clean, fmt_time};
+use crate::store::StoreError;
 use crate::store::db::{self, Db};
-use crate::store::{StoreError, ms_to_secs};
+use crate::time::ms_to_secs;
 
 /// The stored event a one-event replay starts from.
 struct EventRow {

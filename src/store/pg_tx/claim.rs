@@ -2,6 +2,7 @@
 
 use postgres::types::ToSql;
 
+use crate::state::open_job_statuses_sql;
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind, named};
 
@@ -190,13 +191,15 @@ impl Tx for PgTx<'_> {
                 .prepared("SELECT 1 FROM events WHERE source = $1 AND event_id = $2 FOR UPDATE")?;
             self.client.query(&lock, &[&source, &event_id])?;
         }
-        let s = self.prepared(
+        let s = self.prepared(concat!(
             "SELECT
                  count(*) FILTER (WHERE status = 'failed'),
-                 count(*) FILTER (WHERE status IN ('pending', 'processing', 'paused')),
+                 count(*) FILTER (WHERE status IN (",
+            open_job_statuses_sql!(),
+            ")),
                  count(*) FILTER (WHERE status = 'processing' OR n_attempts > 0)
              FROM jobs WHERE source = $1 AND event_id = $2",
-        )?;
+        ))?;
         let row = self.client.query_one(&s, &[&source, &event_id])?;
         Ok(JobTallies {
             failed: row.get(0),

@@ -3,12 +3,13 @@ use std::time::Duration;
 
 use super::params::numeric_binary;
 use super::*;
+use crate::config::database_url::DatabaseUrl;
 use crate::config::{Config, Durability};
 use crate::ingest::{Claim, Outcome, claim_in};
 use crate::store::pg::{Settings, migrate};
 use crate::store::pg_cluster;
 use crate::store::tx::ParamValue;
-use crate::store::{DatabaseUrl, now_ms};
+use crate::time::now_ms;
 
 const CONFIG: &str = r#"
 [sources.pay]
