@@ -222,7 +222,7 @@ pub struct CheckRow<'a> {
 }
 
 /// The storage steps of the outbox (take, complete, release), in an open
-/// transaction of a backend. The decisions are `outbox.rs`'s.
+/// transaction of a backend. The decisions are `outbox/`'s.
 pub trait OutboxTx: Tx {
     /// Forward jobs whose lease ran out, at most [`TAKE_BATCH`].
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError>;

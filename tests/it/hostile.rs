@@ -17,7 +17,7 @@
 //! `idle_timeout`, `max_connections`), so none runs past about 10 s. Every
 //! loop is bounded in count and time; only 127.0.0.1 is used.
 //!
-//! Four tests guard bugs these tests found in server.rs (each comment says
+//! Four tests guard bugs these tests found in http/server/ (each comment says
 //! which): a head line or a chunk trickled byte by byte and endless
 //! trailers escaped the timeouts, `Content-Length: +N` was taken, and a
 //! panic after the handler went unanswered and kept its connection slot.
@@ -663,7 +663,7 @@ fn slow_idle_and_stalled_clients_never_delay_a_delivery_past_two_seconds() {
 
 #[test]
 fn a_head_line_trickled_byte_by_byte_is_cut_off_at_the_header_timeout() {
-    // Regression: server.rs `read_head` checked the header deadline only
+    // Regression: http/server/head.rs `read_head` checked the header deadline only
     // between lines, and `read_until(b'\n')` kept reading as long as each
     // byte came within the socket timeout, so one header line trickled a
     // byte every 500 ms held the connection (its thread and its slot) for
@@ -694,7 +694,7 @@ fn a_head_line_trickled_byte_by_byte_is_cut_off_at_the_header_timeout() {
 
 #[test]
 fn a_trickled_chunk_or_endless_trailers_are_cut_off_at_the_body_timeout() {
-    // Regression: server.rs `read_body`, chunked, checked the body deadline
+    // Regression: http/server/body.rs `read_body`, chunked, checked the body deadline
     // once per chunk and read chunk data with `read_exact` and trailers in
     // an unbounded loop, both going on as long as each byte came within the
     // socket timeout. A chunk trickled a byte every 500 ms, or trailer
@@ -1133,7 +1133,7 @@ fn ambiguous_or_unsupported_framing_is_refused_before_the_body_is_read() {
 
 #[test]
 fn a_content_length_with_a_plus_sign_is_refused_400() {
-    // Regression: RFC 9110 8.6 has Content-Length = 1*DIGIT, but server.rs
+    // Regression: RFC 9110 8.6 has Content-Length = 1*DIGIT, but http/server/head.rs
     // `parse_head` read it with `str::parse::<usize>`, which also takes a
     // leading `+`, so `Content-Length: +N` framed the body where a stricter
     // proxy in front would refuse it or read it otherwise (a
@@ -2212,7 +2212,7 @@ fn requests_refused_for_their_framing_are_recorded_and_counted() {
 fn a_panic_while_answering_is_answered_500_and_gives_the_slot_back() {
     // No input makes a handler panic (that is the point of the other
     // tests), so the failpoint `claim.after_commit=panic` stands in for a
-    // bug. Regression: it was hit in server.rs `serve_connection` after the
+    // bug. Regression: it was hit in http/server/connection.rs `serve_connection` after the
     // handler's catch_unwind, so the connection thread died without an
     // answer, and since `finish` never ran, the stream clone registered in
     // `Shared::open` kept the socket open and the connection slot was never

@@ -110,7 +110,7 @@ pub const BODIES_IN_FLIGHT: usize = 64;
 
 impl Limits {
     /// The fixed parse limits with the configurable ones given: the
-    /// defaults of those live in one place, `config.rs`. No per-address
+    /// defaults of those live in one place, `config/parse.rs`. No per-address
     /// cap and no minimum rate until [`Limits::per_address`].
     pub fn new(
         workers: usize,
