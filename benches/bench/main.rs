@@ -123,7 +123,7 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --perf DIR        record `perf record` of idemhook during each load into DIR
   --idemhook-workers N   idemhook's http_workers (default 8, as the spec says; for experiments)
   --forward-workers N    idemhook's forward_workers (default: idemhook's own, 4; for experiments)
-  --durability D    idemhook's durability, full (default, as the issue says) or normal (no fsync
+  --durability D    idemhook's durability, full (default) or normal (no fsync
                     before answering; for experiments: what the fsync costs)
   --postgres        W1 and W2 on a local PostgreSQL cluster: the classic one-transaction-per-event
                     design, one idemhook instance and two (needs initdb and postgres)
@@ -313,7 +313,7 @@ fn main() -> ExitCode {
     let hz = clock_ticks_per_sec();
     let seed = now_ms() as u64;
 
-    println!("idemhook throughput benchmark (issue 6)");
+    println!("idemhook throughput benchmark");
     println!(
         "command:  cargo bench --bench bench{}{}",
         if user_args.is_empty() { "" } else { " -- " },

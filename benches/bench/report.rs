@@ -261,7 +261,7 @@ pub(crate) fn print_problems(rows: &[Row]) -> bool {
 
 pub(crate) fn print_targets(rows: &[Row]) {
     println!();
-    println!("Targets (issue 6), on medians:");
+    println!("Targets, on medians:");
     let find = |n: &str| rows.iter().find(|r| r.w.name == n);
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     if let Some(r) = find("W1") {
