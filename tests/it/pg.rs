@@ -1134,14 +1134,23 @@ fn a_panic_in_a_group_of_claims_answers_503_and_the_claimers_go_on() {
         assert!(r.header("retry-after").is_some());
     }
     // Each delivery's claim, and the record of its 503, are groups of
-    // their own: at least one panic per delivery, none of them fatal.
-    let panics = server
-        .stderr()
-        .matches("failpoint pg.group.before_commit: Panic")
-        .count();
+    // their own: at least one panic per delivery, none of them fatal. The
+    // server's stderr is collected by a reader thread, so the last line may
+    // arrive after the last answer: wait for it.
+    let panics = || {
+        server
+            .stderr()
+            .matches("failpoint pg.group.before_commit: Panic")
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while panics() < 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
-        panics >= 5,
-        "every delivery reached a live claimer ({panics} panics)\n{}",
+        panics() >= 5,
+        "every delivery reached a live claimer ({} panics)\n{}",
+        panics(),
         server.logs()
     );
     assert_eq!(server.count("SELECT count(*) FROM events", &[]), 0);
