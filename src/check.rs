@@ -20,7 +20,8 @@ use crate::state::Answer;
 use crate::time::now_ms;
 use crate::verify::Verifier;
 
-/// How much of a check's answer is kept with the attempt it decides.
+/// How much of a downstream's answer (a check's or a forward attempt's)
+/// is kept with the attempt.
 const RESPONSE_HEAD_BYTES: usize = 1024;
 /// The most of an answer read (so the connection can be reused).
 const RESPONSE_READ_LIMIT: u64 = 64 * 1024;
@@ -87,24 +88,10 @@ pub fn ask(
             let status = response.status().as_u16();
             asked.http_status = Some(status);
             asked.answer = Answer::of_status(status);
-            let header = |name: &str| {
-                response
-                    .headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string)
-            };
-            asked.request_id = header(&fwd.request_id_header);
-            asked.retry_after = header("retry-after")
-                .and_then(|v| crate::retry::parse_retry_after(&v, started_at / 1000));
-            let mut head = Vec::new();
-            let _ = response
-                .body_mut()
-                .as_reader()
-                .take(RESPONSE_READ_LIMIT)
-                .read_to_end(&mut head);
-            head.truncate(RESPONSE_HEAD_BYTES);
-            asked.response_head = Some(String::from_utf8_lossy(&head).into_owned());
+            let read = read_answer(&mut response, &fwd.request_id_header, started_at);
+            asked.request_id = read.request_id;
+            asked.retry_after = read.retry_after;
+            asked.response_head = Some(read.head);
             if asked.answer == Answer::Error {
                 asked.cause = Some("status");
                 asked.error = Some(format!(
@@ -120,6 +107,48 @@ pub fn ask(
     }
     asked.finished_at = now_ms();
     asked
+}
+
+/// What a downstream's answer says besides its status, read the same way
+/// for a forward attempt and for a check: the request id header, a
+/// `Retry-After` (relative to `started_at`, unix ms), and the head of the
+/// body (at most 64 KiB read, 1 KiB kept), with the error of a body cut
+/// short (only a 2xx forward attempt logs it).
+pub struct AnswerRead {
+    pub request_id: Option<String>,
+    pub retry_after: Option<Duration>,
+    pub head: String,
+    pub body_error: Option<std::io::Error>,
+}
+
+pub fn read_answer(
+    response: &mut ureq::http::Response<ureq::Body>,
+    request_id_header: &str,
+    started_at: i64,
+) -> AnswerRead {
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let request_id = header(request_id_header);
+    let retry_after =
+        header("retry-after").and_then(|v| crate::retry::parse_retry_after(&v, started_at / 1000));
+    let mut head = Vec::new();
+    let read = response
+        .body_mut()
+        .as_reader()
+        .take(RESPONSE_READ_LIMIT)
+        .read_to_end(&mut head);
+    head.truncate(RESPONSE_HEAD_BYTES);
+    AnswerRead {
+        request_id,
+        retry_after,
+        head: String::from_utf8_lossy(&head).into_owned(),
+        body_error: read.err(),
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 //! give the job back when its lease would not cover the call).
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,10 +27,6 @@ use crate::verify::Verifier;
 /// The longest a worker sleeps without looking for due jobs (retries that
 /// came due, jobs re-queued by the CLI, leases that expired).
 const MAX_IDLE: Duration = Duration::from_millis(500);
-/// How much of a downstream's answer is kept with the attempt.
-const RESPONSE_HEAD_BYTES: usize = 1024;
-/// The most of an answer read (so the connection can be reused).
-const RESPONSE_READ_LIMIT: u64 = 64 * 1024;
 
 pub(super) struct Worker {
     pub(super) owner: String,
@@ -283,28 +278,14 @@ impl Worker {
                 let status = response.status().as_u16();
                 attempt.http_status = Some(status);
                 attempt.verdict = retry::classify_status(status);
-                let header = |name: &str| {
-                    response
-                        .headers()
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string)
-                };
-                attempt.request_id = header(&fwd.request_id_header);
-                attempt.retry_after = header("retry-after")
-                    .and_then(|v| retry::parse_retry_after(&v, started_at / 1000));
-                let mut head = Vec::new();
-                let read = response
-                    .body_mut()
-                    .as_reader()
-                    .take(RESPONSE_READ_LIMIT)
-                    .read_to_end(&mut head);
-                head.truncate(RESPONSE_HEAD_BYTES);
-                attempt.response_head = Some(String::from_utf8_lossy(&head).into_owned());
+                let read = check::read_answer(&mut response, &fwd.request_id_header, started_at);
+                attempt.request_id = read.request_id;
+                attempt.retry_after = read.retry_after;
+                attempt.response_head = Some(read.head);
                 if attempt.verdict != Verdict::Done {
                     attempt.error_kind = Some("status");
                     attempt.error = Some(format!("downstream answered {status}"));
-                } else if let Err(e) = read {
+                } else if let Some(e) = read.body_error {
                     // The answer was 2xx; a broken body does not undo that.
                     crate::log::debug("outbox", &[("event_id", &job.event_id), ("body_error", &e)]);
                 }
