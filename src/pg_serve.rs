@@ -245,11 +245,7 @@ pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<Settings, String> {
     let mut tx = client
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
-    crate::store::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
-    if let Some(sql) = &config.setup_sql {
-        tx.batch_execute(sql)
-            .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
-    }
+    migrate_and_set_up(&mut tx, config, url)?;
     tx.commit()
         .map_err(|e| format!("{url}: cannot migrate: {}", StoreError::from(e)))?;
     check_actions(&mut client, config)?;
@@ -267,13 +263,23 @@ pub fn check(config: &Config, url: &PostgresUrl) -> Result<(), String> {
     let mut tx = client
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
-    crate::store::pg::migrate_in(&mut tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
+    migrate_and_set_up(&mut tx, config, url)?;
+    check_actions(&mut tx, config)
+    // Dropped without commit: rolled back.
+}
+
+/// The migrations, then `setup_sql`, in the caller's transaction.
+fn migrate_and_set_up(
+    tx: &mut postgres::Transaction<'_>,
+    config: &Config,
+    url: &PostgresUrl,
+) -> Result<(), String> {
+    crate::store::pg::migrate_in(tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {
         tx.batch_execute(sql)
             .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
     }
-    check_actions(&mut tx, config)
-    // Dropped without commit: rolled back.
+    Ok(())
 }
 
 /// Every SQL action rewritten to `$n` and prepared.
