@@ -100,6 +100,39 @@ impl App {
         }
     }
 
+    /// Gives the sources whose provider hands its secret over in a
+    /// handshake (Asana, Notion) the one kept in the database, if any.
+    pub fn learn_handshake_secrets(&self) -> Result<(), StoreError> {
+        for source in &self.config.sources {
+            let hands_over = source.kind.preset().is_some_and(|p| {
+                matches!(
+                    p.handshake,
+                    crate::config::presets::Handshake::Asana
+                        | crate::config::presets::Handshake::Notion
+                )
+            });
+            if !hands_over || source.secret_count > 0 {
+                continue;
+            }
+            let key = crate::http::hooks::secret_key(&source.name);
+            let kept = self.read(|db| {
+                db.query_opt(
+                    "SELECT value FROM meta WHERE key = ?1",
+                    crate::args![key.as_str()],
+                )?
+                .map(|r| r.string(0))
+                .transpose()
+            })?;
+            if let Some(secret) = kept {
+                source
+                    .verifier
+                    .learn(&crate::verify::Secret::new(secret))
+                    .map_err(StoreError::other)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn source(&self, name: &str) -> Option<(usize, &Source)> {
         self.config
             .sources
@@ -110,16 +143,31 @@ impl App {
 
     /// Claims an event through the writer; returns once it is committed.
     pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Outcome, StoreError> {
-        let claim = Arc::new(claim);
-        let outcome = match &self.storage {
+        self.claim_batch(source_index, vec![claim])
+            .and_then(|mut outcomes| {
+                outcomes
+                    .pop()
+                    .ok_or_else(|| StoreError::other("no outcome"))
+            })
+    }
+
+    /// Claims every event of one delivery (a batch's) in one transaction;
+    /// returns once it is committed, with each event's outcome in order.
+    pub fn claim_batch(
+        &self,
+        source_index: usize,
+        claims: Vec<Claim>,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let claims: Vec<Arc<Claim>> = claims.into_iter().map(Arc::new).collect();
+        let outcomes = match &self.storage {
             Storage::Sqlite { writer, .. } => {
-                writer.call_with(Guard::Group, self.claim_op(source_index, claim.clone()))
+                writer.call_with(Guard::Group, self.claim_op(source_index, claims.clone()))
             }
             Storage::Postgres(pg) => {
                 let (tx, rx) = std::sync::mpsc::sync_channel(1);
                 pg.claim_then(
                     source_index,
-                    claim.clone(),
+                    claims.clone(),
                     Box::new(move |outcome| {
                         let _ = tx.send(outcome);
                     }),
@@ -127,9 +175,9 @@ impl App {
                 rx.recv().unwrap_or_else(|_| Err(StoreError::closed()))
             }
         };
-        drop(claim);
-        self.claimed(source_index, &outcome);
-        outcome
+        drop(claims);
+        self.claimed(source_index, &outcomes);
+        outcomes
     }
 
     /// Like [`App::claim`] but returns at once; `then` gets the outcome on
@@ -141,59 +189,89 @@ impl App {
         claim: Claim,
         then: impl FnOnce(Result<Outcome, StoreError>) + Send + 'static,
     ) {
-        let claim = Arc::new(claim);
+        self.claim_batch_then(source_index, vec![claim], move |outcomes| {
+            then(outcomes.and_then(|mut o| o.pop().ok_or_else(|| StoreError::other("no outcome"))));
+        });
+    }
+
+    /// Like [`App::claim_batch`] but returns at once, as [`App::claim_then`].
+    pub fn claim_batch_then(
+        self: &Arc<Self>,
+        source_index: usize,
+        claims: Vec<Claim>,
+        then: impl FnOnce(Result<Vec<Outcome>, StoreError>) + Send + 'static,
+    ) {
+        let claims: Vec<Arc<Claim>> = claims.into_iter().map(Arc::new).collect();
         let app = self.clone();
         match &self.storage {
             Storage::Sqlite { writer, .. } => {
-                let op = self.claim_op(source_index, claim.clone());
-                writer.call_then(Guard::Group, op, move |outcome| {
-                    drop(claim);
-                    app.claimed(source_index, &outcome);
-                    then(outcome);
+                let op = self.claim_op(source_index, claims.clone());
+                writer.call_then(Guard::Group, op, move |outcomes| {
+                    drop(claims);
+                    app.claimed(source_index, &outcomes);
+                    then(outcomes);
                 });
             }
             Storage::Postgres(pg) => pg.claim_then(
                 source_index,
-                claim,
-                Box::new(move |outcome| {
-                    app.claimed(source_index, &outcome);
-                    then(outcome);
+                claims,
+                Box::new(move |outcomes| {
+                    app.claimed(source_index, &outcomes);
+                    then(outcomes);
                 }),
             ),
         }
     }
 
-    /// The claim as the writer runs it. No savepoint of its own: a claim
-    /// fails only when storage does (its SQL actions have savepoints of
-    /// their own inside it). The claim (body, parsed JSON, headers) is
-    /// shared so that it is freed off the one writer thread: by the caller,
-    /// or by the continuation on the answer thread.
+    /// The claims as the writer runs them, in the group's transaction. No
+    /// savepoint of their own: a claim fails only when storage does (its
+    /// SQL actions have savepoints of their own inside it), and then the
+    /// group, a batch's every event with it, is rolled back. The claims
+    /// (bodies, parsed JSON, headers) are shared so that they are freed off
+    /// the one writer thread: by the caller, or by the continuation on the
+    /// answer thread.
     fn claim_op(
         &self,
         source_index: usize,
-        claim: Arc<Claim>,
-    ) -> impl FnOnce(&rusqlite::Connection) -> Result<Outcome, StoreError> + Send + 'static {
+        claims: Vec<Arc<Claim>>,
+    ) -> impl FnOnce(&rusqlite::Connection) -> Result<Vec<Outcome>, StoreError> + Send + 'static
+    {
         let config = self.config.clone();
         move |conn| {
             let source = config
                 .sources
                 .get(source_index)
                 .ok_or_else(|| StoreError::other("source index out of range"))?;
-            ingest::claim(conn, source, &claim)
+            claims
+                .iter()
+                .map(|c| ingest::claim(conn, source, c))
+                .collect()
         }
     }
 
     /// After a claim's commit: counts the SQL actions' attempts and wakes
     /// the outbox if it wrote forward jobs.
-    fn claimed(&self, source_index: usize, outcome: &Result<Outcome, StoreError>) {
-        let Ok(Outcome::Accepted {
-            forward_jobs,
-            sql_runs,
-            ..
-        }) = outcome
-        else {
-            return;
-        };
+    fn claimed(&self, source_index: usize, outcomes: &Result<Vec<Outcome>, StoreError>) {
+        let Ok(outcomes) = outcomes else { return };
+        let mut wake = false;
+        for outcome in outcomes {
+            let Outcome::Accepted {
+                forward_jobs,
+                sql_runs,
+                ..
+            } = outcome
+            else {
+                continue;
+            };
+            self.count_sql_runs(source_index, sql_runs);
+            wake |= *forward_jobs > 0;
+        }
+        if wake {
+            (self.wake_outbox)();
+        }
+    }
+
+    fn count_sql_runs(&self, source_index: usize, sql_runs: &[(usize, bool)]) {
         if let Some(source) = self.config.sources.get(source_index) {
             for &(index, ok) in sql_runs {
                 if let Some(action) = source.actions.get(index) {
@@ -205,9 +283,6 @@ impl App {
                     self.metrics.attempt(&source.name, &action.name, outcome);
                 }
             }
-        }
-        if *forward_jobs > 0 {
-            (self.wake_outbox)();
         }
     }
 

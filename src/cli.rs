@@ -66,6 +66,13 @@ pub enum Command {
         /// The event type, set wherever the kind carries it.
         #[arg(long = "type", value_name = "TYPE")]
         event_type: Option<String>,
+        /// For kinds that sign with a private key (discord, sendgrid): the
+        /// key to sign with, a PKCS#8 PEM file.
+        #[arg(long, value_name = "FILE")]
+        private_key: Option<String>,
+        /// Send the kind's verification handshake instead of an event.
+        #[arg(long)]
+        handshake: bool,
     },
     /// List and inspect stored events.
     Events {
@@ -463,8 +470,19 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             file,
             id,
             event_type,
+            private_key,
+            handshake,
         } => send_outcome(crate::send::run(
-            &config, &source, url, file, id, event_type,
+            &config,
+            &source,
+            crate::send::Options {
+                url,
+                file,
+                id,
+                event_type,
+                private_key,
+                handshake,
+            },
         )),
         Command::Events { command } => events(&config, command),
         Command::Replay(args) => {

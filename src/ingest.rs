@@ -42,6 +42,9 @@ pub struct Claim {
     /// Unix milliseconds.
     pub received_at: i64,
     pub remote: String,
+    /// For an event of a batch delivery: which delivery, and which of its
+    /// events (kept as the delivery row's detail).
+    pub batch: Option<String>,
 }
 
 /// What the claim decided.
@@ -161,7 +164,7 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome
         c.received_at,
         outcome.delivery().as_str(),
         &c.remote,
-        None,
+        c.batch.as_deref(),
     )?;
     Ok(outcome)
 }
@@ -261,9 +264,16 @@ fn execute_action<T: Tx>(
     sql_params: &[(String, Part)],
     c: &Claim,
 ) -> Result<(), ActionError> {
+    let form: Vec<(String, String)> = if sql_params.iter().any(|(_, p)| p.reads_form()) {
+        form_urlencoded::parse(&c.body).into_owned().collect()
+    } else {
+        Vec::new()
+    };
     let input = Input {
         headers: &c.headers,
         json: c.json.as_ref().map(crate::key::Json::Parsed),
+        form: Some(&form),
+        body: &c.body,
     };
     tx.execute_action(sql, |name| bind_value(name, sql_params, source, &input, c))
 }
@@ -281,6 +291,7 @@ fn bind_value(
         return Some(match part.lookup(input) {
             Some(crate::key::Found::Json(v)) => json_to_param(&v),
             Some(crate::key::Found::Header(h)) => ParamValue::Text(h.to_string()),
+            Some(crate::key::Found::Text(t)) => ParamValue::Text(t),
             None => ParamValue::Null,
         });
     }
@@ -495,6 +506,7 @@ params = { amount = "json:/amount" }
             signed_at: None,
             received_at: crate::time::now_ms(),
             remote: "test".to_string(),
+            batch: None,
         }
     }
 

@@ -25,6 +25,11 @@ pub const MAX_EVENT_ID_BYTES: usize = 512;
 pub enum Atom {
     Json(String),
     Header(String),
+    /// A field of an `application/x-www-form-urlencoded` body.
+    Form(String),
+    /// The hex SHA-256 of the raw body (`body:sha256`): the id of
+    /// providers whose events carry none and are resent byte for byte.
+    BodySha256,
 }
 
 /// One value, with fallbacks tried in order.
@@ -40,10 +45,15 @@ pub struct Rule {
 }
 
 /// What a request looks like to the extractors.
+#[derive(Default)]
 pub struct Input<'a> {
     pub headers: &'a [(String, String)],
     /// The body as JSON, when the source reads JSON.
     pub json: Option<Json<'a>>,
+    /// The body's form fields, when it is form-encoded.
+    pub form: Option<&'a [(String, String)]>,
+    /// The raw body (of a batch's item: its JSON text as sent).
+    pub body: &'a [u8],
 }
 
 /// A JSON body: parsed into a tree (when SQL actions bind its values), or
@@ -264,8 +274,19 @@ impl Part {
                     return Err(format!("{alt:?}: not a valid header name"));
                 }
                 Atom::Header(name.to_string())
+            } else if let Some(name) = alt.strip_prefix("form:") {
+                if name.is_empty() {
+                    return Err(format!(
+                        "{alt:?}: a form field needs a name, e.g. form:MessageStatus"
+                    ));
+                }
+                Atom::Form(name.to_string())
+            } else if alt == "body:sha256" {
+                Atom::BodySha256
             } else {
-                return Err(format!("{alt:?}: expected json:/pointer or header:Name"));
+                return Err(format!(
+                    "{alt:?}: expected json:/pointer, header:Name, form:Name or body:sha256"
+                ));
             };
             alternatives.push(atom);
         }
@@ -290,9 +311,23 @@ impl Part {
                         return Some(Found::Header(v));
                     }
                 }
+                Atom::Form(name) => {
+                    if let Some((_, v)) = input.form.and_then(|f| f.iter().find(|(k, _)| k == name))
+                    {
+                        return Some(Found::Header(v));
+                    }
+                }
+                Atom::BodySha256 => {
+                    return Some(Found::Text(hex::encode(Sha256::digest(input.body))));
+                }
             }
         }
         None
+    }
+
+    /// True when the part reads form fields.
+    pub fn reads_form(&self) -> bool {
+        self.alternatives.iter().any(|a| matches!(a, Atom::Form(_)))
     }
 
     /// The value as text: strings as their contents, numbers as written,
@@ -309,7 +344,7 @@ impl Part {
             Atom::Header(name) => {
                 (header_values(headers, name).nth(1).is_some()).then(|| name.to_ascii_lowercase())
             }
-            Atom::Json(_) => None,
+            Atom::Json(_) | Atom::Form(_) | Atom::BodySha256 => None,
         })
     }
 }
@@ -318,6 +353,8 @@ impl Part {
 pub enum Found<'a> {
     Json(Cow<'a, Value>),
     Header(&'a str),
+    /// A value computed from the request (`body:sha256`).
+    Text(String),
 }
 
 impl Found<'_> {
@@ -328,6 +365,7 @@ impl Found<'_> {
                 other => other.to_string(),
             },
             Found::Header(s) => (*s).to_string(),
+            Found::Text(s) => s.clone(),
         }
     }
 }
@@ -394,6 +432,7 @@ pub fn payload_hash(parts: &[Part], body: &[u8], input: &Input<'_>) -> String {
             let text = match part.lookup(input) {
                 Some(Found::Json(v)) => canonical_json(&v),
                 Some(Found::Header(h)) => Value::String(h.to_string()).to_string(),
+                Some(Found::Text(t)) => Value::String(t).to_string(),
                 None => "null".to_string(),
             };
             hasher.update(text.len().to_string().as_bytes());
@@ -402,6 +441,44 @@ pub fn payload_hash(parts: &[Part], body: &[u8], input: &Input<'_>) -> String {
         }
     }
     hex::encode(hasher.finalize())
+}
+
+/// The payload hash of a body whose provider rewrites a few members on
+/// every attempt (an attempt counter, a delivery time): the hex SHA-256 of
+/// its canonical JSON (keys sorted) with the members at `without` removed.
+/// A body that is not JSON is hashed whole.
+pub fn payload_hash_without(without: &[&str], body: &[u8], input: &Input<'_>) -> String {
+    let value = match input.json.as_ref().and_then(|j| j.pointer("")) {
+        Some(v) => Some(v.into_owned()),
+        None => serde_json::from_slice::<Value>(body).ok(),
+    };
+    let Some(mut value) = value else {
+        return hex::encode(Sha256::digest(body));
+    };
+    for pointer in without {
+        remove_pointer(&mut value, pointer);
+    }
+    hex::encode(Sha256::digest(canonical_json(&value).as_bytes()))
+}
+
+fn remove_pointer(value: &mut Value, pointer: &str) {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return;
+    };
+    let last = unescape(last).into_owned();
+    match value.pointer_mut(parent) {
+        Some(Value::Object(map)) => {
+            map.shift_remove(&last);
+        }
+        Some(Value::Array(items)) => {
+            if let Ok(i) = last.parse::<usize>()
+                && i < items.len()
+            {
+                items.remove(i);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A JSON value as compact text with every object's keys sorted and
@@ -450,6 +527,8 @@ impl fmt::Display for Atom {
         match self {
             Atom::Json(p) => write!(f, "json:{p}"),
             Atom::Header(h) => write!(f, "header:{h}"),
+            Atom::Form(name) => write!(f, "form:{name}"),
+            Atom::BodySha256 => f.write_str("body:sha256"),
         }
     }
 }
@@ -500,6 +579,7 @@ mod tests {
         Input {
             headers: &[],
             json: Some(Json::Parsed(body)),
+            ..Default::default()
         }
     }
 
@@ -510,6 +590,7 @@ mod tests {
         let input = Input {
             headers: &headers,
             json: Some(Json::Parsed(&body)),
+            ..Default::default()
         };
         assert_eq!(rule(&["json:/id"]).extract(&input), Ok("evt_1".into()));
         assert_eq!(rule(&["json:/n"]).extract(&input), Ok("42".into()));
@@ -555,6 +636,7 @@ mod tests {
                 let input = Input {
                     headers: &[],
                     json: Some(json),
+                    ..Default::default()
                 };
                 assert_eq!(rule(&["json:/id"]).extract(&input), Ok(id.to_string()));
             }
@@ -592,6 +674,7 @@ mod tests {
             let input = Input {
                 headers: &headers,
                 json: Some(Json::Parsed(&body)),
+                ..Default::default()
             };
             assert_eq!(
                 rule(&["header:X-Delivery"]).extract(&input),
@@ -624,6 +707,7 @@ mod tests {
         let input = Input {
             headers: &[],
             json: None,
+            ..Default::default()
         };
         assert_eq!(
             payload_hash(&[], b"abc", &input),

@@ -34,7 +34,8 @@ const CLAIMERS: usize = 2;
 /// Claims in one group at most.
 const MAX_GROUP: usize = 256;
 
-type Then = Box<dyn FnOnce(Result<Outcome, StoreError>) + Send>;
+/// A caller's continuation: the outcome of each claim it queued, in order.
+type Then = Box<dyn FnOnce(Result<Vec<Outcome>, StoreError>) + Send>;
 
 /// Jobs per status, and when the oldest pending job was created.
 pub type JobCounts = (Vec<(String, i64)>, Option<i64>);
@@ -49,7 +50,7 @@ struct Pending {
 }
 
 impl Pending {
-    fn answer(&self, result: Result<Outcome, StoreError>) {
+    fn answer(&self, result: Result<Vec<Outcome>, StoreError>) {
         let then = self.then.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(then) = then {
             then(result);
@@ -72,9 +73,11 @@ fn timed_out() -> StoreError {
 }
 
 enum Job {
+    /// One delivery's claims: one event, or every event of a batch (they
+    /// commit in one transaction, or fail together).
     Claim {
         source_index: usize,
-        claim: Arc<Claim>,
+        claims: Vec<Arc<Claim>>,
         pending: Arc<Pending>,
     },
     Refusal {
@@ -98,21 +101,52 @@ struct Lined {
 }
 
 impl Job {
-    fn key(&self) -> Option<(usize, String)> {
+    fn keys(&self) -> Vec<(usize, String)> {
         match self {
             Job::Claim {
                 source_index,
-                claim,
+                claims,
                 ..
-            } => Some((*source_index, claim.event_id.clone())),
-            Job::Refusal { .. } => None,
+            } => claims
+                .iter()
+                .map(|c| (*source_index, c.event_id.clone()))
+                .collect(),
+            Job::Refusal { .. } => Vec::new(),
         }
+    }
+
+    /// The savepoints the job's SQL actions may open.
+    fn savepoints(&self, config: &Config) -> usize {
+        let Job::Claim {
+            source_index,
+            claims,
+            ..
+        } = self
+        else {
+            return 0;
+        };
+        let Some(source) = config.sources.get(*source_index) else {
+            return 0;
+        };
+        claims
+            .iter()
+            .map(|claim| {
+                source
+                    .actions
+                    .iter()
+                    .filter(|a| {
+                        matches!(a.kind, ActionKind::Sql { .. })
+                            && a.takes(claim.event_type.as_deref())
+                    })
+                    .count()
+            })
+            .sum()
     }
 }
 
 impl Lined {
     fn takeable(&self, job: &Job) -> bool {
-        job.key().is_none_or(|k| !self.in_flight.contains(&k))
+        job.keys().iter().all(|k| !self.in_flight.contains(k))
     }
 
     /// Up to `MAX_GROUP` jobs whose keys no claimer is committing, in
@@ -131,9 +165,7 @@ impl Lined {
             }
         }
         for job in &group {
-            if let Some(k) = job.key() {
-                self.in_flight.insert(k);
-            }
+            self.in_flight.extend(job.keys());
         }
         while let Some(job) = held.pop_back() {
             self.jobs.push_front(job);
@@ -354,7 +386,9 @@ impl PgStore {
     }
 
     /// Queues a claim; `then` gets its outcome after the commit.
-    pub fn claim_then(&self, source_index: usize, claim: Arc<Claim>, then: Then) {
+    /// Queues a delivery's claims (one event, or a batch's, which commit
+    /// together); `then` gets their outcomes after the commit.
+    pub fn claim_then(&self, source_index: usize, claims: Vec<Arc<Claim>>, then: Then) {
         let pending = Arc::new(Pending {
             then: Mutex::new(Some(then)),
             deadline: Instant::now() + self.busy_timeout,
@@ -366,7 +400,7 @@ impl PgStore {
             .push(pending.clone());
         self.push(Job::Claim {
             source_index,
-            claim,
+            claims,
             pending,
         });
     }
@@ -502,7 +536,7 @@ fn claimer(
             }
             lined.take_group()
         };
-        let keys: Vec<(usize, String)> = batch.iter().filter_map(Job::key).collect();
+        let keys: Vec<(usize, String)> = batch.iter().flat_map(Job::keys).collect();
         let _done = Done { queue, keys };
         // Claims already answered 503 (they waited past busy_timeout) are
         // not tried: their callers were told nothing was stored.
@@ -599,36 +633,37 @@ fn run_batch(
     statements: &mut Statements,
     config: &Config,
     jobs: &[Job],
-) -> Vec<Result<Outcome, StoreError>> {
-    let mut ops: Vec<Op<'_, Outcome>> = jobs
+) -> Vec<Result<Vec<Outcome>, StoreError>> {
+    let mut ops: Vec<Op<'_, Vec<Outcome>>> = jobs
         .iter()
         .map(|job| match job {
             Job::Claim {
                 source_index,
-                claim,
+                claims,
                 ..
             } => {
                 let source = config.sources.get(*source_index);
-                let savepoints = source.map_or(0, |s| {
-                    s.actions
-                        .iter()
-                        .filter(|a| {
-                            matches!(a.kind, ActionKind::Sql { .. })
-                                && a.takes(claim.event_type.as_deref())
-                        })
-                        .count()
-                });
+                let first = claims
+                    .iter()
+                    .map(|c| c.event_id.as_str())
+                    .min()
+                    .unwrap_or("");
                 Op {
                     key: (
                         source.map_or(String::new(), |s| s.name.clone()),
-                        claim.event_id.clone(),
+                        first.to_string(),
                     ),
-                    savepoints,
-                    event: source.and_then(|s| event_row(s, claim)),
+                    savepoints: job.savepoints(config),
+                    events: source.map_or_else(Vec::new, |s| {
+                        claims.iter().filter_map(|c| event_row(s, c)).collect()
+                    }),
                     run: Box::new(move |tx: &mut PgTx<'_>| {
                         let source =
                             source.ok_or_else(|| StoreError::other("source index out of range"))?;
-                        claim_in(tx, source, claim)
+                        claims
+                            .iter()
+                            .map(|claim| claim_in(tx, source, claim))
+                            .collect()
                     }),
                 }
             }
@@ -641,13 +676,11 @@ fn run_batch(
             } => Op {
                 key: (source.clone(), String::new()),
                 savepoints: 0,
-                event: None,
+                events: Vec::new(),
                 run: Box::new(move |tx: &mut PgTx<'_>| {
                     tx.insert_delivery(source, None, *at, outcome.as_str(), remote, Some(detail))?;
-                    // Not a claim: nobody reads this outcome.
-                    Ok(Outcome::Duplicate {
-                        state: String::new(),
-                    })
+                    // Not a claim: nobody reads its outcome.
+                    Ok(Vec::new())
                 }),
             },
         })

@@ -89,6 +89,8 @@ pub fn run(mut config: Config) -> Result<()> {
         ui_sessions: Default::default(),
         overview_cache: Default::default(),
     });
+    app.learn_handshake_secrets()
+        .context("cannot read the secrets kept from handshakes")?;
     let pruner = crate::ops::prune::Background::start(
         config.clone(),
         crate::ops::prune::Storage::Sqlite(writer.clone()),
@@ -239,6 +241,8 @@ fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) 
         ui_sessions: Default::default(),
         overview_cache: Default::default(),
     });
+    app.learn_handshake_secrets()
+        .context("cannot read the secrets kept from handshakes")?;
     let pruner = crate::ops::prune::Background::start(
         config.clone(),
         crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
@@ -504,6 +508,20 @@ struct DatabaseReport {
     summary: String,
     /// (source, recorded key rule, recorded hash rule, events of the source).
     rules: Vec<(String, String, String, i64)>,
+    /// (source, secret) handed over by a handshake (Asana, Notion).
+    kept: Vec<(String, String)>,
+}
+
+/// The `meta` rows of secrets handed over by handshakes.
+const KEPT_SECRETS: &str =
+    "SELECT key, value FROM meta WHERE key LIKE 'handshake_secret:%' ORDER BY key";
+
+fn kept_secret(key: String, value: String) -> (String, String) {
+    let source = key
+        .strip_prefix("handshake_secret:")
+        .unwrap_or(&key)
+        .to_string();
+    (source, value)
 }
 
 fn database_report(config: &Config) -> DatabaseReport {
@@ -547,12 +565,20 @@ fn database_report(config: &Config) -> DatabaseReport {
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|e| e.to_string())?;
+        let kept = conn
+            .prepare(KEPT_SECRETS)
+            .and_then(|mut stmt| {
+                stmt.query_map([], |r| Ok(kept_secret(r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|e| e.to_string())?;
         Ok(DatabaseReport {
             summary: format!(
                 "exists, {events} event{} stored",
                 if events == 1 { "" } else { "s" }
             ),
             rules,
+            kept,
         })
     };
     read().unwrap_or_else(|e| DatabaseReport {
@@ -584,6 +610,12 @@ fn database_report_postgres(
                     if events == 1 { "" } else { "s" }
                 ),
                 rules,
+                kept: client
+                    .query(KEPT_SECRETS, &[])
+                    .map_err(|e| e.to_string())?
+                    .iter()
+                    .map(|r| kept_secret(r.get(0), r.get(1)))
+                    .collect(),
             },
         })
     };
@@ -637,6 +669,45 @@ pub fn describe(config: &Config) -> String {
             "\nsource {} (kind {}) POST /hooks/{}",
             s.name, s.kind, s.name
         );
+        let _ = writeln!(out, "  verify     {}", s.verifier.scheme().describe());
+        if let Some(url) = &s.public_url {
+            let _ = writeln!(
+                out,
+                "  url        {url} (public_url: what the provider signs)"
+            );
+        }
+        if let Some(p) = s.kind.preset() {
+            if let Some(b) = p.batch {
+                let _ = writeln!(
+                    out,
+                    "  batch      events at {}{}, each claimed under its own key, at most {} a delivery",
+                    if b.items.is_empty() {
+                        "the body (an array)"
+                    } else {
+                        b.items
+                    },
+                    b.inner,
+                    config.max_batch_items
+                );
+            }
+            if p.handshake != crate::config::presets::Handshake::None {
+                let _ = writeln!(
+                    out,
+                    "  handshake  {:?}, answered and not stored",
+                    p.handshake
+                );
+            }
+        }
+        if let Some((_, secret)) = database.kept.iter().find(|(name, _)| name == &s.name) {
+            // The operator pastes Notion's token into Notion's form.
+            let _ = match s.kind.name() {
+                "notion" => writeln!(
+                    out,
+                    "  token      {secret} (Notion's verification_token, kept as this source's secret: paste it into Notion to verify the subscription)"
+                ),
+                _ => writeln!(out, "  secret     kept from the provider's handshake"),
+            };
+        }
         let _ = writeln!(out, "  key        {}", s.key);
         if let Some((_, key_rule, hash_rule, events)) =
             database.rules.iter().find(|(name, ..)| name == &s.name)

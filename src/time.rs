@@ -57,6 +57,71 @@ pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// Days since 1970-01-01 of a civil date (the inverse of [`civil_from_days`]).
+pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// An RFC 3339 time (`2025-11-30T10:00:00Z`, `...10:00:00.123456789Z`,
+/// `...10:00:00+01:00`; `t` and `z` in either case) as unix seconds, the
+/// fraction dropped. None when it is not one.
+pub fn parse_rfc3339(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = b.get(range)?;
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(part).ok()?.parse().ok()
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    let (h, mi, s) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let n = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 || n > 12 {
+            return None;
+        }
+        rest = &fraction[n..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let o = rest.as_bytes();
+            if o.len() != 6 || o[3] != b':' {
+                return None;
+            }
+            let sign = match o[0] {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let oh: i64 = rest.get(1..3)?.parse().ok()?;
+            let om: i64 = rest.get(4..6)?.parse().ok()?;
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            sign * (oh * 3600 + om * 60)
+        }
+    };
+    Some(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - offset)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +131,31 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_422), (2025, 11, 30));
         assert_eq!(civil_from_days(-1), (1969, 12, 31));
+    }
+
+    #[test]
+    fn rfc3339_parses_what_it_formats_and_offsets_and_fractions() {
+        for secs in [0, 1_764_460_800, 951_782_400, -86_400] {
+            assert_eq!(parse_rfc3339(&rfc3339_secs(secs)), Some(secs));
+        }
+        assert_eq!(
+            parse_rfc3339("2025-11-30T10:00:00.123456789Z"),
+            parse_rfc3339("2025-11-30T10:00:00Z")
+        );
+        assert_eq!(
+            parse_rfc3339("2025-11-30T11:00:00+01:00"),
+            parse_rfc3339("2025-11-30T10:00:00Z")
+        );
+        for bad in [
+            "",
+            "2025-11-30",
+            "2025-13-30T10:00:00Z",
+            "2025-11-30T10:00:00",
+            "2025-11-30T10:00:00.Z",
+            "2025-11-30T10:00:00+0100",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -5,10 +5,13 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::presets::{self, Preset};
 use crate::key::Part;
 
-/// The kinds of source, each with its signature scheme and key rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The kinds of source, each with its signature scheme and key rule: the
+/// six built in with code of their own, `standard`, `hmac`, `none`, and
+/// every provider of the table in `presets`.
+#[derive(Debug, Clone, Copy)]
 pub enum Kind {
     Stripe,
     Github,
@@ -19,10 +22,19 @@ pub enum Kind {
     Standard,
     Hmac,
     None,
+    Preset(&'static Preset),
 }
 
+impl PartialEq for Kind {
+    fn eq(&self, other: &Kind) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Kind {}
+
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const BUILT_IN: [Kind; 9] = [
         Kind::Stripe,
         Kind::Github,
         Kind::Shopify,
@@ -45,16 +57,36 @@ impl Kind {
             Kind::Standard => "standard",
             Kind::Hmac => "hmac",
             Kind::None => "none",
+            Kind::Preset(p) => p.name,
         }
     }
 
+    /// Every kind: the built-in ones, then the providers' table.
+    pub fn all() -> impl Iterator<Item = Kind> {
+        Kind::BUILT_IN
+            .into_iter()
+            .chain(presets::PRESETS.iter().map(Kind::Preset))
+    }
+
     pub(super) fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == s)
+        let s = presets::alias(s).unwrap_or(s);
+        Kind::all().find(|k| k.name() == s)
+    }
+
+    /// The provider's row, for the kinds of the table.
+    pub fn preset(self) -> Option<&'static Preset> {
+        match self {
+            Kind::Preset(p) => Some(p),
+            _ => None,
+        }
     }
 
     /// True for the schemes whose signature covers a timestamp, which
     /// `tolerance` bounds.
     pub fn signs_timestamp(self) -> bool {
+        if let Kind::Preset(p) = self {
+            return p.tolerance_secs.is_some();
+        }
         matches!(
             self,
             Kind::Stripe | Kind::Slack | Kind::Paddle | Kind::Linear | Kind::Standard
@@ -66,6 +98,7 @@ impl Kind {
     /// kinds in docs/configuration.md gives the reason for each.
     pub fn default_retention(self) -> Duration {
         let days = match self {
+            Kind::Preset(p) => p.retention_days,
             // retries for up to 3 days
             Kind::Stripe | Kind::Paddle => 7,
             // manual redelivery for 3 days (7 on Enterprise Server)
@@ -87,6 +120,7 @@ impl Kind {
     /// new event. None for senders idemhook knows nothing about.
     pub fn retry_horizon(self) -> Option<(Duration, &'static str)> {
         let (secs, what) = match self {
+            Kind::Preset(p) => p.horizon?,
             Kind::Stripe => (3 * 86_400, "Stripe retries for up to 3 days"),
             Kind::Paddle => (3 * 86_400, "Paddle retries for up to 3 days"),
             Kind::Github => (
@@ -107,6 +141,9 @@ impl Kind {
 
     /// The key rule each kind uses unless the source overrides `key`.
     pub(super) fn default_key(self) -> Option<Vec<Part>> {
+        if let Kind::Preset(p) = self {
+            return p.key.iter().map(|s| Part::parse(s).ok()).collect();
+        }
         let rule = match self {
             Kind::Stripe => "json:/id",
             Kind::Github => "header:X-GitHub-Delivery",
@@ -115,12 +152,15 @@ impl Kind {
             Kind::Paddle => "json:/event_id",
             Kind::Linear => "header:Linear-Delivery",
             Kind::Standard => "header:webhook-id|header:svix-id",
-            Kind::Hmac | Kind::None => return None,
+            Kind::Hmac | Kind::None | Kind::Preset(_) => return None,
         };
         Part::parse(rule).ok().map(|p| vec![p])
     }
 
     pub(super) fn default_type(self) -> Option<Part> {
+        if let Kind::Preset(p) = self {
+            return p.event_type.first().and_then(|s| Part::parse(s).ok());
+        }
         let rule = match self {
             Kind::Stripe => "json:/type",
             Kind::Github => "header:X-GitHub-Event",
@@ -129,7 +169,7 @@ impl Kind {
             Kind::Paddle => "json:/event_type",
             Kind::Linear => "header:Linear-Event",
             Kind::Standard => "json:/type",
-            Kind::Hmac | Kind::None => return None,
+            Kind::Hmac | Kind::None | Kind::Preset(_) => return None,
         };
         Part::parse(rule).ok()
     }
@@ -165,6 +205,7 @@ impl Kind {
                 "svix-signature",
             ],
             Kind::Hmac | Kind::None => &[],
+            Kind::Preset(p) => p.kept_headers,
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod check_template;
 pub mod database_url;
 mod kind;
 mod parse;
+pub mod presets;
 mod raw;
 mod source;
 #[cfg(test)]
@@ -93,6 +94,8 @@ pub struct Config {
     /// listener does not serve them.
     pub admin_listen: Option<String>,
     pub http: HttpLimits,
+    /// Events one batch delivery may carry; more is refused (413).
+    pub max_batch_items: usize,
     pub sources: Vec<Source>,
     /// What is valid but will likely misbehave (a secret that looks like a
     /// shell variable, a retention shorter than the provider retries):
@@ -131,10 +134,22 @@ pub struct Source {
     pub payload_retention: Duration,
     pub key: Rule,
     pub event_type: Option<Part>,
+    /// More parts of the type, each joined with `.` when present
+    /// (GoCardless's `resource_type` + `action`).
+    pub event_type_more: Vec<Part>,
+    /// The key when the rule's parts are missing (Graph's optional `id`).
+    pub key_fallback: Option<Rule>,
     /// What a duplicate must match; empty means the whole body.
     pub hash: Vec<Part>,
+    /// With an empty `hash`: members left out of the body's hash (a
+    /// provider's attempt counter).
+    pub hash_without: Vec<&'static str>,
     pub on_mismatch: OnMismatch,
     pub actions: Vec<Action>,
+    /// The URL the provider calls, for kinds that sign it.
+    pub public_url: Option<String>,
+    /// Meta's subscription handshake token.
+    pub verify_token: Option<Secret>,
 }
 
 impl Source {
@@ -143,6 +158,11 @@ impl Source {
     pub fn needs_json(&self) -> bool {
         self.kind == Kind::Linear
             || self.kind == Kind::Slack
+            || self
+                .kind
+                .preset()
+                .is_some_and(|p| p.batch.is_some() || p.handshake != presets::Handshake::None)
+            || !self.hash_without.is_empty()
             || self.key.parts.iter().any(Part::reads_json)
             || self.event_type.as_ref().is_some_and(Part::reads_json)
             || self.hash.iter().any(Part::reads_json)
@@ -158,13 +178,27 @@ impl Source {
         })
     }
 
+    /// True when a rule reads form fields, so a form body is parsed.
+    pub fn reads_form(&self) -> bool {
+        self.key.parts.iter().any(Part::reads_form)
+            || self.event_type.as_ref().is_some_and(Part::reads_form)
+            || self.hash.iter().any(Part::reads_form)
+    }
+
+    /// The batch shape of this source's kind, if its deliveries are batches.
+    pub fn batch(&self) -> Option<presets::Batch> {
+        self.kind.preset().and_then(|p| p.batch)
+    }
+
     pub fn action(&self, name: &str) -> Option<&Action> {
         self.actions.iter().find(|a| a.name == name)
     }
 
     /// The hash rule as text, recorded with the key rule.
     pub fn hash_rule(&self) -> String {
-        if self.hash.is_empty() {
+        if self.hash.is_empty() && !self.hash_without.is_empty() {
+            format!("body without {}", self.hash_without.join(", "))
+        } else if self.hash.is_empty() {
             "body".to_string()
         } else {
             self.hash

@@ -91,6 +91,12 @@ impl Config {
             _ => return Err(err("tls_cert and tls_key: set both or neither".into())),
         };
         let http = http_limits_of(&raw).map_err(err)?;
+        let max_batch_items = raw.max_batch_items.unwrap_or(1000);
+        if !(1..=100_000).contains(&max_batch_items) {
+            return Err(err(format!(
+                "max_batch_items: must be 1 to 100000, got {max_batch_items}"
+            )));
+        }
 
         if raw.sources.is_empty() && file.is_some() {
             return Err(err(
@@ -122,6 +128,7 @@ impl Config {
             tls,
             admin_listen: raw.admin_listen,
             http,
+            max_batch_items,
             sources,
             warnings,
         })

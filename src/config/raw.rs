@@ -27,6 +27,7 @@ pub(super) struct RawConfig {
     pub(super) header_timeout: Option<String>,
     pub(super) body_timeout: Option<String>,
     pub(super) idle_timeout: Option<String>,
+    pub(super) max_batch_items: Option<usize>,
     #[serde(default)]
     pub(super) sources: BTreeMap<String, RawSource>,
 }
@@ -51,6 +52,13 @@ pub(super) struct RawSource {
     pub(super) algorithm: Option<String>,
     pub(super) encoding: Option<String>,
     pub(super) prefix: Option<String>,
+    pub(super) template: Option<String>,
+    pub(super) timestamp_header: Option<String>,
+    pub(super) timestamp_format: Option<String>,
+    // kinds that sign the URL (and `hmac` with {url})
+    pub(super) public_url: Option<String>,
+    // kind = "meta"
+    pub(super) verify_token: Option<String>,
     #[serde(default)]
     pub(super) actions: Vec<RawAction>,
 }

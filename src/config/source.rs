@@ -6,10 +6,14 @@ use std::time::Duration;
 
 use super::action::{check_after, resolve_action};
 use super::kind::Kind;
+use super::presets::Handshake;
 use super::raw::{RawAction, RawSource};
 use super::values::{opt_duration, parse_duration, resolve_secret, valid_name};
 use super::{Action, OnMismatch, Source};
 use crate::key::{Part, Rule};
+use crate::verify::rule::{
+    Alg, Carrier, Piece, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
+};
 use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Verifier};
 
 /// Resolves one source, step by step in the file's order of keys, so the
@@ -22,7 +26,8 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         );
     }
     let kind = Kind::parse(&rs.kind).ok_or_else(|| {
-        let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        let mut names: Vec<&str> = Kind::all().map(|k| k.name()).collect();
+        names.extend(["clerk", "resend", "svix"]);
         format!(
             "kind: unknown kind {:?}, expected one of {}",
             rs.kind,
@@ -30,9 +35,41 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         )
     })?;
     let scheme = scheme_of(kind, &rs)?;
-    let signing = signing_of(kind, scheme, &rs, base)?;
+    let public_url = public_url_of(&scheme, &rs)?;
+    let verify_token = match (&rs.verify_token, kind.preset().map(|p| p.handshake)) {
+        (Some(spec), Some(Handshake::Meta)) => {
+            Some(resolve_secret(spec, base).map_err(|e| format!("verify_token: {e}"))?)
+        }
+        (Some(_), _) => {
+            return Err("verify_token: only sources of kind \"meta\" take this key".to_string());
+        }
+        (None, Some(Handshake::Meta)) => {
+            return Err("verify_token: kind \"meta\" needs the token its GET handshake carries (hub.verify_token)".to_string());
+        }
+        (None, _) => None,
+    };
+    let mut signing = signing_of(kind, scheme, &rs, base)?;
+    signing.verifier = signing.verifier.with_public_url(public_url.clone());
     let (retention, payload_retention) = retentions_of(kind, &rs)?;
     let (key_parts, event_type, hash) = rules_of(kind, &rs)?;
+    let preset = kind.preset();
+    let parse_all = |specs: &[&str]| -> Vec<Part> {
+        specs.iter().filter_map(|s| Part::parse(s).ok()).collect()
+    };
+    let event_type_more = match preset {
+        Some(p) if rs.event_type.is_none() => parse_all(p.event_type.get(1..).unwrap_or(&[])),
+        _ => Vec::new(),
+    };
+    let key_fallback = match preset {
+        Some(p) if rs.key.is_none() && !p.key_fallback.is_empty() => Some(Rule {
+            parts: parse_all(p.key_fallback),
+        }),
+        _ => None,
+    };
+    let hash_without = match preset {
+        Some(p) if rs.hash.is_none() => p.hash_without.to_vec(),
+        _ => Vec::new(),
+    };
     let on_mismatch = match rs.on_mismatch.as_deref().unwrap_or("ack") {
         "ack" => OnMismatch::Ack,
         "reject" => OnMismatch::Reject,
@@ -55,10 +92,43 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         payload_retention,
         key: Rule { parts: key_parts },
         event_type,
+        event_type_more,
+        key_fallback,
         hash,
+        hash_without,
         on_mismatch,
         actions,
+        public_url,
+        verify_token,
     })
+}
+
+/// `public_url`, required by the kinds whose signature covers the URL.
+fn public_url_of(scheme: &Scheme, rs: &RawSource) -> Result<Option<String>, String> {
+    match (&rs.public_url, scheme.covers_url()) {
+        (None, true) => Err(format!(
+            "public_url: kind \"{}\" signs the URL it calls; set public_url to that URL as configured at the provider (https://...)",
+            scheme.kind()
+        )),
+        (Some(_), false) => Err(format!(
+            "public_url: kind \"{}\" does not sign the URL, so it takes no public_url",
+            scheme.kind()
+        )),
+        (Some(url), true) => {
+            let ok = (url.starts_with("https://") || url.starts_with("http://"))
+                && url.len() > "https://".len()
+                && !url.contains(char::is_whitespace)
+                && !url.contains('#');
+            if ok {
+                Ok(Some(url.clone()))
+            } else {
+                Err(format!(
+                    "public_url: {url:?} is not an http:// or https:// URL without spaces or #fragment"
+                ))
+            }
+        }
+        (None, false) => Ok(None),
+    }
 }
 
 /// The signature scheme of `kind`; for kind `hmac`, its header, algorithm,
@@ -69,6 +139,9 @@ fn scheme_of(kind: Kind, rs: &RawSource) -> Result<Scheme, String> {
         ("algorithm", rs.algorithm.is_some()),
         ("encoding", rs.encoding.is_some()),
         ("prefix", rs.prefix.is_some()),
+        ("template", rs.template.is_some()),
+        ("timestamp_header", rs.timestamp_header.is_some()),
+        ("timestamp_format", rs.timestamp_format.is_some()),
     ];
     if kind != Kind::Hmac
         && let Some((key, _)) = hmac_keys.iter().find(|(_, set)| *set)
@@ -86,7 +159,94 @@ fn scheme_of(kind: Kind, rs: &RawSource) -> Result<Scheme, String> {
         Kind::Linear => Scheme::Linear,
         Kind::Standard => Scheme::Standard,
         Kind::None => Scheme::None,
+        Kind::Preset(p) => (p.scheme)(),
+        Kind::Hmac if rs.template.is_some() || rs.timestamp_header.is_some() => {
+            hmac_template(hmac_params(rs)?, rs)?
+        }
         Kind::Hmac => Scheme::Hmac(hmac_params(rs)?),
+    })
+}
+
+/// Kind `hmac` with a `template` of the signed content: `{body}`,
+/// `{timestamp}` (from `timestamp_header`, checked against `tolerance`),
+/// `{url}` (`public_url`), `{method}`, `{header:Name}` and literal text.
+fn hmac_template(params: HmacParams, rs: &RawSource) -> Result<Scheme, String> {
+    let template = rs.template.as_deref().unwrap_or("{body}");
+    let mut message = Vec::new();
+    let mut rest = template;
+    while !rest.is_empty() {
+        match rest.find('{') {
+            Some(0) => {
+                let end = rest
+                    .find('}')
+                    .ok_or_else(|| format!("template: {template:?} has a {{ without its }}"))?;
+                let name = &rest[1..end];
+                message.push(match name {
+                    "body" => Piece::Body,
+                    "timestamp" => Piece::Timestamp,
+                    "url" => Piece::Url,
+                    "method" => Piece::Method,
+                    other => match other.strip_prefix("header:") {
+                        Some(h) if !h.is_empty() => Piece::Header(h.to_string()),
+                        _ => {
+                            return Err(format!(
+                                "template: unknown placeholder {{{other}}}; use {{body}}, {{timestamp}}, {{url}}, {{method}} or {{header:Name}}"
+                            ));
+                        }
+                    },
+                });
+                rest = &rest[end + 1..];
+            }
+            Some(i) => {
+                message.push(Piece::Text(rest[..i].to_string()));
+                rest = &rest[i..];
+            }
+            None => {
+                message.push(Piece::Text(rest.to_string()));
+                rest = "";
+            }
+        }
+    }
+    if !message.contains(&Piece::Body) {
+        return Err(format!("template: {template:?} does not sign {{body}}"));
+    }
+    let format: TimeFormat = match &rs.timestamp_format {
+        Some(f) => f.parse().map_err(|e| format!("timestamp_format: {e}"))?,
+        None => TimeFormat::Unix,
+    };
+    let timestamp = match (&rs.timestamp_header, message.contains(&Piece::Timestamp)) {
+        (Some(h), true) => Some(Timestamp {
+            from: TimeFrom::Header(h.clone()),
+            format,
+            window: Window::Both,
+        }),
+        (None, true) => {
+            return Err(
+                "timestamp_header: the template signs {timestamp}; name the header it comes in"
+                    .to_string(),
+            );
+        }
+        (Some(_), false) => {
+            return Err("timestamp_header: the template does not sign {timestamp}, so a timestamp header would not be verified".to_string());
+        }
+        (None, false) => None,
+    };
+    Ok(Scheme::Rule {
+        kind: "hmac",
+        rule: Box::new(SignedRule {
+            alg: Alg::Hmac(params.algorithm),
+            encoding: params.encoding,
+            message,
+            carrier: Carrier::Header {
+                name: params.header,
+                prefix: params.prefix,
+                list: None,
+            },
+            timestamp,
+            hex_key: false,
+            escaped_body: false,
+            require: Vec::new(),
+        }),
     })
 }
 
@@ -154,7 +314,12 @@ fn signing_of(kind: Kind, scheme: Scheme, rs: &RawSource, base: &Path) -> Result
             "allow_unsigned: only sources of kind \"none\" take this key; other kinds always verify"
                 .to_string(),
         );
-    } else if rs.secrets.is_empty() {
+    } else if rs.secrets.is_empty()
+        && !matches!(
+            kind.preset().map(|p| p.handshake),
+            Some(Handshake::Asana | Handshake::Notion)
+        )
+    {
         return Err("secrets: at least one secret is needed".to_string());
     }
     let mut secrets = Vec::new();
@@ -162,7 +327,11 @@ fn signing_of(kind: Kind, scheme: Scheme, rs: &RawSource, base: &Path) -> Result
         secrets.push(resolve_secret(spec, base).map_err(|e| format!("secrets[{i}]: {e}"))?);
     }
     let secret_count = secrets.len();
-    let tolerance = opt_duration(&rs.tolerance, "tolerance", "5m")?;
+    let default_tolerance = kind
+        .preset()
+        .and_then(|p| p.tolerance_secs)
+        .map_or_else(|| "5m".to_string(), |s| format!("{s}s"));
+    let tolerance = opt_duration(&rs.tolerance, "tolerance", &default_tolerance)?;
     let verifier =
         Verifier::new(scheme, secrets, tolerance).map_err(|e| format!("secrets: {e}"))?;
     Ok(Signing {

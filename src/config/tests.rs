@@ -85,7 +85,7 @@ fn bad_values_name_the_key() {
             "durability",
         ),
         (
-            "[sources.a]\nkind = \"gitlab\"\nsecrets = [\"s\"]",
+            "[sources.a]\nkind = \"gitlub\"\nsecrets = [\"s\"]",
             "sources.a.kind",
         ),
         ("[sources.a]\nkind = \"github\"", "sources.a.secrets"),
@@ -361,7 +361,7 @@ fn check_warns_about_shell_variables_and_short_retention() {
     assert!(!all.contains("sources.b.retention"), "{all}");
     assert_eq!(c.warnings.len(), 3, "{all}");
     // Every kind's default retention covers its horizon.
-    for kind in Kind::ALL {
+    for kind in Kind::all() {
         if let Some((horizon, _)) = kind.retry_horizon() {
             assert!(kind.default_retention() >= horizon, "{kind}");
         }

@@ -354,16 +354,21 @@ fn deliveries(
     let mut deliveries = Vec::new();
     for r in db.query(
         &format!(
-            "SELECT received_at, outcome, remote FROM deliveries
+            "SELECT received_at, outcome, remote, detail FROM deliveries
              WHERE {DELIVERIES_OF_EVENT} ORDER BY id"
         ),
         args![source, event_id, received_at],
     )? {
-        deliveries.push(json!({
+        let mut delivery = json!({
             "received_at": ms_to_secs(r.i64(0)?),
             "outcome": r.string(1)?,
             "remote": r.opt_string(2)?,
-        }));
+        });
+        // A claim's delivery row has a detail only when it came in a batch.
+        if let Some(batch) = r.opt_string(3)? {
+            delivery["batch"] = Value::String(batch);
+        }
+        deliveries.push(delivery);
     }
     Ok(Value::Array(deliveries))
 }
@@ -605,10 +610,14 @@ fn render_deliveries(out: &mut String, deliveries: &[Value]) {
     for d in deliveries {
         let _ = writeln!(
             out,
-            "  {}  {:<10} {}",
+            "  {}  {:<10} {}{}",
             fmt_json_time(&d["received_at"]),
             cell(&d["outcome"]),
-            cell(&d["remote"])
+            cell(&d["remote"]),
+            d.get("batch")
+                .and_then(Value::as_str)
+                .map(|b| format!("  batch {b}"))
+                .unwrap_or_default()
         );
     }
 }

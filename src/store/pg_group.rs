@@ -40,7 +40,8 @@ pub type Work<'f, R> = Box<dyn FnMut(&mut PgTx<'_>) -> Result<R, StoreError> + '
 pub struct Op<'f, R> {
     pub key: (String, String),
     pub savepoints: usize,
-    pub event: Option<EventRow>,
+    /// The event rows its claims insert (several for a batch).
+    pub events: Vec<EventRow>,
     pub run: Work<'f, R>,
 }
 
@@ -132,10 +133,10 @@ fn try_transaction<R>(
         .map_err(|e| (StoreError::from(e), false))?;
     let mut values = Vec::with_capacity(chunk.len());
     let mut tx = PgTx::grouped(client, statements);
-    let rows: Vec<&EventRow> = chunk
-        .iter()
-        .filter_map(|&i| ops[i].event.as_ref())
-        .collect();
+    // In key order across the whole transaction (a batch's rows among
+    // the others'), so that two instances take shared keys in one order.
+    let mut rows: Vec<&EventRow> = chunk.iter().flat_map(|&i| ops[i].events.iter()).collect();
+    rows.sort_by(|a, b| (&a.source, &a.event_id).cmp(&(&b.source, &b.event_id)));
     if let Err(e) = tx.insert_events(&rows) {
         let retryable = is_retryable(&e);
         return Err((e, retryable));
@@ -216,6 +217,7 @@ params = { instance = "header:x-instance" }
             signed_at: None,
             received_at: now_ms(),
             remote: "test".to_string(),
+            batch: None,
         }
     }
 
@@ -257,7 +259,7 @@ params = { instance = "header:x-instance" }
                             .map(|c| Op {
                                 key: (source.name.clone(), c.event_id.clone()),
                                 savepoints: 1,
-                                event: event_row(source, c),
+                                events: event_row(source, c).into_iter().collect(),
                                 run: Box::new(move |tx: &mut PgTx<'_>| claim_in(tx, source, c)),
                             })
                             .collect();
@@ -318,7 +320,7 @@ params = { instance = "header:x-instance" }
         let mut first = vec![Op {
             key: (source.name.clone(), "e0".to_string()),
             savepoints: 1,
-            event: event_row(source, &stored),
+            events: event_row(source, &stored).into_iter().collect(),
             run: Box::new(|tx: &mut PgTx<'_>| claim_in(tx, source, &stored)),
         }];
         let r = run_group(&mut client, &mut statements, &mut first);
@@ -342,7 +344,11 @@ params = { instance = "header:x-instance" }
                 key: (source.name.clone(), c.event_id.clone()),
                 savepoints: 1,
                 // e3 has no row: its claim inserts it on its own.
-                event: (i != 5).then(|| event_row(source, c)).flatten(),
+                events: (i != 5)
+                    .then(|| event_row(source, c))
+                    .flatten()
+                    .into_iter()
+                    .collect(),
                 run: Box::new(move |tx: &mut PgTx<'_>| claim_in(tx, source, c)),
             })
             .collect();
@@ -425,7 +431,7 @@ params = { instance = "header:x-instance" }
                     let mut ops = vec![Op {
                         key: ("k".to_string(), first.to_string()),
                         savepoints: 0,
-                        event: None,
+                        events: Vec::new(),
                         run: Box::new(|tx: &mut PgTx<'_>| {
                             tries += 1;
                             let c = tx.client();
@@ -471,7 +477,7 @@ params = { instance = "header:x-instance" }
                 .map(|i| Op {
                     key: ("k".to_string(), format!("{i:03}")),
                     savepoints: 2,
-                    event: None,
+                    events: Vec::new(),
                     run: Box::new(move |tx: &mut PgTx<'_>| {
                         let xid: i64 = tx.client().query_one("SELECT txid_current()", &[])?.get(0);
                         Ok((xid, i))

@@ -15,10 +15,12 @@
 //! `Debug` output contains a secret or an expected signature; nothing on an
 //! input-driven path panics.
 
+mod custom;
 mod github;
 mod hmac_generic;
 mod linear;
 mod paddle;
+pub mod rule;
 mod shopify;
 mod slack;
 mod standard;
@@ -26,8 +28,10 @@ mod stripe;
 #[cfg(test)]
 mod test_support;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -99,6 +103,8 @@ pub enum Encoding {
     Hex,
     /// Standard alphabet with padding, both ways.
     Base64,
+    /// The value as sent: a shared secret in a header, not a signature.
+    Text,
 }
 
 impl FromStr for Encoding {
@@ -116,6 +122,22 @@ impl FromStr for Encoding {
     }
 }
 
+fn encoding_name(encoding: Encoding) -> &'static str {
+    match encoding {
+        Encoding::Hex => "hex",
+        Encoding::Base64 => "base64",
+        Encoding::Text => "plain",
+    }
+}
+
+fn algorithm_name(algorithm: HmacAlgorithm) -> &'static str {
+    match algorithm {
+        HmacAlgorithm::Sha1 => "SHA1",
+        HmacAlgorithm::Sha256 => "SHA256",
+        HmacAlgorithm::Sha512 => "SHA512",
+    }
+}
+
 /// The settings of kind `hmac`: an HMAC of the raw body in one header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HmacParams {
@@ -124,6 +146,28 @@ pub struct HmacParams {
     pub encoding: Encoding,
     /// Stripped before decoding (compared ignoring ASCII case), e.g. `sha256=`; may be empty.
     pub prefix: String,
+}
+
+/// What a verifier sees of a request: the method, the raw query (without
+/// `?`), the headers as received and the raw body.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub method: &'a str,
+    pub query: &'a str,
+    pub headers: &'a [(String, String)],
+    pub body: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    /// A POST without a query.
+    pub fn post(headers: &'a [(String, String)], body: &'a [u8]) -> Request<'a> {
+        Request {
+            method: "POST",
+            query: "",
+            headers,
+            body,
+        }
+    }
 }
 
 /// A signature scheme, one per source `kind`.
@@ -137,6 +181,15 @@ pub enum Scheme {
     Linear,
     Standard,
     Hmac(HmacParams),
+    /// A provider's rule as data (`rule.rs`), or the generic kind's template.
+    Rule {
+        kind: &'static str,
+        rule: Box<rule::SignedRule>,
+    },
+    Twilio,
+    Hubspot,
+    Adyen,
+    Msgraph,
     None,
 }
 
@@ -152,7 +205,48 @@ impl Scheme {
             Scheme::Linear => "linear",
             Scheme::Standard => "standard",
             Scheme::Hmac(_) => "hmac",
+            Scheme::Rule { kind, .. } => kind,
+            Scheme::Twilio => "twilio",
+            Scheme::Hubspot => "hubspot",
+            Scheme::Adyen => "adyen",
+            Scheme::Msgraph => "msgraph",
             Scheme::None => "none",
+        }
+    }
+
+    /// The rule in one line, for `check`.
+    pub fn describe(&self) -> String {
+        match self {
+            Scheme::Stripe => "Stripe-Signature t=..,v1=..: hex HMAC-SHA256 of t.body; timestamp within tolerance".into(),
+            Scheme::Github => "X-Hub-Signature-256 sha256=: hex HMAC-SHA256 of the body".into(),
+            Scheme::Shopify => "X-Shopify-Hmac-Sha256: base64 HMAC-SHA256 of the body".into(),
+            Scheme::Slack => "X-Slack-Signature v0=: hex HMAC-SHA256 of v0:ts:body; X-Slack-Request-Timestamp within tolerance".into(),
+            Scheme::Paddle => "Paddle-Signature ts=..;h1=..: hex HMAC-SHA256 of ts:body; timestamp within tolerance".into(),
+            Scheme::Linear => "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance".into(),
+            Scheme::Standard => "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance".into(),
+            Scheme::Hmac(p) => format!(
+                "{} {}: {} HMAC-{} of the body",
+                p.header,
+                p.prefix,
+                encoding_name(p.encoding),
+                algorithm_name(p.algorithm)
+            ),
+            Scheme::Rule { rule, .. } => rule.describe(),
+            Scheme::Twilio => "X-Twilio-Signature: base64 HMAC-SHA1 (SHA-256 with the signature settings) of public_url + query + sorted form fields, or of the URL with bodySHA256".into(),
+            Scheme::Hubspot => "X-HubSpot-Signature-v3: base64 HMAC-SHA256 of method + public_url + body + X-HubSpot-Request-Timestamp (ms, not older than tolerance); legacy v1/v2 hex SHA-256".into(),
+            Scheme::Adyen => "each item's additionalData.hmacSignature: base64 HMAC-SHA256 (hex key) of its eight fields joined by :".into(),
+            Scheme::Msgraph => "no signature: each item's clientState equals a secret".into(),
+            Scheme::None => "none (unsigned)".into(),
+        }
+    }
+
+    /// True when the signature covers the URL the provider called, so the
+    /// source needs `public_url`.
+    pub fn covers_url(&self) -> bool {
+        match self {
+            Scheme::Twilio | Scheme::Hubspot => true,
+            Scheme::Rule { rule, .. } => rule.covers(&rule::Piece::Url),
+            _ => false,
         }
     }
 }
@@ -186,6 +280,11 @@ pub enum VerifyError {
     /// Well-formed, but no signature matched any secret: wrong secret or tampered body.
     #[error("no signature matched")]
     NoSignatureMatched,
+    /// As `NoSignatureMatched`, for a scheme that signs the URL too.
+    #[error(
+        "no signature matched the body and public_url (a wrong secret, or not the URL the provider called)"
+    )]
+    NoSignatureMatchedUrl,
     #[error("timestamp is {age_secs}s old, beyond the tolerance")]
     TimestampTooOld { age_secs: u64 },
     #[error("timestamp is {ahead_secs}s in the future, beyond the tolerance")]
@@ -242,6 +341,8 @@ pub enum MalformedReason {
     BadHex,
     #[error("signature is not base64")]
     BadBase64,
+    #[error("is not {0:?}, the only one supported")]
+    Unsupported(String),
 }
 
 impl MalformedReason {
@@ -258,8 +359,11 @@ impl MalformedReason {
 enum Key {
     /// HMAC key bytes: the secret as written, or base64-decoded for `whsec_`.
     Hmac(Vec<u8>),
-    /// A Standard Webhooks `whpk_` public key: verifies `v1a` entries, cannot sign.
+    /// A Standard Webhooks `whpk_` public key (verifies `v1a` entries), or
+    /// Discord's application key: verifies, cannot sign.
     Ed25519(ed25519_dalek::VerifyingKey),
+    /// SendGrid's verification key.
+    P256(p256::ecdsa::VerifyingKey),
 }
 
 /// Verifies (and, for `idemhook send`, produces) one source's signatures.
@@ -269,6 +373,10 @@ pub struct Verifier {
     scheme: Scheme,
     keys: Vec<Key>,
     tolerance: Duration,
+    /// The URL the provider calls, for schemes that sign it.
+    public_url: Option<String>,
+    /// Secrets a handshake handed over (Asana, Notion), after the configured ones.
+    learned: Arc<RwLock<Vec<Key>>>,
 }
 
 impl fmt::Debug for Verifier {
@@ -277,6 +385,7 @@ impl fmt::Debug for Verifier {
             .field("scheme", &self.scheme)
             .field("keys", &format_args!("[{} REDACTED]", self.keys.len()))
             .field("tolerance", &self.tolerance)
+            .field("public_url", &self.public_url)
             .finish()
     }
 }
@@ -295,6 +404,14 @@ impl Verifier {
         }
         match (&scheme, secrets.len()) {
             (Scheme::None, 0) => {}
+            // Asana and Notion hand their secret over in a handshake.
+            (
+                Scheme::Rule {
+                    kind: "asana" | "notion",
+                    ..
+                },
+                0,
+            ) => {}
             (Scheme::None, n) => return Err(format!("kind none takes no secrets, got {n}")),
             (scheme, 0) => {
                 return Err(format!("kind {} needs at least one secret", scheme.kind()));
@@ -312,7 +429,62 @@ impl Verifier {
             scheme,
             keys,
             tolerance,
+            public_url: None,
+            learned: Arc::default(),
         })
+    }
+
+    /// The URL the provider calls (`public_url`), for schemes that sign it.
+    pub fn with_public_url(mut self, url: Option<String>) -> Verifier {
+        self.public_url = url;
+        self
+    }
+
+    /// Adds a secret handed over by a handshake (kept in the database by
+    /// the caller); it matches after the configured ones.
+    pub fn learn(&self, secret: &Secret) -> Result<(), String> {
+        let key = decode_key(&self.scheme, secret.expose())?;
+        self.learned
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(key);
+        Ok(())
+    }
+
+    /// True when a handshake's secret would be a known one, or there is
+    /// none yet (so it may be learned).
+    pub fn knows_or_lacks(&self, secret: &str) -> bool {
+        let keys = self.keys_now();
+        keys.is_empty()
+            || keys.iter().any(|k| {
+                matches!(k, Key::Hmac(k) if bool::from(subtle::ConstantTimeEq::ct_eq(k.as_slice(), secret.as_bytes())))
+            })
+    }
+
+    /// How many secrets verify now (configured and learned).
+    pub fn key_count(&self) -> usize {
+        self.keys.len() + self.learned.read().map_or(0, |l| l.len())
+    }
+
+    /// The configured keys, then the learned ones.
+    fn keys_now(&self) -> Cow<'_, [Key]> {
+        let learned = self.learned.read().unwrap_or_else(|p| p.into_inner());
+        if learned.is_empty() {
+            Cow::Borrowed(&self.keys)
+        } else {
+            Cow::Owned(self.keys.iter().chain(learned.iter()).cloned().collect())
+        }
+    }
+
+    /// The URL the provider signed: `public_url`, with the request's query
+    /// appended unless `public_url` has one of its own.
+    pub fn url_of(&self, query: &str) -> String {
+        let base = self.public_url.as_deref().unwrap_or("");
+        if query.is_empty() || base.contains('?') {
+            base.to_owned()
+        } else {
+            format!("{base}?{query}")
+        }
     }
 
     pub fn scheme(&self) -> &Scheme {
@@ -331,6 +503,13 @@ impl Verifier {
         body: &[u8],
         now: i64,
     ) -> Result<Verdict, VerifyError> {
+        self.verify_request(&Request::post(headers, body), now)
+    }
+
+    /// Checks the signature of a request: over its raw body, and for the
+    /// schemes that sign them, its method, URL and query.
+    pub fn verify_request(&self, rq: &Request<'_>, now: i64) -> Result<Verdict, VerifyError> {
+        let (headers, body) = (rq.headers, rq.body);
         match &self.scheme {
             Scheme::Stripe => stripe::SCHEME.verify(self, headers, body, now),
             Scheme::Github => github::verify(self, headers, body),
@@ -340,6 +519,11 @@ impl Verifier {
             Scheme::Linear => linear::verify(self, headers, body, now),
             Scheme::Standard => standard::verify(self, headers, body, now),
             Scheme::Hmac(params) => hmac_generic::verify(self, params, headers, body),
+            Scheme::Rule { rule, .. } => rule::verify(self, rule, rq, now),
+            Scheme::Twilio => custom::twilio_verify(self, rq),
+            Scheme::Hubspot => custom::hubspot_verify(self, rq, now),
+            Scheme::Adyen => custom::adyen_verify(self, rq),
+            Scheme::Msgraph => custom::msgraph_verify(self, rq),
             Scheme::None => Ok(Verdict {
                 secret_index: None,
                 timestamp: None,
@@ -352,6 +536,20 @@ impl Verifier {
     /// one (Standard's `webhook-id`) and ignored by the others. Fails for kind
     /// `none` and for a `whpk_` public key.
     pub fn sign(&self, body: &[u8], now: i64, id: &str) -> Result<Vec<(String, String)>, String> {
+        self.sign_request(&Request::post(&[], body), now, id, None)
+    }
+
+    /// The signature headers for `rq` (whose headers are the ones already
+    /// set, such as the id a rule signs), at `now`; the asymmetric kinds
+    /// sign with `private_key`, a PKCS#8 PEM text.
+    pub fn sign_request(
+        &self,
+        rq: &Request<'_>,
+        now: i64,
+        id: &str,
+        private_key: Option<&str>,
+    ) -> Result<Vec<(String, String)>, String> {
+        let body = rq.body;
         match &self.scheme {
             Scheme::Stripe => stripe::SCHEME.sign(self, body, now),
             Scheme::Github => github::sign(self, body),
@@ -361,7 +559,42 @@ impl Verifier {
             Scheme::Linear => linear::sign(self, body),
             Scheme::Standard => standard::sign(self, body, now, id),
             Scheme::Hmac(params) => hmac_generic::sign(self, params, body),
+            Scheme::Rule { rule, .. } => rule::sign(self, rule, rq, now, private_key),
+            Scheme::Twilio => custom::twilio_sign(self, rq),
+            Scheme::Hubspot => custom::hubspot_sign(self, rq, now),
+            Scheme::Adyen | Scheme::Msgraph => Ok(Vec::new()),
             Scheme::None => Err("kind none does not sign".to_owned()),
+        }
+    }
+
+    /// Hex HMAC-SHA256 of `message` with secret `index` (Zoom's handshake
+    /// answer); None when that secret is not an HMAC key.
+    pub fn hmac_hex_with(&self, index: usize, message: &[u8]) -> Option<String> {
+        match self.keys_now().get(index)? {
+            Key::Hmac(key) => hmac_tag(HmacAlgorithm::Sha256, key, &[message])
+                .ok()
+                .map(hex::encode),
+            _ => None,
+        }
+    }
+
+    /// The body as the provider would send it at `now`: Adyen and Mailgun
+    /// sign inside it.
+    pub fn sign_body(&self, body: &[u8], now: i64) -> Result<Vec<u8>, String> {
+        match &self.scheme {
+            Scheme::Adyen => custom::adyen_sign_body(self, body),
+            Scheme::Rule { rule, .. } if matches!(rule.carrier, rule::Carrier::Json(_)) => {
+                rule::sign_into_body(self, rule, body, now)
+            }
+            _ => Ok(body.to_vec()),
+        }
+    }
+
+    /// Secret 0 as text, when it is a shared secret (not a public key).
+    pub fn first_secret_text(&self) -> Option<String> {
+        match self.keys_now().first()? {
+            Key::Hmac(bytes) => String::from_utf8(bytes.clone()).ok(),
+            _ => None,
         }
     }
 
@@ -377,7 +610,7 @@ impl Verifier {
             .iter()
             .position(|key| match key {
                 Key::Hmac(key) => hmac_matches(algorithm, key, message, tags),
-                Key::Ed25519(_) => false,
+                Key::Ed25519(_) | Key::P256(_) => false,
             })
             .ok_or(VerifyError::NoSignatureMatched)
     }
@@ -386,10 +619,33 @@ impl Verifier {
     fn sign_hmac(&self, algorithm: HmacAlgorithm, message: &[&[u8]]) -> Result<Vec<u8>, String> {
         match self.keys.first() {
             Some(Key::Hmac(key)) => hmac_tag(algorithm, key, message),
-            Some(Key::Ed25519(_)) => {
-                Err("secret 0 is a whpk_ public key, which verifies but cannot sign".to_owned())
-            }
+            Some(Key::Ed25519(_) | Key::P256(_)) => Err(
+                "secret 0 is a public key (whpk_, or a provider's), which verifies but cannot sign"
+                    .to_owned(),
+            ),
             None => Err("no secret to sign with".to_owned()),
+        }
+    }
+
+    /// Accepts `timestamp` within the tolerance of `now` on the side(s) the
+    /// window bounds.
+    fn check_window(
+        &self,
+        timestamp: i64,
+        now: i64,
+        window: rule::Window,
+    ) -> Result<(), VerifyError> {
+        match window {
+            rule::Window::Both => self.check_freshness(timestamp, now),
+            rule::Window::PastOnly => match self.check_freshness(timestamp, now) {
+                Err(VerifyError::TimestampInFuture { .. }) => Ok(()),
+                other => other,
+            },
+            rule::Window::NoFuture if timestamp > now => Err(VerifyError::TimestampInFuture {
+                ahead_secs: u64::try_from(i128::from(timestamp) - i128::from(now))
+                    .unwrap_or(u64::MAX),
+            }),
+            rule::Window::NoFuture => self.check_freshness(timestamp, now),
         }
     }
 
@@ -430,6 +686,35 @@ fn decode_key(scheme: &Scheme, secret: &str) -> Result<Key, String> {
     }
     match scheme {
         Scheme::Standard => standard::decode_key(secret),
+        Scheme::Adyen => hex::decode(secret)
+            .map(Key::Hmac)
+            .map_err(|_| "the adyen HMAC key is written in hex".to_owned()),
+        Scheme::Rule { rule, .. } => match rule.alg {
+            rule::Alg::Ed25519 => {
+                let bytes: [u8; 32] = hex::decode(secret)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or("the public key is not 64 hex digits (32 bytes)")?;
+                ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+                    .map(Key::Ed25519)
+                    .map_err(|_| "not an ed25519 public key".to_owned())
+            }
+            rule::Alg::EcdsaP256 => {
+                use p256::pkcs8::DecodePublicKey as _;
+                let der = base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
+                    .decode(secret.trim())
+                    .map_err(|_| "the verification key is not base64")?;
+                p256::ecdsa::VerifyingKey::from_public_key_der(&der)
+                    .map(Key::P256)
+                    .map_err(|_| {
+                        "not a P-256 public key (base64 DER SubjectPublicKeyInfo)".to_owned()
+                    })
+            }
+            _ if rule.hex_key => hex::decode(secret)
+                .map(Key::Hmac)
+                .map_err(|_| "the key is written in hex".to_owned()),
+            _ => Ok(Key::Hmac(secret.as_bytes().to_vec())),
+        },
         // Every other provider uses the secret's text as the HMAC key, prefix
         // and all (Stripe's `whsec_` included).
         _ => Ok(Key::Hmac(secret.as_bytes().to_vec())),
@@ -577,6 +862,7 @@ fn decode_signature(header: &str, raw: &str, encoding: Encoding) -> Result<Vec<u
         Encoding::Base64 => base64::engine::general_purpose::STANDARD
             .decode(raw)
             .map_err(|_| malformed(header, MalformedReason::BadBase64)),
+        Encoding::Text => Ok(raw.as_bytes().to_vec()),
     }
 }
 
@@ -584,6 +870,7 @@ fn encode_signature(bytes: &[u8], encoding: Encoding) -> String {
     match encoding {
         Encoding::Hex => hex::encode(bytes),
         Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(bytes),
+        Encoding::Text => String::from_utf8_lossy(bytes).into_owned(),
     }
 }
 

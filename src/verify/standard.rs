@@ -144,7 +144,7 @@ fn first_match(
                     .iter()
                     .any(|signature| key.verify_strict(content, signature).is_ok())
             }
-            Key::Ed25519(_) => false,
+            Key::Ed25519(_) | Key::P256(_) => false,
         };
         if matched {
             return Ok(index);

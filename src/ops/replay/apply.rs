@@ -251,5 +251,6 @@ fn stored_claim(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Cl
         signed_at,
         received_at: at,
         remote: "replay".to_string(),
+        batch: None,
     }))
 }

@@ -135,6 +135,7 @@ fn claim_for(id: &str, hash: &str) -> Claim {
         signed_at: None,
         received_at: now_ms(),
         remote: "test".to_string(),
+        batch: None,
     }
 }
 

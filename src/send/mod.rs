@@ -4,6 +4,8 @@
 //! and print the answer. For local development and smoke tests; exits
 //! non-zero unless the answer is 2xx.
 
+mod handshake;
+
 use std::io::Read;
 use std::process::ExitCode;
 
@@ -13,14 +15,28 @@ use serde_json::{Value, json};
 use crate::config::{Config, Kind, Source};
 use crate::key::{Atom, Input, Json, Part};
 
-pub fn run(
-    config: &Config,
-    source_name: &str,
-    url: Option<String>,
-    file: Option<String>,
-    id: Option<String>,
-    event_type: Option<String>,
-) -> Result<ExitCode> {
+/// What the command line asked of `send`.
+#[derive(Debug, Default)]
+pub struct Options {
+    pub url: Option<String>,
+    pub file: Option<String>,
+    pub id: Option<String>,
+    pub event_type: Option<String>,
+    /// A PKCS#8 PEM file, for the kinds that sign with a private key.
+    pub private_key: Option<String>,
+    /// Send the kind's verification handshake instead of an event.
+    pub handshake: bool,
+}
+
+pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitCode> {
+    let Options {
+        url,
+        file,
+        id,
+        event_type,
+        private_key,
+        handshake,
+    } = options;
     let source = config.source(source_name).ok_or_else(|| {
         let names: Vec<&str> = config.sources.iter().map(|s| s.name.as_str()).collect();
         anyhow!(
@@ -29,6 +45,24 @@ pub fn run(
         )
     })?;
     let now_ms = crate::time::now_ms();
+    let private_key = match &private_key {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the private key {path}"))?,
+        ),
+        None => None,
+    };
+    let url = match url {
+        // A bare base URL means this source's hook route on it.
+        Some(u) if u.trim_end_matches('/').matches('/').count() <= 2 => {
+            format!("{}/hooks/{}", u.trim_end_matches('/'), source.name)
+        }
+        Some(u) => u,
+        None => default_url(config, source),
+    };
+    if handshake {
+        return handshake::run(config, source, &url, now_ms / 1000, private_key.as_deref());
+    }
     // A given body keeps its own id and type unless --id or --type asks
     // otherwise; headers that carry them get these values.
     let asked = Asked {
@@ -39,8 +73,30 @@ pub fn run(
     let event_type = event_type.unwrap_or_else(|| default_type(source.kind).to_string());
 
     let given = read_given(file.as_deref())?;
-    let mut headers: Vec<(String, String)> =
-        vec![("Content-Type".into(), "application/json".into())];
+    let preset = source.kind.preset();
+    let content_type = preset.map_or("application/json", |p| p.content_type);
+    let mut headers: Vec<(String, String)> = vec![("Content-Type".into(), content_type.into())];
+    // A provider's sample is text with the id and type written in.
+    let preset_sample = match (&given, preset) {
+        (None, Some(p)) => {
+            let created = if asked.id {
+                SAMPLE_CREATED
+            } else {
+                now_ms / 1000
+            };
+            let secret = handshake::first_secret(source);
+            Some(
+                p.sample
+                    .replace("{id}", &id)
+                    .replace("{type}", &event_type)
+                    .replace("{now}", &created.to_string())
+                    .replace("{secret}", &secret),
+            )
+        }
+        _ => None,
+    };
+    let given = given.or_else(|| preset_sample.map(String::into_bytes));
+    let from_sample = preset.is_some() && file.is_none();
     let mut body_json = match &given {
         Some(bytes) => serde_json::from_slice::<Value>(bytes).ok(),
         // A sample for a given --id is the same body every time (its
@@ -59,41 +115,55 @@ pub fn run(
         source,
         (&id, &event_type),
         asked,
-        given.is_some(),
+        given.is_some() && !from_sample,
         &mut headers,
-        body_json.as_mut(),
+        body_json.as_mut().filter(|_| !from_sample),
     )?;
+    if let Some(p) = preset {
+        extra_headers(p.name, &id, &mut headers);
+    }
     if source.kind == Kind::Linear
         && let Some(v) = body_json.as_mut()
     {
         set_pointer(v, "/webhookTimestamp", json!(now_ms));
     }
     let body = body_bytes(given.as_deref(), body_json.as_ref())?;
+    let body = source
+        .verifier
+        .sign_body(&body, now_ms / 1000)
+        .map_err(|e| anyhow!("cannot sign for source {source_name}: {e}"))?;
     let signature = if source.kind == Kind::None {
         Vec::new()
     } else {
+        let request = crate::verify::Request::post(&headers, &body);
         source
             .verifier
-            .sign(&body, now_ms / 1000, &id)
+            .sign_request(&request, now_ms / 1000, &id, private_key.as_deref())
             .map_err(|e| anyhow!("cannot sign for source {source_name}: {e}"))?
     };
     // The signer may set the id header itself (Standard Webhooks' webhook-id).
     headers.retain(|(name, _)| !signature.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)));
     headers.extend(signature);
 
-    let url = match url {
-        // A bare base URL means this source's hook route on it.
-        Some(u) if u.trim_end_matches('/').matches('/').count() <= 2 => {
-            format!("{}/hooks/{}", u.trim_end_matches('/'), source.name)
-        }
-        Some(u) => u,
-        None => default_url(config, source),
-    };
     let (status, text) = post(config, &url, &headers, &body)?;
     // What the receiver reads as id and type, wherever they came from.
+    let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
+    let body_json = serde_json::from_slice::<Value>(&body).ok();
+    let first_item = source.batch().and_then(|b| {
+        let items = body_json.as_ref()?.pointer(b.items)?.as_array()?;
+        let item = items.first()?;
+        Some(if b.inner.is_empty() {
+            item.clone()
+        } else {
+            item.pointer(b.inner)?.clone()
+        })
+    });
+    let item_text = first_item.as_ref().map(Value::to_string);
     let input = Input {
         headers: &headers,
-        json: body_json.as_ref().map(Json::Parsed),
+        json: first_item.as_ref().or(body_json.as_ref()).map(Json::Parsed),
+        form: Some(&form),
+        body: item_text.as_deref().map_or(&body[..], str::as_bytes),
     };
     let shown_id = source
         .key
@@ -159,6 +229,8 @@ fn put_id_and_type(
         };
         match atom {
             Atom::Header(name) => headers.push((name.clone(), value.to_string())),
+            // In the sample already, or computed from the body.
+            Atom::Form(_) | Atom::BodySha256 => {}
             Atom::Json(_) if given && !asked => {}
             Atom::Json(ptr) => match body_json.as_deref_mut() {
                 Some(v) => set_pointer(v, ptr, Value::String(value.to_string())),
@@ -195,6 +267,25 @@ fn post(
     headers: &[(String, String)],
     body: &[u8],
 ) -> Result<(u16, String)> {
+    let answer = exchange(config, "POST", url, headers, body)?;
+    Ok((answer.status, answer.text))
+}
+
+/// What a request was answered.
+struct Exchanged {
+    status: u16,
+    headers: Vec<(String, String)>,
+    text: String,
+}
+
+/// Sends one request with `method`; the answer's status, headers and body.
+fn exchange(
+    config: &Config,
+    method: &str,
+    url: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Result<Exchanged> {
     let mut agent_config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(std::time::Duration::from_secs(30)));
@@ -202,16 +293,29 @@ fn post(
         agent_config = agent_config.tls_config(tls);
     }
     let agent: ureq::Agent = agent_config.build().into();
-    let mut request = agent.post(url);
+    let mut request = ureq::http::Request::builder().method(method).uri(url);
     for (name, value) in headers {
         request = request.header(name.as_str(), value.as_str());
     }
-    let mut response = request
-        .send(body)
-        .with_context(|| format!("POST {url} failed"))?;
+    let invalid = || format!("{method} {url}: not a valid request");
+    let sent = if matches!(method, "GET" | "HEAD") {
+        agent.run(request.body(()).with_context(invalid)?)
+    } else {
+        agent.run(request.body(body.to_vec()).with_context(invalid)?)
+    };
+    let mut response = sent.with_context(|| format!("{method} {url} failed"))?;
     let status = response.status().as_u16();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
     let text = response.body_mut().read_to_string().unwrap_or_default();
-    Ok((status, text))
+    Ok(Exchanged {
+        status,
+        headers,
+        text,
+    })
 }
 
 /// The config's own listener, as a base URL (https with TLS).
@@ -286,6 +390,26 @@ fn default_type(kind: Kind) -> &'static str {
         Kind::Linear => "Issue",
         Kind::Standard => "invoice.paid",
         Kind::Hmac | Kind::None => "test.event",
+        Kind::Preset(p) => p.sample_type,
+    }
+}
+
+/// Headers a provider sends with every event besides its id and type.
+fn extra_headers(kind: &str, id: &str, headers: &mut Vec<(String, String)>) {
+    let set = |headers: &mut Vec<(String, String)>, name: &str, value: String| {
+        if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            headers.push((name.to_owned(), value));
+        }
+    };
+    match kind {
+        "twitch" => set(
+            headers,
+            "Twitch-Eventsub-Message-Type",
+            "notification".to_owned(),
+        ),
+        "box" => set(headers, "box-delivery-id", format!("d{id}")),
+        "gitlab" => set(headers, "X-Gitlab-Event-UUID", id.to_owned()),
+        _ => {}
     }
 }
 

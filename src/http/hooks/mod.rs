@@ -8,23 +8,32 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+mod providers;
+#[cfg(test)]
+mod vectors;
+
+pub use providers::secret_key;
+
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
-use crate::key::{Input, Json, RawDoc, payload_hash};
+use crate::key::{Input, Json, RawDoc, payload_hash, payload_hash_without};
 use crate::state::Delivery;
 use crate::time::now_ms;
+use crate::verify::Request;
 
 /// JSON nested deeper than this is refused (serde_json stops at 128 too).
 const MAX_JSON_DEPTH: usize = 64;
 
-/// Why a delivery is refused: the metric outcome, the status, the message.
+/// Why a delivery is refused: the metric outcome, the status, the message,
+/// and for a bad signature which part of the check failed (for the log).
 struct Refused {
     outcome: Delivery,
     status: u16,
     message: String,
+    failed: Option<&'static str>,
 }
 
 fn refused(outcome: Delivery, status: u16, message: impl Into<String>) -> Refused {
@@ -32,6 +41,14 @@ fn refused(outcome: Delivery, status: u16, message: impl Into<String>) -> Refuse
         outcome,
         status,
         message: message.into(),
+        failed: None,
+    }
+}
+
+impl Refused {
+    fn failed(mut self, part: &'static str) -> Refused {
+        self.failed = Some(part);
+        self
     }
 }
 
@@ -52,6 +69,8 @@ pub fn receive(app: &Arc<App>, source_name: &str, rq: &mut Incoming<'_>) -> Repl
             // rest of the body was never read.)
             if r.status == 405 {
                 reply.with_header("Allow", "POST")
+            } else if r.status == 503 {
+                reply.retry_after()
             } else {
                 reply
             }
@@ -68,6 +87,10 @@ fn accept(
     received_at: i64,
     started: Instant,
 ) -> Result<Reply, Refused> {
+    // Handshakes that come unsigned or not as a POST (Meta's GET, ...).
+    if let Some(answer) = providers::unsigned(app, source, rq, received_at / 1000) {
+        return answer;
+    }
     if rq.method != "POST" {
         return Err(refused(
             Delivery::BadRequest,
@@ -79,38 +102,62 @@ fn accept(
     // refuses it, and `refused_head` records it.)
     let body = take_body(rq, app.config.max_body_bytes)?;
 
-    // 1. The signature, over the raw bytes.
+    // 1. The signature, over the raw bytes (and, for the kinds that sign
+    // them, the URL and method).
+    let request = Request {
+        method: rq.method,
+        query: rq.query,
+        headers: &rq.headers,
+        body: &body,
+    };
     let verdict = source
         .verifier
-        .verify(&rq.headers, &body, received_at / 1000)
+        .verify_request(&request, received_at / 1000)
         .map_err(|e| {
+            let part = providers::failed_part(&e);
             if e.is_bad_request() {
                 refused(Delivery::BadRequest, 400, e.to_string())
             } else {
-                refused(Delivery::BadSignature, 401, e.to_string())
+                refused(Delivery::BadSignature, 401, e.to_string()).failed(part)
             }
         })?;
 
     // 2. Only now, the body, and what the source's rules read in it.
     let (json, doc) = read_json(source, rq.header("content-type"), &body)?;
+    let form = form_of(source, rq.header("content-type"), &body);
     let input = Input {
         headers: &rq.headers,
         json: json
             .as_ref()
             .map(Json::Parsed)
             .or(doc.as_ref().map(Json::Raw)),
+        form: form.as_deref(),
+        body: &body,
     };
     if source.kind == Kind::Slack
         && let Some(reply) = slack_challenge(&input)
     {
         return Ok(reply);
     }
-    let event_id = source
-        .key
-        .extract(&input)
-        .map_err(|e| refused(Delivery::BadRequest, 400, e.to_string()))?;
+    if let Some(answer) = providers::signed(source, rq, &input, verdict.secret_index) {
+        return answer;
+    }
+    if let Some(batch) = source.batch() {
+        return accept_batch(
+            app,
+            index,
+            source,
+            rq,
+            batch,
+            body,
+            verdict,
+            received_at,
+            started,
+        );
+    }
+    let event_id = event_id_of(source, &input)?;
     let event_type = event_type_of(source, &rq.headers, &input)?;
-    let hash = payload_hash(&source.hash, &body, &input);
+    let hash = hash_of(source, &body, &input);
     let kept_headers = kept_headers(source, &rq.headers);
     let content_type = rq.header("content-type").map(str::to_string);
     let claim = Claim {
@@ -126,10 +173,190 @@ fn accept(
         signed_at: verdict.timestamp,
         received_at,
         remote: rq.remote.clone(),
+        batch: None,
     };
 
     // 3. The claim, committed before we answer.
     Ok(hand_over(app, rq, index, claim, event_id, started))
+}
+
+/// The event id: the key rule's, or its fallback's when the rule's parts
+/// are missing (Graph's optional `id`).
+fn event_id_of(source: &Source, input: &Input<'_>) -> Result<String, Refused> {
+    match (source.key.extract(input), &source.key_fallback) {
+        (Ok(id), _) => Ok(id),
+        (Err(crate::key::KeyError::Missing(_)), Some(fallback)) => fallback.extract(input),
+        (Err(e), _) => Err(e),
+    }
+    .map_err(|e| refused(Delivery::BadRequest, 400, e.to_string()))
+}
+
+/// The payload hash: of the `hash` parts, or of the body less the members
+/// the kind's provider rewrites on every attempt, or of the whole body.
+fn hash_of(source: &Source, body: &[u8], input: &Input<'_>) -> String {
+    if source.hash.is_empty() && !source.hash_without.is_empty() {
+        payload_hash_without(&source.hash_without, body, input)
+    } else {
+        payload_hash(&source.hash, body, input)
+    }
+}
+
+/// The body's form fields, when a rule reads them and it is form-encoded.
+fn form_of(
+    source: &Source,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Option<Vec<(String, String)>> {
+    let form = content_type
+        .and_then(|c| c.split(';').next())
+        .is_some_and(|m| {
+            m.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        });
+    (form && source.reads_form()).then(|| form_urlencoded::parse(body).into_owned().collect())
+}
+
+/// A batch delivery: every event its own claim under its own key, all in
+/// one transaction, answered once it committed. An event without an id
+/// refuses the whole batch (nothing stored).
+#[allow(clippy::too_many_arguments)]
+fn accept_batch(
+    app: &Arc<App>,
+    index: usize,
+    source: &Source,
+    rq: &mut Incoming<'_>,
+    batch: crate::config::presets::Batch,
+    body: Vec<u8>,
+    verdict: crate::verify::Verdict,
+    received_at: i64,
+    started: Instant,
+) -> Result<Reply, Refused> {
+    let (items, delivery) = providers::items(batch, &body, app.config.max_batch_items)?;
+    if items.is_empty() {
+        // A heartbeat (Asana's `{"events":[]}`): nothing to store.
+        return Ok(providers::batch_answer(source, &[], &[]).1);
+    }
+    let kept_headers = kept_headers(source, &rq.headers);
+    let content_type = Some("application/json".to_string());
+    let n = items.len();
+    let mut claims = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
+    for (i, item) in items.iter().enumerate() {
+        let text = item.text.get();
+        let json: Option<Value> = if source.binds_json() {
+            serde_json::from_str(text).ok()
+        } else {
+            None
+        };
+        let doc = RawDoc::parse(text)
+            .map_err(|e| refused(Delivery::BadRequest, 400, format!("batch item {i}: {e}")))?;
+        let input = Input {
+            headers: &rq.headers,
+            json: Some(json.as_ref().map_or(Json::Raw(&doc), Json::Parsed)),
+            form: None,
+            body: text.as_bytes(),
+        };
+        let event_id = event_id_of(source, &input).map_err(|mut r| {
+            r.message = format!(
+                "batch item {i} of {n}: {}; nothing of the batch was stored",
+                r.message
+            );
+            r
+        })?;
+        let event_type = event_type_of(source, &rq.headers, &input)?;
+        let hash = hash_of(source, text.as_bytes(), &input);
+        ids.push(event_id.clone());
+        claims.push(Claim {
+            event_id,
+            event_type,
+            body: text.as_bytes().to_vec(),
+            json,
+            content_type: content_type.clone(),
+            headers: rq.headers.clone(),
+            kept_headers: kept_headers.clone(),
+            payload_hash: hash,
+            verified_with: verdict.secret_index,
+            signed_at: verdict.timestamp,
+            received_at,
+            remote: rq.remote.clone(),
+            batch: Some(format!("{delivery} (event {} of {n})", i + 1)),
+        });
+    }
+    if let Some(permit) = rq.permit.as_mut() {
+        permit.release();
+    }
+    let claim_started = Instant::now();
+    let answer = {
+        let app = app.clone();
+        move |result: Result<Vec<crate::ingest::Outcome>, crate::store::StoreError>| {
+            batch_reply(&app, index, &ids, result, started, claim_started)
+        }
+    };
+    Ok(match rq.later.take() {
+        Some(later) => {
+            let (sender, promised) = later.promise();
+            app.claim_batch_then(index, claims, move |result| sender.send(answer(result)));
+            promised
+        }
+        None => answer(app.claim_batch(index, claims)),
+    })
+}
+
+/// The answer to a committed (or failed) batch: counted and logged per event.
+fn batch_reply(
+    app: &App,
+    index: usize,
+    ids: &[String],
+    result: Result<Vec<Outcome>, crate::store::StoreError>,
+    started: Instant,
+    claim_started: Instant,
+) -> Reply {
+    app.metrics.claim_duration.observe(claim_started.elapsed());
+    let Some(source) = app.config.sources.get(index) else {
+        return Reply::error(500, "internal error: source index out of range");
+    };
+    let outcomes = match result {
+        Ok(o) => o,
+        Err(e) => {
+            app.metrics.delivery(Some(index), Delivery::Unavailable);
+            crate::log::warn(
+                "delivery",
+                &[
+                    ("source", &source.name),
+                    ("events", &ids.len()),
+                    ("outcome", &"unavailable"),
+                    ("status", &503),
+                    ("error", &e.message),
+                ],
+            );
+            return Reply::unavailable("the batch was not stored");
+        }
+    };
+    let (status, reply) = providers::batch_answer(source, ids, &outcomes);
+    for (id, outcome) in ids.iter().zip(&outcomes) {
+        let delivery = match (outcome, status) {
+            (Outcome::Mismatch { .. }, 409) => Delivery::Mismatch,
+            (Outcome::Mismatch { .. }, _) => Delivery::Duplicate,
+            (o, _) => o.delivery(),
+        };
+        app.metrics.delivery(Some(index), delivery);
+        crate::log::write(
+            incident_level(delivery),
+            "delivery",
+            &[
+                ("source", &source.name),
+                ("event_id", id),
+                ("outcome", &delivery.as_str()),
+                ("status", &status),
+                ("batch", &ids.len()),
+                (
+                    "ms",
+                    &format_args!("{:.2}", started.elapsed().as_secs_f64() * 1000.0),
+                ),
+            ],
+        );
+    }
+    reply.with_failpoint("claim.after_commit")
 }
 
 /// The body checked as JSON when the source reads it (or it says it is
@@ -178,7 +405,16 @@ fn event_type_of(
                     format!("duplicate header {name}: the event type is ambiguous"),
                 ));
             }
-            part.text(input)
+            let first = part.text(input);
+            // More parts (a kind's `resource_type` + `.` + `action`), each
+            // joined when present.
+            source
+                .event_type_more
+                .iter()
+                .fold(first, |acc, more| match (acc, more.text(input)) {
+                    (Some(a), Some(m)) => Some(format!("{a}.{m}")),
+                    (a, m) => a.or(m),
+                })
         }
         None => None,
     };
@@ -319,7 +555,11 @@ impl Claimed {
                 ),
             ],
         );
-        Reply::json(status, &body).with_failpoint("claim.after_commit")
+        let reply = match providers::provider_answer(source) {
+            Some(own) if status == 200 => own,
+            _ => Reply::json(status, &body),
+        };
+        reply.with_failpoint("claim.after_commit")
     }
 }
 
@@ -386,17 +626,18 @@ fn refuse(
     // Request data never becomes a metric label; the database row keeps
     // the name asked for (bounded by the URL limit), for the operator.
     app.record_refusal(source_name, outcome, remote, message, received_at);
-    crate::log::write(
-        incident_level(outcome),
-        "delivery",
-        &[
-            ("source", &source_name),
-            ("outcome", &outcome.as_str()),
-            ("status", &status),
-            ("reason", &message),
-            ("remote", &remote),
-        ],
-    );
+    let outcome_word = outcome.as_str();
+    let mut fields: Vec<(&str, &dyn std::fmt::Display)> = vec![
+        ("source", &source_name),
+        ("outcome", &outcome_word),
+        ("status", &status),
+    ];
+    if let Some(part) = &r.failed {
+        fields.push(("failed", part));
+    }
+    fields.push(("reason", &message));
+    fields.push(("remote", &remote));
+    crate::log::write(incident_level(outcome), "delivery", &fields);
     Reply::error(status, message)
 }
 
@@ -505,7 +746,7 @@ fn kept_headers(source: &Source, headers: &[(String, String)]) -> String {
         .flat_map(|p| p.alternatives.iter())
         .filter_map(|a| match a {
             crate::key::Atom::Header(h) => Some(h.as_str()),
-            crate::key::Atom::Json(_) => None,
+            _ => None,
         });
     let keep = |name: &str| {
         let is = |k: &str| name.eq_ignore_ascii_case(k);

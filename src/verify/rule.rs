@@ -1,0 +1,759 @@
+//! The signed-content engine: most providers sign some concatenation of the
+//! body, a timestamp, the URL they called, the method and a header or two,
+//! and send one or more encoded signatures in a header. A [`SignedRule`]
+//! says which, as data; the provider table (`config::presets`) and the
+//! generic `hmac` kind's `template` both build one, so a provider is a row,
+//! not code. What data cannot say (Twilio's sorted form parameters,
+//! HubSpot's legacy hashes, Adyen's per-item signatures, Graph's
+//! `clientState`) lives in `custom.rs`.
+
+use base64::Engine as _;
+use subtle::ConstantTimeEq as _;
+
+use super::{
+    Encoding, HmacAlgorithm, Key, MalformedReason, Request, Verdict, Verifier, VerifyError,
+    malformed,
+};
+
+/// One piece of the signed content, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Body,
+    /// The timestamp as sent (what was signed), from [`Timestamp::from`].
+    Timestamp,
+    /// The URL the provider called: `public_url`, with the request's query.
+    Url,
+    Method,
+    Header(String),
+    Text(String),
+    /// A JSON string or number in the body, as text (Mailgun's token).
+    Json(String),
+}
+
+/// How the signature is made and compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alg {
+    Hmac(HmacAlgorithm),
+    /// With the provider's public key (Discord).
+    Ed25519,
+    /// ECDSA P-256 over SHA-256, a DER signature (SendGrid).
+    EcdsaP256,
+    /// No signature: the header holds a secret itself, compared in constant time.
+    Token,
+}
+
+/// Where the signatures (and for some, the timestamp) are sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Carrier {
+    /// One header, `prefix` then the signature; with `list`, several entries
+    /// separated by it, each with the prefix (`v1=a,v1=b`).
+    Header {
+        name: String,
+        prefix: String,
+        list: Option<char>,
+    },
+    /// Any of these headers may carry one (Box's primary and secondary).
+    AnyHeader(Vec<String>),
+    /// Every header named this prefix and a number (`X-DocuSign-Signature-1`).
+    Numbered(String),
+    /// `t=<ts>,v1=<sig>,...`; a new `t=` starts another group (Persona's
+    /// rotation), separators are commas and blanks.
+    Pairs {
+        name: String,
+        timestamp_key: String,
+        signature_key: String,
+    },
+    /// `<ts>,<sig>,<sig>` (Recurly).
+    Positional(String),
+    /// A string at a JSON pointer in the body (Mailgun).
+    Json(String),
+}
+
+impl Carrier {
+    /// The header named in errors and logs.
+    fn name(&self) -> &str {
+        match self {
+            Carrier::Header { name, .. }
+            | Carrier::Pairs { name, .. }
+            | Carrier::Positional(name) => name,
+            Carrier::AnyHeader(names) => names.first().map_or("", String::as_str),
+            Carrier::Numbered(prefix) => prefix,
+            Carrier::Json(pointer) => pointer,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeFormat {
+    /// Unix seconds.
+    Unix,
+    /// Unix milliseconds.
+    UnixMs,
+    /// RFC 3339, fractions of a second allowed.
+    Rfc3339,
+}
+
+impl std::str::FromStr for TimeFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "unix" => Ok(TimeFormat::Unix),
+            "unix_ms" => Ok(TimeFormat::UnixMs),
+            "rfc3339" => Ok(TimeFormat::Rfc3339),
+            other => Err(format!("expected unix, unix_ms or rfc3339, got {other:?}")),
+        }
+    }
+}
+
+/// Which side of now the tolerance bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Both,
+    /// Old timestamps are refused, future ones accepted (the providers'
+    /// libraries check only the past).
+    PastOnly,
+    /// Old ones beyond the tolerance and any in the future are refused (Box).
+    NoFuture,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TimeFrom {
+    Header(String),
+    /// The carrier's own timestamp (`Pairs`, `Positional`).
+    Carrier,
+    Json(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timestamp {
+    pub from: TimeFrom,
+    pub format: TimeFormat,
+    pub window: Window,
+}
+
+/// A provider's signature rule, as data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedRule {
+    pub alg: Alg,
+    pub encoding: Encoding,
+    pub message: Vec<Piece>,
+    pub carrier: Carrier,
+    pub timestamp: Option<Timestamp>,
+    /// HMAC keys are the hex-decoded secret (Adyen), not its text.
+    pub hex_key: bool,
+    /// Also accept a signature over the body with non-ASCII characters
+    /// written as `\uXXXX` (Box's SDKs check both).
+    pub escaped_body: bool,
+    /// Headers that must carry these values (Box's signature version and
+    /// algorithm), compared ignoring ASCII case.
+    pub require: Vec<(String, String)>,
+}
+
+impl SignedRule {
+    pub fn covers(&self, piece: &Piece) -> bool {
+        self.message.contains(piece)
+    }
+
+    /// The rule in one line, for `check`.
+    pub fn describe(&self) -> String {
+        let carrier = match &self.carrier {
+            Carrier::Header { name, prefix, list } => format!(
+                "{name}{}{}",
+                if prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {prefix}")
+                },
+                if list.is_some() { " (several)" } else { "" }
+            ),
+            Carrier::AnyHeader(names) => names.join(" or "),
+            Carrier::Numbered(prefix) => format!("{prefix}1..N"),
+            Carrier::Pairs {
+                name,
+                timestamp_key,
+                signature_key,
+            } => {
+                format!("{name} {timestamp_key}=..,{signature_key}=..")
+            }
+            Carrier::Positional(name) => format!("{name} ts,sig,.."),
+            Carrier::Json(pointer) => format!("body {pointer}"),
+        };
+        let content: Vec<String> = self
+            .message
+            .iter()
+            .map(|p| match p {
+                Piece::Body => "body".to_owned(),
+                Piece::Timestamp => "timestamp".to_owned(),
+                Piece::Url => "public_url".to_owned(),
+                Piece::Method => "method".to_owned(),
+                Piece::Header(h) => h.clone(),
+                Piece::Text(t) => format!("{t:?}"),
+                Piece::Json(p) => format!("body {p}"),
+            })
+            .collect();
+        let encoding = match self.encoding {
+            Encoding::Hex => "hex",
+            Encoding::Base64 => "base64",
+            Encoding::Text => "plain",
+        };
+        let what = match self.alg {
+            Alg::Hmac(HmacAlgorithm::Sha1) => {
+                format!("{encoding} HMAC-SHA1 of {}", content.join(" + "))
+            }
+            Alg::Hmac(HmacAlgorithm::Sha256) => {
+                format!("{encoding} HMAC-SHA256 of {}", content.join(" + "))
+            }
+            Alg::Hmac(HmacAlgorithm::Sha512) => {
+                format!("{encoding} HMAC-SHA512 of {}", content.join(" + "))
+            }
+            Alg::Ed25519 => format!(
+                "{encoding} Ed25519 signature (public key) of {}",
+                content.join(" + ")
+            ),
+            Alg::EcdsaP256 => format!(
+                "{encoding} ECDSA P-256 signature (public key) of {}",
+                content.join(" + ")
+            ),
+            Alg::Token => format!("{encoding} shared secret, compared as is"),
+        };
+        let time = match &self.timestamp {
+            None => String::new(),
+            Some(t) => format!(
+                "; timestamp ({}) {}",
+                match t.format {
+                    TimeFormat::Unix => "unix seconds",
+                    TimeFormat::UnixMs => "unix ms",
+                    TimeFormat::Rfc3339 => "RFC 3339",
+                },
+                match t.window {
+                    Window::Both => "within tolerance",
+                    Window::PastOnly => "not older than tolerance",
+                    Window::NoFuture => "not older than tolerance, not in the future",
+                }
+            ),
+        };
+        format!("{carrier}: {what}{time}")
+    }
+}
+
+/// Signatures of one group, with the timestamp that goes with them.
+struct Group<'a> {
+    timestamp: Option<String>,
+    signatures: Vec<Vec<u8>>,
+    _text: std::marker::PhantomData<&'a ()>,
+}
+
+fn group<'a>(timestamp: Option<String>, signatures: Vec<Vec<u8>>) -> Group<'a> {
+    Group {
+        timestamp,
+        signatures,
+        _text: std::marker::PhantomData,
+    }
+}
+
+/// The parsed JSON body, for rules that read it; parsed at most once.
+struct Body<'a> {
+    bytes: &'a [u8],
+    json: Option<Option<serde_json::Value>>,
+}
+
+impl Body<'_> {
+    fn text_at(&mut self, pointer: &str) -> Result<String, VerifyError> {
+        let bytes = self.bytes;
+        let json = self
+            .json
+            .get_or_insert_with(|| serde_json::from_slice(bytes).ok());
+        let value = json
+            .as_ref()
+            .ok_or_else(|| VerifyError::InvalidBody("not JSON".to_owned()))?
+            .pointer(pointer)
+            .ok_or_else(|| VerifyError::InvalidBody(format!("no {pointer}")))?;
+        match value {
+            serde_json::Value::String(s) => Ok(s.clone()),
+            serde_json::Value::Number(n) => Ok(n.to_string()),
+            _ => Err(VerifyError::InvalidBody(format!(
+                "{pointer} is not text or a number"
+            ))),
+        }
+    }
+}
+
+pub(super) fn verify(
+    verifier: &Verifier,
+    rule: &SignedRule,
+    rq: &Request<'_>,
+    now: i64,
+) -> Result<Verdict, VerifyError> {
+    let mut body = Body {
+        bytes: rq.body,
+        json: None,
+    };
+    for (name, expected) in &rule.require {
+        let value = super::required_header(rq.headers, name)?;
+        if !value.eq_ignore_ascii_case(expected) {
+            return Err(malformed(
+                name,
+                MalformedReason::Unsupported(expected.clone()),
+            ));
+        }
+    }
+    let groups = read_carrier(rule, rq, &mut body)?;
+    let url = if rule.covers(&Piece::Url) {
+        Some(verifier.url_of(rq.query))
+    } else {
+        None
+    };
+    for g in &groups {
+        let timestamp = match &rule.timestamp {
+            None => None,
+            Some(t) => Some(match &t.from {
+                TimeFrom::Header(name) => super::required_header(rq.headers, name)?.to_owned(),
+                TimeFrom::Carrier => g
+                    .timestamp
+                    .clone()
+                    .ok_or_else(|| malformed(rule.carrier.name(), MalformedReason::NoTimestamp))?,
+                TimeFrom::Json(pointer) => body.text_at(pointer)?,
+            }),
+        };
+        let mut parts: Vec<Vec<u8>> = Vec::with_capacity(rule.message.len());
+        for piece in &rule.message {
+            parts.push(match piece {
+                Piece::Body => Vec::new(), // placeholder: the body is borrowed below
+                Piece::Timestamp => timestamp.clone().unwrap_or_default().into_bytes(),
+                Piece::Url => url.clone().unwrap_or_default().into_bytes(),
+                Piece::Method => rq.method.as_bytes().to_vec(),
+                Piece::Header(name) => super::required_header(rq.headers, name)?
+                    .as_bytes()
+                    .to_vec(),
+                Piece::Text(text) => text.as_bytes().to_vec(),
+                Piece::Json(pointer) => body.text_at(pointer)?.into_bytes(),
+            });
+        }
+        let message: Vec<&[u8]> = rule
+            .message
+            .iter()
+            .zip(&parts)
+            .map(|(piece, part)| match piece {
+                Piece::Body => rq.body,
+                _ => part.as_slice(),
+            })
+            .collect();
+        let mut matched = match_keys(verifier, rule, &message, &g.signatures);
+        if matched.is_none() && rule.escaped_body {
+            let escaped = escape_unicode(rq.body);
+            if escaped.as_bytes() != rq.body {
+                let message: Vec<&[u8]> = rule
+                    .message
+                    .iter()
+                    .zip(&parts)
+                    .map(|(piece, part)| match piece {
+                        Piece::Body => escaped.as_bytes(),
+                        _ => part.as_slice(),
+                    })
+                    .collect();
+                matched = match_keys(verifier, rule, &message, &g.signatures);
+            }
+        }
+        let Some(index) = matched else {
+            continue;
+        };
+        let signed_at = match (&rule.timestamp, &timestamp) {
+            (Some(t), Some(raw)) => {
+                let secs = parse_time(rule, t, raw)?;
+                verifier.check_window(secs, now, t.window)?;
+                Some(secs)
+            }
+            _ => None,
+        };
+        return Ok(Verdict {
+            secret_index: Some(index),
+            timestamp: signed_at,
+        });
+    }
+    if url.is_some() {
+        Err(VerifyError::NoSignatureMatchedUrl)
+    } else {
+        Err(VerifyError::NoSignatureMatched)
+    }
+}
+
+/// The body as Box's SDKs escape it before their second try: every
+/// backslash not before `/` doubled, `\n` `\r` `\t` written out, and every
+/// other character outside printable ASCII as `\uXXXX` (UTF-16, lowercase).
+fn escape_unicode(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len() + 16);
+    for (i, &c) in chars.iter().enumerate() {
+        match c {
+            '\\' if chars.get(i + 1) != Some(&'/') => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            ' '..='~' => out.push(c),
+            _ => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The signature groups the carrier holds; at least one signature.
+fn read_carrier<'a>(
+    rule: &SignedRule,
+    rq: &Request<'a>,
+    body: &mut Body<'_>,
+) -> Result<Vec<Group<'a>>, VerifyError> {
+    let decode = |name: &str, raw: &str| decode(name, raw, rule.encoding);
+    let groups = match &rule.carrier {
+        Carrier::Header { name, prefix, list } => {
+            let value = super::required_header(rq.headers, name)?;
+            let entries = match list {
+                Some(separator) => super::split_entries(name, value, *separator)?,
+                None => vec![value],
+            };
+            let mut signatures = Vec::new();
+            for entry in entries {
+                let raw = super::strip_prefix_ignore_case(entry, prefix).ok_or_else(|| {
+                    malformed(name, MalformedReason::MissingPrefix(prefix.clone()))
+                })?;
+                signatures.push(decode(name, raw)?);
+            }
+            vec![group(None, signatures)]
+        }
+        Carrier::AnyHeader(names) => {
+            let mut signatures = Vec::new();
+            for name in names {
+                if let Some(value) = super::optional_header(rq.headers, name)? {
+                    signatures.push(decode(name, value)?);
+                }
+            }
+            if signatures.is_empty() {
+                return Err(VerifyError::MissingHeader(
+                    rule.carrier.name().to_ascii_lowercase(),
+                ));
+            }
+            vec![group(None, signatures)]
+        }
+        Carrier::Numbered(prefix) => {
+            let mut signatures = Vec::new();
+            for (name, _) in rq.headers {
+                let numbered = super::strip_prefix_ignore_case(name, prefix)
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+                if numbered
+                    && signatures.len() < super::MAX_ENTRIES
+                    && let Some(value) = super::optional_header(rq.headers, name)?
+                {
+                    signatures.push(decode(name, value)?);
+                }
+            }
+            if signatures.is_empty() {
+                return Err(VerifyError::MissingHeader(format!(
+                    "{}1",
+                    prefix.to_ascii_lowercase()
+                )));
+            }
+            vec![group(None, signatures)]
+        }
+        Carrier::Pairs {
+            name,
+            timestamp_key,
+            signature_key,
+        } => {
+            let value = super::required_header(rq.headers, name)?;
+            let mut groups: Vec<Group<'a>> = Vec::new();
+            let entries: Vec<&str> = value
+                .split([',', ' ', '\t'])
+                .filter(|e| !e.is_empty())
+                .take(super::MAX_ENTRIES + 1)
+                .collect();
+            if entries.len() > super::MAX_ENTRIES {
+                return Err(malformed(
+                    name,
+                    MalformedReason::TooManyEntries {
+                        max: super::MAX_ENTRIES,
+                    },
+                ));
+            }
+            for entry in entries {
+                let (key, raw) = entry
+                    .split_once('=')
+                    .ok_or_else(|| malformed(name, MalformedReason::BadEntry("key=value")))?;
+                if key == timestamp_key {
+                    groups.push(group(Some(raw.to_owned()), Vec::new()));
+                } else if key == signature_key {
+                    let signature = decode(name, raw)?;
+                    match groups.last_mut() {
+                        Some(g) => g.signatures.push(signature),
+                        None => groups.push(group(None, vec![signature])),
+                    }
+                }
+            }
+            if groups.iter().all(|g| g.timestamp.is_none()) {
+                return Err(malformed(name, MalformedReason::NoTimestamp));
+            }
+            groups
+        }
+        Carrier::Positional(name) => {
+            let value = super::required_header(rq.headers, name)?;
+            let entries = super::split_entries(name, value, ',')?;
+            let (timestamp, rest) = entries
+                .split_first()
+                .ok_or_else(|| malformed(name, MalformedReason::NoTimestamp))?;
+            let signatures = rest
+                .iter()
+                .map(|raw| decode(name, raw))
+                .collect::<Result<Vec<_>, _>>()?;
+            vec![group(Some((*timestamp).to_owned()), signatures)]
+        }
+        Carrier::Json(pointer) => {
+            let raw = body.text_at(pointer)?;
+            vec![group(None, vec![decode(pointer, &raw)?])]
+        }
+    };
+    if groups.iter().all(|g| g.signatures.is_empty()) {
+        return Err(malformed(rule.carrier.name(), MalformedReason::NoSignature));
+    }
+    Ok(groups)
+}
+
+fn decode(name: &str, raw: &str, encoding: Encoding) -> Result<Vec<u8>, VerifyError> {
+    match encoding {
+        Encoding::Text => {
+            if raw.is_empty() {
+                Err(malformed(name, MalformedReason::NoSignature))
+            } else {
+                Ok(raw.as_bytes().to_vec())
+            }
+        }
+        // Providers that send base64 differ on padding; decode either way.
+        Encoding::Base64 => base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
+            .decode(raw)
+            .map_err(|_| malformed(name, MalformedReason::BadBase64)),
+        Encoding::Hex => super::decode_signature(name, raw, Encoding::Hex),
+    }
+}
+
+/// Index of the first key any signature matches.
+fn match_keys(
+    verifier: &Verifier,
+    rule: &SignedRule,
+    message: &[&[u8]],
+    signatures: &[Vec<u8>],
+) -> Option<usize> {
+    if signatures.is_empty() {
+        return None;
+    }
+    let joined = || message.concat();
+    let mut content: Option<Vec<u8>> = None;
+    let keys = verifier.keys_now();
+    keys.iter().position(|key| match (rule.alg, key) {
+        (Alg::Hmac(alg), Key::Hmac(k)) => super::hmac_matches(alg, k, message, signatures),
+        (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| bool::from(s.ct_eq(k))),
+        (Alg::Ed25519, Key::Ed25519(k)) => {
+            let content = content.get_or_insert_with(joined);
+            signatures.iter().any(|s| {
+                ed25519_dalek::Signature::from_slice(s)
+                    .is_ok_and(|sig| k.verify_strict(content, &sig).is_ok())
+            })
+        }
+        (Alg::EcdsaP256, Key::P256(k)) => {
+            let content = content.get_or_insert_with(joined);
+            signatures.iter().any(|s| {
+                p256::ecdsa::Signature::from_der(s).is_ok_and(|sig| {
+                    p256::ecdsa::signature::Verifier::verify(k, content, &sig).is_ok()
+                })
+            })
+        }
+        _ => false,
+    })
+}
+
+fn parse_time(rule: &SignedRule, t: &Timestamp, raw: &str) -> Result<i64, VerifyError> {
+    let name = match &t.from {
+        TimeFrom::Header(name) => name.as_str(),
+        _ => rule.carrier.name(),
+    };
+    match t.format {
+        TimeFormat::Unix => super::parse_timestamp(name, raw),
+        TimeFormat::UnixMs => super::parse_timestamp(name, raw).map(|ms| ms.div_euclid(1000)),
+        TimeFormat::Rfc3339 => crate::time::parse_rfc3339(raw)
+            .ok_or_else(|| malformed(name, MalformedReason::BadTimestamp)),
+    }
+}
+
+/// The timestamp `now` written as the rule writes it.
+pub(super) fn format_time(format: TimeFormat, now: i64) -> String {
+    match format {
+        TimeFormat::Unix => now.to_string(),
+        TimeFormat::UnixMs => (now * 1000).to_string(),
+        TimeFormat::Rfc3339 => crate::time::rfc3339_secs(now),
+    }
+}
+
+/// The body with its signature written in at the carrier's pointer, and
+/// the signed timestamp (when it is in the body too) set to `now`
+/// (Mailgun's `signature` object).
+pub(super) fn sign_into_body(
+    verifier: &Verifier,
+    rule: &SignedRule,
+    body: &[u8],
+    now: i64,
+) -> Result<Vec<u8>, String> {
+    let Carrier::Json(carrier) = &rule.carrier else {
+        return Ok(body.to_vec());
+    };
+    let mut value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| "the body is not JSON".to_owned())?;
+    if let Some(Timestamp {
+        from: TimeFrom::Json(pointer),
+        format,
+        ..
+    }) = &rule.timestamp
+        && let Some(slot) = value.pointer_mut(pointer)
+    {
+        *slot = serde_json::Value::String(format_time(*format, now));
+    }
+    let mut content = Vec::new();
+    for piece in &rule.message {
+        match piece {
+            Piece::Json(pointer) => {
+                let v = value
+                    .pointer(pointer)
+                    .ok_or_else(|| format!("the body has no {pointer} to sign"))?;
+                content.extend_from_slice(
+                    v.as_str()
+                        .map_or_else(|| v.to_string(), str::to_owned)
+                        .as_bytes(),
+                );
+            }
+            Piece::Text(text) => content.extend_from_slice(text.as_bytes()),
+            Piece::Body => content.extend_from_slice(body),
+            _ => return Err("this rule cannot be signed into the body".to_owned()),
+        }
+    }
+    let Alg::Hmac(alg) = rule.alg else {
+        return Err("only an HMAC is written into the body".to_owned());
+    };
+    let tag = verifier.sign_hmac(alg, &[&content])?;
+    let slot = value
+        .pointer_mut(carrier)
+        .ok_or_else(|| format!("the body has no {carrier} to write the signature in"))?;
+    *slot = serde_json::Value::String(super::encode_signature(&tag, rule.encoding));
+    serde_json::to_vec(&value).map_err(|e| e.to_string())
+}
+
+/// The headers the provider would send: the signature (and timestamp)
+/// headers for `rq` at `now`, signed with secret 0 or, for the asymmetric
+/// kinds, with `private_key` (PKCS#8 PEM).
+pub(super) fn sign(
+    verifier: &Verifier,
+    rule: &SignedRule,
+    rq: &Request<'_>,
+    now: i64,
+    private_key: Option<&str>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = rule.require.clone();
+    let timestamp = rule.timestamp.as_ref().map(|t| format_time(t.format, now));
+    if let (Some(t), Some(ts)) = (&rule.timestamp, &timestamp)
+        && let TimeFrom::Header(name) = &t.from
+    {
+        out.push((name.clone(), ts.clone()));
+    }
+    let url = verifier.url_of(rq.query);
+    let body_json: Option<serde_json::Value> = serde_json::from_slice(rq.body).ok();
+    let mut content = Vec::new();
+    for piece in &rule.message {
+        match piece {
+            Piece::Body => content.extend_from_slice(rq.body),
+            Piece::Timestamp => {
+                content.extend_from_slice(timestamp.as_deref().unwrap_or("").as_bytes())
+            }
+            Piece::Url => content.extend_from_slice(url.as_bytes()),
+            Piece::Method => content.extend_from_slice(rq.method.as_bytes()),
+            Piece::Header(name) => {
+                let value = out
+                    .iter()
+                    .chain(rq.headers)
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v.clone())
+                    .ok_or_else(|| format!("the signed header {name} is not set"))?;
+                content.extend_from_slice(value.as_bytes());
+            }
+            Piece::Text(text) => content.extend_from_slice(text.as_bytes()),
+            Piece::Json(pointer) => {
+                let value = body_json
+                    .as_ref()
+                    .and_then(|v| v.pointer(pointer))
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                    .ok_or_else(|| format!("the body has no {pointer} to sign"))?;
+                content.extend_from_slice(value.as_bytes());
+            }
+        }
+    }
+    let signature = match rule.alg {
+        Alg::Hmac(alg) => verifier.sign_hmac(alg, &[&content])?,
+        Alg::Token => match verifier.keys.first() {
+            Some(Key::Hmac(k)) => k.clone(),
+            _ => return Err("no secret to send".to_owned()),
+        },
+        Alg::Ed25519 => {
+            use ed25519_dalek::Signer as _;
+            use ed25519_dalek::pkcs8::DecodePrivateKey as _;
+            let pem =
+                private_key.ok_or("this kind signs with a private key: pass --private-key FILE")?;
+            let key = ed25519_dalek::SigningKey::from_pkcs8_pem(pem)
+                .map_err(|_| "--private-key is not a PKCS#8 PEM Ed25519 private key".to_owned())?;
+            key.sign(&content).to_bytes().to_vec()
+        }
+        Alg::EcdsaP256 => {
+            use p256::ecdsa::signature::Signer as _;
+            use p256::pkcs8::DecodePrivateKey as _;
+            let pem =
+                private_key.ok_or("this kind signs with a private key: pass --private-key FILE")?;
+            let key = p256::ecdsa::SigningKey::from_pkcs8_pem(pem)
+                .map_err(|_| "--private-key is not a PKCS#8 PEM P-256 private key".to_owned())?;
+            let sig: p256::ecdsa::Signature = key.sign(&content);
+            sig.to_der().as_bytes().to_vec()
+        }
+    };
+    let encoded = match rule.encoding {
+        Encoding::Text => String::from_utf8(signature).map_err(|_| "the secret is not text")?,
+        encoding => super::encode_signature(&signature, encoding),
+    };
+    match &rule.carrier {
+        Carrier::Header { name, prefix, .. } => {
+            out.push((name.clone(), format!("{prefix}{encoded}")))
+        }
+        Carrier::AnyHeader(names) => {
+            let name = names.first().ok_or("no signature header")?;
+            out.push((name.clone(), encoded));
+        }
+        Carrier::Numbered(prefix) => out.push((format!("{prefix}1"), encoded)),
+        Carrier::Pairs {
+            name,
+            timestamp_key,
+            signature_key,
+        } => out.push((
+            name.clone(),
+            format!(
+                "{timestamp_key}={},{signature_key}={encoded}",
+                timestamp.as_deref().unwrap_or("")
+            ),
+        )),
+        Carrier::Positional(name) => out.push((
+            name.clone(),
+            format!("{},{encoded}", timestamp.as_deref().unwrap_or("")),
+        )),
+        Carrier::Json(_) => {
+            return Err(
+                "this kind carries its signature in the body; send it with --file".to_owned(),
+            );
+        }
+    }
+    Ok(out)
+}
