@@ -737,7 +737,7 @@ pub fn describe(config: &Config) -> String {
         let _ = writeln!(out, "  hash       {}", s.hash_rule());
         if s.kind == crate::config::Kind::None {
             let _ = writeln!(out, "  secrets    none (unsigned, allow_unsigned = true)");
-        } else if s.kind.signs_timestamp() {
+        } else if s.kind.signs_timestamp() || s.verifier.scheme().signs_timestamp() {
             let _ = writeln!(
                 out,
                 "  secrets    {}; tolerance {}",

@@ -421,3 +421,142 @@ fn database_names_its_backend_once() {
         "the config's Debug shows no password"
     );
 }
+
+#[test]
+fn provider_kinds_name_the_key_a_config_is_missing_or_has_wrong() {
+    let cases = [
+        (
+            "[sources.a]\nkind = \"twilio\"\nsecrets = [\"t\"]",
+            "sources.a.public_url: kind \"twilio\" signs the URL it calls",
+        ),
+        (
+            "[sources.a]\nkind = \"razorpay\"\nsecrets = [\"t\"]\npublic_url = \"https://x/\"",
+            "sources.a.public_url: kind \"razorpay\" does not sign the URL",
+        ),
+        (
+            "[sources.a]\nkind = \"square\"\nsecrets = [\"t\"]\npublic_url = \"ftp://x/\"",
+            "sources.a.public_url: \"ftp://x/\" is not an http:// or https:// URL",
+        ),
+        (
+            "[sources.a]\nkind = \"meta\"\nsecrets = [\"t\"]",
+            "sources.a.verify_token: kind \"meta\" needs the token",
+        ),
+        (
+            "[sources.a]\nkind = \"stripe\"\nsecrets = [\"t\"]\nverify_token = \"x\"",
+            "sources.a.verify_token: only sources of kind \"meta\"",
+        ),
+        (
+            "[sources.a]\nkind = \"discord\"\nsecrets = [\"abcd\"]",
+            "sources.a.secrets: secret 0: the public key is not 64 hex digits",
+        ),
+        (
+            "[sources.a]\nkind = \"sendgrid\"\nsecrets = [\"bm90IGEga2V5\"]",
+            "sources.a.secrets: secret 0: not a P-256 public key",
+        ),
+        (
+            "[sources.a]\nkind = \"adyen\"\nsecrets = [\"not hex\"]",
+            "sources.a.secrets: secret 0: the adyen HMAC key is written in hex",
+        ),
+        (
+            "[sources.a]\nkind = \"gitlab\"\n",
+            "sources.a.secrets: at least one secret is needed",
+        ),
+        (
+            "[sources.a]\nkind = \"hmac\"\nsecrets = [\"s\"]\nheader = \"X-Sig\"\nkey = [\"json:/id\"]\ntemplate = \"{timestamp}.{body}\"",
+            "sources.a.timestamp_header: the template signs {timestamp}",
+        ),
+        (
+            "[sources.a]\nkind = \"hmac\"\nsecrets = [\"s\"]\nheader = \"X-Sig\"\nkey = [\"json:/id\"]\ntemplate = \"{nonce}.{body}\"",
+            "sources.a.template: unknown placeholder {nonce}",
+        ),
+        (
+            "[sources.a]\nkind = \"hmac\"\nsecrets = [\"s\"]\nheader = \"X-Sig\"\nkey = [\"json:/id\"]\ntemplate = \"{timestamp}\"\ntimestamp_header = \"X-Ts\"",
+            "sources.a.template: \"{timestamp}\" does not sign {body}",
+        ),
+        (
+            "[sources.a]\nkind = \"hmac\"\nsecrets = [\"s\"]\nheader = \"X-Sig\"\nkey = [\"json:/id\"]\ntemplate = \"{url}{body}\"",
+            "sources.a.public_url: kind \"hmac\" signs the URL it calls",
+        ),
+        (
+            "[sources.a]\nkind = \"stripe\"\nsecrets = [\"s\"]\ntemplate = \"{body}\"",
+            "sources.a.template: only sources of kind \"hmac\" take this key",
+        ),
+        (
+            "max_batch_items = 0\n[sources.a]\nkind = \"stripe\"\nsecrets = [\"s\"]",
+            "max_batch_items: must be 1 to 100000",
+        ),
+        (
+            "[sources.a]\nkind = \"stripe\"\nsecrets = [\"s\"]\nkey = [\"form:\"]",
+            "sources.a.key: \"form:\": a form field needs a name",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains(want), "expected {want:?} in {e:?}");
+    }
+}
+
+#[test]
+fn provider_kinds_take_their_presets_and_overrides_win() {
+    let c = parse(
+        "[sources.a]\nkind = \"gocardless\"\nsecrets = [\"s\"]\n\
+         [sources.b]\nkind = \"svix\"\nsecrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]\n\
+         [sources.c]\nkind = \"hubspot\"\nsecrets = [\"s\"]\npublic_url = \"https://h/x\"\nhash = [\"json:/eventId\"]\n\
+         [sources.d]\nkind = \"workos\"\nsecrets = [\"s\"]\n\
+         [sources.e]\nkind = \"asana\"\n",
+    )
+    .unwrap();
+    let a = &c.sources[0];
+    assert_eq!(a.retention, Duration::from_secs(14 * 86_400));
+    assert_eq!(
+        a.event_type.as_ref().unwrap().to_string(),
+        "json:/resource_type"
+    );
+    assert_eq!(a.event_type_more.len(), 1);
+    assert!(a.batch().is_some());
+    assert_eq!(
+        c.sources[1].kind,
+        Kind::Standard,
+        "svix is a name for standard"
+    );
+    let hubspot = &c.sources[2];
+    assert!(
+        hubspot.hash_without.is_empty(),
+        "a source's hash overrides the preset"
+    );
+    assert_eq!(hubspot.key.parts.len(), 4);
+    assert_eq!(c.sources[3].tolerance, Duration::from_secs(180));
+    assert_eq!(
+        c.sources[4].secret_count, 0,
+        "asana's secret may come from its handshake"
+    );
+    assert_eq!(c.max_batch_items, 1000);
+    let hmac = parse(
+        "[sources.a]\nkind = \"hmac\"\nsecrets = [\"s\"]\nheader = \"X-Sig\"\nkey = [\"json:/id\"]\n\
+         template = \"{timestamp}:{body}\"\ntimestamp_header = \"X-Ts\"\ntimestamp_format = \"unix_ms\"\ntolerance = \"2m\"",
+    )
+    .unwrap();
+    let verifier = &hmac.sources[0].verifier;
+    assert_eq!(
+        verifier.scheme().describe(),
+        "X-Sig: hex HMAC-SHA256 of timestamp + \":\" + body; timestamp (unix ms) within tolerance"
+    );
+    let now = 1_764_460_800;
+    let signed = verifier
+        .sign_request(
+            &crate::verify::Request::post(&[], b"{\"id\":1}"),
+            now,
+            "",
+            None,
+        )
+        .unwrap();
+    assert_eq!(signed[0], ("X-Ts".to_string(), "1764460800000".to_string()));
+    let rq = crate::verify::Request::post(&signed, b"{\"id\":1}");
+    assert!(verifier.verify_request(&rq, now + 60).is_ok());
+    assert!(matches!(
+        verifier.verify_request(&rq, now + 121),
+        Err(crate::verify::VerifyError::TimestampTooOld { age_secs: 121 })
+    ));
+    let tampered = crate::verify::Request::post(&signed, b"{\"id\":2}");
+    assert!(verifier.verify_request(&tampered, now).is_err());
+}

@@ -232,6 +232,8 @@ fn put_id_and_type(
             // In the sample already, or computed from the body.
             Atom::Form(_) | Atom::BodySha256 => {}
             Atom::Json(_) if given && !asked => {}
+            // A provider's sample has the id and type written in already.
+            Atom::Json(_) if body_json.is_none() && !given => {}
             Atom::Json(ptr) => match body_json.as_deref_mut() {
                 Some(v) => set_pointer(v, ptr, Value::String(value.to_string())),
                 None => {

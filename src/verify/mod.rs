@@ -240,6 +240,15 @@ impl Scheme {
         }
     }
 
+    /// True for a rule that signs a timestamp (which `tolerance` bounds).
+    pub fn signs_timestamp(&self) -> bool {
+        match self {
+            Scheme::Rule { rule, .. } => rule.timestamp.is_some(),
+            Scheme::Hubspot => true,
+            _ => false,
+        }
+    }
+
     /// True when the signature covers the URL the provider called, so the
     /// source needs `public_url`.
     pub fn covers_url(&self) -> bool {

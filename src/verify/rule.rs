@@ -749,11 +749,8 @@ pub(super) fn sign(
             name.clone(),
             format!("{},{encoded}", timestamp.as_deref().unwrap_or("")),
         )),
-        Carrier::Json(_) => {
-            return Err(
-                "this kind carries its signature in the body; send it with --file".to_owned(),
-            );
-        }
+        // In the body: `sign_into_body` writes it there.
+        Carrier::Json(_) => {}
     }
     Ok(out)
 }

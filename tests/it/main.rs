@@ -23,6 +23,7 @@ mod pg_cluster;
 mod pg_notify;
 mod pg_ops;
 mod pg_serve_ops;
+mod providers;
 mod receiver;
 mod replay_pg;
 mod send;
