@@ -5,6 +5,7 @@
 //! cargo bench --bench bench                       # W1..W4, 3 runs each
 //! cargo bench --bench bench -- --runs 5
 //! cargo bench --bench bench -- --growth           # + W1 on 1,000,000 stored events, W1 during prune
+//! cargo bench --bench bench -- --providers        # W1 per source kind, a 1,000-event Adyen batch
 //! cargo bench --bench bench -- --growth-10m       # + W1 on 10,000,000 stored events (slow)
 //! cargo bench --bench bench -- --only W1,W4 --scale 0.25 --log-level warn --perf /tmp/perf
 //! ```
@@ -52,6 +53,7 @@ mod pg;
 #[path = "../../tests/support/pg_cluster.rs"]
 mod pg_cluster;
 mod procfs;
+mod providers;
 mod report;
 mod runs;
 mod workload;
@@ -111,6 +113,9 @@ struct Opts {
     /// W1 and W2 on PostgreSQL (one and two instances, and the classic
     /// design) instead of the SQLite workloads.
     postgres: bool,
+    /// W1 per source kind (stripe, twilio, discord) and a 1,000-event
+    /// Adyen batch instead of the workloads.
+    providers: bool,
 }
 
 const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
@@ -125,6 +130,7 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --forward-workers N    idemhook's forward_workers (default: idemhook's own, 4; for experiments)
   --durability D    idemhook's durability, full (default) or normal (no fsync
                     before answering; for experiments: what the fsync costs)
+  --providers       W1 with a stripe, a twilio and a discord source in turn, and a 1,000-event Adyen batch
   --postgres        W1 and W2 on a local PostgreSQL cluster: the classic one-transaction-per-event
                     design, one idemhook instance and two (needs initdb and postgres)
   --force           run even without cargo bench's --bench flag";
@@ -145,6 +151,7 @@ impl Opts {
             bench_flag: false,
             force: false,
             postgres: false,
+            providers: false,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -157,6 +164,7 @@ impl Opts {
                 "--bench" => o.bench_flag = true,
                 "--force" => o.force = true,
                 "--postgres" => o.postgres = true,
+                "--providers" => o.providers = true,
                 "--growth" => o.growth = true,
                 "--growth-10m" => {
                     o.growth = true;
@@ -335,6 +343,9 @@ fn main() -> ExitCode {
     }
     if opts.postgres {
         return pg::run(&opts);
+    }
+    if opts.providers {
+        return providers::run(&opts, seed);
     }
 
     let mut rows = Vec::new();

@@ -560,3 +560,42 @@ fn provider_kinds_take_their_presets_and_overrides_win() {
     let tampered = crate::verify::Request::post(&signed, b"{\"id\":2}");
     assert!(verifier.verify_request(&tampered, now).is_err());
 }
+
+/// The hand-made `hmac` configs docs/configuration.md shows parse, and
+/// what each signs verifies (and a changed body does not).
+#[test]
+fn the_documented_hmac_template_configs_work() {
+    let doc = include_str!("../../docs/configuration.md");
+    let section = doc
+        .split("### Kind `hmac` with a template")
+        .nth(1)
+        .expect("the section exists");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let blocks: Vec<&str> = section
+        .split("```toml")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    assert_eq!(blocks.len(), 3, "three hand-made configs");
+    for block in blocks {
+        let mut text = block.to_string();
+        for prefix in ["\"file:", "\"env:"] {
+            while let Some(start) = text.find(prefix) {
+                let end = text[start + 1..]
+                    .find('"')
+                    .map_or(text.len(), |e| start + e + 2);
+                text.replace_range(start..end, "\"doc-secret\"");
+            }
+        }
+        let c = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let verifier = &c.sources[0].verifier;
+        let body = br#"{"id":"evt_1","type":"t"}"#;
+        let now = 1_764_460_800;
+        let rq = crate::verify::Request::post(&[], body);
+        let signed = verifier.sign_request(&rq, now, "", None).unwrap();
+        let good = crate::verify::Request::post(&signed, body);
+        assert!(verifier.verify_request(&good, now).is_ok(), "{text}");
+        let bad = crate::verify::Request::post(&signed, br#"{"id":"evt_2","type":"t"}"#);
+        assert!(verifier.verify_request(&bad, now).is_err(), "{text}");
+    }
+}
