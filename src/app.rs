@@ -104,33 +104,44 @@ impl App {
     /// handshake (Asana, Notion) the one kept in the database, if any.
     pub fn learn_handshake_secrets(&self) -> Result<(), StoreError> {
         for source in &self.config.sources {
-            let hands_over = source.kind.preset().is_some_and(|p| {
-                matches!(
-                    p.handshake,
-                    crate::config::presets::Handshake::Asana
-                        | crate::config::presets::Handshake::Notion
-                )
-            });
-            if !hands_over || source.secret_count > 0 {
-                continue;
-            }
-            let key = crate::http::hooks::secret_key(&source.name);
-            let kept = self.read(|db| {
-                db.query_opt(
-                    "SELECT value FROM meta WHERE key = ?1",
-                    crate::args![key.as_str()],
-                )?
-                .map(|r| r.string(0))
-                .transpose()
-            })?;
-            if let Some(secret) = kept {
+            self.learn_handshake_secret(source)?;
+        }
+        Ok(())
+    }
+
+    /// The secret kept for `source` from its provider's handshake, learned
+    /// unless known already (another instance may have kept it since);
+    /// true when it was new.
+    pub fn learn_handshake_secret(&self, source: &Source) -> Result<bool, StoreError> {
+        let hands_over = source.kind.preset().is_some_and(|p| {
+            matches!(
+                p.handshake,
+                crate::config::presets::Handshake::Asana
+                    | crate::config::presets::Handshake::Notion
+            )
+        });
+        if !hands_over || source.secret_count > 0 {
+            return Ok(false);
+        }
+        let key = crate::http::hooks::secret_key(&source.name);
+        let kept = self.read(|db| {
+            db.query_opt(
+                "SELECT value FROM meta WHERE key = ?1",
+                crate::args![key.as_str()],
+            )?
+            .map(|r| r.string(0))
+            .transpose()
+        })?;
+        match kept {
+            Some(secret) if !source.verifier.knows(&secret) => {
                 source
                     .verifier
                     .learn(&crate::verify::Secret::new(secret))
                     .map_err(StoreError::other)?;
+                Ok(true)
             }
+            _ => Ok(false),
         }
-        Ok(())
     }
 
     pub fn source(&self, name: &str) -> Option<(usize, &Source)> {

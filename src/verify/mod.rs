@@ -463,11 +463,14 @@ impl Verifier {
     /// True when a handshake's secret would be a known one, or there is
     /// none yet (so it may be learned).
     pub fn knows_or_lacks(&self, secret: &str) -> bool {
-        let keys = self.keys_now();
-        keys.is_empty()
-            || keys.iter().any(|k| {
-                matches!(k, Key::Hmac(k) if bool::from(subtle::ConstantTimeEq::ct_eq(k.as_slice(), secret.as_bytes())))
-            })
+        self.key_count() == 0 || self.knows(secret)
+    }
+
+    /// True when `secret` is one this verifier verifies with.
+    pub fn knows(&self, secret: &str) -> bool {
+        self.keys_now().iter().any(|k| {
+            matches!(k, Key::Hmac(k) if bool::from(subtle::ConstantTimeEq::ct_eq(k.as_slice(), secret.as_bytes())))
+        })
     }
 
     /// How many secrets verify now (configured and learned).

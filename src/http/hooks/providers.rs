@@ -156,6 +156,35 @@ fn meta(source: &Source, rq: &Incoming<'_>) -> Result<Reply, Refused> {
     Ok(Reply::text(200, "text/plain", challenge))
 }
 
+static HANDING_OVER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// When the secrets kept by handshakes were last read again for a failed
+/// verification: at most once a second, so bad requests cannot make every
+/// delivery a database read.
+static REREAD: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+/// After a verification failed for a source whose secret comes from a
+/// handshake: whether another instance has kept one since (read again
+/// at most once a second); true when a new secret was learned.
+pub(super) fn reread_handed_over(app: &App, source: &Source) -> bool {
+    if source.secret_count > 0
+        || !matches!(
+            source.kind.preset().map(|p| p.handshake),
+            Some(Handshake::Asana | Handshake::Notion)
+        )
+    {
+        return false;
+    }
+    {
+        let mut last = REREAD.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return false;
+        }
+        *last = Some(std::time::Instant::now());
+    }
+    app.learn_handshake_secret(source).unwrap_or(false)
+}
+
 /// The `meta` row a handed-over secret is kept under.
 pub fn secret_key(source: &str) -> String {
     format!("handshake_secret:{source}")
@@ -178,6 +207,10 @@ fn hand_over_secret(
             format!("{what} is empty or too long"),
         ));
     }
+    // One handshake at a time decides and keeps; and what another
+    // instance kept first counts as known.
+    let _one = HANDING_OVER.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = app.learn_handshake_secret(source);
     if !source.verifier.knows_or_lacks(secret) {
         return Err(refused(
             Delivery::BadSignature,
