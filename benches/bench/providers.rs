@@ -135,13 +135,8 @@ fn requests_for(kind: &str, w: &Workload, seed: u64) -> Result<Requests, String>
     })
 }
 
-/// One idemhook with a source of `kind` under `reqs`: requests a second.
-fn run_kind(
-    kind: &str,
-    reqs: &Requests,
-    w: &Workload,
-    opts: &Opts,
-) -> Result<(f64, f64, f64), String> {
+/// A fresh idemhook in a temp dir, its one source of `kind`.
+fn start(kind: &str, opts: &Opts) -> Result<(tempfile::TempDir, Idemhook), String> {
     let dir = tempfile::Builder::new()
         .prefix("idemhook-bench-")
         .tempdir()
@@ -151,6 +146,17 @@ fn run_kind(
         &source_table(kind)?,
     );
     let server = Idemhook::start(dir.path(), &config, opts)?;
+    Ok((dir, server))
+}
+
+/// One idemhook with a source of `kind` under `reqs`: requests a second.
+fn run_kind(
+    kind: &str,
+    reqs: &Requests,
+    w: &Workload,
+    opts: &Opts,
+) -> Result<(f64, f64, f64), String> {
+    let (dir, server) = start(kind, opts)?;
     let load = run_load(server.addr, &reqs.bytes, w.conns);
     let (ok, log) = server.stop();
     let stored = count_rows(&dir.path().join("idemhook.db"), 0)
@@ -190,15 +196,7 @@ fn adyen_batch(seed: u64, n: usize) -> Result<Vec<u8>, String> {
 
 /// Posts the batch to a fresh idemhook: the time to the answer.
 fn run_batch(warm_up: &[u8], body: &[u8], opts: &Opts) -> Result<f64, String> {
-    let dir = tempfile::Builder::new()
-        .prefix("idemhook-bench-")
-        .tempdir()
-        .map_err(|e| e.to_string())?;
-    let config = idemhook_config(opts.idem_workers, None, None).replace(
-        &format!("kind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n"),
-        &source_table("adyen")?,
-    );
-    let server = Idemhook::start(dir.path(), &config, opts)?;
+    let (dir, server) = start("adyen", opts)?;
     let post = |body: &[u8]| {
         let mut request = format!(
             "POST /hooks/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",

@@ -137,7 +137,12 @@ fn split_own_params(url: &str) -> (String, Vec<(String, String)>) {
     for part in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
         if OWN_PARAMS.contains(&k) {
-            own.push((k.to_string(), percent_decode(v)));
+            own.push((
+                k.to_string(),
+                percent_encoding::percent_decode_str(v)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            ));
         } else {
             kept.push(part);
         }
@@ -147,25 +152,6 @@ fn split_own_params(url: &str) -> (String, Vec<(String, String)>) {
     } else {
         (format!("{head}?{}", kept.join("&")), own)
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(h) = s.get(i + 1..i + 3)
-            && let Ok(b) = u8::from_str_radix(h, 16)
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// rustls with the ring provider, verifying against the public roots, or

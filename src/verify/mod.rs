@@ -680,6 +680,14 @@ impl Verifier {
     }
 }
 
+/// `%XX` decoded, invalid escapes left as written (as Python's
+/// `unquote`, which HubSpot's library applies to the URI it signs).
+fn percent_decode(text: &str) -> String {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 fn check_header_name(name: &str) -> Result<(), String> {
     let is_token_char = |b: u8| b.is_ascii_graphic() && !b"\"(),/:;<=>?@[\\]{}".contains(&b);
     if name.is_empty() {

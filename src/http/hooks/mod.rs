@@ -310,6 +310,43 @@ fn accept_batch(
     })
 }
 
+/// What a claim's commit gave, with its source; or, when it failed, the
+/// 503 (counted and logged; not a refusal: nothing can be recorded while
+/// storage is down). `what` names the delivery in the log line.
+fn committed<'a, T>(
+    app: &'a App,
+    index: usize,
+    result: Result<T, crate::store::StoreError>,
+    claim_started: Instant,
+    what: (&str, &dyn std::fmt::Display),
+) -> Result<(&'a Source, T), Reply> {
+    app.metrics.claim_duration.observe(claim_started.elapsed());
+    let Some(source) = app.config.sources.get(index) else {
+        return Err(Reply::error(
+            500,
+            "internal error: source index out of range",
+        ));
+    };
+    result.map(|outcome| (source, outcome)).map_err(|e| {
+        app.metrics.delivery(Some(index), Delivery::Unavailable);
+        crate::log::warn(
+            "delivery",
+            &[
+                ("source", &source.name),
+                what,
+                ("outcome", &"unavailable"),
+                ("status", &503),
+                ("error", &e.message),
+            ],
+        );
+        Reply::unavailable(if what.0 == "events" {
+            "no event of the batch was stored"
+        } else {
+            "the event was not stored"
+        })
+    })
+}
+
 /// The answer to a committed (or failed) batch: counted and logged per event.
 fn batch_reply(
     app: &App,
@@ -319,27 +356,11 @@ fn batch_reply(
     started: Instant,
     claim_started: Instant,
 ) -> Reply {
-    app.metrics.claim_duration.observe(claim_started.elapsed());
-    let Some(source) = app.config.sources.get(index) else {
-        return Reply::error(500, "internal error: source index out of range");
-    };
-    let outcomes = match result {
-        Ok(o) => o,
-        Err(e) => {
-            app.metrics.delivery(Some(index), Delivery::Unavailable);
-            crate::log::warn(
-                "delivery",
-                &[
-                    ("source", &source.name),
-                    ("events", &ids.len()),
-                    ("outcome", &"unavailable"),
-                    ("status", &503),
-                    ("error", &e.message),
-                ],
-            );
-            return Reply::unavailable("the batch was not stored");
-        }
-    };
+    let (source, outcomes) =
+        match committed(app, index, result, claim_started, ("events", &ids.len())) {
+            Ok(committed) => committed,
+            Err(reply) => return reply,
+        };
     let (status, reply) = providers::batch_answer(source, ids, &outcomes);
     for (id, outcome) in ids.iter().zip(&outcomes) {
         let delivery = match (outcome, status) {
@@ -493,28 +514,11 @@ impl Claimed {
             started,
             claim_started,
         } = self;
-        app.metrics.claim_duration.observe(claim_started.elapsed());
-        let Some(source) = app.config.sources.get(index) else {
-            return Reply::error(500, "internal error: source index out of range");
-        };
-        let outcome = match result {
-            Ok(o) => o,
-            Err(e) => {
-                // Not a refusal: nothing can be recorded while storage is down.
-                app.metrics.delivery(Some(index), Delivery::Unavailable);
-                crate::log::warn(
-                    "delivery",
-                    &[
-                        ("source", &source.name),
-                        ("event_id", &event_id),
-                        ("outcome", &"unavailable"),
-                        ("status", &503),
-                        ("error", &e.message),
-                    ],
-                );
-                return Reply::unavailable("the event was not stored");
-            }
-        };
+        let (source, outcome) =
+            match committed(app, index, result, claim_started, ("event_id", &event_id)) {
+                Ok(committed) => committed,
+                Err(reply) => return reply,
+            };
         let delivery = outcome.delivery();
         app.metrics.delivery(Some(index), delivery);
         let name = &source.name;

@@ -1,6 +1,6 @@
 //! Fuzz target `verify`: every signature scheme's header parsing and
-//! verification, through `Verifier::verify`, with arbitrary secrets,
-//! headers, body and clock. Never panics; and for every scheme that signs,
+//! verification (the built-in ones and every provider preset's), through
+//! `Verifier::verify`, with arbitrary secrets, headers, body and clock. Never panics; and for every scheme that signs,
 //! what `Verifier::sign` produces verifies with secret 0, while the same
 //! headers over a body with one byte changed do not.
 
@@ -9,7 +9,11 @@
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use idemhook::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Secret, Verdict, Verifier};
+use idemhook::config::presets::PRESETS;
+use idemhook::verify::rule::{Alg, Piece};
+use idemhook::verify::{
+    Encoding, HmacAlgorithm, HmacParams, Request, Scheme, Secret, Verdict, Verifier,
+};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -34,7 +38,12 @@ struct Case {
 }
 
 fn scheme(case: &Case) -> Scheme {
-    match case.scheme % 9 {
+    let presets = PRESETS.len();
+    let pick = usize::from(case.scheme) % (9 + presets);
+    if pick >= 9 {
+        return (PRESETS[pick - 9].scheme)();
+    }
+    match pick {
         0 => Scheme::Stripe,
         1 => Scheme::Github,
         2 => Scheme::Shopify,
@@ -71,6 +80,14 @@ fn verifier(case: &Case) -> Verifier {
     let fallback = match scheme(case) {
         Scheme::None => return Verifier::new(Scheme::None, Vec::new(), tolerance).unwrap(),
         Scheme::Standard => "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        Scheme::Adyen => "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
+        // A public key (Ed25519, RFC 8032's first); P-256's is below.
+        Scheme::Rule { rule, .. } if rule.alg == Alg::Ed25519 => {
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+        }
+        Scheme::Rule { rule, .. } if rule.alg == Alg::EcdsaP256 => {
+            "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEj/gKf+RfNUla5wdTYG+PaMWJ2AzSfP1Wr32FAwYZ2ZpLQnGhEzFKhYfe3Nx4bfJRfyMil9SoaunX6ffLLUmzRw=="
+        }
         _ => "fuzz-secret",
     };
     let scheme = match scheme(case) {
@@ -90,6 +107,38 @@ fuzz_target!(|case: Case| {
 
     // 1. Whatever arrives: an answer, never a panic.
     let _ = verifier.verify(&case.headers, &case.body, now + i64::from(case.skew));
+    let presets = matches!(verifier.scheme(), Scheme::Rule { .. } | Scheme::Twilio | Scheme::Hubspot | Scheme::Adyen | Scheme::Msgraph);
+    if presets {
+        let request = Request {
+            method: "POST",
+            query: &case.id,
+            headers: &case.headers,
+            body: &case.body,
+        };
+        let _ = verifier.verify_request(&request, now + i64::from(case.skew));
+        // The round trip for the rules that sign the body with a shared
+        // secret in headers (a public key cannot sign here; a token or
+        // a signature inside the body is not a body's signature).
+        let Scheme::Rule { rule, .. } = verifier.scheme() else {
+            return;
+        };
+        if !matches!(rule.alg, Alg::Hmac(_)) || !rule.covers(&Piece::Body) {
+            return;
+        }
+        let Ok(signed) = verifier.sign_request(&Request::post(&[], &case.body), now, &case.id, None)
+        else {
+            return;
+        };
+        let verdict = verifier.verify_request(&Request::post(&signed, &case.body), now);
+        assert!(verdict.is_ok(), "verify(sign(x)) failed: {verdict:?}\n  scheme: {:?}", verifier.scheme());
+        if !case.body.is_empty() && case.flip_mask != 0 {
+            let mut tampered = case.body.clone();
+            tampered[case.flip_at % tampered.len()] ^= case.flip_mask;
+            let verdict = verifier.verify_request(&Request::post(&signed, &tampered), now);
+            assert!(verdict.is_err(), "a changed body verified: {verdict:?}\n  scheme: {:?}", verifier.scheme());
+        }
+        return;
+    }
 
     // 2. The round trip, for schemes that sign.
     let body = match verifier.scheme() {
