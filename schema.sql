@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     action          TEXT NOT NULL,
     kind            TEXT NOT NULL CHECK (kind IN ('sql', 'forward')),
     status          TEXT NOT NULL
-                    CHECK (status IN ('pending', 'processing', 'done', 'failed', 'paused')),
+                    CHECK (status IN ('pending', 'processing', 'done', 'failed', 'paused', 'superseded')),
     n_attempts      INTEGER NOT NULL DEFAULT 0,
     next_attempt_at INTEGER,        -- when a pending job is due
     lease_owner     TEXT,           -- the worker holding a processing job
@@ -71,10 +71,45 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_error      TEXT,
     created_at      INTEGER NOT NULL,
     updated_at      INTEGER NOT NULL,
+    -- A forward action with `order`: the job's order key, and its place
+    -- among that key's jobs (claim order; a replay goes to the end).
+    order_key       TEXT,
+    order_seq       INTEGER,
+    -- Why a pending job with no due time waits: 'after' (another action of
+    -- its event), 'order' (an earlier job of its order key), or
+    -- 'concurrency' / 'rate' (its action's limits; due again soon).
+    waiting         TEXT,
     UNIQUE (source, event_id, action)
 );
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs (status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
+-- An order key's unfinished jobs in their order (a query uses it when it
+-- repeats the WHERE), and an action's jobs in flight.
+CREATE INDEX IF NOT EXISTS jobs_order ON jobs (source, action, order_key, order_seq)
+    WHERE order_key IS NOT NULL AND status IN ('pending', 'processing', 'failed', 'paused');
+CREATE INDEX IF NOT EXISTS jobs_in_flight ON jobs (source, action, lease_until)
+    WHERE status = 'processing';
+
+-- A forward action's pacing across every worker: the rate's bucket of
+-- attempt starts (tokens, refilled at rate up to its N), updated in the
+-- take that starts an attempt.
+CREATE TABLE IF NOT EXISTS action_limits (
+    source      TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    tokens      REAL NOT NULL,
+    refilled_at INTEGER NOT NULL,
+    PRIMARY KEY (source, action)
+);
+
+-- The highest `supersede` value delivered per order key, written with
+-- the completion that delivered it.
+CREATE TABLE IF NOT EXISTS order_marks (
+    source    TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    order_key TEXT NOT NULL,
+    value     TEXT NOT NULL,
+    PRIMARY KEY (source, action, order_key)
+);
 
 -- Jobs per status, kept exact by triggers (also for changes made by the
 -- operator commands in other processes), so the idemhook_jobs gauge is a
@@ -107,10 +142,27 @@ CREATE TRIGGER IF NOT EXISTS jobs_release_waiting AFTER UPDATE OF status ON jobs
     WHEN NEW.status = 'done' AND OLD.status <> 'done' BEGIN
     -- The unary + keeps the planner on the (source, event_id) prefix of
     -- the UNIQUE index: through jobs_due it would walk every parked job
-    -- at every completion (INDEXED BY is not allowed in a trigger).
-    UPDATE jobs SET next_attempt_at = NEW.updated_at
+    -- at every completion (INDEXED BY is not allowed in a trigger). A job
+    -- waiting for its order key is left to jobs_release_order.
+    UPDATE jobs SET next_attempt_at = NEW.updated_at, waiting = NULL
      WHERE source = NEW.source AND event_id = NEW.event_id
-       AND +status = 'pending' AND +next_attempt_at IS NULL;
+       AND +status = 'pending' AND +next_attempt_at IS NULL
+       AND waiting IS NOT 'order';
+END;
+
+-- When a job of an order key is finished (done or superseded, by a worker,
+-- a replay, a resolve, from any process), the next job of its key, in
+-- order, is due. A failed job releases nothing: it holds its key.
+CREATE TRIGGER IF NOT EXISTS jobs_release_order AFTER UPDATE OF status ON jobs
+    WHEN NEW.order_key IS NOT NULL AND NEW.status IN ('done', 'superseded')
+         AND OLD.status NOT IN ('done', 'superseded') BEGIN
+    UPDATE jobs SET next_attempt_at = NEW.updated_at, waiting = NULL
+     WHERE id = (SELECT id FROM jobs
+                  WHERE source = NEW.source AND action = NEW.action
+                    AND order_key = NEW.order_key AND status = 'pending'
+                    AND status IN ('pending', 'processing', 'failed', 'paused')
+                    AND waiting = 'order'
+                  ORDER BY order_seq, id LIMIT 1);
 END;
 
 -- Every run of a job's action, numbered from 1 per job. Never rewritten

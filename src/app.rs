@@ -366,14 +366,7 @@ impl App {
         let jobs = pg.job_counts().ok().map(|(counts, oldest)| {
             let mut g = JobGauges::default();
             for (status, n) in counts {
-                match status.as_str() {
-                    "pending" => g.pending = n,
-                    "processing" => g.processing = n,
-                    "done" => g.done = n,
-                    "failed" => g.failed = n,
-                    "paused" => g.paused = n,
-                    _ => {}
-                }
+                g.set(&status, n);
             }
             g.oldest_pending_age_secs = oldest
                 .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
@@ -402,14 +395,7 @@ fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
         for row in rows {
             let (status, n) = row?;
-            match status.as_str() {
-                "pending" => g.pending = n,
-                "processing" => g.processing = n,
-                "done" => g.done = n,
-                "failed" => g.failed = n,
-                "paused" => g.paused = n,
-                _ => {}
-            }
+            g.set(&status, n);
         }
         let oldest: Option<i64> = conn
             .prepare_cached("SELECT min(created_at) FROM jobs WHERE status = 'pending'")?

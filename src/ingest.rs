@@ -334,6 +334,7 @@ fn insert_job<T: Tx>(
     status: JobStatus,
     error: Option<&str>,
 ) -> Result<i64, StoreError> {
+    let order_key = order_key_of(action, c);
     tx.insert_job(&NewJob {
         source: &source.name,
         event_id: &c.event_id,
@@ -344,7 +345,35 @@ fn insert_job<T: Tx>(
         next_attempt_at: (status == JobStatus::Pending).then_some(c.received_at),
         last_error: error,
         created_at: c.received_at,
+        order_key: order_key.as_deref(),
     })
+}
+
+/// The order key of a forward action with `order`, read from the event as
+/// the event's own key is (several parts: a derived key); None when the
+/// action has none or the event lacks it (such a job is not ordered).
+fn order_key_of(action: &Action, c: &Claim) -> Option<String> {
+    let ActionKind::Forward(f) = &action.kind else {
+        return None;
+    };
+    let rule = f.control.order.as_ref()?;
+    let doc;
+    let json = match &c.json {
+        Some(v) => Some(crate::key::Json::Parsed(v)),
+        None => {
+            doc = std::str::from_utf8(&c.body)
+                .ok()
+                .and_then(|t| crate::key::RawDoc::parse(t).ok());
+            doc.as_ref().map(crate::key::Json::Raw)
+        }
+    };
+    let input = Input {
+        headers: &c.headers,
+        json,
+        form: None,
+        body: &c.body,
+    };
+    rule.extract(&input).ok()
 }
 
 fn insert_forward_job<T: Tx>(

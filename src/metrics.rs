@@ -77,7 +77,23 @@ pub struct JobGauges {
     pub done: i64,
     pub failed: i64,
     pub paused: i64,
+    pub superseded: i64,
     pub oldest_pending_age_secs: f64,
+}
+
+impl JobGauges {
+    /// Sets the count of the status named `status` (an unknown one is left out).
+    pub fn set(&mut self, status: &str, n: i64) {
+        match status {
+            "pending" => self.pending = n,
+            "processing" => self.processing = n,
+            "done" => self.done = n,
+            "failed" => self.failed = n,
+            "paused" => self.paused = n,
+            "superseded" => self.superseded = n,
+            _ => {}
+        }
+    }
 }
 
 /// Sizes of the database files, in bytes.
@@ -322,6 +338,7 @@ fn render_jobs(out: &mut String, j: &JobGauges) {
         (JobStatus::Done, j.done),
         (JobStatus::Failed, j.failed),
         (JobStatus::Paused, j.paused),
+        (JobStatus::Superseded, j.superseded),
     ] {
         let _ = writeln!(out, "idemhook_jobs{{status=\"{status}\"}} {n}");
     }

@@ -115,6 +115,9 @@ vocabulary! {
         Failed = "failed",
         /// Waiting while its action is paused.
         Paused = "paused",
+        /// Not sent: a later update of its order key was delivered first
+        /// (`supersede`). Finished, like done.
+        Superseded = "superseded",
     }
 }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::raw::RawAction;
 use super::values::{format_duration, opt_duration, parse_duration, resolve_secret, valid_name};
-use super::{Action, ActionKind, Forward, is_builtin_param};
-use crate::key::Part;
+use super::{Action, ActionKind, Control, Forward, Rate, is_builtin_param};
+use crate::key::{Part, Rule};
 
 pub(super) fn resolve_action(mut ra: RawAction, base: &Path) -> Result<Action, String> {
     if !valid_name(&ra.name) {
@@ -46,6 +46,10 @@ fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
         ("request_id_header", ra.request_id_header.is_some()),
         ("check", ra.check.is_some()),
         ("after", ra.after.is_some()),
+        ("concurrency", ra.concurrency.is_some()),
+        ("rate", ra.rate.is_some()),
+        ("order", ra.order.is_some()),
+        ("supersede", ra.supersede.is_some()),
     ];
     if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
         return Err(format!("{key}: only forward actions take this key"));
@@ -118,7 +122,7 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
         Some(spec) => Some(resolve_secret(spec, base).map_err(|e| format!("sign_secret: {e}"))?),
         None => None,
     };
-    Ok(ActionKind::Forward(Forward {
+    Ok(ActionKind::Forward(Box::new(Forward {
         url,
         timeout,
         max_attempts,
@@ -132,7 +136,57 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
             .unwrap_or_else(|| "X-Request-Id".to_string()),
         check,
         after: ra.after.take().unwrap_or_default(),
-    }))
+        control: control_of(ra)?,
+    })))
+}
+
+/// `concurrency`, `rate`, `order` and `supersede`: how a forward action's
+/// deliveries are paced and ordered.
+fn control_of(ra: &RawAction) -> Result<Control, String> {
+    let concurrency = match ra.concurrency {
+        None => None,
+        Some(n) if (1..=10_000).contains(&n) => Some(n as u32),
+        Some(n) => {
+            return Err(format!(
+                "concurrency: at least 1 attempt in flight at once (at most 10000), got {n}"
+            ));
+        }
+    };
+    let rate = match &ra.rate {
+        None => None,
+        Some(text) => Some(Rate::parse(text).map_err(|e| format!("rate: {e}"))?),
+    };
+    let order = match &ra.order {
+        None => None,
+        Some(parts) if parts.is_empty() => {
+            return Err(
+                "order: needs at least one part, e.g. [\"json:/data/object/id\"]".to_string(),
+            );
+        }
+        Some(parts) => Some(Rule {
+            parts: parts
+                .iter()
+                .map(|p| Part::parse(p))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("order: {e}"))?,
+        }),
+    };
+    let supersede = match (&ra.supersede, &order) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(
+                "supersede: only with order (a job is superseded by a later one of its order key)"
+                    .to_string(),
+            );
+        }
+        (Some(spec), Some(_)) => Some(Part::parse(spec).map_err(|e| format!("supersede: {e}"))?),
+    };
+    Ok(Control {
+        concurrency,
+        rate,
+        order,
+        supersede,
+    })
 }
 
 /// Checks every forward action's `after`: it names other actions of the

@@ -244,7 +244,7 @@ pub enum ActionKind {
         params: Vec<(String, Part)>,
     },
     /// An external effect, delivered through the outbox.
-    Forward(Forward),
+    Forward(Box<Forward>),
 }
 
 #[derive(Debug, Clone)]
@@ -263,6 +263,57 @@ pub struct Forward {
     pub check: Option<check_template::Template>,
     /// Actions of the same event that must be done before this one is sent.
     pub after: Vec<String>,
+    /// Pacing and order of its deliveries.
+    pub control: Control,
+}
+
+/// A forward action's delivery control: at most `concurrency` attempts in
+/// flight, at most `rate` attempt starts per period, jobs of one `order`
+/// key one after another, and a job whose `supersede` value is lower than
+/// one already delivered for its key not sent.
+#[derive(Debug, Clone, Default)]
+pub struct Control {
+    pub concurrency: Option<u32>,
+    pub rate: Option<Rate>,
+    pub order: Option<Rule>,
+    pub supersede: Option<Part>,
+}
+
+impl Control {
+    /// True when takes of the action go through its limits row.
+    pub fn limited(&self) -> bool {
+        self.concurrency.is_some() || self.rate.is_some()
+    }
+}
+
+/// At most `n` attempt starts per `per` (a second or a minute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub n: u32,
+    pub per_ms: i64,
+}
+
+impl Rate {
+    /// `"N/s"` or `"N/m"`, N at least 1.
+    pub fn parse(text: &str) -> Result<Rate, String> {
+        let bad = || format!("expected \"N/s\" or \"N/m\" with N at least 1, got {text:?}");
+        let (n, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+        let n: u32 = n.trim().parse().map_err(|_| bad())?;
+        let per_ms = match unit.trim() {
+            "s" => 1_000,
+            "m" => 60_000,
+            _ => return Err(bad()),
+        };
+        if n == 0 {
+            return Err(bad());
+        }
+        Ok(Rate { n, per_ms })
+    }
+
+    /// Milliseconds one attempt start's token takes to come back.
+    pub fn interval_ms(&self) -> f64 {
+        self.per_ms as f64 / f64::from(self.n)
+    }
 }
 /// The development default that `serve` runs when there is no config file.
 pub const DEV_DEFAULT_SECRET: &str = "whsec_ZGV2LXNlY3JldC1mb3ItaWRlbWhvb2stZGVtbw==";

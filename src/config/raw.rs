@@ -80,4 +80,8 @@ pub(super) struct RawAction {
     pub(super) request_id_header: Option<String>,
     pub(super) check: Option<String>,
     pub(super) after: Option<Vec<String>>,
+    pub(super) concurrency: Option<i64>,
+    pub(super) rate: Option<String>,
+    pub(super) order: Option<Vec<String>>,
+    pub(super) supersede: Option<String>,
 }

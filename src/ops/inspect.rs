@@ -293,7 +293,7 @@ pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError>
 fn jobs(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
     let mut jobs = Vec::new();
     for r in db.query(
-        "SELECT id, action, kind, status, next_attempt_at, last_error
+        "SELECT id, action, kind, status, next_attempt_at, last_error, waiting
          FROM jobs WHERE source = ?1 AND event_id = ?2 ORDER BY id",
         args![source, event_id],
     )? {
@@ -310,6 +310,9 @@ fn jobs(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
             "status": status,
             "last_error": r.opt_string(5)?,
         });
+        if job["kind"] == JobKind::Forward.as_str() {
+            job["waiting_for"] = waiting_for(&job["status"], r.opt_string(6)?, r.opt_i64(4)?);
+        }
         job["attempts"] = job_attempts(db, job_id)?;
         if job["kind"] == JobKind::Forward.as_str() {
             job["checks"] = job_checks(db, job_id)?;
@@ -317,6 +320,23 @@ fn jobs(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
         jobs.push(job);
     }
     Ok(Value::Array(jobs))
+}
+
+/// Why a forward job that has not run yet waits, if it does: `paused`,
+/// `after` (another action of its event), `order` (an earlier job of its
+/// order key), `concurrency` or `rate` (its action's limits); null when
+/// it is due (or only waits for its retry's time), or not pending.
+fn waiting_for(status: &Value, waiting: Option<String>, next_attempt_at: Option<i64>) -> Value {
+    match status.as_str() {
+        Some("paused") => Value::String("paused".to_string()),
+        Some("pending") => match waiting {
+            Some(w) => Value::String(w),
+            // Parked before the reason was kept: only `after` parked then.
+            None if next_attempt_at.is_none() => Value::String("after".to_string()),
+            None => Value::Null,
+        },
+        _ => Value::Null,
+    }
 }
 
 /// A job's attempts, by number.
@@ -539,6 +559,9 @@ fn render_job(out: &mut String, job: &Value, replays: &[Replayed]) {
     );
     if !job["next_attempt_at"].is_null() {
         let _ = write!(line, ", next at {}", fmt_json_time(&job["next_attempt_at"]));
+    }
+    if let Some(w) = job["waiting_for"].as_str() {
+        let _ = write!(line, ", waiting for {w}");
     }
     let _ = writeln!(out, "{line}");
     for a in attempts {

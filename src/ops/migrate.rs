@@ -69,6 +69,9 @@ const TABLES: &[(&str, &[(&str, char)])] = &[
             ("last_error", 't'),
             ("created_at", 'i'),
             ("updated_at", 'i'),
+            ("order_key", 't'),
+            ("order_seq", 'i'),
+            ("waiting", 't'),
         ],
     ),
     (
@@ -143,6 +146,15 @@ const TABLES: &[(&str, &[(&str, char)])] = &[
             ("from_status", 't'),
             ("forced", 'i'),
             ("origin", 't'),
+        ],
+    ),
+    (
+        "order_marks",
+        &[
+            ("source", 't'),
+            ("action", 't'),
+            ("order_key", 't'),
+            ("value", 't'),
         ],
     ),
 ];

@@ -125,7 +125,7 @@ pub fn resume(
         args![source, action],
     )?;
     let jobs = db.execute(
-        "UPDATE jobs SET status = 'pending', next_attempt_at = ?3, updated_at = ?3
+        "UPDATE jobs SET status = 'pending', next_attempt_at = ?3, waiting = NULL, updated_at = ?3
          WHERE source = ?1 AND action = ?2 AND status = 'paused'",
         args![source, action, now],
     )?;

@@ -52,7 +52,13 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
     // A pending job without a due time is parked by `after` (waiting).
     let overdue_where = "status = 'pending' AND next_attempt_at < ?1";
     let failed_where = "status = 'failed'";
-    let waiting_where = "status = 'pending' AND next_attempt_at IS NULL";
+    let waiting_where = "status = 'pending' AND next_attempt_at IS NULL AND (waiting IS NULL OR waiting <> 'order')";
+    // A failed job of an order key with later jobs waiting behind it.
+    let held_where = "status = 'failed' AND order_key IS NOT NULL AND EXISTS (
+         SELECT 1 FROM jobs w WHERE w.source = jobs.source AND w.action = jobs.action
+            AND w.order_key = jobs.order_key AND w.order_key IS NOT NULL
+            AND w.status IN ('pending', 'processing', 'failed', 'paused')
+            AND w.status = 'pending' AND w.waiting = 'order')";
 
     let mut lists = Vec::new();
     let mut counts = Vec::new();
@@ -65,6 +71,7 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
             Some(now - OVERDUE_AFTER_MS),
         ),
         ("failed", failed_where, "updated_at DESC", None),
+        ("held", held_where, "updated_at DESC", None),
         ("waiting", waiting_where, "created_at", None),
     ] {
         let (mut items, n) = jobs_where(db, clause, order, at)?;
@@ -115,10 +122,11 @@ fn jobs_where(
             "next_attempt_at": secs(r.opt_i64(8)?),
             "last_error": r.opt_string(9)?,
             "updated_at": secs(r.opt_i64(10)?),
+            "order_key": r.opt_string(11)?,
         }))
     };
     let columns = "source, event_id, action, kind, status, n_attempts, lease_owner, lease_until, \
-                   next_attempt_at, last_error, updated_at";
+                   next_attempt_at, last_error, updated_at, order_key";
     let args: Vec<crate::store::db::Value> = at.into_iter().map(Into::into).collect();
     let items = db
         .query(
@@ -491,6 +499,10 @@ fn render(report: &Value) -> String {
         ),
         ("failed", "failed: fix the cause, then replay"),
         (
+            "held",
+            "failed and holding the later jobs of their order key: a replay to done or a resolve releases them, in order",
+        ),
+        (
             "waiting",
             "waiting for other actions of their event (after): sent once those are done",
         ),
@@ -557,6 +569,9 @@ fn job_line(name: &str, j: &Value) -> String {
         }
         "overdue" => {
             let _ = write!(line, "  due {}", fmt_json_time(&j["next_attempt_at"]));
+        }
+        "held" => {
+            let _ = write!(line, "  holds order key {}", cell(&j["order_key"]));
         }
         "waiting" => {
             let names: Vec<String> = list(&j["waiting_for"])

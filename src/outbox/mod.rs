@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::config::{ActionKind, Config, Forward};
+use crate::config::{ActionKind, Config};
 use crate::metrics::Metrics;
 use crate::retry::Verdict;
 use crate::store::Writer;
@@ -58,6 +58,7 @@ use crate::store::tx::OutboxTx;
 use crate::time::now_ms;
 use crate::verify::{Scheme, Verifier};
 
+mod control;
 mod steps;
 mod worker;
 
@@ -214,10 +215,8 @@ pub(crate) fn signers(config: &Config) -> Result<HashMap<(String, String), Verif
     let mut out = HashMap::new();
     for s in &config.sources {
         for a in &s.actions {
-            if let ActionKind::Forward(Forward {
-                sign_secret: Some(secret),
-                ..
-            }) = &a.kind
+            if let ActionKind::Forward(f) = &a.kind
+                && let Some(secret) = &f.sign_secret
             {
                 let v = Verifier::new(
                     Scheme::Standard,

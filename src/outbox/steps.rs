@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use rusqlite::Connection;
 
+use super::control::{self, Slot};
 use super::{Attempt, Leased};
 use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
@@ -122,6 +123,23 @@ fn take_one<T: OutboxTx>(
             return Ok(None);
         }
     }
+    // Delivery control: an earlier job of its order key first, then a
+    // slot of the action's concurrency and rate. Waiting is no attempt.
+    if pending && fwd.control.order.is_some() && control::behind_in_order(tx, job_id)? {
+        control::wait(tx, job_id, n_before, "order", None, now)?;
+        return Ok(None);
+    }
+    if fwd.control.limited() {
+        match control::take_slot(tx, &source, &action, &fwd.control, now)? {
+            Slot::Go => {}
+            Slot::Wait { reason, until } => {
+                if pending {
+                    control::wait(tx, job_id, n_before, reason, Some(until), now)?;
+                }
+                return Ok(None);
+            }
+        }
+    }
     let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
     let lease_until = lease_ends
         .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
@@ -167,6 +185,10 @@ fn take_one<T: OutboxTx>(
         refresh_event_state_in(tx, &source, &event_id, now)?;
         return Ok(None);
     };
+    if control::supersede_if_older(tx, fwd, job_id, n_before, &body, now)? {
+        refresh_event_state_in(tx, &source, &event_id, now)?;
+        return Ok(None);
+    }
     // Asked only when an earlier attempt since the last success may
     // have reached the downstream: any but a refused connection.
     let needs_check = n_before > 0 && fwd.check.is_some() && tx.may_have_reached(job_id)?;
@@ -194,7 +216,7 @@ fn forward_action<'c>(config: &'c Config, source: &str, action: &str) -> Option<
         .source(source)
         .and_then(|s| s.action(action))
         .and_then(|a| match &a.kind {
-            ActionKind::Forward(f) => Some(f),
+            ActionKind::Forward(f) => Some(&**f),
             ActionKind::Sql { .. } => None,
         })
 }
@@ -262,6 +284,7 @@ fn failed_status<T: OutboxTx>(tx: &mut T, job_id: i64) -> Result<JobStatus, Stor
 /// Records an attempt's result, if this worker still owns the job.
 pub(super) fn complete<T: OutboxTx>(
     tx: &mut T,
+    config: &Config,
     job: &Leased,
     owner: &str,
     outcome: AttemptOutcome,
@@ -321,6 +344,14 @@ pub(super) fn complete<T: OutboxTx>(
         worker: owner,
     })?;
     refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
+    if let Some(fwd) = forward_action(config, &job.source, &job.action) {
+        if status == JobStatus::Done {
+            control::mark_delivered(tx, fwd, job.job_id, &job.body)?;
+        }
+        if fwd.control.concurrency.is_some() {
+            control::release_slot(tx, &job.source, &job.action, a.finished_at)?;
+        }
+    }
     Ok(())
 }
 

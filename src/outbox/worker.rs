@@ -198,6 +198,7 @@ impl Worker {
         attempt: Attempt,
     ) {
         let owner = self.owner.clone();
+        let config = self.config.clone();
         let recorded = match &self.jobs {
             Jobs::Sqlite(writer) => writer
                 .send_with(Guard::Group, move |conn| {
@@ -205,7 +206,15 @@ impl Worker {
                     if let Some(asked) = &asked {
                         record_check_in(&mut tx, job.job_id, job.n, &owner, asked)?;
                     }
-                    complete(&mut tx, &job, &owner, outcome, next_attempt_at, &attempt)
+                    complete(
+                        &mut tx,
+                        &config,
+                        &job,
+                        &owner,
+                        outcome,
+                        next_attempt_at,
+                        &attempt,
+                    )
                 })
                 .map_err(|_| ()),
             Jobs::Postgres(_) => self
@@ -213,7 +222,15 @@ impl Worker {
                     if let Some(asked) = &asked {
                         record_check_in(tx, job.job_id, job.n, &owner, asked)?;
                     }
-                    complete(tx, &job, &owner, outcome, next_attempt_at, &attempt)
+                    complete(
+                        tx,
+                        &config,
+                        &job,
+                        &owner,
+                        outcome,
+                        next_attempt_at,
+                        &attempt,
+                    )
                 })
                 .map_err(|_| ()),
         };

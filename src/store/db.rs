@@ -167,6 +167,17 @@ impl Row {
 
     /// An integer column read as a flag (SQLite has no booleans; a
     /// PostgreSQL bool arrives as 0 or 1).
+    /// A number (REAL or an integer) as f64.
+    pub fn f64(&self, i: usize) -> Result<f64, StoreError> {
+        match self.get(i) {
+            Value::Real(f) => Ok(*f),
+            Value::Int(n) => Ok(*n as f64),
+            other => Err(StoreError::other(format!(
+                "column {i}: expected a number, got {other:?}"
+            ))),
+        }
+    }
+
     pub fn bool(&self, i: usize) -> Result<bool, StoreError> {
         Ok(self.i64(i)? != 0)
     }

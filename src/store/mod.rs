@@ -32,7 +32,7 @@ pub const SCHEMA: &str = include_str!("../../schema.sql");
 
 /// The schema version this build writes. A database with a higher version
 /// was written by a newer idemhook and is refused.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Why storage failed, sorted by what the caller should do about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,6 +179,7 @@ pub fn open_read(path: &Path, busy_timeout: Duration) -> Result<Connection, Stor
 /// `attempts.note` (an operator's note on a `resolve`); older databases get
 /// the column here.
 pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    rebuild_jobs_if_old(conn)?;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute_batch(SCHEMA)?;
     let stored: Option<String> = tx
@@ -220,6 +221,74 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     }
     tx.commit()?;
     Ok(())
+}
+
+/// Version 3 gave `jobs` the status `superseded` (its CHECK) and the
+/// columns of delivery control. SQLite cannot change a CHECK in place, so
+/// a `jobs` table of an older version is copied into a new one, with
+/// foreign keys off so that dropping the old table cascades nothing (the
+/// attempts, checks and replays keep their job ids); schema.sql then
+/// recreates its indexes and triggers. One transaction: all or nothing.
+fn rebuild_jobs_if_old(conn: &mut Connection) -> Result<(), StoreError> {
+    let old: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master
+          WHERE type = 'table' AND name = 'jobs' AND sql NOT LIKE '%superseded%'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !old {
+        return Ok(());
+    }
+    conn.execute_batch("PRAGMA foreign_keys = OFF")?;
+    let rebuilt = (|| -> Result<(), StoreError> {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute_batch(
+            "CREATE TABLE jobs_v3 (
+                 id              INTEGER PRIMARY KEY,
+                 source          TEXT NOT NULL,
+                 event_id        TEXT NOT NULL,
+                 action          TEXT NOT NULL,
+                 kind            TEXT NOT NULL CHECK (kind IN ('sql', 'forward')),
+                 status          TEXT NOT NULL
+                                 CHECK (status IN ('pending', 'processing', 'done', 'failed', 'paused', 'superseded')),
+                 n_attempts      INTEGER NOT NULL DEFAULT 0,
+                 next_attempt_at INTEGER,
+                 lease_owner     TEXT,
+                 lease_until     INTEGER,
+                 last_error      TEXT,
+                 created_at      INTEGER NOT NULL,
+                 updated_at      INTEGER NOT NULL,
+                 order_key       TEXT,
+                 order_seq       INTEGER,
+                 waiting         TEXT,
+                 UNIQUE (source, event_id, action)
+             );
+             INSERT INTO jobs_v3 (id, source, event_id, action, kind, status, n_attempts,
+                                  next_attempt_at, lease_owner, lease_until, last_error,
+                                  created_at, updated_at, waiting)
+                  SELECT id, source, event_id, action, kind, status, n_attempts,
+                         next_attempt_at, lease_owner, lease_until, last_error,
+                         created_at, updated_at,
+                         CASE WHEN status = 'pending' AND next_attempt_at IS NULL
+                              THEN 'after' END
+                    FROM jobs;
+             DROP TABLE jobs;
+             ALTER TABLE jobs_v3 RENAME TO jobs;",
+        )?;
+        let broken: i64 =
+            tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+                r.get(0)
+            })?;
+        if broken > 0 {
+            return Err(StoreError::other(format!(
+                "rebuilding jobs for schema version 3 left {broken} rows without their job"
+            )));
+        }
+        tx.commit()?;
+        Ok(())
+    })();
+    conn.execute_batch("PRAGMA foreign_keys = ON")?;
+    rebuilt
 }
 
 /// (table, column, declaration) added after version 1, in order.

@@ -24,11 +24,18 @@ use crate::config::database_url::PostgresUrl;
 
 /// The numbered migrations, in order: (version, name, SQL). A migration
 /// is never edited once released; a change is a new file.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../migrations/postgres/0001_init.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        "delivery control",
+        include_str!("../../migrations/postgres/0002_delivery_control.sql"),
+    ),
+];
 
 /// The key of the advisory lock held while migrating, so instances that
 /// start at once migrate one after another ("idemhook" in ASCII).

@@ -124,6 +124,23 @@ impl Tx for Sqlite<'_> {
     }
 
     fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError> {
+        if let Some(order_key) = j.order_key {
+            self.conn
+                .prepare_cached(&crate::store::tx::ordered_job_insert())?
+                .execute(params![
+                    j.source,
+                    j.event_id,
+                    j.action,
+                    j.kind,
+                    j.status,
+                    j.n_attempts,
+                    j.next_attempt_at,
+                    j.last_error,
+                    j.created_at,
+                    order_key,
+                ])?;
+            return Ok(self.conn.last_insert_rowid());
+        }
         self.conn
             .prepare_cached(
                 "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
@@ -302,6 +319,10 @@ pub const DUE_JOBS: &str =
      ORDER BY next_attempt_at LIMIT 16";
 
 impl OutboxTx for Sqlite<'_> {
+    fn db(&mut self) -> crate::store::db::Db<'_> {
+        crate::store::db::Db::sqlite(self.conn)
+    }
+
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
         let mut stmt = self.conn.prepare_cached(EXPIRED_JOBS)?;
         let rows = stmt.query_map(params![now], candidate)?;
@@ -344,7 +365,7 @@ impl OutboxTx for Sqlite<'_> {
     ) -> Result<(), StoreError> {
         self.conn
             .prepare_cached(
-                "UPDATE jobs SET next_attempt_at = NULL, last_error = ?3, updated_at = ?4
+                "UPDATE jobs SET next_attempt_at = NULL, last_error = ?3, updated_at = ?4, waiting = 'after'
                  WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'",
             )?
             .execute(params![job_id, n_attempts, reason, now])?;
@@ -362,7 +383,7 @@ impl OutboxTx for Sqlite<'_> {
         let won = self
             .conn
             .prepare_cached(
-                "UPDATE jobs SET status = 'processing', lease_owner = ?2, lease_until = ?3,
+                "UPDATE jobs SET status = 'processing', waiting = NULL, lease_owner = ?2, lease_until = ?3,
                         n_attempts = n_attempts + 1, updated_at = ?4
                  WHERE id = ?1 AND n_attempts = ?5
                    AND ((status = 'pending' AND next_attempt_at <= ?4)

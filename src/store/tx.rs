@@ -34,6 +34,50 @@ pub struct NewJob<'a> {
     pub next_attempt_at: Option<i64>,
     pub last_error: Option<&'a str>,
     pub created_at: i64,
+    /// A forward job of an action with `order`: its order key. It goes
+    /// to the end of its key's unfinished jobs, and waits (no due time,
+    /// `waiting = 'order'`) while one of them is there.
+    pub order_key: Option<&'a str>,
+}
+
+/// The unfinished jobs of one order key: the WHERE of the `jobs_order`
+/// partial index, repeated so that a query can use it, with the given
+/// placeholders for the source, the action and the order key.
+pub fn order_open(source: &str, action: &str, key: &str) -> String {
+    format!(
+        "source = {source} AND action = {action} AND order_key = {key}
+         AND order_key IS NOT NULL AND status IN ('pending', 'processing', 'failed', 'paused')"
+    )
+}
+
+/// The last unfinished job of an order key (?1 source, ?2 action, ?3 key),
+/// locked (PostgreSQL). A claim that inserts a job of the key takes it
+/// first: a transaction that is finishing that job (whose trigger makes
+/// the next waiting job due) commits before the insert looks, so the new
+/// job is never parked behind a job that was finishing unseen, with no one
+/// left to make it due.
+pub fn order_last_locked() -> String {
+    format!(
+        "SELECT id FROM jobs WHERE {} ORDER BY order_seq DESC, id DESC LIMIT 1 FOR UPDATE",
+        order_open("$1", "$2", "$3")
+    )
+}
+
+/// Inserts a job of an order key (?10) at the end of its key's unfinished
+/// jobs, due at ?7 unless one of them is there (then it waits for
+/// `order`). Both lookups are one step down the `jobs_order` index.
+pub fn ordered_job_insert() -> String {
+    let open = order_open("?1", "?3", "?10");
+    format!(
+        "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
+                           last_error, created_at, updated_at, order_key, order_seq, waiting)
+         SELECT CAST(?1 AS TEXT), CAST(?2 AS TEXT), CAST(?3 AS TEXT), CAST(?4 AS TEXT),
+                CAST(?5 AS TEXT), CAST(?6 AS BIGINT),
+                CASE WHEN o.seq IS NULL THEN CAST(?7 AS BIGINT) END, CAST(?8 AS TEXT),
+                CAST(?9 AS BIGINT), CAST(?9 AS BIGINT), CAST(?10 AS TEXT),
+                coalesce(o.seq, 0) + 1, CASE WHEN o.seq IS NOT NULL THEN 'order' END
+           FROM (SELECT max(order_seq) AS seq FROM jobs WHERE {open}) AS o"
+    )
 }
 
 /// An event's jobs, counted for its state.
@@ -224,6 +268,9 @@ pub struct CheckRow<'a> {
 /// The storage steps of the outbox (take, complete, release), in an open
 /// transaction of a backend. The decisions are `outbox/`'s.
 pub trait OutboxTx: Tx {
+    /// The open transaction as the operator side's query layer, for the
+    /// steps written once for both backends (`outbox::control`).
+    fn db(&mut self) -> crate::store::db::Db<'_>;
     /// Forward jobs whose lease ran out, at most [`TAKE_BATCH`].
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError>;
     /// Pending forward jobs that are due, the longest-due first, at most

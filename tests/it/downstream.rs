@@ -152,6 +152,9 @@ struct Shared {
     delay_ms: AtomicU64,
     /// Source of `X-Request-Id` values.
     next_request_id: AtomicU64,
+    /// Requests read and not yet answered, and the most there ever were.
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
     /// False: every processed request is an effect, repeats too.
     dedupe: bool,
 }
@@ -194,6 +197,8 @@ impl Downstream {
             released: AtomicUsize::new(0),
             delay_ms: AtomicU64::new(0),
             next_request_id: AtomicU64::new(1),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
             dedupe,
         });
         let accept_shared = Arc::clone(&shared);
@@ -347,6 +352,11 @@ impl Downstream {
 
     /// Slow every request down by `delay` before it is decided (a slow but
     /// healthy downstream). `Duration::ZERO` turns it off.
+    /// The most requests it was handling at once (read, not yet answered).
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+
     pub fn set_delay(&self, delay: Duration) {
         self.shared
             .delay_ms
@@ -367,6 +377,23 @@ impl Drop for Downstream {
     }
 }
 
+/// One request between being read and being answered, counted.
+struct InFlight<'s>(&'s Shared);
+
+impl<'s> InFlight<'s> {
+    fn enter(shared: &'s Shared) -> InFlight<'s> {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(shared)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
     let mut writer = match stream.try_clone() {
@@ -382,6 +409,7 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             None => return,
         };
         let keep_alive = request.keep_alive;
+        let _flight = InFlight::enter(&shared);
         wait_at_gate(&shared);
         let delay = shared.delay_ms.load(Ordering::SeqCst);
         if delay > 0 {

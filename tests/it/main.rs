@@ -8,6 +8,7 @@
 mod backend;
 mod check;
 mod cli;
+mod control;
 mod database;
 mod downstream;
 mod edge;

@@ -101,11 +101,19 @@ fn apply_step(
         rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
         return Ok(done);
     }
+    // A paused action's job waits for the resume, like its other jobs.
+    let paused = conn
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
+            args![&s.source, &s.action],
+        )?
+        .bool(0)?;
+    let to = if paused { "paused" } else { "pending" };
     let reopened = conn.execute(
-        "UPDATE jobs SET status = 'pending', next_attempt_at = ?2, lease_owner = NULL,
-                lease_until = NULL, updated_at = ?2
+        "UPDATE jobs SET status = ?4, next_attempt_at = ?2, lease_owner = NULL,
+                lease_until = NULL, waiting = NULL, updated_at = ?2
          WHERE id = ?1 AND status = ?3",
-        args![s.job_id, now, &s.from_status],
+        args![s.job_id, now, &s.from_status, to],
     )?;
     if reopened != 1 {
         return Err(StoreError::other(format!(
@@ -113,10 +121,48 @@ fn apply_step(
             s.job_id
         )));
     }
+    requeue_in_order(conn, s, now)?;
     done.attempt = n_attempts + 1;
     done.result = "requeued".to_string();
-    done.status = Some("pending".to_string());
+    done.status = Some(to.to_string());
     Ok(done)
+}
+
+/// A replayed job of an order key that had finished (done, superseded)
+/// goes to the end of its key's unfinished jobs, and waits behind them.
+/// A failed one keeps its place: it held its key, and goes first.
+fn requeue_in_order(conn: &Db<'_>, s: &Step, now: i64) -> Result<(), StoreError> {
+    if s.from_status == "failed" {
+        return Ok(());
+    }
+    let Some(key) = conn
+        .query_opt(
+            "SELECT order_key FROM jobs WHERE id = ?1 AND order_key IS NOT NULL",
+            args![s.job_id],
+        )?
+        .map(|r| r.string(0))
+        .transpose()?
+    else {
+        return Ok(());
+    };
+    let last = conn
+        .query_one(
+            &format!(
+                "SELECT max(order_seq) FROM jobs WHERE {} AND id <> ?4",
+                crate::store::tx::order_open("?1", "?2", "?3")
+            ),
+            args![&s.source, &s.action, key.as_str(), s.job_id],
+        )?
+        .opt_i64(0)?;
+    conn.execute(
+        "UPDATE jobs SET order_seq = ?2,
+                next_attempt_at = CASE WHEN ?3 THEN NULL ELSE next_attempt_at END,
+                waiting = CASE WHEN ?3 AND status = 'pending' THEN 'order' ELSE waiting END,
+                updated_at = ?4
+          WHERE id = ?1",
+        args![s.job_id, last.unwrap_or(0) + 1, last.is_some(), now],
+    )?;
+    Ok(())
 }
 
 /// On PostgreSQL, wakes the forward workers of every instance when the

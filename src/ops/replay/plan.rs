@@ -68,7 +68,7 @@ pub(super) fn plan_event(
             None => {
                 if job.status == "paused" && paused.contains(&job.action) {
                     plan.notes.push(format!(
-                        "action {} is paused: this job runs anyway; `idemhook resume {}/{}` releases the others",
+                        "action {} is paused: this job waits for the resume with the others (`idemhook resume {}/{}`)",
                         clean(&job.action),
                         clean(source_name),
                         clean(&job.action)
@@ -173,11 +173,13 @@ fn event_summary(source: &str, event_id: &str, event: &EventRow, jobs: &[JobRow]
 }
 
 /// Why a one-event replay leaves `job` alone, or None when it re-opens it:
-/// failed and paused jobs are re-opened, done ones only with `force`, and
+/// failed, paused and superseded jobs are re-opened, done ones only with
+/// `force`, and
 /// none whose action left the config.
 fn left_alone_because(job: &JobRow, force: bool, in_config: bool) -> Option<String> {
     let reason = match job.status.as_str() {
-        "failed" | "paused" => None,
+        // A superseded job was never sent: a replay sends it.
+        "failed" | "paused" | "superseded" => None,
         "done" if force => None,
         "done" => Some("already done (--force re-runs it)".to_string()),
         "pending" => Some(format!(

@@ -130,6 +130,29 @@ impl Tx for PgTx<'_> {
         if let Some(g) = &mut self.group {
             g.forward_jobs |= j.kind == "forward";
         }
+        if let Some(order_key) = j.order_key {
+            let lock = self.prepared(&crate::store::tx::order_last_locked())?;
+            self.client
+                .query(&lock, &[&j.source, &j.action, &order_key])?;
+            let sql = crate::store::db::to_dollars(&crate::store::tx::ordered_job_insert())?;
+            let s = self.prepared(&format!("{sql} RETURNING id"))?;
+            let row = self.client.query_one(
+                &s,
+                &[
+                    &j.source,
+                    &j.event_id,
+                    &j.action,
+                    &j.kind,
+                    &j.status,
+                    &j.n_attempts,
+                    &j.next_attempt_at,
+                    &j.last_error,
+                    &j.created_at,
+                    &order_key,
+                ],
+            )?;
+            return Ok(row.get(0));
+        }
         let s = self.prepared(
             "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
                                last_error, created_at, updated_at)

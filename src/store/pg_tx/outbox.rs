@@ -19,6 +19,10 @@ fn candidate(r: &postgres::Row, pending: bool) -> Candidate {
 }
 
 impl OutboxTx for PgTx<'_> {
+    fn db(&mut self) -> crate::store::db::Db<'_> {
+        crate::store::db::Db::postgres(self.client)
+    }
+
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
         // SKIP LOCKED: a job another instance is taking right now is left
         // to it, not waited for.
@@ -73,7 +77,7 @@ impl OutboxTx for PgTx<'_> {
         now: i64,
     ) -> Result<(), StoreError> {
         let s = self.prepared(
-            "UPDATE jobs SET next_attempt_at = NULL, last_error = $3, updated_at = $4
+            "UPDATE jobs SET next_attempt_at = NULL, last_error = $3, updated_at = $4, waiting = 'after'
              WHERE id = $1 AND n_attempts = $2 AND status = 'pending'",
         )?;
         self.client
@@ -90,7 +94,7 @@ impl OutboxTx for PgTx<'_> {
         n_before: i64,
     ) -> Result<bool, StoreError> {
         let s = self.prepared(
-            "UPDATE jobs SET status = 'processing', lease_owner = $2, lease_until = $3,
+            "UPDATE jobs SET status = 'processing', waiting = NULL, lease_owner = $2, lease_until = $3,
                     n_attempts = n_attempts + 1, updated_at = $4
              WHERE id = $1 AND n_attempts = $5
                AND ((status = 'pending' AND next_attempt_at <= $4)
