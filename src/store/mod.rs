@@ -358,3 +358,88 @@ pub(crate) fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Pa
         .expect("the plan is readable")
         .join("\n")
 }
+
+#[cfg(test)]
+mod migration_tests {
+    use super::*;
+
+    /// A database made by the schema of version 2 (`tests/fixtures/`,
+    /// the schema.sql of that release), with jobs, their attempts, a
+    /// parked job and the job counts, migrated to version 3: every row
+    /// and id is kept (nothing cascades from rebuilding `jobs`), the
+    /// parked job says it waits for `after`, and the new status and
+    /// columns work.
+    #[test]
+    fn a_version_2_database_keeps_every_job_and_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v2.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("PRAGMA foreign_keys = ON").unwrap();
+            conn.execute_batch(include_str!("../../tests/fixtures/schema_v2.sql"))
+                .unwrap();
+            conn.execute_batch(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', '2');
+                 INSERT INTO events (source, event_id, state, received_at, payload_hash, headers)
+                      VALUES ('s', 'e1', 'processing', 1, 'h', '{}');
+                 INSERT INTO jobs (id, source, event_id, action, kind, status, n_attempts, created_at, updated_at)
+                      VALUES (7, 's', 'e1', 'a', 'forward', 'done', 1, 1, 2);
+                 INSERT INTO jobs (id, source, event_id, action, kind, status, n_attempts,
+                                   next_attempt_at, last_error, created_at, updated_at)
+                      VALUES (9, 's', 'e1', 'b', 'forward', 'pending', 0, NULL, 'waiting for a', 1, 2);
+                 INSERT INTO attempts (job_id, n, started_at, finished_at, outcome)
+                      VALUES (7, 1, 1, 2, 'ok');",
+            )
+            .unwrap();
+        }
+        let mut conn = open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        migrate(&mut conn).unwrap();
+        let count = |conn: &Connection, sql: &str| -> i64 {
+            conn.query_row(sql, [], |r| r.get(0)).unwrap()
+        };
+        assert_eq!(count(&conn, "SELECT count(*) FROM jobs"), 2);
+        assert_eq!(
+            count(&conn, "SELECT count(*) FROM attempts WHERE job_id = 7"),
+            1
+        );
+        assert_eq!(
+            count(
+                &conn,
+                "SELECT count(*) FROM jobs WHERE id = 9 AND waiting = 'after'"
+            ),
+            1
+        );
+        assert_eq!(
+            count(
+                &conn,
+                "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'schema_version'"
+            ),
+            SCHEMA_VERSION
+        );
+        assert_eq!(
+            count(&conn, "SELECT count(*) FROM pragma_foreign_key_check"),
+            0
+        );
+        conn.execute("UPDATE jobs SET status = 'superseded' WHERE id = 9", [])
+            .unwrap();
+        assert_eq!(
+            count(
+                &conn,
+                "SELECT n FROM job_counts WHERE status = 'superseded'"
+            ),
+            1
+        );
+        // The trigger of version 3 replaced version 2's.
+        let trigger: String = conn
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'jobs_release_waiting'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(trigger.contains("waiting IS NOT 'order'"), "{trigger}");
+        // Migrating again changes nothing.
+        migrate(&mut conn).unwrap();
+        assert_eq!(count(&conn, "SELECT count(*) FROM jobs"), 2);
+    }
+}

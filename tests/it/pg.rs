@@ -133,8 +133,8 @@ fn three_instances_on_one_database_store_each_event_once() {
     );
     assert_eq!(
         count(&mut db, "SELECT count(*) FROM idemhook_migrations"),
-        1,
-        "migrated once"
+        2,
+        "each migration applied once"
     );
     drop(servers);
 }

@@ -423,7 +423,7 @@ fn operator_commands_and_the_admin_api_answer_alike_on_both_backends() {
         .map(|(_, v)| v["counts"].clone());
     assert_eq!(
         failed,
-        Some(json!({"stuck": 0, "overdue": 0, "failed": 3, "waiting": 0, "paused": 1})),
+        Some(json!({"stuck": 0, "overdue": 0, "failed": 3, "held": 0, "waiting": 0, "paused": 1})),
     );
 }
 

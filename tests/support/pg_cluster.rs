@@ -393,8 +393,23 @@ impl Local {
 
     /// Freezes every process of the server (SIGSTOP): a hung database.
     pub fn freeze(&self) {
-        for pid in self.processes() {
-            signal(pid, "STOP");
+        // Until no process is left running: a backend the postmaster forked
+        // while the first list was read would otherwise go on serving its
+        // connection. Once the postmaster is stopped it forks no more.
+        let mut stopped = std::collections::HashSet::new();
+        for _ in 0..10 {
+            let new: Vec<u32> = self
+                .processes()
+                .into_iter()
+                .filter(|pid| !stopped.contains(pid))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for pid in new {
+                signal(pid, "STOP");
+                stopped.insert(pid);
+            }
         }
     }
 

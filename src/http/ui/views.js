@@ -378,7 +378,7 @@ function jobCard(e, j, planBox, onPlan) {
     "div",
     { class: `job card s-${j.status}` },
     el("div", { class: "job-head" }, el("strong", {}, j.action), el("span", { class: "muted" }, ` ${j.kind}`), badge(j.status)),
-    el("p", { class: "muted small" }, `${attempts.length} attempt${attempts.length === 1 ? "" : "s"}`, j.next_attempt_at ? [" · next ", time(j.next_attempt_at)] : null),
+    el("p", { class: "muted small" }, `${attempts.length} attempt${attempts.length === 1 ? "" : "s"}`, j.next_attempt_at ? [" · next ", time(j.next_attempt_at)] : null, j.waiting_for ? ` · waiting for ${j.waiting_for}` : null),
     j.last_error ? el("p", { class: "error small" }, j.last_error) : null,
     button,
   );
@@ -571,7 +571,7 @@ export async function actions(main) {
 
 export async function reconcile(main) {
   const body = el("div", { id: "reconcile" });
-  replace(main, heading("Reconcile"), el("p", { class: "muted" }, "Jobs that need an operator: stuck past their lease, overdue, failed (dead letters waiting for a replay), and paused actions."), body);
+  replace(main, heading("Reconcile"), el("p", { class: "muted" }, "Jobs that need an operator: stuck past their lease, overdue, failed (dead letters waiting for a replay), order keys a dead letter holds, and paused actions."), body);
   const load = async () => {
     const { data } = await api("/api/reconcile");
     const section = (name, title, list, row) =>
@@ -596,6 +596,11 @@ export async function reconcile(main) {
       section("stuck", "Stuck", data.stuck || [], job),
       section("overdue", "Overdue", data.overdue || [], job),
       section("failed", "Failed", data.failed || [], job),
+      section("held", "Held order keys", data.held || [], (j) => {
+        const item = job(j);
+        item.append(el("div", { class: "muted small" }, `holds the later jobs of order key ${j.order_key}: a replay to done or a resolve releases them, in order`));
+        return item;
+      }),
       section("paused", "Paused", data.paused || [], (p) => el("li", {}, el("a", { href: "/ui/actions", "data-link": true }, `${p.source}/${p.action}`), ` · paused `, time(p.paused_at), ` · ${p.waiting} waiting`)),
     );
   };
