@@ -122,7 +122,7 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --runs N          repeat each workload N times, report medians and min-max (default 3)
   --growth          also W1 on 1,000,000 stored events and W1 during a 1,000,000-event prune
   --growth-10m      also W1 on 10,000,000 stored events (implies --growth; slow)
-  --only W1,W2,..   run only these workloads (W1 W2 W3 W4; G1M G10M GPRUNE with --growth)
+  --only W1,W2,..   run only these workloads (W1 W2 W3 W4; W4O W4S: W4 with order over 1,000 keys and over one, when named; G1M G10M GPRUNE with --growth)
   --scale F         multiply every event count by F (quick checks; default 1)
   --log-level L     pass --log-level L to idemhook serve (default: its own, info)
   --perf DIR        record `perf record` of idemhook during each load into DIR

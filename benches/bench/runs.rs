@@ -115,6 +115,10 @@ pub(crate) fn run_idemhook(
     if let Some(n) = opts.forward_workers {
         config.insert_str(0, &format!("forward_workers = {n}\n"));
     }
+    if let Some(rule) = w.order {
+        // The forward action is the config's last table.
+        config.push_str(&format!("order = [\"{rule}\"]\n"));
+    }
     let server = match Idemhook::start(dir.path(), &config, opts) {
         Ok(s) => s,
         Err(e) => {

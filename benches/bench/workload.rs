@@ -10,6 +10,8 @@ pub(crate) struct Workload {
     pub(crate) copies: usize,
     pub(crate) conns: usize,
     pub(crate) forward: bool,
+    /// The forward action's `order` rule, for the ordered variants of W4.
+    pub(crate) order: Option<&'static str>,
 }
 
 impl Workload {
@@ -28,6 +30,7 @@ pub(crate) fn workloads(o: &Opts) -> Vec<Workload> {
         copies,
         conns,
         forward,
+        order: None,
     };
     vec![
         w("W1", 20_000, 1, 64, false, "{n} unique events, {c} conns"),
@@ -41,7 +44,38 @@ pub(crate) fn workloads(o: &Opts) -> Vec<Workload> {
         ),
         w("W3", 5_000, 1, 4, false, "{n} unique events, {c} conns"),
         w("W4", 10_000, 1, 64, true, "{n} events forwarded, {c} conns"),
+        Workload {
+            order: Some("json:/data/object/customer"),
+            ..w(
+                "W4O",
+                10_000,
+                1,
+                64,
+                true,
+                "{n} events forwarded, ordered over 1,000 customers, {c} conns",
+            )
+        },
+        Workload {
+            order: Some("json:/object"),
+            ..w(
+                "W4S",
+                1_000,
+                1,
+                64,
+                true,
+                "{n} events forwarded, all of one order key (strictly serial), {c} conns",
+            )
+        },
     ]
+    .into_iter()
+    // The ordered variants only when named (`--only W4,W4O,W4S`).
+    .filter(|w| {
+        w.order.is_none()
+            || o.only
+                .as_ref()
+                .is_some_and(|only| only.iter().any(|n| n == w.name))
+    })
+    .collect()
 }
 
 /// splitmix64: a bijection on u64, so distinct inputs give distinct ids.
@@ -113,7 +147,8 @@ pub(crate) fn stripe_event(id: &str, i: u64, created: i64) -> String {
         amount = amount,
         ch = n(1, 23),
         txn = n(2, 23),
-        cus = n(3, 14),
+        // 1,000 customers, each with every 1,000th event (W4O orders by them).
+        cus = noise(mix((i % 1_000) ^ (3 << 56)), 14),
         order = 100_000 + i,
         risk = mix(i) % 60,
         pi = n(4, 23),

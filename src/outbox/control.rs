@@ -76,19 +76,29 @@ pub(super) fn behind_in_order<T: OutboxTx>(tx: &mut T, job_id: i64) -> Result<bo
         Dialect::Sqlite => "",
         Dialect::Postgres => " FOR UPDATE",
     };
-    let sql = format!(
-        "SELECT id FROM jobs WHERE {}
-            AND (order_seq < ?4 OR (order_seq = ?4 AND id < ?5))
-          ORDER BY order_seq DESC, id DESC LIMIT 1{lock}",
-        order_open("?1", "?2", "?3")
-    );
     Ok(db
         .query_opt(
-            &sql,
+            &behind_sql(lock),
             args![source.as_str(), action.as_str(), key.as_str(), seq, job_id],
         )?
         .is_some())
 }
+
+/// The nearest earlier unfinished job of an order key (?1 source, ?2
+/// action, ?3 key) than the job at (?4 order_seq, ?5 id): one step down the
+/// `jobs_order` index.
+fn behind_sql(lock: &str) -> String {
+    format!(
+        "SELECT id FROM jobs WHERE {}
+            AND (order_seq < ?4 OR (order_seq = ?4 AND id < ?5))
+          ORDER BY order_seq DESC, id DESC LIMIT 1{lock}",
+        order_open("?1", "?2", "?3")
+    )
+}
+
+/// An action's attempts in flight (?1 source, ?2 action, ?3 now).
+const IN_FLIGHT: &str = "SELECT count(*) FROM jobs
+  WHERE source = ?1 AND action = ?2 AND status = 'processing' AND lease_until >= ?3";
 
 /// A pending job waits: for `reason`, due again at `until` (None: when a
 /// trigger or a completion makes it due).
@@ -140,11 +150,7 @@ pub(super) fn take_slot<T: OutboxTx>(
     let (tokens, refilled_at) = (row.f64(0)?, row.i64(1)?);
     if let Some(limit) = control.concurrency {
         let in_flight = db
-            .query_one(
-                "SELECT count(*) FROM jobs
-                  WHERE source = ?1 AND action = ?2 AND status = 'processing' AND lease_until >= ?3",
-                args![source, action, now],
-            )?
+            .query_one(IN_FLIGHT, args![source, action, now])?
             .i64(0)?;
         if in_flight >= i64::from(limit) {
             return Ok(Slot::Wait {
@@ -344,6 +350,51 @@ pub(super) fn mark_delivered<T: OutboxTx>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{self, query_plan};
+    use rusqlite::params;
+
+    /// The lookups of delivery control go down their indexes, so they
+    /// cost the same with a million pending jobs of one hot key: no scan
+    /// of `jobs` in any of them.
+    #[test]
+    fn order_and_limits_lookups_use_their_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = store::open(
+            &dir.path().join("plan.db"),
+            crate::config::Durability::Normal,
+            std::time::Duration::from_secs(5),
+        )
+        .unwrap();
+        store::migrate(&mut conn).unwrap();
+        let behind = query_plan(&conn, &behind_sql(""), params!["s", "a", "k", 5, 9]);
+        assert!(behind.contains("INDEX jobs_order"), "{behind}");
+        let insert = crate::store::tx::ordered_job_insert();
+        let insert = query_plan(
+            &conn,
+            &insert,
+            params![
+                "s",
+                "e",
+                "a",
+                "forward",
+                "pending",
+                0,
+                1,
+                None::<String>,
+                1,
+                "k"
+            ],
+        );
+        assert!(insert.contains("INDEX jobs_order"), "{insert}");
+        let in_flight = query_plan(&conn, IN_FLIGHT, params!["s", "a", 1]);
+        assert!(
+            in_flight.contains("INDEX jobs_in_flight"),
+            "{in_flight}"
+        );
+        for plan in [behind, insert, in_flight] {
+            assert!(!plan.contains("SCAN jobs"), "{plan}");
+        }
+    }
 
     #[test]
     fn supersede_values_compare_as_numbers_or_times() {

@@ -316,3 +316,49 @@ fn delivery_control_config_errors_name_the_key() {
         assert!(out.stderr.contains("actions[0] (notify)"), "{}", out.stderr);
     }
 }
+
+/// A worker killed -9 while it holds the head of an order key: after the
+/// lease the restarted service (on PostgreSQL, another instance would do
+/// the same) takes the head over and then sends the key's other jobs, in
+/// order, each once.
+fn a_worker_killed_holding_a_keys_head_keeps_the_order(backend: Backend) {
+    let ds = Downstream::start();
+    let config = backend.config(config(&ds, "order = [\"json:/data/object/id\"]"));
+    let mut server = Server::start_on(
+        backend,
+        &config,
+        &[("IDEMHOOK_FAILPOINTS", "forward.before_call=kill")],
+    );
+    // Paused while the three arrive, so that the kill comes after all
+    // three are stored.
+    server.run_cli(&["pause", "shop/notify"]).assert_success();
+    for v in 1..=3 {
+        send(&server, &event(&format!("evt_k{v}"), "cus_k", v));
+    }
+    server.run_cli(&["resume", "shop/notify"]).assert_success();
+    let status = server.wait_exit(Duration::from_secs(20));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "{status:?}"
+    );
+    assert_eq!(ds.request_count(), 0, "killed before sending the head");
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    wait_until(WAIT, "all three done", || jobs_with(&server, "done") == 3);
+    let at = |id: &str| {
+        let posts = ds.posts_for(&key(id));
+        assert_eq!(posts.len(), 1, "{id} sent once");
+        posts[0].at
+    };
+    assert!(at("evt_k1") < at("evt_k2") && at("evt_k2") < at("evt_k3"));
+    // The head's cut-short attempt is recorded as a lease retry.
+    let kinds = server.texts(
+        "SELECT coalesce(a.error_kind, '') FROM attempts a JOIN jobs j ON j.id = a.job_id
+          WHERE j.event_id = 'evt_k1' ORDER BY a.n",
+        &[],
+    );
+    assert_eq!(kinds, vec!["lease".to_string(), String::new()]);
+}
+
+both_backends!(a_worker_killed_holding_a_keys_head_keeps_the_order);
