@@ -387,10 +387,7 @@ mod tests {
         );
         assert!(insert.contains("INDEX jobs_order"), "{insert}");
         let in_flight = query_plan(&conn, IN_FLIGHT, params!["s", "a", 1]);
-        assert!(
-            in_flight.contains("INDEX jobs_in_flight"),
-            "{in_flight}"
-        );
+        assert!(in_flight.contains("INDEX jobs_in_flight"), "{in_flight}");
         for plan in [behind, insert, in_flight] {
             assert!(!plan.contains("SCAN jobs"), "{plan}");
         }
