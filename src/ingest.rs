@@ -302,7 +302,7 @@ fn bind_value(
             .event_type
             .clone()
             .map_or(ParamValue::Null, ParamValue::Text),
-        "payload" => ParamValue::Text(String::from_utf8_lossy(&c.body).into_owned()),
+        "payload" => ParamValue::Document(String::from_utf8_lossy(&c.body).into_owned()),
         "received_at" => ParamValue::Integer(crate::time::ms_to_secs(c.received_at)),
         _ => return None,
     })

@@ -551,7 +551,7 @@ fn claimer(
             continue;
         }
         if client.is_none() {
-            match settings.connect() {
+            match connect_claimer(settings, config) {
                 Ok(c) => {
                     client = Some(c);
                     statements = Statements::default();
@@ -596,6 +596,19 @@ fn claimer(
             client = None;
         }
     }
+}
+
+/// A claimer's connection: its statements (SQL actions') end at
+/// `sql_timeout`, a failed action then, not a failed claim.
+fn connect_claimer(settings: &Settings, config: &Config) -> Result<Client, StoreError> {
+    let mut client = settings.connect()?;
+    if config.sql_timeout != config.busy_timeout {
+        client.batch_execute(&format!(
+            "SET statement_timeout = {}",
+            config.sql_timeout.as_millis().max(1)
+        ))?;
+    }
+    Ok(client)
 }
 
 fn fail_all(jobs: Vec<Job>, e: &StoreError) {

@@ -57,6 +57,11 @@ fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
     if sql.trim().is_empty() {
         return Err("sql: the statement is empty".to_string());
     }
+    if let Some(word) = ends_transaction(&sql) {
+        return Err(format!(
+            "sql: {word} would end or cut the claim's transaction, which the action runs inside (with the claim's other steps): an action is plain statements"
+        ));
+    }
     let mut params = Vec::new();
     for (name, spec) in ra.params.take().unwrap_or_default() {
         if is_builtin_param(&name) {
@@ -70,6 +75,96 @@ fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
         ));
     }
     Ok(ActionKind::Sql { sql, params })
+}
+
+/// The transaction control a statement of `sql` starts with, if any
+/// (`BEGIN`, `COMMIT`, `ROLLBACK`, ...): the first word of each statement,
+/// string literals, quoted names, dollar-quoted bodies and comments
+/// skipped, so a `;` or a word inside them does not count.
+fn ends_transaction(sql: &str) -> Option<String> {
+    const CONTROL: [&str; 9] = [
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "END",
+        "START",
+        "ABORT",
+        "SAVEPOINT",
+        "RELEASE",
+        "PREPARE",
+    ];
+    let b = sql.as_bytes();
+    let mut i = 0;
+    let mut at_start = true;
+    while i < b.len() {
+        let c = b[i];
+        match c {
+            b'\'' | b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != c {
+                    i += 1;
+                }
+                i += 1;
+                at_start = false;
+            }
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'$' => {
+                // $tag$ ... $tag$ (PostgreSQL)
+                let tag_end = sql[i + 1..].find('$').map(|e| i + 1 + e);
+                match tag_end {
+                    Some(e)
+                        if sql[i + 1..e]
+                            .bytes()
+                            .all(|t| t.is_ascii_alphanumeric() || t == b'_') =>
+                    {
+                        let tag = &sql[i..=e];
+                        i = sql[e + 1..]
+                            .find(tag)
+                            .map_or(b.len(), |f| e + 1 + f + tag.len());
+                    }
+                    _ => i += 1,
+                }
+                at_start = false;
+            }
+            b';' => {
+                at_start = true;
+                i += 1;
+            }
+            c if c.is_ascii_whitespace() || c == b'(' => i += 1,
+            c if at_start && c.is_ascii_alphabetic() => {
+                let end = sql[i..]
+                    .find(|ch: char| !ch.is_ascii_alphabetic())
+                    .map_or(sql.len(), |e| i + e);
+                let word = sql[i..end].to_ascii_uppercase();
+                if CONTROL.contains(&word.as_str()) {
+                    // PREPARE name AS ... is a prepared statement; PREPARE
+                    // TRANSACTION ends the transaction.
+                    let next = sql[end..].trim_start().to_ascii_uppercase();
+                    if word != "PREPARE" || next.starts_with("TRANSACTION") {
+                        return Some(word);
+                    }
+                }
+                at_start = false;
+                i = end;
+            }
+            _ => {
+                at_start = false;
+                i += 1;
+            }
+        }
+    }
+    None
 }
 
 /// A forward action: its URL, timeout and lease (the lease outlasts an

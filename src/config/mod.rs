@@ -86,6 +86,9 @@ pub struct Config {
     /// How long a write waits for a lock held by another process before the
     /// delivery is answered 503.
     pub busy_timeout: Duration,
+    /// On PostgreSQL, how long one SQL action's statement may run before
+    /// it is a failed action (its event is stored all the same).
+    pub sql_timeout: Duration,
     pub setup_sql: Option<String>,
     /// PEM certificate chain and private key: when both are set, the
     /// listeners speak TLS only.

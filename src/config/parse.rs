@@ -80,6 +80,10 @@ impl Config {
         let prune_interval =
             opt_duration(&raw.prune_interval, "prune_interval", "1h").map_err(err)?;
         let busy_timeout = opt_duration(&raw.busy_timeout, "busy_timeout", "5s").map_err(err)?;
+        let sql_timeout = opt_duration(&raw.sql_timeout, "sql_timeout", "5s").map_err(err)?;
+        if sql_timeout.is_zero() {
+            return Err(err("sql_timeout: must be longer than 0s".into()));
+        }
         let (database, postgres) = resolve_database(raw.database.as_deref(), base).map_err(err)?;
 
         let tls = match (&raw.tls_cert, &raw.tls_key) {
@@ -124,6 +128,7 @@ impl Config {
             forward_workers,
             prune_interval,
             busy_timeout,
+            sql_timeout,
             setup_sql: raw.setup_sql,
             tls,
             admin_listen: raw.admin_listen,

@@ -599,3 +599,39 @@ fn the_documented_hmac_template_configs_work() {
         assert!(verifier.verify_request(&bad, now).is_err(), "{text}");
     }
 }
+
+#[test]
+fn an_sql_action_that_would_end_the_claims_transaction_is_refused() {
+    let with = |sql: &str| {
+        parse(&format!(
+            "[sources.a]\nkind = \"stripe\"\nsecrets = [\"s\"]\n[[sources.a.actions]]\nname = \"x\"\nsql = {}\n",
+            toml::Value::String(sql.to_string())
+        ))
+    };
+    for sql in [
+        "COMMIT",
+        "insert into t values (1); commit;",
+        "BEGIN; INSERT INTO t VALUES (1)",
+        "  rollback",
+        "INSERT INTO t VALUES (1);\n-- a note\nEND",
+        "SAVEPOINT s",
+        "PREPARE TRANSACTION 'x'",
+        "start transaction",
+    ] {
+        let e = with(sql).unwrap_err().to_string();
+        assert!(
+            e.contains("sources.a.actions[0] (x).sql:") && e.contains("would end"),
+            "{sql}: {e}"
+        );
+    }
+    for sql in [
+        "INSERT INTO t (note) VALUES ('commit; rollback')",
+        "INSERT INTO \"commit\" VALUES (1)",
+        "UPDATE t SET begin_at = 1 -- then commit",
+        "/* begin */ INSERT INTO t VALUES ($$COMMIT$$)",
+        "INSERT INTO t SELECT 1 WHERE EXISTS (SELECT 1)",
+        "PREPARE p AS SELECT 1",
+    ] {
+        assert!(with(sql).is_ok(), "{sql}");
+    }
+}

@@ -70,8 +70,12 @@ pub(super) fn take<T: OutboxTx>(
     tx: &mut T,
     config: &Config,
     owner: &str,
-    now: i64,
+    local_now: i64,
 ) -> Result<(Vec<Leased>, Option<i64>), StoreError> {
+    // Decided by the storage's clock; what goes back to the worker (when
+    // its lease ends, when to look again) by its own.
+    let now = tx.clock(local_now)?;
+    let skew = now - local_now;
     let mut candidates: Vec<Candidate> = tx.expired_jobs(now)?;
     candidates.extend(tx.due_jobs(now)?);
     let mut taken = Vec::new();
@@ -83,7 +87,10 @@ pub(super) fn take<T: OutboxTx>(
             taken.push(job);
         }
     }
-    let next_due = tx.next_due()?;
+    for job in &mut taken {
+        job.lease_ends -= skew;
+    }
+    let next_due = tx.next_due()?.map(|at| at - skew);
     Ok((taken, next_due))
 }
 

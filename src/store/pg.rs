@@ -94,6 +94,11 @@ impl Settings {
                 ));
             }
         };
+        // With several hosts, the one that accepts writes (as libpq's
+        // target_session_attrs=read-write), unless the URL says otherwise.
+        if config.get_hosts().len() > 1 && !url.expose().contains("target_session_attrs") {
+            config.target_session_attrs(postgres::config::TargetSessionAttrs::ReadWrite);
+        }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(busy_timeout.max(Duration::from_secs(1)));
         }

@@ -32,7 +32,7 @@ pub fn to_sql_value(v: ParamValue) -> SqlValue {
             Ok(f) if f.is_finite() => SqlValue::Real(f),
             _ => SqlValue::Text(s),
         },
-        ParamValue::Text(s) | ParamValue::Json(s) => SqlValue::Text(s),
+        ParamValue::Text(s) | ParamValue::Json(s) | ParamValue::Document(s) => SqlValue::Text(s),
     }
 }
 

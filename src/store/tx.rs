@@ -104,6 +104,9 @@ pub enum ParamValue {
     Text(String),
     /// A JSON object or array, as compact JSON text.
     Json(String),
+    /// The raw body (`:payload`): text, except into a json or jsonb
+    /// parameter, which gets the body itself as JSON (not a JSON string).
+    Document(String),
 }
 
 /// Why an SQL action failed: its own statement (the action's bug, recorded
@@ -271,6 +274,13 @@ pub trait OutboxTx: Tx {
     /// The open transaction as the operator side's query layer, for the
     /// steps written once for both backends (`outbox::control`).
     fn db(&mut self) -> crate::store::db::Db<'_>;
+    /// The time a take decides by (leases, due times), in unix ms: the
+    /// database's clock where several machines share the jobs, so that a
+    /// skewed clock on one instance cannot take a job whose lease another
+    /// still holds; `local` (this process's) where there is one writer.
+    fn clock(&mut self, local: i64) -> Result<i64, StoreError> {
+        Ok(local)
+    }
     /// Forward jobs whose lease ran out, at most [`TAKE_BATCH`].
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError>;
     /// Pending forward jobs that are due, the longest-due first, at most

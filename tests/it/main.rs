@@ -23,6 +23,7 @@ mod pg;
 mod pg_cluster;
 mod pg_notify;
 mod pg_ops;
+mod pg_review;
 mod pg_serve_ops;
 mod providers;
 mod receiver;

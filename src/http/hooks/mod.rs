@@ -339,10 +339,12 @@ fn committed<'a, T>(
                 ("error", &e.message),
             ],
         );
+        // Never "not stored": a commit whose answer was lost may have
+        // stored it. A retry is decided by the barrier either way.
         Reply::unavailable(if what.0 == "events" {
-            "no event of the batch was stored"
+            "the batch's events may not have been stored; deliver it again (the stored ones are answered duplicate)"
         } else {
-            "the event was not stored"
+            "the event may not have been stored; deliver it again (if it was, the answer is duplicate)"
         })
     })
 }

@@ -320,7 +320,17 @@ impl Tx for PgTx<'_> {
 /// error, a value that does not fit its parameter) is the action's; a
 /// connection or server failure is storage's.
 fn action_error(e: postgres::Error) -> ActionError {
+    // The action's own statement ran past statement_timeout (sql_timeout)
+    // or waited past lock_timeout: the action failed (rolled back to its
+    // savepoint, recorded on its job), the event is stored all the same.
+    let own_timeout = e.code().is_some_and(|c| {
+        *c == postgres::error::SqlState::QUERY_CANCELED
+            || *c == postgres::error::SqlState::LOCK_NOT_AVAILABLE
+    });
     let store = StoreError::from(e);
+    if own_timeout {
+        return ActionError::Statement(format!("{} (the SQL action's timeout)", store.message));
+    }
     if store.kind == StoreErrorKind::Other {
         ActionError::Statement(store.message)
     } else {

@@ -23,6 +23,11 @@ impl OutboxTx for PgTx<'_> {
         crate::store::db::Db::postgres(self.client)
     }
 
+    fn clock(&mut self, _local: i64) -> Result<i64, StoreError> {
+        let s = self.prepared("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")?;
+        Ok(self.client.query_one(&s, &[])?.get(0))
+    }
+
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
         // SKIP LOCKED: a job another instance is taking right now is left
         // to it, not waited for.

@@ -45,7 +45,7 @@ impl ToSql for PgParam {
             },
             Type::NUMERIC => {
                 let text = match v {
-                    P::Integer(_) | P::Number(_) | P::Text(_) => text_of(v),
+                    P::Integer(_) | P::Number(_) | P::Text(_) | P::Document(_) => text_of(v),
                     _ => return Err(mismatch(v, ty)),
                 };
                 out.extend_from_slice(&numeric_binary(&text).ok_or_else(|| mismatch(v, ty))?);
@@ -53,7 +53,7 @@ impl ToSql for PgParam {
             }
             Type::JSON | Type::JSONB => {
                 let json = match v {
-                    P::Json(s) | P::Number(s) => s.clone(),
+                    P::Json(s) | P::Number(s) | P::Document(s) => s.clone(),
                     P::Text(s) => serde_json::Value::String(s.clone()).to_string(),
                     _ => text_of(v),
                 };
@@ -87,7 +87,10 @@ fn text_of(v: &ParamValue) -> String {
         ParamValue::Null => String::new(),
         ParamValue::Bool(b) => b.to_string(),
         ParamValue::Integer(i) => i.to_string(),
-        ParamValue::Number(s) | ParamValue::Text(s) | ParamValue::Json(s) => s.clone(),
+        ParamValue::Number(s)
+        | ParamValue::Text(s)
+        | ParamValue::Json(s)
+        | ParamValue::Document(s) => s.clone(),
     }
 }
 
@@ -95,7 +98,9 @@ fn int_of(v: &ParamValue) -> Result<i64, BoxError> {
     match v {
         ParamValue::Integer(i) => Ok(*i),
         ParamValue::Bool(b) => Ok(i64::from(*b)),
-        ParamValue::Text(s) => s.trim().parse().map_err(|_| mismatch(v, &Type::INT8)),
+        ParamValue::Text(s) | ParamValue::Document(s) => {
+            s.trim().parse().map_err(|_| mismatch(v, &Type::INT8))
+        }
         _ => Err(mismatch(v, &Type::INT8)),
     }
 }
@@ -104,7 +109,7 @@ fn int_of(v: &ParamValue) -> Result<i64, BoxError> {
 fn real_of(v: &ParamValue) -> Result<f64, BoxError> {
     match v {
         ParamValue::Integer(i) => Ok(*i as f64),
-        ParamValue::Number(s) | ParamValue::Text(s) => {
+        ParamValue::Number(s) | ParamValue::Text(s) | ParamValue::Document(s) => {
             s.trim().parse().map_err(|_| mismatch(v, &Type::FLOAT8))
         }
         _ => Err(mismatch(v, &Type::FLOAT8)),

@@ -1,0 +1,189 @@
+//! PostgreSQL's own rules, as a database engineer would check them: the
+//! body bound into a `jsonb` column is JSON, an SQL action past
+//! `sql_timeout` is a failed action (its event stored and acked), an
+//! action that would end the claim's transaction is refused at start, a
+//! multi-host URL reaches the host that accepts writes whatever the
+//! order, and a 503 never says an event was not stored.
+
+use std::time::Duration;
+
+use crate::harness::{Server, ServerConfig, toml_str, wait_until};
+use crate::{pg_cluster, sign};
+
+const SECRET: &str = "whsec_it_pg_review_0123456789";
+
+fn event(id: &str) -> Vec<u8> {
+    serde_json::json!({"id": id, "type": "charge.succeeded", "data": {"object": {"amount": 5}}})
+        .to_string()
+        .into_bytes()
+}
+
+fn deliver(server: &Server, id: &str) -> crate::harness::HttpResponse {
+    let body = event(id);
+    server.post("/hooks/stripe", &sign::stripe_now(SECRET, &body), &body)
+}
+
+fn source(action: &str) -> String {
+    format!(
+        "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.stripe.actions]]\nname = \"act\"\nsql = {}\n",
+        toml_str(action)
+    )
+}
+
+#[test]
+fn payload_into_a_jsonb_column_is_the_bodys_json() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("payload_into_a_jsonb_column_is_the_bodys_json");
+        return;
+    };
+    let url = cluster.create_database("it_jsonb");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set(
+            "setup_sql",
+            &toml_str(
+                "CREATE TABLE IF NOT EXISTS docs (event_id text PRIMARY KEY, body jsonb NOT NULL)",
+            ),
+        )
+        .tables(&source(
+            "INSERT INTO docs (event_id, body) VALUES (:event_id, :payload)",
+        ));
+    let server = Server::start(&config, &[]);
+    assert_eq!(deliver(&server, "evt_j1").status, 200);
+    assert_eq!(
+        server.texts(
+            "SELECT body ->> 'type' FROM docs WHERE event_id = 'evt_j1'",
+            &[]
+        ),
+        vec!["charge.succeeded".to_string()],
+        "the body is stored as a JSON object, not a JSON string"
+    );
+}
+
+#[test]
+fn an_sql_action_past_sql_timeout_fails_alone_and_the_event_is_stored() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("an_sql_action_past_sql_timeout_fails_alone");
+        return;
+    };
+    let url = cluster.create_database("it_sql_timeout");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set("sql_timeout", &toml_str("300ms"))
+        .set("busy_timeout", &toml_str("10s"))
+        .tables(&source(
+            "SELECT pg_sleep(CASE WHEN :event_id = 'evt_slow' THEN 3 ELSE 0 END)",
+        ));
+    let server = Server::start(&config, &[]);
+    let slow = deliver(&server, "evt_slow");
+    assert_eq!(slow.status, 200, "{}", slow.text());
+    assert_eq!(deliver(&server, "evt_fast").status, 200);
+    assert_eq!(
+        server.texts("SELECT status FROM jobs WHERE event_id = 'evt_slow'", &[]),
+        vec!["failed".to_string()]
+    );
+    assert_eq!(
+        server.texts("SELECT status FROM jobs WHERE event_id = 'evt_fast'", &[]),
+        vec!["done".to_string()]
+    );
+    let error = server.texts(
+        "SELECT last_error FROM jobs WHERE event_id = 'evt_slow'",
+        &[],
+    );
+    assert!(error[0].contains("timeout"), "{error:?}");
+    // A redelivery is a duplicate: the event was stored.
+    let again = deliver(&server, "evt_slow");
+    assert!(again.text().contains("duplicate"), "{}", again.text());
+}
+
+#[test]
+fn an_action_that_would_end_the_transaction_stops_serve_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = ServerConfig::new()
+        .tables(&source("INSERT INTO t VALUES (1); COMMIT"))
+        .render();
+    let path = dir.path().join("idemhook.toml");
+    std::fs::write(&path, text).expect("write");
+    let out = crate::harness::run_binary(
+        dir.path(),
+        &Default::default(),
+        &[
+            "check".to_string(),
+            "--config".to_string(),
+            path.display().to_string(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stderr.contains("COMMIT would end"), "{}", out.stderr);
+}
+
+/// The `host=` list of a test cluster's URL.
+fn socket_dir(url: &str) -> String {
+    url.split(['?', '&'])
+        .find_map(|p| p.strip_prefix("host="))
+        .expect("a host= parameter")
+        .to_string()
+}
+
+/// A read-only server (as a standby is) named first: serve and the
+/// commands reach the writable one, without `target_session_attrs`.
+#[test]
+fn several_hosts_reach_the_one_that_accepts_writes_in_any_order() {
+    let (Some(read_only), Some(writable)) = (
+        pg_cluster::private_with(&["default_transaction_read_only=on"]),
+        pg_cluster::private(),
+    ) else {
+        pg_cluster::skipped("several_hosts_reach_the_one_that_accepts_writes");
+        return;
+    };
+    // The same database on both (private clusters, this test's alone), so
+    // that only "accepts writes" tells them apart.
+    let rw_url = writable.cluster().url("postgres");
+    let ro_url = read_only.cluster().url("postgres");
+    let db = "postgres";
+    // As a user names two servers, the read-only one first (socket
+    // folders written as hosts, percent-encoded).
+    let enc = |dir: String| dir.replace('/', "%2F");
+    let url = format!(
+        "postgresql://postgres@{}:5432,{}:5432/{db}",
+        enc(socket_dir(&ro_url)),
+        enc(socket_dir(&rw_url))
+    );
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .tables(&source("SELECT 1"));
+    let server = Server::start(&config, &[]);
+    assert_eq!(deliver(&server, "evt_m1").status, 200);
+    assert_eq!(server.get("/readyz").status, 200);
+    let list = server.run_cli(&["events", "list", "--json"]);
+    list.assert_success();
+    assert_eq!(list.json().as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn a_503_never_says_the_event_was_not_stored() {
+    let Some(local) = pg_cluster::private() else {
+        pg_cluster::skipped("a_503_never_says_the_event_was_not_stored");
+        return;
+    };
+    let url = local.cluster().create_database("it_maybe");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set("busy_timeout", &toml_str("1s"))
+        .tables(&source("SELECT 1"));
+    let server = Server::start(&config, &[]);
+    assert_eq!(deliver(&server, "evt_a").status, 200);
+    local.stop();
+    let mut answer = None;
+    wait_until(Duration::from_secs(30), "a 503 while stopped", || {
+        let r = deliver(&server, "evt_b");
+        let is_503 = r.status == 503;
+        answer = Some(r.text());
+        is_503
+    });
+    let text = answer.unwrap_or_default();
+    assert!(text.contains("may not have been stored"), "{text}");
+    assert!(!text.contains("was not stored"), "{text}");
+}
