@@ -210,9 +210,40 @@ pub fn run(mut config: Config) -> Result<()> {
 /// when one changed) and prunes by retention on its own connection.
 fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) -> Result<()> {
     use crate::pg_serve::{PgStore, prepare};
-    let settings = prepare(&config, url).map_err(|e| anyhow!(e))?;
-    record_key_rules_postgres(&settings, &config)?;
+    // A host that answers but refuses writes (a standby, a failover under
+    // way) does not stop serve: it starts, answers 503 until a writable
+    // host answers, and migrates then.
+    let waiting_for_writes = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let settings = match prepare(&config, url) {
+        Ok(settings) => {
+            record_key_rules_postgres(&settings, &config)?;
+            settings
+        }
+        Err(e)
+            if e.contains("(25006)")
+                || e.contains("read-only")
+                || e.contains("does not allow writes") =>
+        {
+            crate::log::warn(
+                "database refuses writes",
+                &[
+                    ("error", &e),
+                    (
+                        "effect",
+                        &"deliveries are answered 503 until a host that accepts writes answers; serve migrates then",
+                    ),
+                ],
+            );
+            waiting_for_writes.store(true, std::sync::atomic::Ordering::SeqCst);
+            crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)
+                .map_err(|e| anyhow!(e))?
+        }
+        Err(e) => return Err(anyhow!(e)),
+    };
     let config = Arc::new(config);
+    let migrator = waiting_for_writes
+        .load(std::sync::atomic::Ordering::SeqCst)
+        .then(|| migrate_when_writable(config.clone(), url.clone(), waiting_for_writes.clone()));
     let store =
         Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
     let metrics = Arc::new(Metrics::new(&config));
@@ -241,8 +272,12 @@ fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) 
         ui_sessions: Default::default(),
         overview_cache: Default::default(),
     });
-    app.learn_handshake_secrets()
-        .context("cannot read the secrets kept from handshakes")?;
+    // (Before the migrations, there may be nothing to read yet.)
+    if let Err(e) = app.learn_handshake_secrets()
+        && migrator.is_none()
+    {
+        return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
+    }
     let pruner = crate::ops::prune::Background::start(
         config.clone(),
         crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
@@ -295,10 +330,14 @@ fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) 
         + config.busy_timeout
         + std::time::Duration::from_secs(5);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
+    waiting_for_writes.store(false, std::sync::atomic::Ordering::SeqCst);
     std::thread::spawn(move || {
         http.stop();
         pruner.stop();
         outbox.stop();
+        if let Some(m) = migrator {
+            let _ = m.join();
+        }
         listening.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = listener.join();
         drop(app);
@@ -314,6 +353,36 @@ fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) 
     }
     crate::log::info("stopped", &[]);
     Ok(())
+}
+
+/// Serve started on a database that refused writes: every 2 s, the
+/// migrations and the key-rule record again, until they go through (a
+/// writable host answered) or serve stops (`waiting` cleared).
+fn migrate_when_writable(
+    config: Arc<Config>,
+    url: crate::config::database_url::PostgresUrl,
+    waiting: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while waiting.load(std::sync::atomic::Ordering::SeqCst) {
+            let slept = std::time::Instant::now();
+            while slept.elapsed() < std::time::Duration::from_secs(2) {
+                if !waiting.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            if let Ok(settings) = crate::pg_serve::prepare(&config, &url) {
+                let _ = record_key_rules_postgres(&settings, &config);
+                crate::log::info(
+                    "database accepts writes",
+                    &[("effect", &"migrated; deliveries are accepted")],
+                );
+                waiting.store(false, std::sync::atomic::Ordering::SeqCst);
+                return;
+            }
+        }
+    })
 }
 
 /// The longest `timeout` of any forward action: how long the stop may wait
@@ -597,16 +666,42 @@ fn database_report_postgres(
         let settings =
             crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)?;
         let mut client = settings.connect().map_err(|e| e.to_string())?;
+        let reached = client
+            .query_one(
+                "SELECT coalesce(host(inet_server_addr()), 'a unix socket'),
+                        coalesce(inet_server_port(), 0),
+                        current_setting('transaction_read_only') = 'on'",
+                &[],
+            )
+            .map(|r| {
+                let (host, port, read_only): (String, i32, bool) = (r.get(0), r.get(1), r.get(2));
+                format!(
+                    "reached {host}{}, {}; ",
+                    if port > 0 {
+                        format!(":{port}")
+                    } else {
+                        String::new()
+                    },
+                    if read_only {
+                        "read-only (a standby?): serve would answer 503 until a host accepts writes"
+                    } else {
+                        "accepts writes"
+                    }
+                )
+            })
+            .unwrap_or_default();
         let report =
             crate::store::pg_maint::rules_report(&mut client).map_err(|e| e.to_string())?;
         Ok(match report {
             None => DatabaseReport {
-                summary: "reachable, no idemhook tables yet: serve will create them (no event known, so none is a duplicate)".to_string(),
+                summary: format!(
+                    "{reached}no idemhook tables yet: serve will create them (no event known, so none is a duplicate)"
+                ),
                 ..DatabaseReport::default()
             },
             Some((events, rules)) => DatabaseReport {
                 summary: format!(
-                    "{events} event{} stored",
+                    "{reached}{events} event{} stored",
                     if events == 1 { "" } else { "s" }
                 ),
                 rules,

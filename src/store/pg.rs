@@ -255,7 +255,13 @@ impl From<postgres::Error> for StoreError {
         };
         let message = match e.as_db_error() {
             Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
-            None => format!("postgres: {e}"),
+            // The driver's own words name only the kind ("error connecting
+            // to server"); the cause (refused, no such host, timed out, a
+            // TLS or configuration problem) is its source.
+            None => match std::error::Error::source(&e) {
+                Some(cause) => format!("postgres: {e}: {cause}"),
+                None => format!("postgres: {e}"),
+            },
         };
         StoreError { kind, message }
     }

@@ -187,3 +187,50 @@ fn a_503_never_says_the_event_was_not_stored() {
     assert!(text.contains("may not have been stored"), "{text}");
     assert!(!text.contains("was not stored"), "{text}");
 }
+
+/// A pod started mid-failover on a host that answers but refuses writes:
+/// serve comes up (never exits), answers 503 with Retry-After and
+/// `/readyz` 503, and once the host accepts writes it migrates and takes
+/// deliveries, with no restart.
+#[test]
+fn serve_waits_on_a_read_only_host_then_migrates_when_it_accepts_writes() {
+    let Some(local) = pg_cluster::private_with(&["default_transaction_read_only=on"]) else {
+        pg_cluster::skipped("serve_waits_on_a_read_only_host");
+        return;
+    };
+    let url = local.cluster().url("postgres");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set("busy_timeout", &toml_str("2s"))
+        .tables(&source("SELECT 1"));
+    let server = Server::start(&config, &[]);
+    let refused = deliver(&server, "evt_ro");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.header("retry-after").is_some());
+    assert_eq!(server.get("/readyz").status, 503);
+    assert!(
+        server.logs().contains("database refuses writes"),
+        "{}",
+        server.logs()
+    );
+    // `check` says it found no host that accepts writes.
+    let check = server.run_cli(&["check"]);
+    assert!(check.stderr.contains("does not allow writes"), "{check:?}");
+
+    // The host is promoted: it accepts writes from now on.
+    let admin = format!("{url}&options=-c%20default_transaction_read_only%3Doff");
+    let mut db = postgres::Client::connect(&admin, postgres::NoTls).expect("connect");
+    // (The role's setting outranks the server's command line, where the
+    // read-only one was given; new sessions take it.)
+    db.batch_execute("ALTER ROLE postgres SET default_transaction_read_only = off")
+        .expect("make it writable");
+    wait_until(
+        Duration::from_secs(30),
+        "ready once the host accepts writes",
+        || server.get("/readyz").status == 200,
+    );
+    wait_until(Duration::from_secs(30), "the delivery accepted", || {
+        deliver(&server, "evt_ro").status == 200
+    });
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
+}

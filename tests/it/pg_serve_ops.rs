@@ -282,7 +282,8 @@ fn key_rule_drift_is_warned_on_postgres() {
     );
     assert!(out.success(), "{}\n{}", out.stdout, out.stderr);
     assert!(
-        out.stdout.contains("(PostgreSQL): 1 event stored"),
+        out.stdout
+            .contains("(PostgreSQL): reached a unix socket, accepts writes; 1 event stored"),
         "{}",
         out.stdout
     );
