@@ -822,13 +822,7 @@ pub fn describe(config: &Config) -> String {
                 ));
             }
         }
-        let _ = writeln!(
-            out,
-            "  type       {}",
-            s.event_type
-                .as_ref()
-                .map_or("(none)".to_string(), ToString::to_string)
-        );
+        let _ = writeln!(out, "  type       {}", s.type_rule());
         let _ = writeln!(out, "  hash       {}", s.hash_rule());
         if s.kind == crate::config::Kind::None {
             let _ = writeln!(out, "  secrets    none (unsigned, allow_unsigned = true)");

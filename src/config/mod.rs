@@ -181,6 +181,31 @@ impl Source {
         })
     }
 
+    /// The event type of `input`: the type rule's value, and each further
+    /// part joined with `.` when present (GoCardless's `resource_type` +
+    /// `action`).
+    pub fn type_of(&self, input: &crate::key::Input<'_>) -> Option<String> {
+        let first = self.event_type.as_ref()?.text(input);
+        self.event_type_more
+            .iter()
+            .fold(first, |acc, more| match (acc, more.text(input)) {
+                (Some(a), Some(m)) => Some(format!("{a}.{m}")),
+                (a, m) => a.or(m),
+            })
+    }
+
+    /// The type rule as text, for `check`.
+    pub fn type_rule(&self) -> String {
+        match &self.event_type {
+            None => "(none)".to_string(),
+            Some(first) => std::iter::once(first)
+                .chain(&self.event_type_more)
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" + \".\" + "),
+        }
+    }
+
     /// True when a rule reads form fields, so a form body is parsed.
     pub fn reads_form(&self) -> bool {
         self.key.parts.iter().any(Part::reads_form)

@@ -169,11 +169,7 @@ pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitC
         .key
         .extract(&input)
         .unwrap_or_else(|_| "?".to_string());
-    let shown_type = source
-        .event_type
-        .as_ref()
-        .and_then(|p| p.text(&input))
-        .unwrap_or_else(|| "?".to_string());
+    let shown_type = source.type_of(&input).unwrap_or_else(|| "?".to_string());
     println!("POST {url} (event id {shown_id}, type {shown_type}) -> {status}");
     println!("{text}");
     if (200..300).contains(&status) {

@@ -436,16 +436,7 @@ fn event_type_of(
                     format!("duplicate header {name}: the event type is ambiguous"),
                 ));
             }
-            let first = part.text(input);
-            // More parts (a kind's `resource_type` + `.` + `action`), each
-            // joined when present.
-            source
-                .event_type_more
-                .iter()
-                .fold(first, |acc, more| match (acc, more.text(input)) {
-                    (Some(a), Some(m)) => Some(format!("{a}.{m}")),
-                    (a, m) => a.or(m),
-                })
+            source.type_of(input)
         }
         None => None,
     };
