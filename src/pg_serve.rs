@@ -570,9 +570,24 @@ fn claimer(
         // busy_timeout: the group's callers are answered 503 at once, its
         // connection is dropped (rolling back what it had open) and the
         // claimer goes on.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             run_batch(c, &mut statements, config, &live)
         }));
+        // A connection that died while idle (a restart, a failover) fails
+        // the group at its BEGIN, before anything was sent: the claims are
+        // run once more on a fresh connection, so nobody gets a 503 for it.
+        if ran
+            .as_ref()
+            .is_ok_and(|r| crate::store::pg_group::never_began(r))
+        {
+            statements = Statements::default();
+            client = connect_claimer(settings, config).ok();
+            if let Some(fresh) = client.as_mut() {
+                ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_batch(fresh, &mut statements, config, &live)
+                }));
+            }
+        }
         let Ok(results) = ran else {
             crate::log::error("storage operation panicked", &[("effect", &"rolled back")]);
             client = None;

@@ -26,6 +26,19 @@ use super::{StoreError, StoreErrorKind};
 /// every session).
 pub const MAX_SAVEPOINTS: usize = 56;
 
+/// How an error starts when the connection failed at the group's `BEGIN`,
+/// before anything of the group was sent (a connection that died while
+/// idle: the server restarted, a failover).
+pub const NOT_BEGUN: &str = "the connection failed before the group began";
+
+/// True when every result failed at `BEGIN` ([`NOT_BEGUN`]).
+pub fn never_began<R>(results: &[Result<R, StoreError>]) -> bool {
+    !results.is_empty()
+        && results
+            .iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.message.starts_with(NOT_BEGUN)))
+}
+
 /// How many times a group is run again after a deadlock or a
 /// serialization failure before its callers get the error (503).
 pub const MAX_RETRIES: usize = 8;
@@ -130,7 +143,21 @@ fn try_transaction<R>(
 ) -> Result<Vec<R>, (StoreError, bool)> {
     client
         .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .map_err(|e| (StoreError::from(e), false))?;
+        .map_err(|e| {
+            let e = StoreError::from(e);
+            if e.kind == StoreErrorKind::Io {
+                // Nothing of the group reached the server: the caller may
+                // run it again on a fresh connection.
+                return (
+                    StoreError {
+                        message: format!("{NOT_BEGUN}: {}", e.message),
+                        ..e
+                    },
+                    false,
+                );
+            }
+            (e, false)
+        })?;
     let mut values = Vec::with_capacity(chunk.len());
     let mut tx = PgTx::grouped(client, statements);
     // In key order across the whole transaction (a batch's rows among

@@ -234,3 +234,36 @@ fn serve_waits_on_a_read_only_host_then_migrates_when_it_accepts_writes() {
     });
     assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
 }
+
+/// After PostgreSQL restarts, the claimers' idle connections are dead: the
+/// first delivery's group fails at its BEGIN, before anything reached the
+/// server, and is run again on a fresh connection: 200, not a 503.
+#[test]
+fn the_first_delivery_after_a_restart_is_not_refused() {
+    let Some(local) = pg_cluster::private() else {
+        pg_cluster::skipped("the_first_delivery_after_a_restart_is_not_refused");
+        return;
+    };
+    let url = local.cluster().create_database("it_restart");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .tables(&source("SELECT 1"));
+    let server = Server::start(&config, &[]);
+    // Both claimers get a connection.
+    for i in 0..20 {
+        assert_eq!(deliver(&server, &format!("evt_before_{i}")).status, 200);
+    }
+    local.stop();
+    local.spawn().expect("restart PostgreSQL");
+    local.wait_ready().expect("PostgreSQL is back");
+    for i in 0..4 {
+        let r = deliver(&server, &format!("evt_after_{i}"));
+        assert_eq!(
+            r.status,
+            200,
+            "delivery {i} after the restart: {}",
+            r.text()
+        );
+    }
+    assert_eq!(server.count("SELECT count(*) FROM events", &[]), 24);
+}
