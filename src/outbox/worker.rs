@@ -42,6 +42,34 @@ pub(super) struct Worker {
     pub(super) in_flight: Arc<AtomicUsize>,
 }
 
+/// Whether the forward workers' storage is failing now: the first worker
+/// to fail says so (with the cause), the first to succeed again says it is
+/// back; the others say nothing, so an outage is two lines, not one per
+/// worker per second.
+static STORAGE_DOWN: AtomicBool = AtomicBool::new(false);
+
+fn storage_down(worker: &str, error: &str) {
+    if !STORAGE_DOWN.swap(true, Ordering::SeqCst) {
+        crate::log::warn(
+            "outbox: storage unavailable",
+            &[
+                ("worker", &worker),
+                ("error", &error),
+                (
+                    "effect",
+                    &"forward jobs wait; every worker tries again each second",
+                ),
+            ],
+        );
+    }
+}
+
+fn storage_back() {
+    if STORAGE_DOWN.swap(false, Ordering::SeqCst) {
+        crate::log::info("outbox: storage available again", &[]);
+    }
+}
+
 impl Worker {
     pub(super) fn run(self) {
         while !self.stop.load(Ordering::Relaxed) {
@@ -57,9 +85,12 @@ impl Worker {
                 Jobs::Postgres(_) => self.on_postgres(|tx| take(tx, &config, &owner, now_ms())),
             };
             let (jobs, next_due) = match taken {
-                Ok(t) => t,
+                Ok(t) => {
+                    storage_back();
+                    t
+                }
                 Err(e) => {
-                    crate::log::warn("outbox", &[("worker", &self.owner), ("error", &e.message)]);
+                    storage_down(&self.owner, &e.message);
                     self.waker.wait(seen, Duration::from_secs(1));
                     continue;
                 }

@@ -267,3 +267,51 @@ fn the_first_delivery_after_a_restart_is_not_refused() {
     }
     assert_eq!(server.count("SELECT count(*) FROM events", &[]), 24);
 }
+
+/// PostgreSQL down for a few seconds under four forward workers: one line
+/// says storage is unavailable (with the cause), one says it is back; not
+/// a warning per worker per second.
+#[test]
+fn an_outage_is_one_warning_and_one_line_when_it_ends() {
+    let Some(local) = pg_cluster::private() else {
+        pg_cluster::skipped("an_outage_is_one_warning_and_one_line_when_it_ends");
+        return;
+    };
+    let url = local.cluster().create_database("it_outage");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set("forward_workers", "4")
+        .tables(&format!(
+            "{}[[sources.stripe.actions]]\nname = \"fwd\"\nforward = \"http://127.0.0.1:9/x\"\n",
+            source("SELECT 1")
+        ));
+    let server = Server::start(&config, &[]);
+    local.stop();
+    wait_until(Duration::from_secs(20), "the outage noticed", || {
+        server.logs().contains("outbox: storage unavailable")
+    });
+    // Four workers retrying every second, for three seconds.
+    let seen = std::time::Instant::now();
+    wait_until(Duration::from_secs(10), "three seconds of retries", || {
+        seen.elapsed() >= Duration::from_secs(3)
+    });
+    local.spawn().expect("restart PostgreSQL");
+    local.wait_ready().expect("PostgreSQL is back");
+    wait_until(
+        Duration::from_secs(20),
+        "the end of the outage noticed",
+        || server.logs().contains("outbox: storage available again"),
+    );
+    let logs = server.logs();
+    assert_eq!(
+        logs.matches("outbox: storage unavailable").count(),
+        1,
+        "{logs}"
+    );
+    assert_eq!(
+        logs.matches("outbox: storage available again").count(),
+        1,
+        "{logs}"
+    );
+    assert!(logs.contains("error="), "the cause is named: {logs}");
+}
