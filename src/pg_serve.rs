@@ -439,30 +439,20 @@ impl PgStore {
             .len()
     }
 
-    /// Ready when the database takes a write now: a probe row written and
-    /// committed on a pooled connection.
+    /// Ready when the database takes a write now through the claim path: a
+    /// probe row written and committed by a claimer, in its next group. A
+    /// refused connection answers at once (the claimer cannot connect); a
+    /// hung server after `busy_timeout` (the reaper).
     pub fn ready(&self) -> Result<(), StoreError> {
-        // On a thread of its own: a hung server answers nothing, and the
-        // probe must still say 503 within busy_timeout.
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let pool = self.pool.clone();
-        let probe = std::thread::Builder::new()
-            .name("pg-ready".to_string())
-            .spawn(move || {
-                let result = pool.with(|c| {
-                    c.execute(
-                        "INSERT INTO meta (key, value) VALUES ('ready_probe', $1)
-                         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                        &[&crate::time::now_ms().to_string()],
-                    )?;
-                    Ok(())
-                });
-                let _ = tx.send(result);
-            });
-        if probe.is_err() {
-            return Err(StoreError::other("cannot start the readiness probe"));
-        }
-        rx.recv_timeout(self.busy_timeout)
+        self.claim_then(
+            usize::MAX,
+            Vec::new(),
+            Box::new(move |result| {
+                let _ = tx.send(result.map(|_| ()));
+            }),
+        );
+        rx.recv_timeout(self.busy_timeout + Duration::from_secs(1))
             .unwrap_or_else(|_| Err(timed_out()))
     }
 
@@ -665,6 +655,16 @@ fn run_batch(
     let mut ops: Vec<Op<'_, Vec<Outcome>>> = jobs
         .iter()
         .map(|job| match job {
+            // The readiness probe: a write through a claimer, in its group.
+            Job::Claim { claims, .. } if claims.is_empty() => Op {
+                key: (String::new(), String::new()),
+                savepoints: 0,
+                events: Vec::new(),
+                run: Box::new(|tx: &mut PgTx<'_>| {
+                    tx.probe(crate::time::now_ms())?;
+                    Ok(Vec::new())
+                }),
+            },
             Job::Claim {
                 source_index,
                 claims,

@@ -315,3 +315,34 @@ fn an_outage_is_one_warning_and_one_line_when_it_ends() {
     );
     assert!(logs.contains("error="), "the cause is named: {logs}");
 }
+
+/// `/readyz` goes through the claim path: with PostgreSQL refusing
+/// connections it answers 503 at once, not after `busy_timeout`; with it
+/// back, 200.
+#[test]
+fn readyz_answers_503_at_once_when_connections_are_refused() {
+    let Some(local) = pg_cluster::private() else {
+        pg_cluster::skipped("readyz_answers_503_at_once_when_connections_are_refused");
+        return;
+    };
+    let url = local.cluster().create_database("it_readyz");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set("busy_timeout", &toml_str("10s"))
+        .tables(&source("SELECT 1"));
+    let server = Server::start(&config, &[]);
+    assert_eq!(server.get("/readyz").status, 200);
+    local.stop();
+    let started = std::time::Instant::now();
+    assert_eq!(server.get("/readyz").status, 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "503 long before busy_timeout (10 s): {:?}",
+        started.elapsed()
+    );
+    local.spawn().expect("restart PostgreSQL");
+    local.wait_ready().expect("PostgreSQL is back");
+    wait_until(Duration::from_secs(20), "ready again", || {
+        server.get("/readyz").status == 200
+    });
+}

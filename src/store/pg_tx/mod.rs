@@ -165,6 +165,16 @@ impl<'a> PgTx<'a> {
         }
     }
 
+    /// The readiness probe's write (a `meta` row), in this transaction.
+    pub fn probe(&mut self, now: i64) -> Result<(), StoreError> {
+        let s = self.prepared(
+            "INSERT INTO meta (key, value) VALUES ('ready_probe', $1)
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        )?;
+        self.client.execute(&s, &[&now.to_string()])?;
+        Ok(())
+    }
+
     /// A group commit's transaction: delivery rows are written at
     /// [`PgTx::commit`], which must end it.
     pub fn grouped(client: &'a mut Client, statements: &'a mut Statements) -> PgTx<'a> {
