@@ -123,15 +123,7 @@ impl App {
         if !hands_over || source.secret_count > 0 {
             return Ok(false);
         }
-        let key = crate::http::hooks::secret_key(&source.name);
-        let kept = self.read(|db| {
-            db.query_opt(
-                "SELECT value FROM meta WHERE key = ?1",
-                crate::args![key.as_str()],
-            )?
-            .map(|r| r.string(0))
-            .transpose()
-        })?;
+        let kept = self.read(|db| crate::store::meta::handed_over(db, &source.name))?;
         match kept {
             Some(secret) if !source.verifier.knows(&secret) => {
                 source

@@ -581,18 +581,6 @@ struct DatabaseReport {
     kept: Vec<(String, String)>,
 }
 
-/// The `meta` rows of secrets handed over by handshakes.
-const KEPT_SECRETS: &str =
-    "SELECT key, value FROM meta WHERE key LIKE 'handshake_secret:%' ORDER BY key";
-
-fn kept_secret(key: String, value: String) -> (String, String) {
-    let source = key
-        .strip_prefix("handshake_secret:")
-        .unwrap_or(&key)
-        .to_string();
-    (source, value)
-}
-
 fn database_report(config: &Config) -> DatabaseReport {
     if let Some(url) = &config.postgres {
         return database_report_postgres(config, url);
@@ -634,12 +622,7 @@ fn database_report(config: &Config) -> DatabaseReport {
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|e| e.to_string())?;
-        let kept = conn
-            .prepare(KEPT_SECRETS)
-            .and_then(|mut stmt| {
-                stmt.query_map([], |r| Ok(kept_secret(r.get(0)?, r.get(1)?)))?
-                    .collect::<Result<Vec<_>, _>>()
-            })
+        let kept = store::meta::all_handed_over(&store::db::Db::sqlite(&conn))
             .map_err(|e| e.to_string())?;
         Ok(DatabaseReport {
             summary: format!(
@@ -666,15 +649,8 @@ fn database_report_postgres(
         let settings =
             crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)?;
         let mut client = settings.connect().map_err(|e| e.to_string())?;
-        let reached = client
-            .query_one(
-                "SELECT coalesce(host(inet_server_addr()), 'a unix socket'),
-                        coalesce(inet_server_port(), 0),
-                        current_setting('transaction_read_only') = 'on'",
-                &[],
-            )
-            .map(|r| {
-                let (host, port, read_only): (String, i32, bool) = (r.get(0), r.get(1), r.get(2));
+        let reached = crate::store::pg_maint::reached(&mut client)
+            .map(|(host, port, read_only)| {
                 format!(
                     "reached {host}{}, {}; ",
                     if port > 0 {
@@ -705,12 +681,10 @@ fn database_report_postgres(
                     if events == 1 { "" } else { "s" }
                 ),
                 rules,
-                kept: client
-                    .query(KEPT_SECRETS, &[])
-                    .map_err(|e| e.to_string())?
-                    .iter()
-                    .map(|r| kept_secret(r.get(0), r.get(1)))
-                    .collect(),
+                kept: crate::store::meta::all_handed_over(&crate::store::db::Db::postgres(
+                    &mut client,
+                ))
+                .map_err(|e| e.to_string())?,
             },
         })
     };

@@ -6,6 +6,7 @@
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 
 pub mod db;
+pub mod meta;
 pub mod named;
 pub mod pg;
 #[cfg(test)]

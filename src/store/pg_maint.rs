@@ -236,6 +236,18 @@ pub fn record_rule(
 /// source.
 pub type RulesReport = Option<(i64, Vec<(String, String, String, i64)>)>;
 
+/// The server a connection reached, for `check`: its address (or "a unix
+/// socket"), its port (0 for a socket) and whether it refuses writes.
+pub fn reached(client: &mut Client) -> Result<(String, i32, bool), StoreError> {
+    let r = client.query_one(
+        "SELECT coalesce(host(inet_server_addr()), 'a unix socket'),
+                coalesce(inet_server_port(), 0),
+                current_setting('transaction_read_only') = 'on'",
+        &[],
+    )?;
+    Ok((r.get(0), r.get(1), r.get(2)))
+}
+
 pub fn rules_report(client: &mut Client) -> Result<RulesReport, StoreError> {
     let present: bool = client
         .query_one(

@@ -12,8 +12,6 @@ mod providers;
 #[cfg(test)]
 mod vectors;
 
-pub use providers::secret_key;
-
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;

@@ -185,11 +185,6 @@ pub(super) fn reread_handed_over(app: &App, source: &Source) -> bool {
     app.learn_handshake_secret(source).unwrap_or(false)
 }
 
-/// The `meta` row a handed-over secret is kept under.
-pub fn secret_key(source: &str) -> String {
-    format!("handshake_secret:{source}")
-}
-
 /// Asana's and Notion's secret, handed over at subscription: kept in the
 /// database and verified with from then on, while the source has none
 /// yet; a known one is accepted again; another is refused (a stranger
@@ -221,21 +216,15 @@ fn hand_over_secret(
         ));
     }
     if source.verifier.key_count() == 0 {
-        let (key, value) = (secret_key(&source.name), secret.to_owned());
-        app.write(move |db| {
-            db.execute(
-                "INSERT INTO meta (key, value) VALUES (?1, ?2)
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                crate::args![key.as_str(), value.as_str()],
-            )
-        })
-        .map_err(|e| {
-            refused(
-                Delivery::Unavailable,
-                503,
-                format!("cannot keep the secret: {}", e.message),
-            )
-        })?;
+        let (name, value) = (source.name.clone(), secret.to_owned());
+        app.write(move |db| crate::store::meta::keep_handed_over(db, &name, &value))
+            .map_err(|e| {
+                refused(
+                    Delivery::Unavailable,
+                    503,
+                    format!("cannot keep the secret: {}", e.message),
+                )
+            })?;
         source
             .verifier
             .learn(&Secret::new(secret.to_owned()))
