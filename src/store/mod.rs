@@ -5,6 +5,7 @@
 //! backends (`db.rs`). Only `store/`, `ingest.rs` and the
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 
+pub mod control;
 pub mod db;
 pub mod meta;
 pub mod named;
