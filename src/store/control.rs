@@ -227,7 +227,7 @@ mod tests {
         let insert = crate::store::tx::ordered_job_insert();
         let insert = query_plan(
             &conn,
-            &insert,
+            insert,
             params![
                 "s",
                 "e",

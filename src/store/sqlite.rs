@@ -124,40 +124,23 @@ impl Tx for Sqlite<'_> {
     }
 
     fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError> {
-        if let Some(order_key) = j.order_key {
-            self.conn
-                .prepare_cached(&crate::store::tx::ordered_job_insert())?
-                .execute(params![
-                    j.source,
-                    j.event_id,
-                    j.action,
-                    j.kind,
-                    j.status,
-                    j.n_attempts,
-                    j.next_attempt_at,
-                    j.last_error,
-                    j.created_at,
-                    order_key,
-                ])?;
-            return Ok(self.conn.last_insert_rowid());
-        }
-        self.conn
-            .prepare_cached(
-                "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
-                                   last_error, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
-            )?
-            .execute(params![
-                j.source,
-                j.event_id,
-                j.action,
-                j.kind,
-                j.status,
-                j.n_attempts,
-                j.next_attempt_at,
-                j.last_error,
-                j.created_at,
-            ])?;
+        let sql = if j.order_key.is_some() {
+            crate::store::tx::ordered_job_insert()
+        } else {
+            crate::store::tx::JOB_INSERT
+        };
+        self.conn.prepare_cached(sql)?.execute(params![
+            j.source,
+            j.event_id,
+            j.action,
+            j.kind,
+            j.status,
+            j.n_attempts,
+            j.next_attempt_at,
+            j.last_error,
+            j.created_at,
+            j.order_key,
+        ])?;
         Ok(self.conn.last_insert_rowid())
     }
 

@@ -50,6 +50,13 @@ pub fn order_open(source: &str, action: &str, key: &str) -> String {
     )
 }
 
+/// Inserts a job of no order key (?10, NULL here, keeps the parameters
+/// those of [`ordered_job_insert`]).
+pub const JOB_INSERT: &str =
+    "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
+                       last_error, created_at, updated_at, order_key)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)";
+
 /// The last unfinished job of an order key (?1 source, ?2 action, ?3 key),
 /// locked (PostgreSQL). A claim that inserts a job of the key takes it
 /// first: a transaction that is finishing that job (whose trigger makes
@@ -66,10 +73,12 @@ pub fn order_last_locked() -> String {
 /// Inserts a job of an order key (?10) at the end of its key's unfinished
 /// jobs, due at ?7 unless one of them is there (then it waits for
 /// `order`). Both lookups are one step down the `jobs_order` index.
-pub fn ordered_job_insert() -> String {
-    let open = order_open("?1", "?3", "?10");
-    format!(
-        "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
+pub fn ordered_job_insert() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let open = order_open("?1", "?3", "?10");
+        format!(
+            "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
                            last_error, created_at, updated_at, order_key, order_seq, waiting)
          SELECT CAST(?1 AS TEXT), CAST(?2 AS TEXT), CAST(?3 AS TEXT), CAST(?4 AS TEXT),
                 CAST(?5 AS TEXT), CAST(?6 AS BIGINT),
@@ -77,7 +86,8 @@ pub fn ordered_job_insert() -> String {
                 CAST(?9 AS BIGINT), CAST(?9 AS BIGINT), CAST(?10 AS TEXT),
                 coalesce(o.seq, 0) + 1, CASE WHEN o.seq IS NOT NULL THEN 'order' END
            FROM (SELECT max(order_seq) AS seq FROM jobs WHERE {open}) AS o"
-    )
+        )
+    })
 }
 
 /// An event's jobs, counted for its state.

@@ -237,17 +237,15 @@ impl SignedRule {
 }
 
 /// Signatures of one group, with the timestamp that goes with them.
-struct Group<'a> {
+struct Group {
     timestamp: Option<String>,
     signatures: Vec<Vec<u8>>,
-    _text: std::marker::PhantomData<&'a ()>,
 }
 
-fn group<'a>(timestamp: Option<String>, signatures: Vec<Vec<u8>>) -> Group<'a> {
+fn group(timestamp: Option<String>, signatures: Vec<Vec<u8>>) -> Group {
     Group {
         timestamp,
         signatures,
-        _text: std::marker::PhantomData,
     }
 }
 
@@ -403,11 +401,11 @@ fn escape_unicode(body: &[u8]) -> String {
 }
 
 /// The signature groups the carrier holds; at least one signature.
-fn read_carrier<'a>(
+fn read_carrier(
     rule: &SignedRule,
-    rq: &Request<'a>,
+    rq: &Request<'_>,
     body: &mut Body<'_>,
-) -> Result<Vec<Group<'a>>, VerifyError> {
+) -> Result<Vec<Group>, VerifyError> {
     let decode = |name: &str, raw: &str| decode(name, raw, rule.encoding);
     let groups = match &rule.carrier {
         Carrier::Header { name, prefix, list } => {
@@ -465,7 +463,7 @@ fn read_carrier<'a>(
             signature_key,
         } => {
             let value = super::required_header(rq.headers, name)?;
-            let mut groups: Vec<Group<'a>> = Vec::new();
+            let mut groups: Vec<Group> = Vec::new();
             let entries: Vec<&str> = value
                 .split([',', ' ', '\t'])
                 .filter(|e| !e.is_empty())

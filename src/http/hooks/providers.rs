@@ -356,12 +356,11 @@ pub(super) fn items(batch: Batch, body: &[u8], max: usize) -> Result<(Vec<Item>,
     Ok((out, delivery))
 }
 
+/// The member `name` of a raw object, as sent (the last of duplicates).
 fn raw_member(raw: &RawValue, name: &str) -> Option<Box<RawValue>> {
-    let map: serde_json::Map<String, Value> = serde_json::from_str(raw.get()).ok()?;
-    map.contains_key(name).then_some(())?;
-    let members: std::collections::HashMap<String, Box<RawValue>> =
+    let mut members: std::collections::HashMap<String, Box<RawValue>> =
         serde_json::from_str(raw.get()).ok()?;
-    members.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    members.remove(name)
 }
 
 /// The raw elements of the array at `pointer` (one level of object

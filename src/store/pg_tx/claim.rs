@@ -8,6 +8,22 @@ use crate::store::{StoreError, StoreErrorKind, named};
 
 use super::{DeliveryRow, PgParam, PgTx, key};
 
+/// The job inserts in PostgreSQL's dialect, made once.
+static PLAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static ORDERED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `sql` (the shared `?N` text) with `$N` and `RETURNING id`, made once into `cell`.
+fn pg_sql(
+    cell: &'static std::sync::OnceLock<String>,
+    sql: &str,
+) -> Result<&'static str, StoreError> {
+    if let Some(done) = cell.get() {
+        return Ok(done);
+    }
+    let made = format!("{} RETURNING id", crate::store::db::to_dollars(sql)?);
+    Ok(cell.get_or_init(|| made))
+}
+
 impl Tx for PgTx<'_> {
     fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
         if let Some(won) = self
@@ -130,35 +146,17 @@ impl Tx for PgTx<'_> {
         if let Some(g) = &mut self.group {
             g.forward_jobs |= j.kind == "forward";
         }
-        if let Some(order_key) = j.order_key {
-            let lock = self.prepared(&crate::store::tx::order_last_locked())?;
-            self.client
-                .query(&lock, &[&j.source, &j.action, &order_key])?;
-            let sql = crate::store::db::to_dollars(&crate::store::tx::ordered_job_insert())?;
-            let s = self.prepared(&format!("{sql} RETURNING id"))?;
-            let row = self.client.query_one(
-                &s,
-                &[
-                    &j.source,
-                    &j.event_id,
-                    &j.action,
-                    &j.kind,
-                    &j.status,
-                    &j.n_attempts,
-                    &j.next_attempt_at,
-                    &j.last_error,
-                    &j.created_at,
-                    &order_key,
-                ],
-            )?;
-            return Ok(row.get(0));
-        }
-        let s = self.prepared(
-            "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
-                               last_error, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
-             RETURNING id",
-        )?;
+        let sql = match j.order_key {
+            Some(order_key) => {
+                // The key's last unfinished job first (see `order_last_locked`).
+                let lock = self.prepared(&crate::store::tx::order_last_locked())?;
+                self.client
+                    .query(&lock, &[&j.source, &j.action, &order_key])?;
+                pg_sql(&ORDERED, crate::store::tx::ordered_job_insert())?
+            }
+            None => pg_sql(&PLAIN, crate::store::tx::JOB_INSERT)?,
+        };
+        let s = self.prepared(sql)?;
         let row = self.client.query_one(
             &s,
             &[
@@ -171,6 +169,7 @@ impl Tx for PgTx<'_> {
                 &j.next_attempt_at,
                 &j.last_error,
                 &j.created_at,
+                &j.order_key,
             ],
         )?;
         Ok(row.get(0))
