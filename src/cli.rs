@@ -43,9 +43,10 @@ pub enum Command {
         /// Address to listen on, overriding the config's `listen`.
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
-        /// Database file, overriding the config's `database`.
-        #[arg(long, value_name = "PATH")]
-        database: Option<PathBuf>,
+        /// Database, overriding the config's `database`: a file path,
+        /// sqlite:PATH, a postgres:// URL, or env:NAME.
+        #[arg(long, value_name = "PATH|URL")]
+        database: Option<String>,
     },
     /// Validate the config and print its sources, actions and key rules.
     Check,
@@ -517,14 +518,13 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
 fn serve(
     mut config: Config,
     listen: Option<String>,
-    database: Option<PathBuf>,
+    database: Option<String>,
 ) -> Result<Outcome, CommandError> {
     if let Some(l) = listen {
         config.listen = l;
     }
     if let Some(d) = database {
-        config.database = d;
-        config.postgres = None;
+        config.set_database(&d).map_err(CommandError::Usage)?;
     }
     crate::serve::run(config)?;
     Ok(Outcome::Done)

@@ -104,6 +104,17 @@ impl DatabaseUrl {
                 "unknown scheme {s:?} in {:?}: use a file path (or sqlite:PATH) for SQLite, or a postgres:// or postgresql:// URL (a file whose name has a colon: write ./NAME)",
                 redact(value)
             )),
+            // `postgres//u:pw@db/app` is a mistyped URL, not a file to create.
+            None if value
+                .get(..8)
+                .is_some_and(|p| p.eq_ignore_ascii_case("postgres"))
+                && value.contains('@') =>
+            {
+                Err(format!(
+                    "{}: a PostgreSQL URL starts with postgres:// (postgres://user@host:5432/dbname)",
+                    redact(value)
+                ))
+            }
             None => Ok(DatabaseUrl::Sqlite(base.join(value))),
         }
     }
@@ -166,7 +177,20 @@ fn redact(url: &str) -> String {
             }
             out.push_str(&after[authority_end..]);
         }
-        None => out.push_str(head),
+        // Malformed (`postgres:/u:pw@h`, `u:pw@h`): whatever comes before
+        // the last '@' may hold a password, so none of it is kept but a
+        // leading scheme.
+        None => match head.rfind('@') {
+            Some(at) => {
+                if let Some(s) = scheme(head) {
+                    out.push_str(s);
+                    out.push(':');
+                }
+                out.push_str(MARK);
+                out.push_str(&head[at..]);
+            }
+            None => out.push_str(head),
+        },
     }
     if let Some(query) = query {
         out.push('?');
@@ -266,5 +290,26 @@ mod tests {
         );
         assert_eq!(redact("postgres://u@h/d"), "postgres://u@h/d");
         assert_eq!(redact("postgres://h/d?user=u"), "postgres://h/d?user=u");
+    }
+
+    #[test]
+    fn malformed_urls_never_print_their_password() {
+        for value in [
+            "postgresql:/idemhook:pw@db/app",
+            "postgres:idemhook:pw@db/app",
+            "mysql:u:pw@h/d",
+            "postgres//idemhook:pw@db/app",
+            "postgres:/u:pw@h/d?password=pw",
+        ] {
+            let shown = match parse(value) {
+                Err(e) => e,
+                Ok(url) => format!("{url} {url:?}"),
+            };
+            assert!(!shown.contains("pw"), "{value}: {shown}");
+        }
+        assert_eq!(
+            redact("postgresql:/u:pw@db/app"),
+            "postgresql:[REDACTED]@db/app"
+        );
     }
 }

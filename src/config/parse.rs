@@ -140,6 +140,20 @@ impl Config {
     }
 }
 
+impl Config {
+    /// `serve --database VALUE`: the value is read exactly as the
+    /// `database` key is (a path, `sqlite:PATH`, `postgres://`, `env:NAME`),
+    /// a relative path taken from the current folder. The error names the
+    /// flag and never holds a password.
+    pub fn set_database(&mut self, spec: &str) -> Result<(), String> {
+        let (database, postgres) = resolve_database(Some(spec), Path::new(""))
+            .map_err(|e| format!("--database{}", e.trim_start_matches("database")))?;
+        self.database = database;
+        self.postgres = postgres;
+        Ok(())
+    }
+}
+
 /// The `database` value: a path, `sqlite:PATH`, or a PostgreSQL URL,
 /// directly or through `env:NAME` (an unset variable is reported with the
 /// others before this runs). The backend is decided here, once.

@@ -15,6 +15,7 @@ pub mod pg;
 pub(crate) mod pg_cluster;
 pub mod pg_group;
 pub mod pg_maint;
+mod pg_pass;
 pub mod pg_tx;
 pub mod sqlite;
 pub mod tx;

@@ -68,7 +68,10 @@ impl Settings {
         busy_timeout: Duration,
     ) -> Result<Settings, String> {
         let (rest, own) = split_own_params(url.expose());
-        let mut config: postgres::Config = rest.parse().map_err(|e| format!("{url}: {e}"))?;
+        let mut config: postgres::Config = rest
+            .parse()
+            .map_err(|e| format!("{url}: {}", with_cause(&e)))?;
+        super::pg_pass::fill(&mut config);
         let sslmode = own
             .iter()
             .find(|(k, _)| k == "sslmode")
@@ -254,16 +257,32 @@ impl From<postgres::Error> for StoreError {
             None => StoreErrorKind::Io,
         };
         let message = match e.as_db_error() {
+            // PostgreSQL 15 took CREATE on `public` from other roles.
+            Some(db)
+                if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE
+                    && db.message().contains("schema") =>
+            {
+                format!(
+                    "postgres: {} ({}): the role needs to own the database (CREATE DATABASE app OWNER idemhook) or GRANT USAGE, CREATE ON SCHEMA public TO idemhook",
+                    db.message(),
+                    db.code().code()
+                )
+            }
             Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
-            // The driver's own words name only the kind ("error connecting
-            // to server"); the cause (refused, no such host, timed out, a
-            // TLS or configuration problem) is its source.
-            None => match std::error::Error::source(&e) {
-                Some(cause) => format!("postgres: {e}: {cause}"),
-                None => format!("postgres: {e}"),
-            },
+            None => format!("postgres: {}", with_cause(&e)),
         };
         StoreError { kind, message }
+    }
+}
+
+/// The driver's words with their cause: alone they name only the kind
+/// ("error connecting to server", "invalid connection string"); the cause
+/// (refused, no such host, timed out, TLS, an unknown parameter by name)
+/// is the source.
+fn with_cause(e: &postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 
