@@ -204,9 +204,11 @@ pub fn record_delivery(
     )
 }
 
-/// Runs one SQL action with its job row in a savepoint. A failing statement
-/// rolls back only itself; the job is then written as failed, with the
-/// error, outside that savepoint. True when the action succeeded.
+/// Runs one SQL action in a savepoint, then writes its job row. A failing
+/// statement rolls back only itself; the job is then written as failed,
+/// with the error. The savepoint holds the action's statement alone: on
+/// PostgreSQL it runs there in the team's search_path, idemhook's rows
+/// in idemhook's.
 fn run_sql_job<T: Tx>(
     tx: &mut T,
     source: &Source,
@@ -217,19 +219,20 @@ fn run_sql_job<T: Tx>(
 ) -> Result<bool, StoreError> {
     let started = crate::time::now_ms();
     let result = tx.in_savepoint("action", |tx| -> Result<(), ActionError> {
-        execute_action(tx, source, sql, sql_params, c)?;
-        let job_id = insert_job(tx, source, action, c, JobStatus::Done, None)?;
-        tx.insert_sql_attempt(
-            job_id,
-            started,
-            crate::time::now_ms(),
-            AttemptOutcome::Ok.as_str(),
-            None,
-        )?;
-        Ok(())
+        execute_action(tx, source, sql, sql_params, c)
     });
     match result {
-        Ok(()) => Ok(true),
+        Ok(()) => {
+            let job_id = insert_job(tx, source, action, c, JobStatus::Done, None)?;
+            tx.insert_sql_attempt(
+                job_id,
+                started,
+                crate::time::now_ms(),
+                AttemptOutcome::Ok.as_str(),
+                None,
+            )?;
+            Ok(true)
+        }
         Err(ActionError::Store(e)) if e.kind != StoreErrorKind::Other => Err(e),
         Err(e) => {
             let message = e.to_string();

@@ -226,22 +226,30 @@ enum Pool {
 
 impl Pool {
     fn new(settings: &Settings, timeout: Duration) -> Result<Pool, StoreError> {
-        fn build<M: r2d2::ManageConnection>(manager: M, timeout: Duration) -> r2d2::Pool<M> {
+        fn build<M: r2d2::ManageConnection<Connection = Client, Error = postgres::Error>>(
+            manager: M,
+            timeout: Duration,
+            setup: String,
+        ) -> r2d2::Pool<M> {
             r2d2::Pool::builder()
                 .max_size(4)
                 .min_idle(Some(0))
                 .connection_timeout(timeout.max(Duration::from_millis(500)))
+                .connection_customizer(Box::new(crate::store::pg::SessionSetup(setup)))
                 .build_unchecked(manager)
         }
+        let setup = settings.session_sql();
         let config = settings.config.clone();
         let pool = match &settings.tls {
             Tls::Plain => Pool::Plain(build(
                 r2d2_postgres::PostgresConnectionManager::new(config, postgres::NoTls),
                 timeout,
+                setup,
             )),
             Tls::Verified(tls) => Pool::Tls(build(
                 r2d2_postgres::PostgresConnectionManager::new(config, tls.clone()),
                 timeout,
+                setup,
             )),
         };
         Ok(pool)
@@ -280,7 +288,10 @@ pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<Settings, String> {
     migrate_and_set_up(&mut tx, config, url)?;
     tx.commit()
         .map_err(|e| format!("{url}: cannot migrate: {}", StoreError::from(e)))?;
-    check_actions(&mut client, config)?;
+    let mut tx = client
+        .transaction()
+        .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
+    check_actions(&mut tx, config)?;
     Ok(settings)
 }
 
@@ -306,16 +317,24 @@ fn migrate_and_set_up(
     config: &Config,
     url: &PostgresUrl,
 ) -> Result<(), String> {
-    crate::store::pg::migrate_in(tx).map_err(|e| format!("{url}: cannot migrate: {e}"))?;
+    crate::store::pg::migrate_in(tx, url.schema())
+        .map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {
-        tx.batch_execute(sql)
+        // In the team's search_path: setup_sql makes the team's tables.
+        tx.batch_execute(crate::store::pg::TEAM_PATH)
+            .and_then(|()| tx.batch_execute(sql))
+            .and_then(|()| tx.batch_execute(crate::store::pg::OUR_PATH))
             .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
     }
     Ok(())
 }
 
-/// Every SQL action rewritten to `$n` and prepared.
-fn check_actions(client: &mut impl postgres::GenericClient, config: &Config) -> Result<(), String> {
+/// Every SQL action rewritten to `$n` and prepared, in the team's
+/// search_path as it runs, inside the caller's transaction.
+fn check_actions(client: &mut postgres::Transaction<'_>, config: &Config) -> Result<(), String> {
+    client
+        .batch_execute(crate::store::pg::TEAM_PATH)
+        .map_err(|e| StoreError::from(e).to_string())?;
     for source in &config.sources {
         for action in &source.actions {
             let where_ = format!("sources.{}.actions ({})", source.name, action.name);

@@ -24,9 +24,25 @@ pub enum DatabaseUrl {
 #[derive(Clone, PartialEq, Eq)]
 pub struct PostgresUrl {
     url: String,
+    /// The schema that holds idemhook's own tables (`pg_schema`).
+    schema: String,
 }
 
+/// idemhook's schema when `pg_schema` is not set.
+pub const DEFAULT_SCHEMA: &str = "idemhook";
+
 impl PostgresUrl {
+    /// The schema of idemhook's tables.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The same URL with idemhook's tables in `schema`.
+    pub fn with_schema(mut self, schema: &str) -> PostgresUrl {
+        self.schema = schema.to_string();
+        self
+    }
+
     /// The URL as written, password included: for the driver only.
     pub fn expose(&self) -> &str {
         &self.url
@@ -98,6 +114,7 @@ impl DatabaseUrl {
                 }
                 Ok(DatabaseUrl::Postgres(PostgresUrl {
                     url: value.to_string(),
+                    schema: DEFAULT_SCHEMA.to_string(),
                 }))
             }
             Some(s) => Err(format!(
@@ -126,6 +143,27 @@ impl DatabaseUrl {
             DatabaseUrl::Postgres(_) => None,
         }
     }
+}
+
+/// `pg_schema`: a plain identifier (lower-case letters, digits, `_`, not
+/// starting with a digit or `pg_`), so it never needs quoting and cannot
+/// be one of PostgreSQL's own.
+pub fn valid_schema(name: &str) -> Result<(), String> {
+    let plain = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    let first = name.chars().next();
+    if name.is_empty() || name.len() > 63 || !plain || first.is_some_and(|c| c.is_ascii_digit()) {
+        return Err(format!(
+            "pg_schema: {name:?} is not a plain name (lower-case letters, digits and _, at most 63, not starting with a digit)"
+        ));
+    }
+    if name.starts_with("pg_") || name == "public" || name == "information_schema" {
+        return Err(format!(
+            "pg_schema: {name:?} is PostgreSQL's or the team's; idemhook's tables need a schema of their own"
+        ));
+    }
+    Ok(())
 }
 
 /// The URL scheme of `value`, when it starts with one: letters, digits,

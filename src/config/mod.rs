@@ -89,6 +89,8 @@ pub struct Config {
     /// On PostgreSQL, how long one SQL action's statement may run before
     /// it is a failed action (its event is stored all the same).
     pub sql_timeout: Duration,
+    /// The PostgreSQL schema of idemhook's own tables.
+    pub pg_schema: String,
     pub setup_sql: Option<String>,
     /// PEM certificate chain and private key: when both are set, the
     /// listeners speak TLS only.

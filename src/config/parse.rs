@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::database_url::{DatabaseUrl, PostgresUrl};
+use super::database_url::{DEFAULT_SCHEMA, DatabaseUrl, PostgresUrl, valid_schema};
 use super::raw::RawConfig;
 use super::source::resolve_source;
 use super::values::{nonzero, opt_duration, resolve_secret};
@@ -85,6 +85,12 @@ impl Config {
             return Err(err("sql_timeout: must be longer than 0s".into()));
         }
         let (database, postgres) = resolve_database(raw.database.as_deref(), base).map_err(err)?;
+        let pg_schema = raw
+            .pg_schema
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
+        valid_schema(&pg_schema).map_err(err)?;
+        let postgres = postgres.map(|url| url.with_schema(&pg_schema));
 
         let tls = match (&raw.tls_cert, &raw.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {
@@ -129,6 +135,7 @@ impl Config {
             prune_interval,
             busy_timeout,
             sql_timeout,
+            pg_schema,
             setup_sql: raw.setup_sql,
             tls,
             admin_listen: raw.admin_listen,
@@ -149,7 +156,7 @@ impl Config {
         let (database, postgres) = resolve_database(Some(spec), Path::new(""))
             .map_err(|e| format!("--database{}", e.trim_start_matches("database")))?;
         self.database = database;
-        self.postgres = postgres;
+        self.postgres = postgres.map(|url| url.with_schema(&self.pg_schema));
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ pub(super) struct RawConfig {
     pub(super) prune_interval: Option<String>,
     pub(super) busy_timeout: Option<String>,
     pub(super) sql_timeout: Option<String>,
+    pub(super) pg_schema: Option<String>,
     pub(super) setup_sql: Option<String>,
     pub(super) tls_cert: Option<String>,
     pub(super) tls_key: Option<String>,

@@ -237,7 +237,7 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     let mut pg = settings
         .connect()
         .map_err(|e| anyhow!("cannot connect to {url}: {e}"))?;
-    migrate(&mut pg).map_err(|e| anyhow!("{url}: cannot migrate: {e}"))?;
+    migrate(&mut pg, url.schema()).map_err(|e| anyhow!("{url}: cannot migrate: {e}"))?;
     let target_events: i64 = pg
         .query_one("SELECT count(*) FROM events", &[])
         .map_err(StoreError::from)?

@@ -709,7 +709,8 @@ mod tests {
         };
         let url = cluster.create_database(test);
         let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-        crate::store::pg::migrate(&mut client).unwrap();
+        crate::store::pg::migrate(&mut client, crate::config::database_url::DEFAULT_SCHEMA)
+            .unwrap();
         client
             .batch_execute(
                 "INSERT INTO events (source, event_id, state, received_at, payload_hash)

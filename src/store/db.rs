@@ -467,12 +467,35 @@ pub fn connect_postgres(
         client.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")?;
     }
     let migrated: bool = client
-        .query_one("SELECT to_regclass('events') IS NOT NULL", &[])?
+        .query_one("SELECT to_regclass('idemhook_migrations') IS NOT NULL", &[])?
         .get(0);
     if !migrated {
         return Err(StoreError {
             kind: StoreErrorKind::ReadOnly,
-            message: format!("{url}: no idemhook tables in this database (has serve run yet?)"),
+            message: format!(
+                "no idemhook tables in schema {:?} of this database (has serve run yet?)",
+                url.schema()
+            ),
+        });
+    }
+    // As serve: a schema this build does not know is refused, one that is
+    // behind is migrated by serve first.
+    let version: i32 = client
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM idemhook_migrations",
+            &[],
+        )?
+        .get(0);
+    let latest = super::pg::MIGRATIONS.last().map_or(0, |m| m.0);
+    if version != latest {
+        let what = if version > latest {
+            "newer than this idemhook's: run the newer idemhook"
+        } else {
+            "older than this idemhook's: start serve once (it migrates), then run the command"
+        };
+        return Err(StoreError {
+            kind: StoreErrorKind::Other,
+            message: format!("the database has schema version {version}, {what} ({latest})"),
         });
     }
     Ok(client)

@@ -35,6 +35,31 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "delivery control",
         include_str!("../../migrations/postgres/0002_delivery_control.sql"),
     ),
+    (
+        3,
+        "bytewise keys",
+        include_str!("../../migrations/postgres/0003_bytewise_keys.sql"),
+    ),
+];
+
+/// idemhook's tables, as the migrations make them: moved together when an
+/// installation from before the schema of its own is found elsewhere.
+const TABLES: &[&str] = &[
+    "idemhook_migrations",
+    "meta",
+    "source_rules",
+    "events",
+    "jobs",
+    "job_counts",
+    "attempts",
+    "checks",
+    "deliveries",
+    "incidents",
+    "incident_payloads",
+    "paused_actions",
+    "replays",
+    "action_limits",
+    "order_marks",
 ];
 
 /// The key of the advisory lock held while migrating, so instances that
@@ -46,6 +71,8 @@ pub const MIGRATION_LOCK: i64 = 0x6964_656d_686f_6f6b;
 pub struct Settings {
     pub config: postgres::Config,
     pub tls: Tls,
+    /// The schema of idemhook's tables (`pg_schema`), a plain name.
+    pub schema: String,
 }
 
 /// The TLS a connection uses, from `sslmode`.
@@ -129,16 +156,52 @@ impl Settings {
             _ => ours,
         };
         config.options(&options);
-        Ok(Settings { config, tls })
+        Ok(Settings {
+            config,
+            tls,
+            schema: url.schema().to_string(),
+        })
     }
 
-    /// Opens one connection.
+    /// Opens one connection, its statements resolved in idemhook's schema.
     pub fn connect(&self) -> Result<Client, StoreError> {
-        let client = match &self.tls {
+        let mut client = match &self.tls {
             Tls::Plain => self.config.connect(NoTls),
             Tls::Verified(tls) => self.config.connect(tls.clone()),
-        };
-        Ok(client?)
+        }?;
+        client.batch_execute(&self.session_sql())?;
+        Ok(client)
+    }
+
+    /// What a new connection runs first: idemhook's statements name its
+    /// tables unqualified, so the session's `search_path` is idemhook's
+    /// schema alone (set after login, so `SET search_path TO DEFAULT`
+    /// still gives the team's usual one, for SQL actions and `setup_sql`:
+    /// see [`TEAM_PATH`]). The schema is also kept in `idemhook.schema`,
+    /// which [`OUR_PATH`] reads back.
+    pub fn session_sql(&self) -> String {
+        format!(
+            "SET search_path TO \"{s}\"; SET idemhook.schema TO '{s}'",
+            s = self.schema
+        )
+    }
+}
+
+/// Switches the transaction to the team's usual `search_path` (the role's,
+/// the database's or the server's), where SQL actions and `setup_sql` run.
+pub const TEAM_PATH: &str = "SET LOCAL search_path TO DEFAULT";
+
+/// Switches the transaction back to idemhook's schema.
+pub const OUR_PATH: &str =
+    "SELECT set_config('search_path', quote_ident(current_setting('idemhook.schema')), true)";
+
+/// Runs [`Settings::session_sql`] on every connection a pool opens.
+#[derive(Debug)]
+pub struct SessionSetup(pub String);
+
+impl r2d2::CustomizeConnection<Client, postgres::Error> for SessionSetup {
+    fn on_acquire(&self, conn: &mut Client) -> Result<(), postgres::Error> {
+        conn.batch_execute(&self.0)
     }
 }
 
@@ -204,17 +267,20 @@ fn tls_connector(rootcert: Option<&str>) -> Result<MakeRustlsConnect, String> {
 /// Applies every migration newer than the database's version, each in the
 /// transaction that records it, all under the migration advisory lock. A
 /// database of a newer version than this build is refused.
-pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
+pub fn migrate(client: &mut Client, schema: &str) -> Result<(), StoreError> {
     let mut tx = client.transaction()?;
-    migrate_in(&mut tx)?;
+    migrate_in(&mut tx, schema)?;
     tx.commit()?;
     Ok(())
 }
 
 /// [`migrate`] inside a transaction the caller ends: `check` rolls it
 /// back after preparing the SQL actions against the result.
-pub fn migrate_in(tx: &mut postgres::Transaction<'_>) -> Result<(), StoreError> {
+pub fn migrate_in(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<(), StoreError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    // `schema` is a plain name (config::database_url::valid_schema).
+    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))?;
+    move_into_own_schema(tx, schema)?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS idemhook_migrations (
              version    integer PRIMARY KEY,
@@ -236,13 +302,81 @@ pub fn migrate_in(tx: &mut postgres::Transaction<'_>) -> Result<(), StoreError> 
         )));
     }
     for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-        tx.batch_execute(sql)
-            .map_err(|e| StoreError::other(format!("migration {version} ({name}): {e}")))?;
+        tx.batch_execute(sql).map_err(|e| {
+            StoreError::other(format!(
+                "migration {version} ({name}): {}",
+                StoreError::from(e)
+            ))
+        })?;
         tx.execute(
             "INSERT INTO idemhook_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
             &[version, name, &crate::time::now_ms()],
         )?;
     }
+    Ok(())
+}
+
+/// An installation from before idemhook had a schema of its own keeps its
+/// tables where the connection's search_path put them (`public`, mostly):
+/// they move into `schema`, with their indexes, sequences and trigger
+/// functions, in the migration's transaction. Where the tables sit in
+/// several schemas besides, the choice is the operator's.
+fn move_into_own_schema(
+    tx: &mut postgres::Transaction<'_>,
+    schema: &str,
+) -> Result<(), StoreError> {
+    let found = tx.query(
+        "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relname = 'idemhook_migrations' AND c.relkind = 'r'",
+        &[],
+    )?;
+    let places: Vec<String> = found.iter().map(|r| r.get(0)).collect();
+    if places.iter().any(|p| p == schema) {
+        return Ok(());
+    }
+    let old = match places.as_slice() {
+        [] => return Ok(()),
+        [one] => one,
+        several => {
+            return Err(StoreError::other(format!(
+                "idemhook's tables are in several schemas ({}): move the one in use into \"{schema}\" \
+                 (ALTER TABLE ... SET SCHEMA) or name it with pg_schema",
+                several.join(", ")
+            )));
+        }
+    };
+    let quoted = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    let tables: Vec<String> = tx
+        .query(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname = ANY($2)",
+            &[old, &TABLES],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let functions: Vec<String> = tx
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = $1 AND p.proname LIKE 'idemhook\\_%'",
+            &[old],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut sql = String::new();
+    for t in &tables {
+        sql.push_str(&format!(
+            "ALTER TABLE {}.{} SET SCHEMA \"{schema}\";\n",
+            quoted(old),
+            quoted(t)
+        ));
+    }
+    for f in &functions {
+        // regprocedure's text is already qualified where it needs to be.
+        sql.push_str(&format!("ALTER FUNCTION {f} SET SCHEMA \"{schema}\";\n"));
+    }
+    tx.batch_execute(&sql)?;
     Ok(())
 }
 
@@ -424,7 +558,7 @@ mod tests {
                 let s = s.clone();
                 std::thread::spawn(move || {
                     let mut c = s.connect()?;
-                    migrate(&mut c)
+                    migrate(&mut c, crate::config::database_url::DEFAULT_SCHEMA)
                 })
             })
             .collect();
@@ -432,7 +566,7 @@ mod tests {
             t.join().unwrap().unwrap();
         }
         let mut c = s.connect().unwrap();
-        migrate(&mut c).unwrap();
+        migrate(&mut c, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
         let versions: Vec<i32> = c
             .query(
                 "SELECT version FROM idemhook_migrations ORDER BY version",
@@ -445,7 +579,7 @@ mod tests {
         assert_eq!(versions, MIGRATIONS.iter().map(|m| m.0).collect::<Vec<_>>());
         let tables: i64 = c
             .query_one(
-                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' \
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'idemhook' \
                  AND table_name IN ('meta','source_rules','events','jobs','job_counts','attempts', \
                  'checks','deliveries','incidents','incident_payloads','paused_actions','replays')",
                 &[],
@@ -460,7 +594,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        let e = migrate(&mut c).unwrap_err();
+        let e = migrate(&mut c, crate::config::database_url::DEFAULT_SCHEMA).unwrap_err();
         assert!(e.message.contains("refusing to downgrade"), "{e}");
     }
 
@@ -470,7 +604,7 @@ mod tests {
             return;
         };
         let mut c = s.connect().unwrap();
-        migrate(&mut c).unwrap();
+        migrate(&mut c, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
         let claim = "INSERT INTO events (source, event_id, state, received_at, payload_hash) \
                      VALUES ($1, $2, 'accepted', $3, 'h') \
                      ON CONFLICT (source, event_id) DO NOTHING RETURNING received_at";

@@ -258,7 +258,7 @@ params = { instance = "header:x-instance" }
             return;
         };
         let mut admin = settings.connect().unwrap();
-        migrate(&mut admin).unwrap();
+        migrate(&mut admin, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
         admin
             .batch_execute("CREATE TABLE ledger (event_id text PRIMARY KEY, instance text)")
             .unwrap();
@@ -334,7 +334,7 @@ params = { instance = "header:x-instance" }
             return;
         };
         let mut admin = settings.connect().unwrap();
-        migrate(&mut admin).unwrap();
+        migrate(&mut admin, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
         admin
             .batch_execute("CREATE TABLE ledger (event_id text PRIMARY KEY, instance text)")
             .unwrap();
@@ -441,8 +441,8 @@ params = { instance = "header:x-instance" }
         let mut admin = settings.connect().unwrap();
         admin
             .batch_execute(
-                "CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL);
-                 INSERT INTO counters VALUES (1, 0), (2, 0);",
+                "CREATE TABLE public.counters (id int PRIMARY KEY, n int NOT NULL);
+                 INSERT INTO public.counters VALUES (1, 0), (2, 0);",
             )
             .unwrap();
         let barrier = Arc::new(std::sync::Barrier::new(2));
@@ -462,11 +462,11 @@ params = { instance = "header:x-instance" }
                         run: Box::new(|tx: &mut PgTx<'_>| {
                             tries += 1;
                             let c = tx.client();
-                            c.execute("UPDATE counters SET n = n + 1 WHERE id = $1", &[&first])?;
+                            c.execute("UPDATE public.counters SET n = n + 1 WHERE id = $1", &[&first])?;
                             if tries == 1 {
                                 barrier.wait();
                             }
-                            c.execute("UPDATE counters SET n = n + 1 WHERE id = $1", &[&second])?;
+                            c.execute("UPDATE public.counters SET n = n + 1 WHERE id = $1", &[&second])?;
                             Ok(())
                         }),
                     }];
@@ -483,7 +483,7 @@ params = { instance = "header:x-instance" }
             "one side was run again: {outcomes:?}"
         );
         let total: i64 = admin
-            .query_one("SELECT sum(n)::bigint FROM counters", &[])
+            .query_one("SELECT sum(n)::bigint FROM public.counters", &[])
             .unwrap()
             .get(0);
         assert_eq!(total, 4, "each side's two updates committed once");

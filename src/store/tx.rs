@@ -202,8 +202,10 @@ pub trait Tx {
         now: i64,
     ) -> Result<(), StoreError>;
 
-    /// Runs `body` inside a savepoint: released on Ok, rolled back on Err,
-    /// so a failure undoes only what `body` did.
+    /// Runs `body`, one SQL action, inside a savepoint: released on Ok,
+    /// rolled back on Err, so a failure undoes only what `body` did. On
+    /// PostgreSQL `body` runs in the team's search_path, so it runs the
+    /// action's statement and nothing of idemhook's.
     fn in_savepoint<T, E: From<StoreError>>(
         &mut self,
         name: &'static str,

@@ -475,7 +475,12 @@ fn pg_connect(url: &str) -> postgres::Client {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         match postgres::Client::connect(url, postgres::NoTls) {
-            Ok(c) => return c,
+            // idemhook's tables are in its own schema, the team's first.
+            Ok(mut c) => {
+                c.batch_execute("SET search_path = \"$user\", public, idemhook")
+                    .unwrap_or_else(|e| panic!("set search_path: {e:?}"));
+                return c;
+            }
             Err(e) if std::time::Instant::now() > deadline => {
                 panic!("connect to {url}: {e:?}")
             }

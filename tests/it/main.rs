@@ -24,6 +24,7 @@ mod pg_cluster;
 mod pg_notify;
 mod pg_ops;
 mod pg_review;
+mod pg_schema;
 mod pg_serve_ops;
 mod providers;
 mod receiver;

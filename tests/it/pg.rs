@@ -133,7 +133,7 @@ fn three_instances_on_one_database_store_each_event_once() {
     );
     assert_eq!(
         count(&mut db, "SELECT count(*) FROM idemhook_migrations"),
-        2,
+        3,
         "each migration applied once"
     );
     drop(servers);

@@ -103,9 +103,12 @@ impl Cluster {
         let _one = CREATING.lock().unwrap_or_else(|p| p.into_inner());
         let mut client = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
             .unwrap_or_else(|e| panic!("connect to the test cluster: {e:?}"));
+        // idemhook's tables live in its own schema; the tests' own
+        // connections find them unqualified after the team's `public`.
         for sql in [
             format!("DROP DATABASE IF EXISTS {name}"),
             format!("CREATE DATABASE {name}"),
+            format!("ALTER DATABASE {name} SET search_path = \"$user\", public, idemhook"),
         ] {
             client
                 .batch_execute(&sql)

@@ -255,14 +255,26 @@ impl Tx for PgTx<'_> {
         body: impl FnOnce(&mut Self) -> Result<T, E>,
     ) -> Result<T, E> {
         self.savepoints += 1;
+        // The action (the savepoint's only statement) runs in the team's
+        // search_path (its tables, not idemhook's), and a deferred
+        // constraint it breaks is checked now,
+        // inside its savepoint, not at the group's COMMIT: the action
+        // fails, the group commits. Both go with the savepoint's own
+        // statements, so they cost no round trip.
         self.client
-            .batch_execute(&format!("SAVEPOINT {name}"))
+            .batch_execute(&format!(
+                "SAVEPOINT {name}; {}; SET CONSTRAINTS ALL IMMEDIATE",
+                super::super::pg::TEAM_PATH
+            ))
             .map_err(StoreError::from)?;
         let held_back = self.group.as_ref().map_or(0, |g| g.deliveries.len());
         match body(self) {
             Ok(v) => {
                 self.client
-                    .batch_execute(&format!("RELEASE SAVEPOINT {name}"))
+                    .batch_execute(&format!(
+                        "{}; RELEASE SAVEPOINT {name}",
+                        super::super::pg::OUR_PATH
+                    ))
                     .map_err(StoreError::from)?;
                 Ok(v)
             }

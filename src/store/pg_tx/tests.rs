@@ -38,7 +38,7 @@ fn connect(test: &str) -> Option<Client> {
     };
     let settings = Settings::from_url(&url, Durability::Full, Duration::from_secs(5)).unwrap();
     let mut client = settings.connect().unwrap();
-    migrate(&mut client).unwrap();
+    migrate(&mut client, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
     Some(client)
 }
 
