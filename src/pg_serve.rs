@@ -274,7 +274,8 @@ impl Pool {
 /// Prepares the database for `serve`: migrations (under their advisory
 /// lock), `setup_sql`, and every SQL action prepared once after the
 /// rewrite of its parameters, so a typo fails the start, not a delivery.
-pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<Settings, String> {
+/// True beside the settings when it made idemhook's tables.
+pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<(Settings, bool), String> {
     let settings = Settings::from_url(url, config.durability, config.busy_timeout)?;
     let mut client = settings
         .connect()
@@ -285,14 +286,14 @@ pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<Settings, String> {
     let mut tx = client
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
-    migrate_and_set_up(&mut tx, config, url)?;
+    let created = migrate_and_set_up(&mut tx, config, url)?;
     tx.commit()
         .map_err(|e| format!("{url}: cannot migrate: {}", StoreError::from(e)))?;
     let mut tx = client
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
     check_actions(&mut tx, config)?;
-    Ok(settings)
+    Ok((settings, created))
 }
 
 /// `check` on PostgreSQL: the migrations, `setup_sql` and every SQL
@@ -311,13 +312,14 @@ pub fn check(config: &Config, url: &PostgresUrl) -> Result<(), String> {
     // Dropped without commit: rolled back.
 }
 
-/// The migrations, then `setup_sql`, in the caller's transaction.
+/// The migrations, then `setup_sql`, in the caller's transaction; true
+/// when the migrations made idemhook's tables.
 fn migrate_and_set_up(
     tx: &mut postgres::Transaction<'_>,
     config: &Config,
     url: &PostgresUrl,
-) -> Result<(), String> {
-    crate::store::pg::migrate_in(tx, url.schema())
+) -> Result<bool, String> {
+    let created = crate::store::pg::migrate_in(tx, url.schema())
         .map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {
         // In the team's search_path: setup_sql makes the team's tables.
@@ -326,7 +328,7 @@ fn migrate_and_set_up(
             .and_then(|()| tx.batch_execute(crate::store::pg::OUR_PATH))
             .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
     }
-    Ok(())
+    Ok(created)
 }
 
 /// Every SQL action rewritten to `$n` and prepared, in the team's

@@ -32,7 +32,7 @@ pub fn run(mut config: Config) -> Result<()> {
         config.admin_token = Some(crate::verify::Secret::new(token.clone()));
     }
     if let Some(url) = config.postgres.clone() {
-        return run_postgres(config, &url);
+        return run_postgres(config, &url, run_token.as_deref(), dev_default);
     }
     let new_database = !config.database.exists();
     let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
@@ -41,19 +41,8 @@ pub fn run(mut config: Config) -> Result<()> {
     // Held while serving: `migrate` refuses to copy under a running serve.
     let _serving = crate::ops::migrate::lock_shared(&config.database)?;
     if new_database {
-        // Loud: a mistyped `database` path starts an empty database, and
-        // every event the providers send again would be processed again.
         let path = std::path::absolute(&config.database).unwrap_or(config.database.clone());
-        crate::log::warn(
-            "NEW DATABASE created",
-            &[
-                ("database", &path.display()),
-                (
-                    "note",
-                    &"no event is stored yet, so none is recognised as a duplicate: if this installation has history, stop and correct `database`",
-                ),
-            ],
-        );
+        new_database_notice(&path.display());
     }
     if let Some(sql) = &config.setup_sql {
         conn.execute_batch(sql).context("setup_sql failed")?;
@@ -97,92 +86,18 @@ pub fn run(mut config: Config) -> Result<()> {
     );
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
 
-    let mode = match config.durability {
-        crate::config::Durability::Full => "full",
-        crate::config::Durability::Normal => "normal",
-    };
-    for warning in &config.warnings {
-        crate::log::warn("config", &[("warning", warning)]);
-    }
-    if let Some(name) = &config.admin_token_unset {
-        crate::log::warn(
-            "admin API off",
-            &[(
-                "reason",
-                &format!("admin_token names {name}, which is not set"),
-            )],
-        );
-    }
-    crate::log::info(
-        "started",
-        &[
-            ("listen", &http.addr),
-            ("database", &config.database.display()),
-            ("durability", &mode),
-            ("sources", &config.sources.len()),
-        ],
+    let mut signals = stop_signals()?;
+    announce_start(
+        &config,
+        &http,
+        &config.database.display(),
+        run_token.as_deref(),
+        dev_default,
     );
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    // The admin line first: "listening on" is the last line printed once
-    // everything accepts connections. Written without print!: a closed
-    // stdout must not stop a running server.
-    let mut lines = String::new();
-    if let Some(admin) = http.admin_addr {
-        let _ = writeln!(
-            lines,
-            "idemhook admin API and metrics on {scheme}://{admin}"
-        );
-    }
-    if config.admin_token.is_some() {
-        let at = http.admin_addr.unwrap_or(http.addr);
-        let _ = match &run_token {
-            Some(token) => writeln!(
-                lines,
-                "idemhook inspector on {scheme}://{at}/ui/#token={token} (a token for this run only)"
-            ),
-            None => writeln!(lines, "idemhook inspector on {scheme}://{at}/ui/"),
-        };
-    }
-    let _ = writeln!(lines, "idemhook listening on {scheme}://{}", http.addr);
-    if dev_default {
-        let _ = writeln!(
-            lines,
-            "no config file found: running the development default (database {}, one source \"demo\" of kind standard)",
-            config.database.display()
-        );
-        let _ = writeln!(
-            lines,
-            "try it:  idemhook send demo --url http://{}/hooks/demo",
-            http.addr
-        );
-    }
-    {
-        use std::io::Write as _;
-        let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(lines.as_bytes());
-        let _ = stdout.flush();
-    }
 
-    wait_for_signal()?;
-    // Say what the stop waits for: requests under way (up to the HTTP
-    // grace), then the forward attempts in flight, each up to its timeout.
+    let _ = signals.forever().next();
     let longest = longest_forward_timeout(&config);
-    crate::log::info(
-        "stopping",
-        &[
-            ("reason", &"signal"),
-            ("requests_grace", &format_duration(crate::http::STOP_GRACE)),
-            ("forward_in_flight", &outbox.in_flight()),
-            (
-                "forward_timeout_max",
-                &longest.map_or("-".into(), format_duration),
-            ),
-        ],
-    );
+    announce_stopping(&config, &outbox);
     http.stop();
     pruner.stop();
     let in_flight = outbox.in_flight();
@@ -208,14 +123,22 @@ pub fn run(mut config: Config) -> Result<()> {
 /// stop. The forward workers share the jobs with every other instance,
 /// woken by LISTEN/NOTIFY. Each instance records the key rules (warning
 /// when one changed) and prunes by retention on its own connection.
-fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) -> Result<()> {
+fn run_postgres(
+    config: Config,
+    url: &crate::config::database_url::PostgresUrl,
+    run_token: Option<&str>,
+    dev_default: bool,
+) -> Result<()> {
     use crate::pg_serve::{PgStore, prepare};
     // A host that answers but refuses writes (a standby, a failover under
     // way) does not stop serve: it starts, answers 503 until a writable
     // host answers, and migrates then.
     let waiting_for_writes = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let settings = match prepare(&config, url) {
-        Ok(settings) => {
+        Ok((settings, created)) => {
+            if created {
+                new_database_notice(&format!("{url} (schema {})", url.schema()));
+            }
             record_key_rules_postgres(&settings, &config)?;
             settings
         }
@@ -283,41 +206,10 @@ fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) 
         crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
     );
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
-    for warning in &config.warnings {
-        crate::log::warn("config", &[("warning", warning)]);
-    }
-    let mode = match config.durability {
-        crate::config::Durability::Full => "full",
-        crate::config::Durability::Normal => "normal",
-    };
-    crate::log::info(
-        "started",
-        &[
-            ("listen", &http.addr),
-            ("database", url),
-            ("durability", &mode),
-            ("sources", &config.sources.len()),
-        ],
-    );
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    {
-        use std::io::Write as _;
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "idemhook listening on {scheme}://{}", http.addr);
-        let _ = stdout.flush();
-    }
-    wait_for_signal()?;
-    crate::log::info(
-        "stopping",
-        &[
-            ("reason", &"signal"),
-            ("forward_in_flight", &outbox.in_flight()),
-        ],
-    );
+    let mut signals = stop_signals()?;
+    announce_start(&config, &http, url, run_token, dev_default);
+    let _ = signals.forever().next();
+    announce_stopping(&config, &outbox);
     // A hung server (stopped processes, or a peer whose kernel still
     // acknowledges) can hold a claimer, a worker or the listener inside a
     // call that no timeout of ours ends (statement timeouts are the
@@ -355,6 +247,117 @@ fn run_postgres(config: Config, url: &crate::config::database_url::PostgresUrl) 
     Ok(())
 }
 
+/// Loud: a mistyped `database` starts an empty database, and every event
+/// the providers send again would be processed again.
+fn new_database_notice(database: &dyn std::fmt::Display) {
+    crate::log::warn(
+        "NEW DATABASE created",
+        &[
+            ("database", database),
+            (
+                "note",
+                &"no event is stored yet, so none is recognised as a duplicate: if this installation has history, stop and correct `database`",
+            ),
+        ],
+    );
+}
+
+/// What serve says once it accepts connections, alike on both backends:
+/// the config's warnings, an admin API that is off and why, the `started`
+/// log line; then on stdout the admin address, the inspector's, and
+/// "listening on" last (written without print!: a closed stdout must not
+/// stop a running server).
+fn announce_start(
+    config: &Config,
+    http: &HttpServer,
+    database: &dyn std::fmt::Display,
+    run_token: Option<&str>,
+    dev_default: bool,
+) {
+    for warning in &config.warnings {
+        crate::log::warn("config", &[("warning", warning)]);
+    }
+    if let Some(name) = &config.admin_token_unset {
+        crate::log::warn(
+            "admin API off",
+            &[(
+                "reason",
+                &format!("admin_token names {name}, which is not set"),
+            )],
+        );
+    }
+    let mode = match config.durability {
+        crate::config::Durability::Full => "full",
+        crate::config::Durability::Normal => "normal",
+    };
+    crate::log::info(
+        "started",
+        &[
+            ("listen", &http.addr),
+            ("database", database),
+            ("durability", &mode),
+            ("sources", &config.sources.len()),
+        ],
+    );
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut lines = String::new();
+    if let Some(admin) = http.admin_addr {
+        let _ = writeln!(
+            lines,
+            "idemhook admin API and metrics on {scheme}://{admin}"
+        );
+    }
+    if config.admin_token.is_some() {
+        let at = http.admin_addr.unwrap_or(http.addr);
+        let _ = match run_token {
+            Some(token) => writeln!(
+                lines,
+                "idemhook inspector on {scheme}://{at}/ui/#token={token} (a token for this run only)"
+            ),
+            None => writeln!(lines, "idemhook inspector on {scheme}://{at}/ui/"),
+        };
+    }
+    let _ = writeln!(lines, "idemhook listening on {scheme}://{}", http.addr);
+    if dev_default {
+        let _ = writeln!(
+            lines,
+            "no config file found: running the development default (database {database}, one source \"demo\" of kind standard)"
+        );
+        let _ = writeln!(
+            lines,
+            "try it:  idemhook send demo --url http://{}/hooks/demo",
+            http.addr
+        );
+    }
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(lines.as_bytes());
+    let _ = stdout.flush();
+}
+
+/// The `stopping` line: what the stop waits for, requests under way (up
+/// to the HTTP grace), then the forward attempts in flight, each up to
+/// its timeout.
+fn announce_stopping(config: &Config, outbox: &crate::outbox::Outbox) {
+    let longest = longest_forward_timeout(config);
+    crate::log::info(
+        "stopping",
+        &[
+            ("reason", &"signal"),
+            ("requests_grace", &format_duration(crate::http::STOP_GRACE)),
+            ("forward_in_flight", &outbox.in_flight()),
+            (
+                "forward_timeout_max",
+                &longest.map_or("-".into(), format_duration),
+            ),
+        ],
+    );
+}
+
 /// Serve started on a database that refused writes: every 2 s, the
 /// migrations and the key-rule record again, until they go through (a
 /// writable host answered) or serve stops (`waiting` cleared).
@@ -372,7 +375,10 @@ fn migrate_when_writable(
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            if let Ok(settings) = crate::pg_serve::prepare(&config, &url) {
+            if let Ok((settings, created)) = crate::pg_serve::prepare(&config, &url) {
+                if created {
+                    new_database_notice(&format!("{url} (schema {})", url.schema()));
+                }
                 let _ = record_key_rules_postgres(&settings, &config);
                 crate::log::info(
                     "database accepts writes",
@@ -411,12 +417,11 @@ fn loopback_only(listen: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn wait_for_signal() -> Result<()> {
+/// SIGTERM and SIGINT, caught from before serve says it listens: a stop
+/// asked for as soon as "listening on" is read is a graceful one.
+fn stop_signals() -> Result<signal_hook::iterator::Signals> {
     use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
-        .context("cannot install signal handlers")?;
-    let _ = signals.forever().next();
-    Ok(())
+    signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).context("cannot install signal handlers")
 }
 
 /// Records each source's key rule in SQLite (see [`record_key_rules_with`]).

@@ -276,7 +276,8 @@ pub fn migrate(client: &mut Client, schema: &str) -> Result<(), StoreError> {
 
 /// [`migrate`] inside a transaction the caller ends: `check` rolls it
 /// back after preparing the SQL actions against the result.
-pub fn migrate_in(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<(), StoreError> {
+/// True when it made idemhook's tables (the database held none).
+pub fn migrate_in(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<bool, StoreError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     // `schema` is a plain name (config::database_url::valid_schema).
     tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))?;
@@ -313,7 +314,7 @@ pub fn migrate_in(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<()
             &[version, name, &crate::time::now_ms()],
         )?;
     }
-    Ok(())
+    Ok(current == 0)
 }
 
 /// An installation from before idemhook had a schema of its own keeps its
@@ -414,10 +415,16 @@ impl From<postgres::Error> for StoreError {
 /// (refused, no such host, timed out, TLS, an unknown parameter by name)
 /// is the source.
 fn with_cause(e: &postgres::Error) -> String {
-    match std::error::Error::source(e) {
+    let text = match std::error::Error::source(e) {
         Some(cause) => format!("{e}: {cause}"),
         None => e.to_string(),
+    };
+    if text.ends_with("password missing") {
+        return format!(
+            "{text}: the server asks for a password; put it in the URL, in PGPASSWORD or in ~/.pgpass"
+        );
     }
+    text
 }
 
 /// A client-side conversion failure (binding a parameter, reading a

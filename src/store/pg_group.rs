@@ -462,11 +462,17 @@ params = { instance = "header:x-instance" }
                         run: Box::new(|tx: &mut PgTx<'_>| {
                             tries += 1;
                             let c = tx.client();
-                            c.execute("UPDATE public.counters SET n = n + 1 WHERE id = $1", &[&first])?;
+                            c.execute(
+                                "UPDATE public.counters SET n = n + 1 WHERE id = $1",
+                                &[&first],
+                            )?;
                             if tries == 1 {
                                 barrier.wait();
                             }
-                            c.execute("UPDATE public.counters SET n = n + 1 WHERE id = $1", &[&second])?;
+                            c.execute(
+                                "UPDATE public.counters SET n = n + 1 WHERE id = $1",
+                                &[&second],
+                            )?;
                             Ok(())
                         }),
                     }];

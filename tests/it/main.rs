@@ -12,6 +12,7 @@ mod control;
 mod database;
 mod downstream;
 mod edge;
+mod first_hour;
 mod harness;
 mod hostile;
 mod inspector;

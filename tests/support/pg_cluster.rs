@@ -157,6 +157,37 @@ pub fn private_with(settings: &[&str]) -> Option<Local> {
     Some(local)
 }
 
+/// A private cluster that also listens on 127.0.0.1 (a free port), where
+/// every TCP connection must give its password (scram-sha-256) while the
+/// unix socket trusts the superuser; returns it and the port.
+pub fn private_with_passwords() -> Option<(Local, u16)> {
+    if std::env::var_os("IDEMHOOK_TEST_PG_URL").is_some() {
+        return None;
+    }
+    let mut local = Local::create().ok()?;
+    let hba = local.data().join("pg_hba.conf");
+    std::fs::write(
+        &hba,
+        "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
+    )
+    .ok()?;
+    if let Some((uid, gid)) = local.as_user {
+        std::os::unix::fs::chown(&hba, Some(uid), Some(gid)).ok()?;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    local.extra = vec![
+        "listen_addresses=127.0.0.1".to_string(),
+        format!("port={port}"),
+    ];
+    local.spawn().ok()?;
+    local.wait_ready().ok()?;
+    Some((local, port))
+}
+
 /// A private cluster that also listens on 127.0.0.1 (a free port) with
 /// TLS on, with this certificate and key; returns it and the port.
 pub fn private_tls(cert_pem: &str, key_pem: &str) -> Option<(Local, u16)> {
