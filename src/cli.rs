@@ -17,7 +17,7 @@ use crate::time::now_ms;
 #[command(
     name = "idemhook",
     version,
-    about = "Receive webhooks, verify them, and turn at-least-once delivery into exactly-once effects, on one SQLite file."
+    about = "Receive webhooks, verify them, and turn at-least-once delivery into exactly-once effects, on one SQLite file or a PostgreSQL database."
 )]
 pub struct Cli {
     /// The config file [default: $IDEMHOOK_CONFIG, else ./idemhook.toml].

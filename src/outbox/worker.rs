@@ -416,41 +416,42 @@ fn log_attempt(job: &Leased, outcome: AttemptOutcome, attempt: &Attempt, clock: 
     let status = attempt
         .http_status
         .map_or("-".to_string(), |s| s.to_string());
-    let error = attempt.error.clone().unwrap_or_default();
     let level = match outcome {
         AttemptOutcome::Failed => crate::log::Level::Error,
         AttemptOutcome::Ok | AttemptOutcome::Retry => crate::log::Level::Info,
     };
-    crate::log::write(
-        level,
-        "attempt",
-        &[
-            ("source", &job.source),
-            ("event_id", &job.event_id),
-            ("action", &job.action),
-            ("n", &job.n),
-            ("outcome", &outcome.as_str()),
-            ("http_status", &status),
-            ("ms", &ms),
-            ("error", &error),
-        ],
-    );
+    let outcome_text = outcome.as_str();
+    let mut fields: Vec<(&str, &dyn std::fmt::Display)> = vec![
+        ("source", &job.source),
+        ("event_id", &job.event_id),
+        ("action", &job.action),
+        ("n", &job.n),
+        ("outcome", &outcome_text),
+        ("http_status", &status),
+        ("ms", &ms),
+    ];
+    // No error field on an attempt that had none.
+    if let Some(error) = &attempt.error {
+        fields.push(("error", error));
+    }
+    crate::log::write(level, "attempt", &fields);
 }
 
 fn log_check(job: &Leased, asked: &Asked) {
     let status = asked.http_status.map_or("-".to_string(), |s| s.to_string());
     let ms = (asked.finished_at - asked.started_at).to_string();
-    crate::log::info(
-        "check",
-        &[
-            ("source", &job.source),
-            ("event_id", &job.event_id),
-            ("action", &job.action),
-            ("n", &job.n),
-            ("answer", &asked.answer.as_str()),
-            ("http_status", &status),
-            ("ms", &ms),
-            ("error", &asked.error.as_deref().unwrap_or_default()),
-        ],
-    );
+    let answer = asked.answer.as_str();
+    let mut fields: Vec<(&str, &dyn std::fmt::Display)> = vec![
+        ("source", &job.source),
+        ("event_id", &job.event_id),
+        ("action", &job.action),
+        ("n", &job.n),
+        ("answer", &answer),
+        ("http_status", &status),
+        ("ms", &ms),
+    ];
+    if let Some(error) = &asked.error {
+        fields.push(("error", error));
+    }
+    crate::log::info("check", &fields);
 }

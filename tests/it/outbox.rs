@@ -345,6 +345,21 @@ fn a_downstream_named_localhost_is_resolved_and_reached() {
         wait_job(db, id, ACTION, "done");
         assert_eq!(ds.effects(&key(id)), 1, "effects for {}", key(id));
     }
+    // A successful attempt's log line has no empty error field.
+    wait_until(Duration::from_secs(10), "the attempt lines", || {
+        server.logs().matches("INFO attempt ").count() >= ids.len()
+    });
+    let logs = server.logs();
+    let attempts: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("INFO attempt "))
+        .collect();
+    assert!(
+        attempts
+            .iter()
+            .all(|l| l.contains("outcome=ok") && !l.contains("error=")),
+        "{attempts:?}"
+    );
 }
 
 fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded(backend: Backend) {
