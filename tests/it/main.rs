@@ -32,3 +32,4 @@ mod send;
 mod sign;
 mod store;
 mod tls;
+mod tooling;
