@@ -1385,3 +1385,94 @@ fn browser_a_check_and_the_attempt_it_confirmed_are_in_the_timeline() {
     browser.eval("document.querySelector('#timeline').scrollIntoView(); return true");
     browser.screenshot("event-check");
 }
+
+/// Every marker in a timeline, with the badge its item shows: `kind`
+/// (delivery, attempt, ...), the badge's `word`, the marker's colour and
+/// the badge's text colour.
+fn timeline_markers(browser: &Browser) -> Vec<Value> {
+    let found = browser.eval(
+        "return [...document.querySelectorAll('#timeline li')].map(li => {
+           const b = li.querySelector('.t-what .badge');
+           return { kind: li.querySelector('.t-kind').textContent,
+                    word: b ? b.textContent : null,
+                    marker: getComputedStyle(li, '::before').backgroundColor,
+                    badge: b ? getComputedStyle(b).color : null };
+         })",
+    );
+    found.as_array().cloned().unwrap_or_default()
+}
+
+/// The colour a CSS variable of the page's style sheet resolves to.
+fn css_colour(browser: &Browser, variable: &str) -> Value {
+    browser.eval(&format!(
+        "const p = document.createElement('span'); p.style.color = 'var({variable})';
+         document.body.append(p); const c = getComputedStyle(p).color; p.remove(); return c"
+    ))
+}
+
+#[test]
+fn browser_timeline_markers_take_their_outcomes_colour() {
+    let downstream = Downstream::start();
+    let server = Server::start(&config_with(&forward_action(&downstream, 2)), &[]);
+    let key = "gh:evt-colours:notify";
+    // Attempt #1 is retried, #2 fails for good.
+    downstream.script(key, Behavior::Fail500(2));
+    send(&server, "evt-colours", br#"{"n":1}"#, &[]);
+    wait_until(PAGE_TIMEOUT, "the forward job to fail", || {
+        server.count(
+            "SELECT count(*) FROM jobs WHERE event_id = 'evt-colours' AND status = 'failed'",
+            &[],
+        ) == 1
+    });
+    send(&server, "evt-colours", br#"{"n":1}"#, &[]);
+
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/events/gh/evt-colours", server.base_url()));
+    browser.wait_for("the failed attempt", "#attempt-notify-2");
+    let markers = timeline_markers(&browser);
+    let words: Vec<&str> = markers.iter().filter_map(|m| m["word"].as_str()).collect();
+    assert_eq!(
+        words,
+        ["accepted", "retry", "failed", "duplicate"],
+        "{markers:#?}"
+    );
+    // Each marker has its outcome's colour, the one its badge shows.
+    for m in &markers {
+        assert_eq!(
+            m["marker"], m["badge"],
+            "a marker not in its badge's colour: {m}"
+        );
+    }
+    let by_word = |word: &str| {
+        markers
+            .iter()
+            .find(|m| m["word"] == word)
+            .map(|m| m["marker"].clone())
+    };
+    assert_eq!(
+        by_word("failed"),
+        Some(css_colour(&browser, "--bad")),
+        "{markers:#?}"
+    );
+    assert_eq!(
+        by_word("retry"),
+        Some(css_colour(&browser, "--warn")),
+        "{markers:#?}"
+    );
+    assert_eq!(
+        by_word("accepted"),
+        Some(css_colour(&browser, "--ok")),
+        "{markers:#?}"
+    );
+    assert_ne!(
+        by_word("failed"),
+        by_word("accepted"),
+        "a failed attempt is green"
+    );
+    browser.assert_no_policy_violations();
+    browser.eval("document.querySelector('#timeline').scrollIntoView(); return true");
+    browser.screenshot("timeline-outcome-colours");
+}

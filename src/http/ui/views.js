@@ -3,7 +3,7 @@
 // stops its polling. Text from the server is only ever set as text.
 
 import {
-  el, svg, replace, time, ago, copyButton, badge, eventPath, apiEventPath, api, pretty, jsonDiff,
+  el, svg, replace, time, ago, copyButton, badge, tone, eventPath, apiEventPath, api, pretty, jsonDiff,
 } from "./util.js";
 
 const POLL_MS = 2000;
@@ -453,7 +453,7 @@ function timelineSection(e) {
     items.push({ ...item, ms, order: items.length });
   };
   for (const d of e.deliveries || []) {
-    push({ at: d.received_at, ms: d.received_at_ms, kind: "delivery", node: [badge(d.outcome), " from ", el("span", { class: "mono" }, d.remote ?? "?")] });
+    push({ at: d.received_at, ms: d.received_at_ms, kind: "delivery", tone: tone(d.outcome), node: [badge(d.outcome), " from ", el("span", { class: "mono" }, d.remote ?? "?")] });
   }
   const replayNode = (r) => [el("strong", {}, r.action), ` replayed from ${r.from_status}${r.forced ? " (forced)" : ""} by ${r.origin}`];
   const replays = e.replays || [];
@@ -474,7 +474,7 @@ function timelineSection(e) {
         const bits = [el("strong", {}, j.action), ` asked before #${c.n}: `, badge(c.answer === "found" ? "found" : c.answer)];
         if (c.http_status !== null && c.http_status !== undefined) bits.push(` HTTP ${c.http_status}`);
         if (c.error) bits.push(el("div", { class: "error small" }, c.error));
-        push({ at: c.asked_at, ms: c.asked_at_ms, kind: "check", node: bits });
+        push({ at: c.asked_at, ms: c.asked_at_ms, kind: "check", tone: tone(c.answer), node: bits });
       }
     };
     replaysAfter(j.action, 0);
@@ -488,7 +488,7 @@ function timelineSection(e) {
       if (a.request_id) bits.push(el("span", { class: "muted" }, " · request "), el("span", { class: "mono" }, a.request_id));
       if (a.error) bits.push(el("div", { class: "error small" }, a.error));
       if (a.response) bits.push(el("details", {}, el("summary", {}, "response"), el("pre", { class: "response" }, a.response)));
-      push({ at: a.started_at, ms: a.started_at_ms, kind: check ? "check" : "attempt", id: `attempt-${j.action}-${a.n}`, node: bits });
+      push({ at: a.started_at, ms: a.started_at_ms, kind: check ? "check" : "attempt", tone: tone(a.outcome ?? "running"), id: `attempt-${j.action}-${a.n}`, node: bits });
       replaysAfter(j.action, a.n);
     }
     // Checks for an attempt not made yet (the answer said "already done",
@@ -501,7 +501,7 @@ function timelineSection(e) {
     if (!placed.has(i)) push({ at: r.replayed_at, ms: r.replayed_at_ms, kind: "replay", node: replayNode(r) });
   });
   for (const i of e.incidents || []) {
-    push({ at: i.created_at, ms: i.created_at_ms, kind: "incident", node: [badge(i.kind), " ", i.detail || ""] });
+    push({ at: i.created_at, ms: i.created_at_ms, kind: "incident", tone: "bad", node: [badge(i.kind), " ", i.detail || ""] });
   }
   items.sort((a, b) => a.ms - b.ms || a.order - b.order);
   return el(
@@ -511,7 +511,7 @@ function timelineSection(e) {
     el(
       "ol",
       { class: "timeline", id: "timeline" },
-      items.map((it) => el("li", { class: `t-${it.kind}`, id: it.id }, el("span", { class: "t-when" }, time(it.at)), el("span", { class: "t-kind" }, it.kind), el("span", { class: "t-what" }, it.node))),
+      items.map((it) => el("li", { class: `t-${it.kind} tone-${it.tone ?? "info"}`, id: it.id }, el("span", { class: "t-when" }, time(it.at)), el("span", { class: "t-kind" }, it.kind), el("span", { class: "t-what" }, it.node))),
     ),
   );
 }
