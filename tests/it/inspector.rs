@@ -1476,3 +1476,49 @@ fn browser_timeline_markers_take_their_outcomes_colour() {
     browser.eval("document.querySelector('#timeline').scrollIntoView(); return true");
     browser.screenshot("timeline-outcome-colours");
 }
+
+#[test]
+fn browser_a_mismatched_events_page_opens_with_a_banner() {
+    let server = Server::start(&config_with(""), &[]);
+    send(&server, "evt-banner", br#"{"amount":100}"#, &[]);
+    send(&server, "evt-banner", br#"{"amount":999}"#, &[]);
+    send(&server, "evt-banner", br#"{"amount":998}"#, &[]);
+    send(&server, "evt-no-banner", br#"{"amount":1}"#, &[]);
+    send(&server, "evt-no-banner", br#"{"amount":1}"#, &[]);
+
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/events/gh/evt-banner", server.base_url()));
+    browser.wait_for("the mismatch banner", "#mismatch-banner");
+    let banner = browser.text("#mismatch-banner");
+    assert!(
+        banner.contains("2 deliveries of this event id came with a different payload"),
+        "{banner}"
+    );
+    // It sits above everything else the page shows of the event, and
+    // links to the comparison.
+    assert_eq!(
+        browser.eval(
+            "const b = document.querySelector('#mismatch-banner');
+             return b.compareDocumentPosition(document.querySelector('#timeline')) === Node.DOCUMENT_POSITION_FOLLOWING
+               && b.querySelector('a').getAttribute('href') === '#mismatch'"
+        ),
+        json!(true)
+    );
+    browser.screenshot("event-mismatch-banner");
+    browser.click("#mismatch-banner a");
+    browser.wait_for("the comparison, highlighted", "#mismatch.target");
+
+    // A plain duplicate is no mismatch: no banner.
+    browser.go(&format!("{}/ui/events/gh/evt-no-banner", server.base_url()));
+    browser.wait_for("the timeline", "#timeline");
+    assert_eq!(
+        browser.eval("return document.querySelector('#mismatch-banner') === null"),
+        json!(true),
+        "{}",
+        browser.text("main")
+    );
+    browser.assert_no_policy_violations();
+}

@@ -339,6 +339,7 @@ function eventView(e, { onPlan }) {
     { class: "event" },
     el("p", { class: "crumbs" }, el("a", { href: "/ui/", "data-link": true }, "Events"), " / ", e.source),
     el("div", { class: "heading" }, el("h1", { class: "mono id-title" }, e.event_id), copyButton(e.event_id, "Copy id"), badge(e.state)),
+    mismatchBanner(e),
     el("section", { class: "card" }, summary),
     el("section", {}, el("h2", {}, "Actions"), jobs.length ? el("div", { class: "jobs" }, jobs) : el("p", { class: "muted" }, "No action takes this event's type."), planBox),
     timelineSection(e),
@@ -406,6 +407,25 @@ function headersSection(e) {
     {},
     el("h2", {}, "Kept headers"),
     el("div", { class: "scroll" }, el("table", { class: "kv", id: "headers" }, el("tbody", {}, headers.map(([k, v]) => el("tr", {}, el("th", { class: "mono" }, k), el("td", { class: "mono" }, typeof v === "string" ? v : JSON.stringify(v))))))),
+  );
+}
+
+/**
+ * Said first on a mismatched event's page: later deliveries with its id
+ * carried another body. Links to the comparison when a body was kept.
+ */
+function mismatchBanner(e) {
+  const mismatches = (e.incidents || []).filter((i) => i.kind === "payload_mismatch");
+  if (!mismatches.length) return null;
+  const n = mismatches.length;
+  const compared = mismatches.some((i) => i.payload !== null && i.payload !== undefined);
+  return el(
+    "p",
+    { class: "banner", id: "mismatch-banner", role: "alert" },
+    el("strong", {}, "Payload mismatch: "),
+    `${n} ${n === 1 ? "delivery" : "deliveries"} of this event id came with a different payload. `,
+    "The stored payload is the first one's, and only it ran the actions. ",
+    compared ? el("a", { href: "#mismatch", "data-link": true }, "See how they differ") : "The other bodies are no longer kept.",
   );
 }
 
