@@ -1522,3 +1522,38 @@ fn browser_a_mismatched_events_page_opens_with_a_banner() {
     );
     browser.assert_no_policy_violations();
 }
+
+#[test]
+fn browser_the_overviews_axis_labels_are_inside_the_chart() {
+    let server = Server::start(&config_with(""), &[]);
+    for i in 0..3 {
+        send(&server, &format!("evt-axis-{i}"), br#"{"n":1}"#, &[]);
+    }
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/overview", server.base_url()));
+    browser.wait_for("the chart's bars", "#chart svg rect");
+    let outside = "const s = document.querySelector('#chart svg').getBoundingClientRect();
+        return [...document.querySelectorAll('#chart svg text')]
+          .map(t => ({ text: t.textContent, r: t.getBoundingClientRect() }))
+          .filter(({ r }) => r.left < s.left - 0.5 || r.right > s.right + 0.5 || r.top < s.top - 0.5 || r.bottom > s.bottom + 0.5)
+          .map(({ text, r }) => `${text}: ${r.left.toFixed(1)}..${r.right.toFixed(1)} in ${s.left.toFixed(1)}..${s.right.toFixed(1)}`)";
+    let labels = browser.eval("return document.querySelectorAll('#chart svg text').length");
+    assert!(
+        labels.as_u64().is_some_and(|n| n >= 6),
+        "axis labels: {labels}"
+    );
+    assert_eq!(
+        browser.eval(outside),
+        json!([]),
+        "labels cut off at 1280 px"
+    );
+    browser.screenshot("overview-axis");
+    browser.resize(400, 860);
+    browser.wait_for("the chart's bars", "#chart svg rect");
+    assert_eq!(browser.eval(outside), json!([]), "labels cut off at 400 px");
+    browser.screenshot("overview-axis-phone");
+    browser.resize(1280, 900);
+}

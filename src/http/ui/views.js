@@ -657,8 +657,9 @@ export async function overview(main) {
 function drawChart(box, data) {
   const buckets = data.buckets || [];
   const outcomes = (data.outcomes || []).filter((o) => buckets.some((b) => b.counts[o]));
-  const W = 1000, H = 240, left = 36, bottom = 22, top = 8;
   const max = Math.max(1, ...buckets.map((b) => Object.values(b.counts).reduce((a, n) => a + n, 0)));
+  // The left margin holds the largest count's digits (11px text, about 7 units a digit).
+  const W = 1000, H = 240, left = Math.max(36, 14 + 7 * String(max).length), bottom = 22, top = 8;
   const bw = (W - left - 4) / Math.max(1, buckets.length);
   const y = (n) => top + (H - top - bottom) * (1 - n / max);
   const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "deliveries per minute by outcome", class: "bars" });
@@ -678,11 +679,15 @@ function drawChart(box, data) {
       acc += n;
     }
   });
-  for (const i of [0, Math.floor(buckets.length / 2), buckets.length - 1]) {
+  // The first and last times are anchored at the chart's edges, so that
+  // neither sticks out of it (a centred label at the right edge was cut).
+  const last = buckets.length - 1;
+  for (const i of [0, Math.floor(buckets.length / 2), last]) {
     const b = buckets[i];
     if (!b) continue;
     const t = new Date(b.at * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
-    g.append(svg("text", { x: left + i * bw + bw / 2, y: H - 6, "text-anchor": "middle", class: "axis" }, t));
+    const [x, anchor] = i === last && last > 0 ? [W - 2, "end"] : i === 0 ? [left, "start"] : [left + i * bw + bw / 2, "middle"];
+    g.append(svg("text", { x, y: H - 6, "text-anchor": anchor, class: "axis" }, t));
   }
   const legend = el("ul", { class: "legend" }, outcomes.length ? outcomes.map((o) => el("li", {}, el("span", { class: `swatch o-${o}` }), o)) : el("li", { class: "muted" }, "No deliveries in the last hour."));
   replace(box, g, legend);
