@@ -1557,3 +1557,58 @@ fn browser_the_overviews_axis_labels_are_inside_the_chart() {
     browser.screenshot("overview-axis-phone");
     browser.resize(1280, 900);
 }
+
+#[test]
+fn browser_a_token_link_opened_on_the_sign_in_page_signs_in() {
+    let server = Server::start(&config_with(""), &[]);
+    send(&server, "evt-link", br#"{"n":1}"#, &[]);
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    let base = server.base_url();
+    browser.go(&format!("{base}/ui/"));
+    browser.wait_for("the sign-in form", "#signin");
+    assert_eq!(
+        browser.eval("return document.querySelector('#nav').offsetParent === null"),
+        json!(true),
+        "the views' links show on the sign-in page"
+    );
+    // The same page takes the link: only its fragment changes.
+    browser.eval("window.__same_page = 'yes'; return true");
+    browser.go(&format!("{base}/ui/#token={TOKEN}"));
+    browser.wait_for(
+        "the events, signed in by the link",
+        "#events a[href='/ui/events/gh/evt-link']",
+    );
+    assert_eq!(
+        browser.eval("return window.__same_page"),
+        json!("yes"),
+        "the page was reloaded"
+    );
+    assert_eq!(
+        browser.eval("return location.href"),
+        json!(format!("{base}/ui/")),
+        "the token stays in the address bar"
+    );
+    assert_eq!(
+        browser.eval("return document.querySelector('#nav').offsetParent !== null"),
+        json!(true),
+        "signed in, the views' links do not show"
+    );
+    browser.screenshot("token-link-signed-in");
+    browser.assert_no_policy_violations();
+
+    // Signed out, a link with a wrong token says so, and is dropped too.
+    browser.click("#signout");
+    browser.wait_for("the sign-in form", "#signin");
+    browser.go(&format!("{base}/ui/#token=not-the-token"));
+    browser.wait_js(
+        "the wrong-token message",
+        "return document.querySelector('#signin-error')?.textContent.includes('not the admin token') === true",
+    );
+    assert_eq!(
+        browser.eval("return location.href"),
+        json!(format!("{base}/ui/"))
+    );
+    assert_eq!(browser.eval("return window.__same_page"), json!("yes"));
+    browser.screenshot("token-link-wrong-token");
+}
