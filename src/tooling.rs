@@ -72,8 +72,13 @@ pub fn man(dir: Option<&Path>) -> Result<Outcome, CommandError> {
         return print_out(&page);
     };
     if !dir.is_dir() {
+        let why = if dir.exists() {
+            "not a folder"
+        } else {
+            "no such folder (it is not created)"
+        };
         return Err(CommandError::Usage(format!(
-            "man --dir {}: no such folder (it is not created)",
+            "man --dir {}: {why}",
             dir.display()
         )));
     }

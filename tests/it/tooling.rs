@@ -344,6 +344,12 @@ fn man_dir_writes_a_page_per_command_into_an_existing_folder_only() {
         "idemhook: man --dir no/such/folder: no such folder (it is not created)\n"
     );
     assert_eq!(entries(dir.path()), before, "man --dir created something");
+    let out = idemhook(dir.path(), &["man", "--dir", "man1/idemhook.1"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        out.stderr,
+        "idemhook: man --dir man1/idemhook.1: not a folder\n"
+    );
 }
 
 // ---------------------------------------------------------------------------
