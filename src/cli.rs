@@ -139,6 +139,19 @@ pub enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Print the shell completion script for bash, zsh or fish.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_name = "SHELL", value_parser = crate::tooling::ShellName)]
+        shell: String,
+    },
+    /// Print the man page idemhook(1), or write it and one page per command into a folder.
+    Man {
+        /// Write idemhook.1 and a page per command (idemhook-serve.1, ...) into
+        /// this existing folder, and print their paths.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// `idemhook replay`'s arguments: one event (SOURCE EVENT_ID) or a batch
@@ -455,6 +468,9 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         Command::Serve { .. } => {
             ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()?
         }
+        // Made from the definitions above: no config, no database.
+        Command::Completions { shell } => return crate::tooling::completions(&shell),
+        Command::Man { dir } => return crate::tooling::man(dir.as_deref()),
         _ => load_config(cli.config.as_deref())?,
     };
     if let Some(url) = &config.postgres
@@ -510,6 +526,8 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         } => ops::erase::cmd(&config, &source, &event_id, yes),
         Command::Migrate { to, yes } => ops::migrate::cmd(&config, &to, yes),
         Command::Backup { path } => ops::backup::cmd(&config, &path),
+        // Answered before the config is loaded.
+        Command::Completions { .. } | Command::Man { .. } => Ok(Outcome::Done),
     }
 }
 

@@ -26,4 +26,5 @@ pub mod serve;
 pub mod state;
 pub mod store;
 pub mod time;
+pub mod tooling;
 pub mod verify;

@@ -658,6 +658,7 @@ fn documents(root: &Path) -> Vec<std::path::PathBuf> {
         let mut pages: Vec<_> = std::fs::read_dir(root.join(dir))
             .unwrap_or_else(|e| panic!("read {dir}/: {e}"))
             .map(|entry| entry.expect("a directory entry").path())
+            .filter(|path| path.is_file())
             .filter(|path| {
                 let ext = path.extension().and_then(|e| e.to_str());
                 ext == Some("md") || (dir == "examples" && ext != Some("png"))

@@ -1385,3 +1385,230 @@ fn browser_a_check_and_the_attempt_it_confirmed_are_in_the_timeline() {
     browser.eval("document.querySelector('#timeline').scrollIntoView(); return true");
     browser.screenshot("event-check");
 }
+
+/// Every marker in a timeline, with the badge its item shows: `kind`
+/// (delivery, attempt, ...), the badge's `word`, the marker's colour and
+/// the badge's text colour.
+fn timeline_markers(browser: &Browser) -> Vec<Value> {
+    let found = browser.eval(
+        "return [...document.querySelectorAll('#timeline li')].map(li => {
+           const b = li.querySelector('.t-what .badge');
+           return { kind: li.querySelector('.t-kind').textContent,
+                    word: b ? b.textContent : null,
+                    marker: getComputedStyle(li, '::before').backgroundColor,
+                    badge: b ? getComputedStyle(b).color : null };
+         })",
+    );
+    found.as_array().cloned().unwrap_or_default()
+}
+
+/// The colour a CSS variable of the page's style sheet resolves to.
+fn css_colour(browser: &Browser, variable: &str) -> Value {
+    browser.eval(&format!(
+        "const p = document.createElement('span'); p.style.color = 'var({variable})';
+         document.body.append(p); const c = getComputedStyle(p).color; p.remove(); return c"
+    ))
+}
+
+#[test]
+fn browser_timeline_markers_take_their_outcomes_colour() {
+    let downstream = Downstream::start();
+    let server = Server::start(&config_with(&forward_action(&downstream, 2)), &[]);
+    let key = "gh:evt-colours:notify";
+    // Attempt #1 is retried, #2 fails for good.
+    downstream.script(key, Behavior::Fail500(2));
+    send(&server, "evt-colours", br#"{"n":1}"#, &[]);
+    wait_until(PAGE_TIMEOUT, "the forward job to fail", || {
+        server.count(
+            "SELECT count(*) FROM jobs WHERE event_id = 'evt-colours' AND status = 'failed'",
+            &[],
+        ) == 1
+    });
+    send(&server, "evt-colours", br#"{"n":1}"#, &[]);
+
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/events/gh/evt-colours", server.base_url()));
+    browser.wait_for("the failed attempt", "#attempt-notify-2");
+    let markers = timeline_markers(&browser);
+    let words: Vec<&str> = markers.iter().filter_map(|m| m["word"].as_str()).collect();
+    assert_eq!(
+        words,
+        ["accepted", "retry", "failed", "duplicate"],
+        "{markers:#?}"
+    );
+    // Each marker has its outcome's colour, the one its badge shows.
+    for m in &markers {
+        assert_eq!(
+            m["marker"], m["badge"],
+            "a marker not in its badge's colour: {m}"
+        );
+    }
+    let by_word = |word: &str| {
+        markers
+            .iter()
+            .find(|m| m["word"] == word)
+            .map(|m| m["marker"].clone())
+    };
+    assert_eq!(
+        by_word("failed"),
+        Some(css_colour(&browser, "--bad")),
+        "{markers:#?}"
+    );
+    assert_eq!(
+        by_word("retry"),
+        Some(css_colour(&browser, "--warn")),
+        "{markers:#?}"
+    );
+    assert_eq!(
+        by_word("accepted"),
+        Some(css_colour(&browser, "--ok")),
+        "{markers:#?}"
+    );
+    assert_ne!(
+        by_word("failed"),
+        by_word("accepted"),
+        "a failed attempt is green"
+    );
+    browser.assert_no_policy_violations();
+    browser.eval("document.querySelector('#timeline').scrollIntoView(); return true");
+    browser.screenshot("timeline-outcome-colours");
+}
+
+#[test]
+fn browser_a_mismatched_events_page_opens_with_a_banner() {
+    let server = Server::start(&config_with(""), &[]);
+    send(&server, "evt-banner", br#"{"amount":100}"#, &[]);
+    send(&server, "evt-banner", br#"{"amount":999}"#, &[]);
+    send(&server, "evt-banner", br#"{"amount":998}"#, &[]);
+    send(&server, "evt-no-banner", br#"{"amount":1}"#, &[]);
+    send(&server, "evt-no-banner", br#"{"amount":1}"#, &[]);
+
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/events/gh/evt-banner", server.base_url()));
+    browser.wait_for("the mismatch banner", "#mismatch-banner");
+    let banner = browser.text("#mismatch-banner");
+    assert!(
+        banner.contains("2 deliveries of this event id came with a different payload"),
+        "{banner}"
+    );
+    // It sits above everything else the page shows of the event, and
+    // links to the comparison.
+    assert_eq!(
+        browser.eval(
+            "const b = document.querySelector('#mismatch-banner');
+             return b.compareDocumentPosition(document.querySelector('#timeline')) === Node.DOCUMENT_POSITION_FOLLOWING
+               && b.querySelector('a').getAttribute('href') === '#mismatch'"
+        ),
+        json!(true)
+    );
+    browser.screenshot("event-mismatch-banner");
+    browser.click("#mismatch-banner a");
+    browser.wait_for("the comparison, highlighted", "#mismatch.target");
+
+    // A plain duplicate is no mismatch: no banner.
+    browser.go(&format!("{}/ui/events/gh/evt-no-banner", server.base_url()));
+    browser.wait_for("the timeline", "#timeline");
+    assert_eq!(
+        browser.eval("return document.querySelector('#mismatch-banner') === null"),
+        json!(true),
+        "{}",
+        browser.text("main")
+    );
+    browser.assert_no_policy_violations();
+}
+
+#[test]
+fn browser_the_overviews_axis_labels_are_inside_the_chart() {
+    let server = Server::start(&config_with(""), &[]);
+    for i in 0..3 {
+        send(&server, &format!("evt-axis-{i}"), br#"{"n":1}"#, &[]);
+    }
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/overview", server.base_url()));
+    browser.wait_for("the chart's bars", "#chart svg rect");
+    let outside = "const s = document.querySelector('#chart svg').getBoundingClientRect();
+        return [...document.querySelectorAll('#chart svg text')]
+          .map(t => ({ text: t.textContent, r: t.getBoundingClientRect() }))
+          .filter(({ r }) => r.left < s.left - 0.5 || r.right > s.right + 0.5 || r.top < s.top - 0.5 || r.bottom > s.bottom + 0.5)
+          .map(({ text, r }) => `${text}: ${r.left.toFixed(1)}..${r.right.toFixed(1)} in ${s.left.toFixed(1)}..${s.right.toFixed(1)}`)";
+    let labels = browser.eval("return document.querySelectorAll('#chart svg text').length");
+    assert!(
+        labels.as_u64().is_some_and(|n| n >= 6),
+        "axis labels: {labels}"
+    );
+    assert_eq!(
+        browser.eval(outside),
+        json!([]),
+        "labels cut off at 1280 px"
+    );
+    browser.screenshot("overview-axis");
+    browser.resize(400, 860);
+    browser.wait_for("the chart's bars", "#chart svg rect");
+    assert_eq!(browser.eval(outside), json!([]), "labels cut off at 400 px");
+    browser.screenshot("overview-axis-phone");
+    browser.resize(1280, 900);
+}
+
+#[test]
+fn browser_a_token_link_opened_on_the_sign_in_page_signs_in() {
+    let server = Server::start(&config_with(""), &[]);
+    send(&server, "evt-link", br#"{"n":1}"#, &[]);
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    let base = server.base_url();
+    browser.go(&format!("{base}/ui/"));
+    browser.wait_for("the sign-in form", "#signin");
+    assert_eq!(
+        browser.eval("return document.querySelector('#nav').offsetParent === null"),
+        json!(true),
+        "the views' links show on the sign-in page"
+    );
+    // The same page takes the link: only its fragment changes.
+    browser.eval("window.__same_page = 'yes'; return true");
+    browser.go(&format!("{base}/ui/#token={TOKEN}"));
+    browser.wait_for(
+        "the events, signed in by the link",
+        "#events a[href='/ui/events/gh/evt-link']",
+    );
+    assert_eq!(
+        browser.eval("return window.__same_page"),
+        json!("yes"),
+        "the page was reloaded"
+    );
+    assert_eq!(
+        browser.eval("return location.href"),
+        json!(format!("{base}/ui/")),
+        "the token stays in the address bar"
+    );
+    assert_eq!(
+        browser.eval("return document.querySelector('#nav').offsetParent !== null"),
+        json!(true),
+        "signed in, the views' links do not show"
+    );
+    browser.screenshot("token-link-signed-in");
+    browser.assert_no_policy_violations();
+
+    // Signed out, a link with a wrong token says so, and is dropped too.
+    browser.click("#signout");
+    browser.wait_for("the sign-in form", "#signin");
+    browser.go(&format!("{base}/ui/#token=not-the-token"));
+    browser.wait_js(
+        "the wrong-token message",
+        "return document.querySelector('#signin-error')?.textContent.includes('not the admin token') === true",
+    );
+    assert_eq!(
+        browser.eval("return location.href"),
+        json!(format!("{base}/ui/"))
+    );
+    assert_eq!(browser.eval("return window.__same_page"), json!("yes"));
+    browser.screenshot("token-link-wrong-token");
+}

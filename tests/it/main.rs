@@ -34,3 +34,4 @@ mod send;
 mod sign;
 mod store;
 mod tls;
+mod tooling;

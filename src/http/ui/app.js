@@ -67,7 +67,12 @@ document.addEventListener("click", (e) => {
   }
   go(url.pathname + url.search + url.hash);
 });
-window.addEventListener("popstate", render);
+// A fragment with a token fires popstate before hashchange: that link is
+// hashchange's to handle (rendering first would ask the API without a
+// session, and its 401 would show the sign-in form again).
+window.addEventListener("popstate", () => {
+  if (!tokenInAddress()) render();
+});
 
 function signedIn(yes) {
   nav.hidden = !yes;
@@ -133,16 +138,38 @@ signout.addEventListener("click", async () => {
 });
 window.addEventListener("idemhook:signed-out", () => signInForm("Your session ended: sign in again."));
 
-async function start() {
-  // A one-click link from `serve` carries the token in the fragment
-  // (never sent to the server in the URL): sign in with it, then drop it.
+function tokenInAddress() {
+  return new URLSearchParams(location.hash.slice(1)).has("token");
+}
+
+/**
+ * A one-click link from `serve` carries the token in the fragment (never
+ * sent to the server in the URL): drop it from the address bar, then sign
+ * in with it. Null when the address has no token; else true, or what
+ * went wrong.
+ */
+async function tokenFromAddress() {
+  if (!tokenInAddress()) return null;
   const hash = new URLSearchParams(location.hash.slice(1));
-  if (hash.has("token")) {
-    const token = hash.get("token");
-    history.replaceState(null, "", location.pathname + location.search);
-    const result = await postToken(token);
-    if (result !== true) return signInForm(result);
-  }
+  const token = hash.get("token");
+  history.replaceState(null, "", location.pathname + location.search);
+  return postToken(token);
+}
+
+// The link opened in a tab already showing the inspector (the sign-in
+// form, say) changes only the fragment: no reload, so start() does not
+// run again.
+window.addEventListener("hashchange", async () => {
+  const result = await tokenFromAddress();
+  if (result === null) return;
+  if (result !== true) return signInForm(result);
+  signedIn(true);
+  render();
+});
+
+async function start() {
+  const result = await tokenFromAddress();
+  if (result !== null && result !== true) return signInForm(result);
   const session = await fetch("/ui/session", { credentials: "same-origin", cache: "no-store" });
   const state = session.ok ? await session.json() : { signed_in: false };
   if (!state.signed_in) return signInForm();

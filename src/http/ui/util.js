@@ -82,9 +82,22 @@ export function copyButton(text, label = "Copy") {
   return button;
 }
 
+/** What each stored word means for the reader: the colour of its badge and timeline marker. */
+const TONES = {
+  ok: ["completed", "done", "ok", "accepted", "clean", "found"],
+  bad: ["failed", "error", "bad_signature", "bad_request", "too_large", "unavailable", "mismatch", "payload_mismatch"],
+  warn: ["retry", "paused", "duplicate", "pending", "processing"],
+};
+
+/** A word's tone: ok, bad, warn, or info for anything else (running, not_found, ...). */
+export function tone(word) {
+  for (const [name, words] of Object.entries(TONES)) if (words.includes(word)) return name;
+  return "info";
+}
+
 /** A state or status as a coloured badge. */
 export function badge(word, extra = "") {
-  return el("span", { class: `badge b-${String(word).replace(/[^a-z_]/g, "")} ${extra}` }, word);
+  return el("span", { class: `badge b-${String(word).replace(/[^a-z_]/g, "")} tone-${tone(word)} ${extra}` }, word);
 }
 
 /** Paths of the inspector's own views. */

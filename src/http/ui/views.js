@@ -3,7 +3,7 @@
 // stops its polling. Text from the server is only ever set as text.
 
 import {
-  el, svg, replace, time, ago, copyButton, badge, eventPath, apiEventPath, api, pretty, jsonDiff,
+  el, svg, replace, time, ago, copyButton, badge, tone, eventPath, apiEventPath, api, pretty, jsonDiff,
 } from "./util.js";
 
 const POLL_MS = 2000;
@@ -339,6 +339,7 @@ function eventView(e, { onPlan }) {
     { class: "event" },
     el("p", { class: "crumbs" }, el("a", { href: "/ui/", "data-link": true }, "Events"), " / ", e.source),
     el("div", { class: "heading" }, el("h1", { class: "mono id-title" }, e.event_id), copyButton(e.event_id, "Copy id"), badge(e.state)),
+    mismatchBanner(e),
     el("section", { class: "card" }, summary),
     el("section", {}, el("h2", {}, "Actions"), jobs.length ? el("div", { class: "jobs" }, jobs) : el("p", { class: "muted" }, "No action takes this event's type."), planBox),
     timelineSection(e),
@@ -409,6 +410,25 @@ function headersSection(e) {
   );
 }
 
+/**
+ * Said first on a mismatched event's page: later deliveries with its id
+ * carried another body. Links to the comparison when a body was kept.
+ */
+function mismatchBanner(e) {
+  const mismatches = (e.incidents || []).filter((i) => i.kind === "payload_mismatch");
+  if (!mismatches.length) return null;
+  const n = mismatches.length;
+  const compared = mismatches.some((i) => i.payload !== null && i.payload !== undefined);
+  return el(
+    "p",
+    { class: "banner", id: "mismatch-banner", role: "alert" },
+    el("strong", {}, "Payload mismatch: "),
+    `${n} ${n === 1 ? "delivery" : "deliveries"} of this event id came with a different payload. `,
+    "The stored payload is the first one's, and only it ran the actions. ",
+    compared ? el("a", { href: "#mismatch", "data-link": true }, "See how they differ") : "The other bodies are no longer kept.",
+  );
+}
+
 function mismatchSection(e) {
   const withBody = (e.incidents || []).filter((i) => i.kind === "payload_mismatch" && i.payload !== null && i.payload !== undefined);
   if (!withBody.length) return null;
@@ -453,7 +473,7 @@ function timelineSection(e) {
     items.push({ ...item, ms, order: items.length });
   };
   for (const d of e.deliveries || []) {
-    push({ at: d.received_at, ms: d.received_at_ms, kind: "delivery", node: [badge(d.outcome), " from ", el("span", { class: "mono" }, d.remote ?? "?")] });
+    push({ at: d.received_at, ms: d.received_at_ms, kind: "delivery", tone: tone(d.outcome), node: [badge(d.outcome), " from ", el("span", { class: "mono" }, d.remote ?? "?")] });
   }
   const replayNode = (r) => [el("strong", {}, r.action), ` replayed from ${r.from_status}${r.forced ? " (forced)" : ""} by ${r.origin}`];
   const replays = e.replays || [];
@@ -474,7 +494,7 @@ function timelineSection(e) {
         const bits = [el("strong", {}, j.action), ` asked before #${c.n}: `, badge(c.answer === "found" ? "found" : c.answer)];
         if (c.http_status !== null && c.http_status !== undefined) bits.push(` HTTP ${c.http_status}`);
         if (c.error) bits.push(el("div", { class: "error small" }, c.error));
-        push({ at: c.asked_at, ms: c.asked_at_ms, kind: "check", node: bits });
+        push({ at: c.asked_at, ms: c.asked_at_ms, kind: "check", tone: tone(c.answer), node: bits });
       }
     };
     replaysAfter(j.action, 0);
@@ -488,7 +508,7 @@ function timelineSection(e) {
       if (a.request_id) bits.push(el("span", { class: "muted" }, " · request "), el("span", { class: "mono" }, a.request_id));
       if (a.error) bits.push(el("div", { class: "error small" }, a.error));
       if (a.response) bits.push(el("details", {}, el("summary", {}, "response"), el("pre", { class: "response" }, a.response)));
-      push({ at: a.started_at, ms: a.started_at_ms, kind: check ? "check" : "attempt", id: `attempt-${j.action}-${a.n}`, node: bits });
+      push({ at: a.started_at, ms: a.started_at_ms, kind: check ? "check" : "attempt", tone: tone(a.outcome ?? "running"), id: `attempt-${j.action}-${a.n}`, node: bits });
       replaysAfter(j.action, a.n);
     }
     // Checks for an attempt not made yet (the answer said "already done",
@@ -501,7 +521,7 @@ function timelineSection(e) {
     if (!placed.has(i)) push({ at: r.replayed_at, ms: r.replayed_at_ms, kind: "replay", node: replayNode(r) });
   });
   for (const i of e.incidents || []) {
-    push({ at: i.created_at, ms: i.created_at_ms, kind: "incident", node: [badge(i.kind), " ", i.detail || ""] });
+    push({ at: i.created_at, ms: i.created_at_ms, kind: "incident", tone: "bad", node: [badge(i.kind), " ", i.detail || ""] });
   }
   items.sort((a, b) => a.ms - b.ms || a.order - b.order);
   return el(
@@ -511,7 +531,7 @@ function timelineSection(e) {
     el(
       "ol",
       { class: "timeline", id: "timeline" },
-      items.map((it) => el("li", { class: `t-${it.kind}`, id: it.id }, el("span", { class: "t-when" }, time(it.at)), el("span", { class: "t-kind" }, it.kind), el("span", { class: "t-what" }, it.node))),
+      items.map((it) => el("li", { class: `t-${it.kind} tone-${it.tone ?? "info"}`, id: it.id }, el("span", { class: "t-when" }, time(it.at)), el("span", { class: "t-kind" }, it.kind), el("span", { class: "t-what" }, it.node))),
     ),
   );
 }
@@ -637,8 +657,9 @@ export async function overview(main) {
 function drawChart(box, data) {
   const buckets = data.buckets || [];
   const outcomes = (data.outcomes || []).filter((o) => buckets.some((b) => b.counts[o]));
-  const W = 1000, H = 240, left = 36, bottom = 22, top = 8;
   const max = Math.max(1, ...buckets.map((b) => Object.values(b.counts).reduce((a, n) => a + n, 0)));
+  // The left margin holds the largest count's digits (11px text, about 7 units a digit).
+  const W = 1000, H = 240, left = Math.max(36, 14 + 7 * String(max).length), bottom = 22, top = 8;
   const bw = (W - left - 4) / Math.max(1, buckets.length);
   const y = (n) => top + (H - top - bottom) * (1 - n / max);
   const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "deliveries per minute by outcome", class: "bars" });
@@ -658,11 +679,15 @@ function drawChart(box, data) {
       acc += n;
     }
   });
-  for (const i of [0, Math.floor(buckets.length / 2), buckets.length - 1]) {
+  // The first and last times are anchored at the chart's edges, so that
+  // neither sticks out of it (a centred label at the right edge was cut).
+  const last = buckets.length - 1;
+  for (const i of [0, Math.floor(buckets.length / 2), last]) {
     const b = buckets[i];
     if (!b) continue;
     const t = new Date(b.at * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
-    g.append(svg("text", { x: left + i * bw + bw / 2, y: H - 6, "text-anchor": "middle", class: "axis" }, t));
+    const [x, anchor] = i === last && last > 0 ? [W - 2, "end"] : i === 0 ? [left, "start"] : [left + i * bw + bw / 2, "middle"];
+    g.append(svg("text", { x, y: H - 6, "text-anchor": anchor, class: "axis" }, t));
   }
   const legend = el("ul", { class: "legend" }, outcomes.length ? outcomes.map((o) => el("li", {}, el("span", { class: `swatch o-${o}` }), o)) : el("li", { class: "muted" }, "No deliveries in the last hour."));
   replace(box, g, legend);
