@@ -22,6 +22,7 @@ mod outbox;
 mod pg;
 #[path = "../support/pg_cluster.rs"]
 mod pg_cluster;
+mod pg_failover;
 mod pg_notify;
 mod pg_ops;
 mod pg_review;

@@ -239,7 +239,140 @@ pub fn private() -> Option<Local> {
 }
 
 impl Local {
+    /// A cluster made by initdb (not started).
     fn create() -> Result<Local, String> {
+        let local = Local::empty()?;
+        let mut initdb = local.command("initdb");
+        initdb
+            .arg("-D")
+            .arg(local.data())
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(local)
+    }
+
+    /// A streaming standby of `primary` (a running cluster), made by
+    /// `pg_basebackup -R` over its unix socket and started with the same
+    /// settings; a hot standby, read-only until [`Local::promote`].
+    pub fn standby_of(primary: &Local) -> Result<Local, String> {
+        let mut local = Local::empty()?;
+        // Not a synchronous primary itself once promoted: with no standby
+        // of its own, its commits would wait forever.
+        // A port of its own where the primary has one.
+        local.extra = primary
+            .extra
+            .iter()
+            .filter(|s| !s.starts_with("synchronous_standby_names="))
+            .map(|s| match s.strip_prefix("port=") {
+                Some(_) => format!("port={}", free_port()),
+                None => s.clone(),
+            })
+            .collect();
+        let out = local
+            .command("pg_basebackup")
+            .arg("-D")
+            .arg(local.data())
+            .arg("-h")
+            .arg(&primary.dir)
+            .args([
+                "-p",
+                primary.port(),
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("run pg_basebackup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pg_basebackup failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        local.spawn()?;
+        local.wait_ready()?;
+        Ok(local)
+    }
+
+    /// The folder of the server's unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The port it listens on (TCP when `listen_addresses` is set).
+    pub fn port(&self) -> &str {
+        self.extra
+            .iter()
+            .find_map(|s| s.strip_prefix("port="))
+            .unwrap_or("5432")
+    }
+
+    /// Kills the postmaster and every backend with SIGKILL: a crash of the
+    /// machine, as the clients see it.
+    pub fn kill9(&self) {
+        let all = self.processes();
+        for pid in &all {
+            signal(*pid, "KILL");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline
+            && all.iter().any(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| !s.contains(") Z "))
+            })
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Promotes a standby to a primary and waits until it accepts writes.
+    pub fn promote(&self) -> Result<(), String> {
+        let out = self
+            .command("pg_ctl")
+            .arg("promote")
+            .arg("-w")
+            .arg("-D")
+            .arg(self.data())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("run pg_ctl promote: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pg_ctl promote failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
+
+    /// A folder for a cluster, with its watchdog, and no data yet.
+    fn empty() -> Result<Local, String> {
         static N: AtomicUsize = AtomicUsize::new(0);
         // To see the skip path on a machine that has PostgreSQL (the
         // shared cluster and the private ones alike).
@@ -271,29 +404,6 @@ impl Local {
             as_user,
             extra: Vec::new(),
         };
-        let mut initdb = local.command("initdb");
-        initdb
-            .arg("-D")
-            .arg(local.data())
-            .args([
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-                "--no-instructions",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
         // The watchdog: when this test process is gone, stop the server
         // (whichever postmaster runs then) and remove the dir. Its own
         // output goes nowhere, so cargo does not wait for it.
@@ -504,6 +614,14 @@ impl Drop for Local {
         self.thaw();
         self.stop();
     }
+}
+
+/// A TCP port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("a free port: {e}"))
 }
 
 fn signal(pid: u32, name: &str) {
