@@ -319,6 +319,11 @@ fn migrate_and_set_up(
     config: &Config,
     url: &PostgresUrl,
 ) -> Result<bool, String> {
+    // No timeout of busy_timeout's here: waiting for the migration lock (an
+    // instance migrating) and a long migration are right; a dead server
+    // is still bounded by the connection's TCP timeouts.
+    tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
+        .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
     let created = crate::store::pg::migrate_in(tx, url.schema())
         .map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {

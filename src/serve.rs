@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::app::{self, App};
@@ -38,6 +38,13 @@ pub fn run(mut config: Config) -> Result<()> {
     let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", config.database.display()))?;
     store::migrate(&mut conn).context("cannot apply schema.sql")?;
+    if let Some(to) = store::meta::moved_to(&store::db::Db::sqlite(&conn))? {
+        bail!(
+            "{}: migrate moved this installation to {to}: set database to that URL. (To serve this file anyway, which reopens the duplicate window for every event received there since: sqlite3 {} \"DELETE FROM meta WHERE key = 'moved_to'\")",
+            config.database.display(),
+            config.database.display()
+        );
+    }
     // Held while serving: `migrate` refuses to copy under a running serve.
     let _serving = crate::ops::migrate::lock_shared(&config.database)?;
     if new_database {

@@ -6,7 +6,11 @@
 //! row with COPY, ids included (jobs with their attempts, checks and replays,
 //! deliveries, incidents and their bodies, paused actions, key rules), in
 //! one PostgreSQL transaction that also verifies the counts before it
-//! commits. Without `--yes` it only prints what it would copy.
+//! commits, with no statement or lock timeout (a copy of a few hundred MB
+//! takes what it takes; it prints a line per table as it goes). Without
+//! `--yes` it only prints what it would copy: it writes nothing anywhere
+//! (a read-only look at both sides) and runs while serve runs. After the
+//! copy the SQLite file records where it moved, and serve refuses it.
 
 use std::fs::File;
 use std::path::Path;
@@ -220,6 +224,9 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     if !source_path.exists() {
         bail!("{}: no such database", source_path.display());
     }
+    if !yes {
+        return dry_run(config, &url);
+    }
     let _lock = lock_exclusive(source_path)?;
     let mut sqlite = store::open(source_path, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open {}", source_path.display()))?;
@@ -237,6 +244,9 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     let mut pg = settings
         .connect()
         .map_err(|e| anyhow!("cannot connect to {url}: {e}"))?;
+    // No timeout of busy_timeout's: the copy may take minutes, and waiting
+    // for the migration lock (an instance migrating) is right.
+    pg.batch_execute(NO_TIMEOUTS).map_err(StoreError::from)?;
     migrate(&mut pg, url.schema()).map_err(|e| anyhow!("{url}: cannot migrate: {e}"))?;
     let target_events: i64 = pg
         .query_one("SELECT count(*) FROM events", &[])
@@ -253,16 +263,15 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     for (table, n) in &counts {
         println!("  {table:<18} {n}");
     }
-    if !yes {
-        println!(
-            "nothing copied: run again with --yes to copy (stop serve first; it stays refused while this runs)"
-        );
-        return Ok(Outcome::Done);
-    }
 
     let mut tx = pg.transaction().map_err(StoreError::from)?;
     for (table, columns) in TABLES {
+        let started = std::time::Instant::now();
         copy_table(&sqlite, &mut tx, table, columns).with_context(|| format!("copying {table}"))?;
+        println!(
+            "  copied {table:<11} in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
     }
     for table in IDENTITY {
         tx.execute(
@@ -296,7 +305,67 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
         }
     }
     tx.commit().map_err(StoreError::from)?;
+    // The file is no longer the installation: serve refuses it from now on.
+    store::meta::record_moved(&store::db::Db::sqlite(&sqlite), &url.to_string())
+        .context("copied, but cannot record the move in the SQLite file")?;
     println!("copied and verified; now set database = \"{url}\" and start serve");
+    Ok(Outcome::Done)
+}
+
+/// What a session of migrate sets: no statement, lock or idle timeout.
+const NO_TIMEOUTS: &str =
+    "SET statement_timeout = 0; SET lock_timeout = 0; SET idle_in_transaction_session_timeout = 0";
+
+/// `migrate` without `--yes`: what would be copied, read without writing
+/// anything on either side, so it runs while serve runs.
+fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
+    let source_path = &config.database;
+    let sqlite = store::open_read(source_path, config.busy_timeout)
+        .with_context(|| format!("cannot open {}", source_path.display()))?;
+    let mut counts = Vec::new();
+    for (table, _) in TABLES {
+        let present: bool = sqlite.query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [table],
+            |r| r.get(0),
+        )?;
+        let n: i64 = if present {
+            sqlite.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?
+        } else {
+            0
+        };
+        counts.push((*table, n));
+    }
+    let settings =
+        Settings::from_url(url, config.durability, config.busy_timeout).map_err(|e| anyhow!(e))?;
+    let mut pg = settings
+        .connect()
+        .map_err(|e| anyhow!("cannot connect to {url}: {e}"))?;
+    pg.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        .map_err(StoreError::from)?;
+    let has_tables: bool = pg
+        .query_one("SELECT to_regclass('events') IS NOT NULL", &[])
+        .map_err(StoreError::from)?
+        .get(0);
+    if has_tables {
+        let target_events: i64 = pg
+            .query_one("SELECT count(*) FROM events", &[])
+            .map_err(StoreError::from)?
+            .get(0);
+        if target_events > 0 {
+            bail!(
+                "{url} already holds {target_events} event(s): migrate copies into an empty idemhook database only"
+            );
+        }
+    }
+    println!("from {}", source_path.display());
+    println!("to   {url} (schema {})", url.schema());
+    for (table, n) in &counts {
+        println!("  {table:<18} {n}");
+    }
+    println!(
+        "nothing copied, nothing written: run again with --yes to copy (stop serve first; it stays refused while this runs)"
+    );
     Ok(Outcome::Done)
 }
 

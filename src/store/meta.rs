@@ -1,6 +1,7 @@
 //! The `meta` rows the service keeps besides the schema version: the
 //! secrets providers hand over in a handshake (Asana's `X-Hook-Secret`,
-//! Notion's verification token), one per source, on either backend.
+//! Notion's verification token), one per source, on either backend; and
+//! where `migrate` moved an SQLite installation, so serve refuses the file.
 
 use crate::args;
 use crate::store::StoreError;
@@ -47,4 +48,24 @@ pub fn all_handed_over(db: &Db<'_>) -> Result<Vec<(String, String)>, StoreError>
         Ok((source, r.string(1)?))
     })
     .collect()
+}
+
+/// The `meta` key of where `migrate` copied this SQLite installation.
+const MOVED_TO: &str = "moved_to";
+
+/// Where `migrate --yes` moved this database (its redacted URL), if it did.
+pub fn moved_to(db: &Db<'_>) -> Result<Option<String>, StoreError> {
+    db.query_opt("SELECT value FROM meta WHERE key = ?1", args![MOVED_TO])?
+        .map(|r| r.string(0))
+        .transpose()
+}
+
+/// Records that this database was moved to `url` (redacted).
+pub fn record_moved(db: &Db<'_>, url: &str) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, ?2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        args![MOVED_TO, url],
+    )?;
+    Ok(())
 }

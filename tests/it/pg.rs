@@ -557,6 +557,19 @@ fn migrate_then_every_old_event_is_a_duplicate() {
         ds.total_effects() == n as u64
     });
 
+    // The plan runs while serve runs, and writes nothing on either side.
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let plan = server.run_cli(&["migrate", "--to", &url]);
+    assert!(plan.success(), "{}", plan.stderr);
+    assert!(plan.stdout.contains("nothing copied"), "{}", plan.stdout);
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'idemhook'"
+        ),
+        0,
+        "the plan writes nothing into the target"
+    );
     // Refused while serve runs on the file.
     let out = server.run_cli(&["migrate", "--to", &url, "--yes"]);
     assert!(
@@ -570,18 +583,17 @@ fn migrate_then_every_old_event_is_a_duplicate() {
     let sqlite_counts = |table: &str| -> i64 {
         crate::harness::count(&server.db(), &format!("SELECT count(*) FROM {table}"), [])
     };
-    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-    let plan = server.run_cli(&["migrate", "--to", &url]);
-    assert!(plan.success(), "{}", plan.stderr);
-    assert!(plan.stdout.contains("nothing copied"), "{}", plan.stdout);
-    assert_eq!(
-        count(&mut db, "SELECT count(*) FROM events"),
-        0,
-        "the plan copies nothing"
-    );
-
     let done = server.run_cli(&["migrate", "--to", &url, "--yes"]);
     assert!(done.success(), "{}\n{}", done.stdout, done.stderr);
+    assert!(
+        done.stdout.contains("copied events"),
+        "a line per table: {}",
+        done.stdout
+    );
+    // The file records the move: serve refuses it from now on.
+    let refused = server.run_cli(&["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(refused.stderr.contains("moved"), "{}", refused.stderr);
     for table in [
         "events",
         "jobs",

@@ -346,3 +346,46 @@ fn readyz_answers_503_at_once_when_connections_are_refused() {
         server.get("/readyz").status == 200
     });
 }
+
+/// The migrations wait for their lock past `busy_timeout` (another
+/// instance migrating a large database), instead of exiting.
+#[test]
+fn serve_waits_for_the_migration_lock_past_busy_timeout() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("serve_waits_for_the_migration_lock_past_busy_timeout");
+        return;
+    };
+    let url = cluster.create_database("it_migration_lock");
+    let mut holder = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    // The key of idemhook's migration lock ("idemhook" in ASCII).
+    let key = 0x6964_656d_686f_6f6bi64;
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .expect("take the migration lock");
+    let config = ServerConfig::new()
+        .set("database", &toml_str(&url))
+        .set("busy_timeout", &toml_str("500ms"))
+        .tables(&source("SELECT 1"));
+    let releaser = std::thread::spawn(move || {
+        wait_until(
+            Duration::from_secs(30),
+            "serve waiting for the lock",
+            || {
+                holder
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                        &[],
+                    )
+                    .is_ok_and(|r| r.get::<_, i64>(0) > 0)
+            },
+        );
+        // Held for three busy_timeouts more, as a long migration would.
+        std::thread::sleep(Duration::from_millis(1500));
+        holder
+            .execute("SELECT pg_advisory_unlock($1)", &[&key])
+            .expect("release the lock");
+    });
+    let server = Server::start(&config, &[]);
+    releaser.join().expect("the lock holder");
+    assert_eq!(deliver(&server, "evt_after_lock").status, 200);
+}
