@@ -482,12 +482,12 @@ impl PgStore {
             .unwrap_or_else(|_| Err(timed_out()))
     }
 
-    /// Jobs per status and the oldest pending job's creation, for the
-    /// gauges (counted: PostgreSQL keeps no counter rows, see the
-    /// migration's note on job_counts).
+    /// Jobs per status (from the counters the job triggers keep, never a
+    /// count over `jobs`) and the oldest pending job's creation (the first
+    /// entry of an index), for the gauges.
     pub fn job_counts(&self) -> Result<JobCounts, StoreError> {
         self.pool.with(|c| {
-            let rows = c.query("SELECT status, count(*) FROM jobs GROUP BY status", &[])?;
+            let rows = c.query("SELECT status, n FROM job_counts", &[])?;
             let counts = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
             let oldest: Option<i64> = c
                 .query_one(
@@ -833,9 +833,13 @@ impl Tx for FirstStep {
     }
 }
 
+/// How often each instance folds the job counters' changes.
+const FOLD_EVERY: Duration = Duration::from_secs(2);
+
 /// Listens for new forward jobs written by any instance and wakes this
 /// instance's workers; connects again after a failure. Never needed for
-/// correctness: the workers poll as well.
+/// correctness: the workers poll as well. On the same connection it folds
+/// the job counters' changes every [`FOLD_EVERY`].
 pub fn listen(
     settings: Settings,
     wake: impl Fn() + Send + 'static,
@@ -860,9 +864,16 @@ pub fn listen(
                 }
                 // Anything missed while not listening is found by polling.
                 wake();
+                let mut folded = std::time::Instant::now();
                 loop {
                     if stop.load(Ordering::SeqCst) {
                         return;
+                    }
+                    // The job counters' appended changes, folded now and
+                    // then, so reading the counts stays a few rows.
+                    if folded.elapsed() >= FOLD_EVERY {
+                        folded = std::time::Instant::now();
+                        let _ = client.batch_execute(crate::store::pg::FOLD_JOB_COUNTS);
                     }
                     let next = {
                         let mut notifications = client.notifications();

@@ -40,7 +40,21 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "bytewise keys",
         include_str!("../../migrations/postgres/0003_bytewise_keys.sql"),
     ),
+    (
+        4,
+        "job counters",
+        include_str!("../../migrations/postgres/0004_job_counters.sql"),
+    ),
 ];
+
+/// Moves the appended job-count changes into their base rows, in one
+/// transaction (a reader sees the counts before or after, never half). Any
+/// instance may run it at any time; two at once take turns on the rows.
+pub const FOLD_JOB_COUNTS: &str =
+    "WITH moved AS (DELETE FROM job_count_deltas RETURNING status, delta)
+     INSERT INTO job_count_base (status, n)
+     SELECT status, sum(delta)::bigint FROM moved GROUP BY status
+     ON CONFLICT (status) DO UPDATE SET n = job_count_base.n + excluded.n";
 
 /// idemhook's tables, as the migrations make them: moved together when an
 /// installation from before the schema of its own is found elsewhere.
@@ -51,6 +65,8 @@ const TABLES: &[&str] = &[
     "events",
     "jobs",
     "job_counts",
+    "job_count_base",
+    "job_count_deltas",
     "attempts",
     "checks",
     "deliveries",
@@ -553,6 +569,63 @@ mod tests {
         };
         let url = cluster.create_database(test);
         Some((settings(&url).unwrap(), url))
+    }
+
+    #[test]
+    fn job_counters_follow_inserts_updates_and_deletes_with_or_without_a_fold() {
+        let Some((s, _)) = database("job_counters") else {
+            return;
+        };
+        let mut c = s.connect().unwrap();
+        migrate(&mut c, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
+        let counted = |c: &mut Client| -> Vec<(String, i64)> {
+            c.query(
+                "SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+        };
+        let kept = |c: &mut Client| -> Vec<(String, i64)> {
+            c.query(
+                "SELECT status, n FROM job_counts WHERE n <> 0 ORDER BY status",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+        };
+        c.batch_execute(
+            "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, created_at, updated_at)
+             SELECT 'pay', 'e' || i, 'a', 'forward', 'pending', 0, i, i FROM generate_series(1, 50) i",
+        )
+        .unwrap();
+        assert_eq!(kept(&mut c), counted(&mut c));
+        c.batch_execute(
+            "UPDATE jobs SET status = 'processing' WHERE id % 3 = 0;
+             UPDATE jobs SET next_attempt_at = 5 WHERE id % 2 = 0;",
+        )
+        .unwrap();
+        c.batch_execute(FOLD_JOB_COUNTS).unwrap();
+        assert_eq!(kept(&mut c), counted(&mut c));
+        c.batch_execute(
+            "UPDATE jobs SET status = 'done' WHERE status = 'processing' AND id % 2 = 0;
+             DELETE FROM jobs WHERE id % 5 = 0;
+             BEGIN; UPDATE jobs SET status = 'failed' WHERE id < 10; ROLLBACK;",
+        )
+        .unwrap();
+        assert_eq!(kept(&mut c), counted(&mut c));
+        c.batch_execute(FOLD_JOB_COUNTS).unwrap();
+        c.batch_execute(FOLD_JOB_COUNTS).unwrap();
+        assert_eq!(kept(&mut c), counted(&mut c));
+        let deltas: i64 = c
+            .query_one("SELECT count(*) FROM job_count_deltas", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(deltas, 0, "folded");
     }
 
     #[test]
