@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "job counters",
         include_str!("../../migrations/postgres/0004_job_counters.sql"),
     ),
+    (
+        5,
+        "partial job indexes",
+        include_str!("../../migrations/postgres/0005_partial_job_indexes.sql"),
+    ),
 ];
 
 /// Moves the appended job-count changes into their base rows, in one
