@@ -4,12 +4,14 @@
 //! redelivery is still recognised as a duplicate. Without `--yes` it only
 //! prints what it would do.
 
+use std::io::{self, Write};
+
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
 use super::open::{open_db_read, open_db_write};
-use super::text::{clean, fmt_time};
+use super::text::{clean, fmt_time, stdout};
 use crate::args;
 use crate::config::Config;
 use crate::store::db::Db;
@@ -80,42 +82,51 @@ pub fn cmd(
     event_id: &str,
     yes: bool,
 ) -> Result<Outcome, CommandError> {
+    let mut out = stdout();
     let name = format!("{}/{}", clean(source), clean(event_id));
     if !yes {
         let mut handle = open_db_read(config)?;
         let d = handle.read(|db| describe(db, source, event_id))?;
         if let (Value::Null, Some(at)) = (&d["payload_bytes"], d["erased_at"].as_i64()) {
-            println!(
+            writeln!(
+                out,
                 "{name}: the body and headers were already erased at {}; nothing to do",
                 fmt_time(at)
-            );
+            )?;
             return Ok(Outcome::Done);
         }
-        println!(
+        writeln!(
+            out,
             "{name} (state {}): would drop the stored body ({} bytes) and headers",
             d["state"].as_str().unwrap_or(""),
             d["payload_bytes"].as_i64().unwrap_or(0)
-        );
-        println!("the key and payload hash stay, so a redelivery is still answered as a duplicate");
-        warn_open_jobs(&d);
-        println!("nothing changed: run again with --yes to erase");
+        )?;
+        writeln!(
+            out,
+            "the key and payload hash stay, so a redelivery is still answered as a duplicate"
+        )?;
+        warn_open_jobs(&mut out, &d)?;
+        writeln!(out, "nothing changed: run again with --yes to erase")?;
         return Ok(Outcome::Done);
     }
     let mut handle = open_db_write(config)?;
     let d = handle.write(|db| erase(db, source, event_id, now_ms()))?;
-    println!(
+    writeln!(
+        out,
         "erased {name}: dropped the body ({} bytes) and headers; the key and payload hash are kept",
         d["erased_bytes"].as_i64().unwrap_or(0)
-    );
-    warn_open_jobs(&d);
+    )?;
+    warn_open_jobs(&mut out, &d)?;
     Ok(Outcome::Done)
 }
 
-fn warn_open_jobs(d: &Value) {
+fn warn_open_jobs(out: &mut impl Write, d: &Value) -> io::Result<()> {
     let open = d["open_jobs"].as_i64().unwrap_or(0);
     if open > 0 {
-        println!(
+        writeln!(
+            out,
             "note: {open} job(s) of this event are not done; without the body they cannot be replayed or forwarded"
-        );
+        )?;
     }
+    Ok(())
 }

@@ -5,13 +5,14 @@
 //! Nothing here writes.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
 use super::open::open_db_read;
-use super::text::{cell, clean, fmt_json_time, fmt_time, table};
+use super::text::{cell, clean, fmt_json_time, fmt_time, stdout, table};
 use crate::args;
 use crate::config::{Config, parse_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
@@ -160,11 +161,13 @@ pub fn list_cmd(
     )?;
     let mut handle = open_db_read(config)?;
     let events = handle.read(|db| list(db, &filter))?;
+    let mut out = stdout();
     if json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(&events).map_err(anyhow::Error::from)?
-        );
+        )?;
         return Ok(Outcome::Done);
     }
     let rows: Vec<Vec<String>> = events
@@ -183,12 +186,13 @@ pub fn list_cmd(
         })
         .collect();
     if rows.is_empty() {
-        println!("no events match");
+        writeln!(out, "no events match")?;
     } else {
-        print!(
+        write!(
+            out,
             "{}",
             table(&["RECEIVED", "SOURCE", "EVENT_ID", "TYPE", "STATE"], &rows)
-        );
+        )?;
     }
     Ok(Outcome::Done)
 }
@@ -679,12 +683,14 @@ pub fn show_cmd(
         };
         Ok::<_, OpError>((event, extras))
     })?;
+    let mut out = stdout();
     match extras {
-        None => println!(
+        None => writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(&event).map_err(anyhow::Error::from)?
-        ),
-        Some(extras) => print!("{}", render(&event, &extras)),
+        )?,
+        Some(extras) => write!(out, "{}", render(&event, &extras))?,
     }
     Ok(Outcome::Done)
 }

@@ -3,12 +3,14 @@
 //! its jobs wait as 'paused' (the claim writes new ones that way) until it
 //! is resumed. Owns the `paused_actions` table's writes.
 
+use std::io::Write as _;
+
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::open_db_write;
-use super::text::clean;
+use super::text::{clean, stdout};
 use crate::args;
 use crate::config::{ActionKind, Config};
 use crate::store::db::{Db, Dialect};
@@ -142,7 +144,7 @@ pub fn resume(
 pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<Outcome, CommandError> {
     let (source, action) = parse_target(target)?;
     let mut handle = open_db_write(config)?;
-    let out = handle.write(|db| {
+    let changed = handle.write(|db| {
         if pausing {
             pause(db, config, &source, &action, now_ms())
         } else {
@@ -150,27 +152,31 @@ pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<Outcome, Comm
         }
     })?;
     let name = format!("{}/{}", clean(&source), clean(&action));
+    let mut out = stdout();
     if pausing {
-        let already = if out["was_paused"].as_bool() == Some(true) {
+        let already = if changed["was_paused"].as_bool() == Some(true) {
             " (it already was)"
         } else {
             ""
         };
-        println!(
+        writeln!(
+            out,
             "paused {name}{already}: {} pending job(s) now wait; events are still accepted and their jobs wait too",
-            out["jobs_paused"]
-        );
-        println!("resume with: idemhook resume {name}");
-    } else if out["was_paused"].as_bool() == Some(true) {
-        println!(
+            changed["jobs_paused"]
+        )?;
+        writeln!(out, "resume with: idemhook resume {name}")?;
+    } else if changed["was_paused"].as_bool() == Some(true) {
+        writeln!(
+            out,
             "resumed {name}: {} job(s) due now; the forward workers pick them up when they next poll",
-            out["jobs_resumed"]
-        );
+            changed["jobs_resumed"]
+        )?;
     } else {
-        println!(
+        writeln!(
+            out,
             "{name} was not paused; {} waiting job(s) made due",
-            out["jobs_resumed"]
-        );
+            changed["jobs_resumed"]
+        )?;
     }
     Ok(Outcome::Done)
 }

@@ -13,6 +13,7 @@
 //! event with a pending, processing, paused or failed job is never deleted
 //! and keeps its body: that work still needs it.
 
+use std::io::{self, Write};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use serde::Serialize;
 
 use super::command::{CommandError, Outcome};
 use super::open::{open_db_read, open_db_write, open_write};
+use super::text::stdout;
 use crate::args;
 use crate::config::{Config, format_duration};
 use crate::ingest::DELIVERIES_OF_EVENT;
@@ -436,6 +438,7 @@ fn prune_all(
 /// kept, and the space given back.
 pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
     let now = now_ms();
+    let mut out = stdout();
     if dry_run {
         let mut handle = open_db_read(config)?;
         let db = handle.db();
@@ -443,8 +446,8 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
         for c in cutoffs(config, now) {
             all.push(count(&db, &c).map_err(CommandError::Storage)?);
         }
-        print_counts(config, &all, true);
-        println!("dry run: nothing changed");
+        print_counts(&mut out, config, &all, true)?;
+        writeln!(out, "dry run: nothing changed")?;
         return Ok(Outcome::Done);
     }
     if let Some(url) = &config.postgres {
@@ -475,7 +478,7 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
     for (counts, c) in all.iter_mut().zip(cutoffs(config, now)) {
         counts.kept = count_kept(&Db::sqlite(&conn), &c).unwrap_or(0);
     }
-    print_counts(config, &all, false);
+    print_counts(&mut out, config, &all, false)?;
     // Each step is its own short transaction (autocommit).
     let mut first = true;
     let given = give_back(&|| false, &mut |op| {
@@ -486,7 +489,8 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
         op(&conn)
     });
     match given.map_err(CommandError::Storage)? {
-        Some((pages, left)) => println!(
+        Some((pages, left)) => writeln!(
+            out,
             "gave {} KiB back to the file system{}",
             pages * page_size(&conn) / 1024,
             if left != 0 {
@@ -494,11 +498,12 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
             } else {
                 String::new()
             }
-        ),
-        None => println!(
+        )?,
+        None => writeln!(
+            out,
             "the database was created without incremental auto-vacuum, so freed pages stay in the file for reuse; \
              to give them back, stop serve and run VACUUM once (docs/runbook.md, \"Reclaiming disk space\")"
-        ),
+        )?,
     }
     Ok(Outcome::Done)
 }
@@ -527,8 +532,9 @@ fn cmd_postgres(
         counts.kept =
             count_kept(&db, &c).with_context(|| format!("cannot count what {url} kept"))?;
     }
-    print_counts(config, &all, false);
-    println!("the freed rows are reused by PostgreSQL's autovacuum");
+    let mut out = stdout();
+    print_counts(&mut out, config, &all, false)?;
+    writeln!(out, "the freed rows are reused by PostgreSQL's autovacuum")?;
     Ok(Outcome::Done)
 }
 
@@ -575,10 +581,16 @@ fn give_back(
     }
 }
 
-fn print_counts(config: &Config, all: &[Counts], dry_run: bool) {
+fn print_counts(
+    out: &mut impl Write,
+    config: &Config,
+    all: &[Counts],
+    dry_run: bool,
+) -> io::Result<()> {
     let verb = if dry_run { "would delete" } else { "deleted" };
     for (counts, source) in all.iter().zip(&config.sources) {
-        println!(
+        writeln!(
+            out,
             "{}: {verb} {} event(s) older than {} and {} deliveries; {} {} bod{} older than {}; kept {} past retention for open or failed jobs",
             counts.source,
             counts.events,
@@ -589,8 +601,9 @@ fn print_counts(config: &Config, all: &[Counts], dry_run: bool) {
             if counts.bodies == 1 { "y" } else { "ies" },
             format_duration(source.payload_retention),
             counts.kept,
-        );
+        )?;
     }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

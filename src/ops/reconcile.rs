@@ -13,6 +13,7 @@
 //! `ok` with error kind `confirmed`, nothing rewritten.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,7 +22,7 @@ use serde_json::{Value, json};
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::{open_db_read, open_db_write};
-use super::text::{cell, clean, fmt_json_time};
+use super::text::{cell, clean, fmt_json_time, stdout};
 use crate::args;
 use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
@@ -659,13 +660,15 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<Outcom
     } else {
         report
     };
+    let mut out = stdout();
     if json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?
-        );
+        )?;
     } else {
-        print!("{}", render(&report));
+        write!(out, "{}", render(&report))?;
     }
     Ok(if report["clean"].as_bool() == Some(true) {
         Outcome::Done

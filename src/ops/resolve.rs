@@ -12,6 +12,7 @@
 //! job again in the write transaction).
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -20,7 +21,7 @@ use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
 use super::open::{open_db_read, open_db_write};
 use super::replay::Origin;
-use super::text::clean;
+use super::text::{clean, stdout};
 use crate::args;
 use crate::config::Config;
 use crate::store::StoreError;
@@ -263,6 +264,7 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
         action,
         note,
     } = request;
+    let mut out = stdout();
     if !yes {
         let mut handle = open_db_read(config)?;
         let plan = plan(&handle.db(), source, event_id, action, note)
@@ -270,8 +272,8 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
         if let Some(reason) = plan.refused {
             return Err(CommandError::Usage(reason));
         }
-        print!("{}", render_plan(&plan));
-        println!("nothing changed: run again with --yes to do this");
+        write!(out, "{}", render_plan(&plan))?;
+        writeln!(out, "nothing changed: run again with --yes to do this")?;
         return Ok(Outcome::Done);
     }
     let mut handle = open_db_write(config)?;
@@ -288,14 +290,15 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
     if let Some(reason) = plan.refused {
         return Err(CommandError::Usage(reason));
     }
-    print!("{}", render_plan(&plan));
+    write!(out, "{}", render_plan(&plan))?;
     // The job moved on since the plan: said after the plan.
     let done = done.map_err(CommandError::Usage)?;
-    println!(
+    writeln!(
+        out,
         "resolved: attempt {} recorded as ok (operator); the job is done",
         done.attempt
-    );
-    println!("event state now: {}", done.state);
+    )?;
+    writeln!(out, "event state now: {}", done.state)?;
     Ok(Outcome::Done)
 }
 
