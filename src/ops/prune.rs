@@ -26,8 +26,8 @@ use super::open::{open_db_read, open_db_write, open_write};
 use super::text::stdout;
 use crate::args;
 use crate::config::{Config, format_duration};
-use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::store::db::{Db, Value};
+use crate::store::deliveries::OF_EVENT;
 use crate::store::{StoreError, Writer};
 use crate::time::now_ms;
 
@@ -191,9 +191,7 @@ pub fn delete_events_batch(
         conn.prepare_cached("DELETE FROM jobs WHERE source = ?1 AND event_id = ?2")?
             .execute(key)?;
         deliveries += conn
-            .prepare_cached(&format!(
-                "DELETE FROM deliveries WHERE {DELIVERIES_OF_EVENT}"
-            ))?
+            .prepare_cached(&format!("DELETE FROM deliveries WHERE {OF_EVENT}"))?
             .execute(params![source, id, received_at])? as u64;
         conn.prepare_cached(
             "DELETE FROM incident_payloads WHERE incident_id IN

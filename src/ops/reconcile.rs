@@ -27,9 +27,11 @@ use crate::args;
 use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
 use crate::state::Answer;
+use crate::state::AttemptOutcome;
 use crate::state::JobStatus;
-use crate::store::StoreError;
+use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::{Db, Row};
+use crate::store::{StoreError, paused};
 use crate::time::{ms_to_secs, now_ms};
 
 /// A pending job this far past its due time counts as overdue.
@@ -147,21 +149,17 @@ fn jobs_where(
 
 /// The paused actions that hold jobs, with how many each holds.
 fn paused_actions(db: &Db<'_>) -> Result<Vec<Value>, OpError> {
-    let mut paused = Vec::new();
-    for r in db.query(
-        "SELECT p.source, p.action, p.paused_at, count(j.id) FROM paused_actions p
-         JOIN jobs j ON j.source = p.source AND j.action = p.action AND j.status = 'paused'
-         GROUP BY p.source, p.action, p.paused_at ORDER BY p.paused_at",
-        &[],
-    )? {
-        paused.push(json!({
-            "source": r.string(0)?,
-            "action": r.string(1)?,
-            "paused_at": ms_to_secs(r.i64(2)?),
-            "waiting": r.i64(3)?,
-        }));
-    }
-    Ok(paused)
+    Ok(paused::holding(db)?
+        .into_iter()
+        .map(|p| {
+            json!({
+                "source": p.source,
+                "action": p.action,
+                "paused_at": ms_to_secs(p.paused_at),
+                "waiting": p.waiting,
+            })
+        })
+        .collect())
 }
 
 /// The jobs a parked job waits for: the actions its `after` names that are
@@ -409,36 +407,43 @@ fn confirm(
     now: i64,
 ) -> Result<i64, StoreError> {
     let job_id = job.job_id;
-    let last_recorded = db
-        .query_one(
-            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
-            args![job_id],
-        )?
-        .i64(0)?;
+    let last_recorded = attempts::last_n(db, job_id)?;
     if job.processing && last_recorded < job.n_attempts {
-        db.execute(
-            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-             VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)
-             ON CONFLICT DO NOTHING",
-            args![job_id, job.n_attempts, job.updated_at, now, &job.owner],
+        attempts::insert_if_new(
+            db,
+            &AttemptRow {
+                job_id,
+                n: job.n_attempts,
+                started_at: job.updated_at,
+                finished_at: Some(now),
+                outcome: Some(AttemptOutcome::Retry),
+                error: Some(
+                    "the lease expired before the attempt was recorded (worker crashed or hung)"
+                        .to_string(),
+                ),
+                error_kind: Some("lease".to_string()),
+                worker: job.owner.clone(),
+                ..AttemptRow::default()
+            },
         )?;
     }
     let n = job.n_attempts.max(last_recorded) + 1;
     let a = &c.asked;
-    db.execute(
-        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
-                               error_kind, request_id, response_head, worker)
-         VALUES (?1, ?2, ?3, ?4, 'ok', ?5, 'confirmed', ?6, ?7, ?8)",
-        args![
+    attempts::insert(
+        db,
+        &AttemptRow {
             job_id,
             n,
-            a.started_at,
-            a.finished_at,
-            a.http_status.map(i64::from),
-            &a.request_id,
-            &a.response_head,
-            worker,
-        ],
+            started_at: a.started_at,
+            finished_at: Some(a.finished_at),
+            outcome: Some(AttemptOutcome::Ok),
+            http_status: a.http_status.map(i64::from),
+            error_kind: Some("confirmed".to_string()),
+            request_id: a.request_id.clone(),
+            response_head: a.response_head.clone(),
+            worker: Some(worker.to_string()),
+            ..AttemptRow::default()
+        },
     )?;
     let changed = db.execute(
         "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,

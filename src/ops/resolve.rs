@@ -24,7 +24,9 @@ use super::replay::Origin;
 use super::text::{clean, stdout};
 use crate::args;
 use crate::config::Config;
+use crate::state::AttemptOutcome;
 use crate::store::StoreError;
+use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::Db;
 use crate::time::now_ms;
 
@@ -166,29 +168,26 @@ pub fn apply(
     let Some((status, n_attempts)) = current else {
         return Ok(Err("the job is gone (pruned)".to_string()));
     };
-    let max_n = conn
-        .query_one(
-            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
-            args![plan.job_id],
-        )?
-        .i64(0)?;
-    let last_n = n_attempts.max(max_n);
+    let last_n = n_attempts.max(attempts::last_n(conn, plan.job_id)?);
     if status != "failed" {
         return Ok(Err(format!(
             "the job is now {status}, not failed: left alone"
         )));
     }
     let n = last_n + 1;
-    conn.execute(
-        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error_kind, worker, note)
-         VALUES (?1, ?2, ?3, ?3, 'ok', 'operator', ?4, ?5)",
-        args![
-            plan.job_id,
+    attempts::insert(
+        conn,
+        &AttemptRow {
+            job_id: plan.job_id,
             n,
-            now,
-            format!("resolve:{}", origin.name()),
-            &plan.note
-        ],
+            started_at: now,
+            finished_at: Some(now),
+            outcome: Some(AttemptOutcome::Ok),
+            error_kind: Some("operator".to_string()),
+            worker: Some(format!("resolve:{}", origin.name())),
+            note: Some(plan.note.clone()),
+            ..AttemptRow::default()
+        },
     )?;
     conn.execute(
         "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,

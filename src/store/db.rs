@@ -36,6 +36,7 @@
 
 use std::cell::RefCell;
 use std::error::Error as StdError;
+use std::str::FromStr;
 
 use postgres::Client;
 use postgres::types::private::BytesMut;
@@ -44,6 +45,9 @@ use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 
 use super::{StoreError, StoreErrorKind};
+use crate::state::{
+    Answer, AttemptOutcome, Delivery, EventState, JobKind, JobStatus, ReplayResult, UnknownWord,
+};
 
 /// Which SQL a [`Db`] speaks, for the few places the text must differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,7 +207,46 @@ impl Row {
             _ => Err(self.wrong(i, "bytes")),
         }
     }
+
+    /// A stored word read back as its `state.rs` enum; a word this build
+    /// does not know is a storage error naming it.
+    pub fn word<T: FromStr<Err = UnknownWord>>(&self, i: usize) -> Result<T, StoreError> {
+        self.opt_word(i)?.ok_or_else(|| self.wrong(i, "a word"))
+    }
+
+    /// [`Row::word`] of a nullable column.
+    pub fn opt_word<T: FromStr<Err = UnknownWord>>(
+        &self,
+        i: usize,
+    ) -> Result<Option<T>, StoreError> {
+        self.opt_string(i)?
+            .map(|w| {
+                w.parse()
+                    .map_err(|e: UnknownWord| StoreError::other(format!("column {i}: {e}")))
+            })
+            .transpose()
+    }
 }
+
+/// The `state.rs` enums bind as their stored words.
+macro_rules! words_bind_as_text {
+    ($($t:ty),+) => {$(
+        impl From<$t> for Value {
+            fn from(v: $t) -> Value {
+                Value::Text(v.as_str().to_string())
+            }
+        }
+    )+};
+}
+words_bind_as_text!(
+    JobStatus,
+    JobKind,
+    EventState,
+    AttemptOutcome,
+    Delivery,
+    ReplayResult,
+    Answer
+);
 
 /// A connection of either backend, with or without an open transaction
 /// (its owner opened it). Calls take `&self`: the PostgreSQL client sits

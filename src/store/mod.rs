@@ -5,10 +5,16 @@
 //! backends (`db.rs`). Only `store/`, `ingest.rs` and the
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 
+pub mod attempts;
 pub mod control;
 pub mod db;
+pub mod deliveries;
+pub mod events;
+pub mod incidents;
+pub mod jobs;
 pub mod meta;
 pub mod named;
+pub mod paused;
 pub mod pg;
 #[cfg(test)]
 #[path = "../../tests/support/pg_cluster.rs"]
@@ -16,6 +22,7 @@ pub(crate) mod pg_cluster;
 pub mod pg_group;
 pub mod pg_maint;
 pub mod pg_tx;
+pub mod replays;
 pub mod sqlite;
 pub mod tx;
 pub mod writer;

@@ -10,8 +10,10 @@ use super::{Done, Origin, Step, requeued_forward};
 use crate::args;
 use crate::config::{ActionKind, Config};
 use crate::ingest::{self, Claim};
-use crate::store::StoreError;
+use crate::state::{AttemptOutcome, JobStatus};
+use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::{self, Db};
+use crate::store::{StoreError, paused, replays};
 use crate::time::now_ms;
 
 /// Re-opens the planned jobs in the caller's write transaction. A job whose
@@ -92,22 +94,17 @@ fn apply_step(
         done.error = Some(format!("the job is now {status}; left alone"));
         return Ok(done);
     }
-    conn.execute(
-        "INSERT INTO replays (job_id, replayed_at, from_status, forced, origin)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-        args![s.job_id, now, &s.from_status, s.forced, origin.name()],
-    )?;
+    let from: JobStatus = s
+        .from_status
+        .parse()
+        .map_err(|e: crate::state::UnknownWord| StoreError::other(e.to_string()))?;
+    replays::insert(conn, s.job_id, now, from, s.forced, origin.name())?;
     if s.kind == "sql" {
         rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
         return Ok(done);
     }
     // A paused action's job waits for the resume, like its other jobs.
-    let paused = conn
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
-            args![&s.source, &s.action],
-        )?
-        .bool(0)?;
+    let paused = paused::is_paused(conn, &s.source, &s.action)?;
     let to = if paused { "paused" } else { "pending" };
     let reopened = conn.execute(
         "UPDATE jobs SET status = ?4, next_attempt_at = ?2, lease_owner = NULL,
@@ -203,35 +200,29 @@ fn rerun_sql(
         }
         _ => Err("the action is no longer an sql action in the config".to_string()),
     };
-    let max_n = conn
-        .query_one(
-            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
-            args![s.job_id],
-        )?
-        .i64(0)?;
-    let n = n_attempts.max(max_n) + 1;
+    let n = n_attempts.max(attempts::last_n(conn, s.job_id)?) + 1;
     let finished = now_ms().max(now);
     // A forced re-run of a done job that fails leaves the job done: its
     // effect already happened once. The failed attempt
     // is recorded and reported all the same.
     let (status, outcome, error) = match &result {
-        Ok(()) => ("done", "ok", None),
-        Err(e) if s.from_status == "done" => ("done", "failed", Some(e.as_str())),
-        Err(e) => ("failed", "failed", Some(e.as_str())),
+        Ok(()) => ("done", AttemptOutcome::Ok, None),
+        Err(e) if s.from_status == "done" => ("done", AttemptOutcome::Failed, Some(e.as_str())),
+        Err(e) => ("failed", AttemptOutcome::Failed, Some(e.as_str())),
     };
-    conn.execute(
-        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        args![
-            s.job_id,
+    attempts::insert(
+        conn,
+        &AttemptRow {
+            job_id: s.job_id,
             n,
-            now,
-            finished,
-            outcome,
-            error,
-            error.map(|_| "sql"),
-            format!("replay:{}", origin.name()),
-        ],
+            started_at: now,
+            finished_at: Some(finished),
+            outcome: Some(outcome),
+            error: error.map(str::to_string),
+            error_kind: error.map(|_| "sql".to_string()),
+            worker: Some(format!("replay:{}", origin.name())),
+            ..AttemptRow::default()
+        },
     )?;
     let last_error = if status == "failed" {
         error.map(str::to_string)
@@ -245,7 +236,7 @@ fn rerun_sql(
         args![s.job_id, status, n, last_error, finished],
     )?;
     done.attempt = n;
-    done.result = outcome.to_string();
+    done.result = outcome.as_str().to_string();
     done.error = error.map(str::to_string);
     done.status = Some(status.to_string());
     Ok(())

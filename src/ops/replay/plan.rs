@@ -128,13 +128,7 @@ fn event_jobs(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<JobRow>
 
 /// The source's paused actions.
 fn paused_actions(conn: &Db<'_>, source: &str) -> Result<Vec<String>, StoreError> {
-    conn.query(
-        "SELECT action FROM paused_actions WHERE source = ?1",
-        args![source],
-    )?
-    .iter()
-    .map(|r| r.string(0))
-    .collect()
+    crate::store::paused::of_source(conn, source)
 }
 
 /// `--action` must name an action of the source in the config.
