@@ -22,12 +22,11 @@ use super::error::{OpError, not_found};
 use super::open::{open_db_read, open_db_write};
 use super::replay::Origin;
 use super::text::{clean, stdout};
-use crate::args;
 use crate::config::Config;
-use crate::state::AttemptOutcome;
-use crate::store::StoreError;
+use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::Db;
+use crate::store::{StoreError, events, jobs};
 use crate::time::now_ms;
 
 /// The longest note kept, in bytes; longer ones are refused.
@@ -84,27 +83,19 @@ pub fn plan(
             note.len()
         )));
     }
-    let state: Option<String> = conn
-        .query_opt(
-            "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
-            args![source, event_id],
-        )?
-        .map(|r| r.string(0))
-        .transpose()?;
-    let Some(state_before) = state else {
+    let Some(state_before) = events::state(conn, source, event_id)? else {
         return Err(not_found(source, event_id));
     };
-    let job: Option<(i64, String, String, i64, i64)> = conn
-        .query_opt(
-            "SELECT j.id, j.kind, j.status, j.n_attempts,
-                    (SELECT coalesce(max(n), 0) FROM attempts a WHERE a.job_id = j.id)
-             FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 AND j.action = ?3",
-            args![source, event_id, action],
-        )?
-        .map(|r| -> Result<_, StoreError> {
-            Ok((r.i64(0)?, r.string(1)?, r.string(2)?, r.i64(3)?, r.i64(4)?))
-        })
-        .transpose()?;
+    let state_before = state_before.as_str().to_string();
+    let job = jobs::of_action(conn, source, event_id, action)?.map(|(j, max_n)| {
+        (
+            j.id,
+            j.kind.as_str().to_string(),
+            j.status.as_str().to_string(),
+            j.n_attempts,
+            max_n,
+        )
+    });
     let Some((job_id, kind, status, n_attempts, max_n)) = job else {
         return Err(OpError::NotFound(format!(
             "event {}/{} has no job for action {}",
@@ -155,21 +146,11 @@ pub fn apply(
     origin: Origin,
     now: i64,
 ) -> Result<Result<Done, String>, StoreError> {
-    let current = conn
-        .query_opt(
-            &format!(
-                "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
-                conn.dialect().for_update()
-            ),
-            args![plan.job_id],
-        )?
-        .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
-        .transpose()?;
-    let Some((status, n_attempts)) = current else {
+    let Some((status, n_attempts)) = jobs::lock_status(conn, plan.job_id)? else {
         return Ok(Err("the job is gone (pruned)".to_string()));
     };
     let last_n = n_attempts.max(attempts::last_n(conn, plan.job_id)?);
-    if status != "failed" {
+    if status != JobStatus::Failed {
         return Ok(Err(format!(
             "the job is now {status}, not failed: left alone"
         )));
@@ -189,12 +170,7 @@ pub fn apply(
             ..AttemptRow::default()
         },
     )?;
-    conn.execute(
-        "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
-                lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
-         WHERE id = ?1 AND status = 'failed'",
-        args![plan.job_id, n, now],
-    )?;
+    jobs::close_done(conn, plan.job_id, n, (status, n_attempts), now)?;
     let state = crate::with_tx!(conn, |tx| crate::ingest::refresh_event_state_in(
         tx,
         &plan.source,
@@ -202,7 +178,7 @@ pub fn apply(
         now
     ))?;
     // A forward job waiting on this action (`after`) may be due now.
-    super::replay::notify_workers(conn)?;
+    jobs::wake_workers(conn)?;
     Ok(Ok(Done { attempt: n, state }))
 }
 

@@ -194,3 +194,130 @@ pub fn list_marks(db: &Db<'_>) -> Result<[i64; 5], StoreError> {
     )?;
     Ok([r.i64(0)?, r.i64(1)?, r.i64(2)?, r.i64(3)?, r.i64(4)?])
 }
+
+/// The event's state, if it is stored.
+pub fn state(db: &Db<'_>, source: &str, event_id: &str) -> Result<Option<EventState>, StoreError> {
+    db.query_opt(
+        "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    .map(|r| r.word(0))
+    .transpose()
+}
+
+/// What a replay plan reads of its event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub event_type: Option<String>,
+    pub state: EventState,
+    pub received_at: i64,
+    /// The body is gone (erased or pruned): nothing can run from it.
+    pub erased: bool,
+}
+
+/// [`Planned`] of the event, if it is stored.
+pub fn planned(db: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Planned>, StoreError> {
+    db.query_opt(
+        "SELECT type, state, received_at, payload IS NULL FROM events
+         WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    .map(|r| {
+        Ok(Planned {
+            event_type: r.opt_string(0)?,
+            state: r.word(1)?,
+            received_at: r.i64(2)?,
+            erased: r.bool(3)?,
+        })
+    })
+    .transpose()
+}
+
+/// The stored event as a replay of an SQL action reads it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub event_type: Option<String>,
+    /// None once erased.
+    pub payload: Option<Vec<u8>>,
+    pub content_type: Option<String>,
+    /// The kept headers, a JSON object.
+    pub headers: Option<String>,
+    pub payload_hash: String,
+    pub verified_with: Option<i64>,
+    pub signed_at: Option<i64>,
+    pub received_at: i64,
+}
+
+/// [`Stored`] of the event, if it is stored.
+pub fn stored(db: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Stored>, StoreError> {
+    db.query_opt(
+        "SELECT type, payload, content_type, headers, payload_hash, verified_with, signed_at,
+                received_at
+         FROM events WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    .map(|r| {
+        Ok(Stored {
+            event_type: r.opt_string(0)?,
+            payload: r.opt_bytes(1)?.map(<[u8]>::to_vec),
+            content_type: r.opt_string(2)?,
+            headers: r.opt_string(3)?,
+            payload_hash: r.string(4)?,
+            verified_with: r.opt_i64(5)?,
+            signed_at: r.opt_i64(6)?,
+            received_at: r.i64(7)?,
+        })
+    })
+    .transpose()
+}
+
+/// What `erase` reports of an event: its state, the body's size, whether
+/// headers are kept, when it was erased.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Size {
+    pub state: EventState,
+    pub payload_bytes: Option<i64>,
+    pub has_headers: bool,
+    pub erased_at: Option<i64>,
+}
+
+/// [`Size`] of the event, if it is stored.
+pub fn size(db: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Size>, StoreError> {
+    db.query_opt(
+        "SELECT state, length(payload), headers IS NOT NULL, erased_at FROM events
+         WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id],
+    )?
+    .map(|r| {
+        Ok(Size {
+            state: r.word(0)?,
+            payload_bytes: r.opt_i64(1)?,
+            has_headers: r.bool(2)?,
+            erased_at: r.opt_i64(3)?,
+        })
+    })
+    .transpose()
+}
+
+/// Locks the event's row until the caller's transaction ends (on
+/// PostgreSQL; SQLite's write transaction holds the whole database).
+pub fn lock(db: &Db<'_>, source: &str, event_id: &str) -> Result<(), StoreError> {
+    db.query(
+        &format!(
+            "SELECT 1 FROM events WHERE source = ?1 AND event_id = ?2{}",
+            db.dialect().for_update()
+        ),
+        args![source, event_id],
+    )?;
+    Ok(())
+}
+
+/// Drops the event's body and headers; the first erasure's time is kept.
+pub fn erase(db: &Db<'_>, source: &str, event_id: &str, now: i64) -> Result<(), StoreError> {
+    db.execute(
+        "UPDATE events SET payload = NULL, headers = NULL, erased_at = coalesce(erased_at, ?3)
+         WHERE source = ?1 AND event_id = ?2",
+        args![source, event_id, now],
+    )?;
+    Ok(())
+}

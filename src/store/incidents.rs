@@ -54,3 +54,14 @@ pub fn times_of_event(db: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<i
     .map(|r| r.i64(0))
     .collect()
 }
+
+/// Drops the bodies kept with the event's incidents (its mismatched
+/// duplicates); the incidents stay.
+pub fn drop_payloads(db: &Db<'_>, source: &str, event_id: &str) -> Result<(), StoreError> {
+    db.execute(
+        "DELETE FROM incident_payloads WHERE incident_id IN
+             (SELECT id FROM incidents WHERE source = ?1 AND event_id = ?2)",
+        args![source, event_id],
+    )?;
+    Ok(())
+}
