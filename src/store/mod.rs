@@ -22,6 +22,7 @@ pub(crate) mod pg_cluster;
 pub mod pg_group;
 pub mod pg_maint;
 pub mod pg_tx;
+pub mod prune;
 pub mod replays;
 pub mod sqlite;
 pub mod tx;
