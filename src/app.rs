@@ -382,16 +382,10 @@ fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
             .get()
             .map_err(|e| StoreError::other(e.to_string()))?;
         let mut g = JobGauges::default();
-        // Kept exact by triggers (schema.sql), so this is a five-row read.
-        let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        for row in rows {
-            let (status, n) = row?;
-            g.set(&status, n);
+        let (counts, oldest) = crate::store::jobs::sqlite_gauges(&conn)?;
+        for (status, n) in counts {
+            g.set(status.as_str(), n);
         }
-        let oldest: Option<i64> = conn
-            .prepare_cached("SELECT min(created_at) FROM jobs WHERE status = 'pending'")?
-            .query_row([], |r| r.get(0))?;
         g.oldest_pending_age_secs = oldest
             .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
             .unwrap_or(0.0);

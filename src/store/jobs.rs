@@ -509,3 +509,20 @@ pub fn wake_workers(db: &Db<'_>) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+/// Jobs per status, and when the oldest pending job was created (ms).
+pub type Gauges = (Vec<(JobStatus, i64)>, Option<i64>);
+
+/// The job gauges on SQLite, on one of the server's read connections:
+/// jobs per status (kept exact by triggers in `job_counts`, so a
+/// five-row read) and when the oldest pending job was created.
+pub fn sqlite_gauges(conn: &rusqlite::Connection) -> Result<Gauges, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts")?;
+    let counts = stmt
+        .query_map([], |r| Ok((r.get::<_, JobStatus>(0)?, r.get::<_, i64>(1)?)))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let oldest: Option<i64> = conn
+        .prepare_cached("SELECT min(created_at) FROM jobs WHERE status = 'pending'")?
+        .query_row([], |r| r.get(0))?;
+    Ok((counts, oldest))
+}
