@@ -76,24 +76,9 @@ impl App {
         E: TxError + Send + 'static,
     {
         match &self.storage {
-            Storage::Sqlite { writer, .. } => writer.call(move |conn| {
-                conn.prepare_cached("SAVEPOINT admin")?.execute([])?;
-                match f(&Db::sqlite(conn)) {
-                    Ok(v) => {
-                        conn.prepare_cached("RELEASE admin")?.execute([])?;
-                        Ok(Ok(v))
-                    }
-                    Err(e) => {
-                        // Gone already when SQLite rolled the whole
-                        // transaction back (disk full); the writer notices.
-                        let _ = conn.execute_batch("ROLLBACK TO admin; RELEASE admin");
-                        match e.as_store() {
-                            Some(store) => Err(store.clone()),
-                            None => Ok(Err(e)),
-                        }
-                    }
-                }
-            })?,
+            Storage::Sqlite { writer, .. } => {
+                writer.call(move |conn| crate::store::db::sqlite_savepoint(conn, &mut f))?
+            }
             Storage::Postgres(pg) => {
                 pg.with_client(|client| Ok(crate::store::db::pg_write(client, &mut f)))?
             }

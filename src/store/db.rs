@@ -456,6 +456,32 @@ pub fn pg_read<T, E: TxError>(
     outcome
 }
 
+/// Runs `body` in a savepoint of its own inside the writer's open
+/// transaction on `conn`: released on Ok; rolled back to on Err, which
+/// comes back as `Ok(Err(refusal))`, or as the storage error that fails
+/// the writer's call.
+pub fn sqlite_savepoint<T, E: TxError>(
+    conn: &Connection,
+    body: &mut impl FnMut(&Db<'_>) -> Result<T, E>,
+) -> Result<Result<T, E>, StoreError> {
+    conn.prepare_cached("SAVEPOINT admin")?.execute([])?;
+    match body(&Db::sqlite(conn)) {
+        Ok(v) => {
+            conn.prepare_cached("RELEASE admin")?.execute([])?;
+            Ok(Ok(v))
+        }
+        Err(e) => {
+            // Gone already when SQLite rolled the whole transaction back
+            // (disk full); the writer notices.
+            let _ = conn.execute_batch("ROLLBACK TO admin; RELEASE admin");
+            match e.as_store() {
+                Some(store) => Err(store.clone()),
+                None => Ok(Err(e)),
+            }
+        }
+    }
+}
+
 /// Runs `body` in one `BEGIN IMMEDIATE` transaction on `conn`.
 pub fn sqlite_write<T, E: TxError>(
     conn: &Connection,
