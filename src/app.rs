@@ -8,9 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::OpenFlags;
-
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
 use crate::metrics::{JobGauges, Metrics, StorageGauges};
@@ -19,7 +16,7 @@ use crate::state::{AttemptOutcome, Delivery};
 use crate::store::db::{Db, TxError};
 use crate::store::{Guard, StoreError, Writer};
 
-pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
+pub use crate::store::ReadPool;
 
 pub struct App {
     pub config: Arc<Config>,
@@ -380,13 +377,5 @@ fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
 
 /// A pool of read-only connections for the admin API and metrics.
 pub fn read_pool(config: &Config) -> Result<ReadPool, StoreError> {
-    let busy = config.busy_timeout;
-    let manager = SqliteConnectionManager::file(&config.database)
-        .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .with_init(move |c| c.busy_timeout(busy));
-    r2d2::Pool::builder()
-        .max_size(4)
-        .min_idle(Some(0))
-        .build(manager)
-        .map_err(|e| StoreError::other(format!("cannot open the read pool: {e}")))
+    crate::store::read_pool(&config.database, config.busy_timeout)
 }

@@ -106,6 +106,22 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
+/// A pool of read-only connections (the admin API's reads, the gauges).
+pub type ReadPool = r2d2::Pool<r2d2_sqlite::SqliteConnectionManager>;
+
+/// At most four read-only connections to the database at `path`, opened
+/// when needed, each with the busy timeout.
+pub fn read_pool(path: &Path, busy: Duration) -> Result<ReadPool, StoreError> {
+    let manager = r2d2_sqlite::SqliteConnectionManager::file(path)
+        .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .with_init(move |c| c.busy_timeout(busy));
+    r2d2::Pool::builder()
+        .max_size(4)
+        .min_idle(Some(0))
+        .build(manager)
+        .map_err(|e| StoreError::other(format!("cannot open the read pool: {e}")))
+}
+
 /// Opens a read-write connection: WAL, the durability's synchronous level,
 /// a busy timeout, foreign keys on. Creates the database file when it is
 /// missing, but never a missing folder: a mistyped `database` path must
