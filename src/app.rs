@@ -8,9 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::OpenFlags;
-
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
 use crate::metrics::{JobGauges, Metrics, StorageGauges};
@@ -19,7 +16,7 @@ use crate::state::{AttemptOutcome, Delivery};
 use crate::store::db::{Db, TxError};
 use crate::store::{Guard, StoreError, Writer};
 
-pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
+pub use crate::store::ReadPool;
 
 pub struct App {
     pub config: Arc<Config>,
@@ -76,24 +73,9 @@ impl App {
         E: TxError + Send + 'static,
     {
         match &self.storage {
-            Storage::Sqlite { writer, .. } => writer.call(move |conn| {
-                conn.prepare_cached("SAVEPOINT admin")?.execute([])?;
-                match f(&Db::sqlite(conn)) {
-                    Ok(v) => {
-                        conn.prepare_cached("RELEASE admin")?.execute([])?;
-                        Ok(Ok(v))
-                    }
-                    Err(e) => {
-                        // Gone already when SQLite rolled the whole
-                        // transaction back (disk full); the writer notices.
-                        let _ = conn.execute_batch("ROLLBACK TO admin; RELEASE admin");
-                        match e.as_store() {
-                            Some(store) => Err(store.clone()),
-                            None => Ok(Err(e)),
-                        }
-                    }
-                }
-            })?,
+            Storage::Sqlite { writer, .. } => {
+                writer.call(move |conn| crate::store::db::sqlite_savepoint(conn, &mut f))?
+            }
             Storage::Postgres(pg) => {
                 pg.with_client(|client| Ok(crate::store::db::pg_write(client, &mut f)))?
             }
@@ -382,16 +364,10 @@ fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
             .get()
             .map_err(|e| StoreError::other(e.to_string()))?;
         let mut g = JobGauges::default();
-        // Kept exact by triggers (schema.sql), so this is a five-row read.
-        let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        for row in rows {
-            let (status, n) = row?;
-            g.set(&status, n);
+        let (counts, oldest) = crate::store::jobs::sqlite_gauges(&conn)?;
+        for (status, n) in counts {
+            g.set(status.as_str(), n);
         }
-        let oldest: Option<i64> = conn
-            .prepare_cached("SELECT min(created_at) FROM jobs WHERE status = 'pending'")?
-            .query_row([], |r| r.get(0))?;
         g.oldest_pending_age_secs = oldest
             .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
             .unwrap_or(0.0);
@@ -401,13 +377,5 @@ fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
 
 /// A pool of read-only connections for the admin API and metrics.
 pub fn read_pool(config: &Config) -> Result<ReadPool, StoreError> {
-    let busy = config.busy_timeout;
-    let manager = SqliteConnectionManager::file(&config.database)
-        .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .with_init(move |c| c.busy_timeout(busy));
-    r2d2::Pool::builder()
-        .max_size(4)
-        .min_idle(Some(0))
-        .build(manager)
-        .map_err(|e| StoreError::other(format!("cannot open the read pool: {e}")))
+    crate::store::read_pool(&config.database, config.busy_timeout)
 }

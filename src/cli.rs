@@ -317,6 +317,7 @@ fn verdict(result: Result<Outcome, CommandError>) -> (u8, Option<String>) {
     match result {
         Ok(Outcome::Done) => (0, None),
         Ok(Outcome::Attention) => (1, None),
+        Err(e) if e.is_closed_pipe() => (0, None),
         Err(CommandError::NotFound(m) | CommandError::Invalid(m)) => (1, Some(m)),
         Err(CommandError::Usage(m)) => (2, Some(m)),
         Err(CommandError::Storage(e)) => (
@@ -327,6 +328,7 @@ fn verdict(result: Result<Outcome, CommandError>) -> (u8, Option<String>) {
             )),
         ),
         Err(CommandError::Failed(e)) => (2, Some(format!("{e:#}"))),
+        Err(e @ CommandError::Output(_)) => (2, Some(e.to_string())),
     }
 }
 
@@ -648,7 +650,8 @@ mod tests {
     #[test]
     fn every_command_result_has_one_exit_code_and_line() {
         use crate::store::StoreError;
-        let cases: [(Result<Outcome, CommandError>, u8, Option<&str>); 7] = [
+        use std::io::{Error, ErrorKind};
+        let cases: [(Result<Outcome, CommandError>, u8, Option<&str>); 9] = [
             (Ok(Outcome::Done), 0, None),
             (Ok(Outcome::Attention), 1, None),
             (
@@ -677,6 +680,16 @@ mod tests {
                 )),
                 2,
                 Some("cannot open the database x.db: no such file"),
+            ),
+            (
+                Err(CommandError::Output(Error::from(ErrorKind::BrokenPipe))),
+                0,
+                None,
+            ),
+            (
+                Err(CommandError::Output(Error::other("no space left"))),
+                2,
+                Some("cannot write the output: no space left"),
             ),
         ];
         for (result, code, line) in cases {

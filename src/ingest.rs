@@ -173,16 +173,6 @@ fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
 }
 
-/// A condition on `deliveries` that selects one event's deliveries, given
-/// ?1 = source, ?2 = event_id and ?3 = the event's received_at (ms). The
-/// accepted delivery is not in the (source, event_id) index (see
-/// schema.sql); it has the event's received_at, so it is looked up there.
-pub const DELIVERIES_OF_EVENT: &str = "id IN (
-    SELECT id FROM deliveries WHERE source = ?1 AND event_id = ?2 AND outcome <> 'accepted'
-    UNION ALL
-    SELECT id FROM deliveries
-     WHERE received_at = ?3 AND source = ?1 AND event_id = ?2 AND outcome = 'accepted')";
-
 /// Records one delivery on SQLite. `event_id` is None when the request was
 /// refused before its key was known.
 pub fn record_delivery(
@@ -509,6 +499,7 @@ mod tests {
 
     use super::*;
     use crate::config::{Config, Durability};
+    use crate::store::deliveries::OF_EVENT;
     use crate::store::writer::Held;
     use crate::store::{self, Writer};
     use rusqlite::params;
@@ -542,7 +533,7 @@ params = { amount = "json:/amount" }
         }
     }
 
-    /// An event's deliveries are found by DELIVERIES_OF_EVENT, all of them
+    /// An event's deliveries are found by `store::deliveries::OF_EVENT`, all of them
     /// and only them, through indexes (the accepted one is not in the
     /// (source, event_id) index), also on a database migrated from one
     /// that had every delivery in the old index.
@@ -581,8 +572,7 @@ params = { amount = "json:/amount" }
         put("pay", Some("e1"), 2_000, Delivery::Duplicate);
         put("pay", Some("e1"), 3_000, Delivery::Mismatch);
         put("pay", Some("e2"), 3_000, Delivery::Duplicate);
-        let sql =
-            format!("SELECT id, outcome FROM deliveries WHERE {DELIVERIES_OF_EVENT} ORDER BY id");
+        let sql = format!("SELECT id, outcome FROM deliveries WHERE {OF_EVENT} ORDER BY id");
         let found: Vec<(i64, String)> = conn
             .prepare(&sql)
             .unwrap()

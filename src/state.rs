@@ -30,7 +30,7 @@ macro_rules! count {
 }
 
 /// One vocabulary: the enum, `ALL` in contract order, `as_str`, `FromStr`,
-/// `Display`, `Serialize` (as the word) and SQLite's `ToSql`/`FromSql`.
+/// `Display` and `Serialize` (as the word); `store::db` binds them to SQL.
 macro_rules! vocabulary {
     (
         $(#[$meta:meta])*
@@ -79,24 +79,6 @@ macro_rules! vocabulary {
         impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(self.as_str())
-            }
-        }
-
-        impl rusqlite::types::ToSql for $name {
-            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-                Ok(rusqlite::types::ToSqlOutput::Borrowed(
-                    rusqlite::types::ValueRef::Text(self.as_str().as_bytes()),
-                ))
-            }
-        }
-
-        impl rusqlite::types::FromSql for $name {
-            fn column_result(
-                v: rusqlite::types::ValueRef<'_>,
-            ) -> rusqlite::types::FromSqlResult<$name> {
-                v.as_str()?
-                    .parse()
-                    .map_err(|e: UnknownWord| rusqlite::types::FromSqlError::Other(Box::new(e)))
             }
         }
     };
@@ -277,17 +259,6 @@ mod tests {
     fn unknown_words_say_what_they_are() {
         let e = "lost".parse::<JobStatus>().unwrap_err();
         assert_eq!(e.to_string(), "unknown job status \"lost\"");
-    }
-
-    #[test]
-    fn sqlite_reads_and_writes_the_words() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let s: JobStatus = conn
-            .query_row("SELECT ?1", [JobStatus::Paused], |r| r.get(0))
-            .unwrap();
-        assert_eq!(s, JobStatus::Paused);
-        let bad = conn.query_row("SELECT 'lost'", [], |r| r.get::<_, JobStatus>(0));
-        assert!(bad.is_err());
     }
 
     #[test]

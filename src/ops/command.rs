@@ -43,6 +43,18 @@ pub enum CommandError {
     /// with its context chain.
     #[error(transparent)]
     Failed(#[from] anyhow::Error),
+    /// Writing the command's output failed. A reader that went away
+    /// (`BrokenPipe`: `idemhook events list | head -1`) ends the command
+    /// quietly with exit 0; anything else (a full disk) is exit 2.
+    #[error("cannot write the output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CommandError {
+    /// True for output into a pipe whose reader has gone: not a failure.
+    pub fn is_closed_pipe(&self) -> bool {
+        matches!(self, CommandError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
 }
 
 impl From<OpError> for CommandError {
@@ -52,6 +64,12 @@ impl From<OpError> for CommandError {
             OpError::Invalid(m) => CommandError::Invalid(m),
             OpError::Store(e) => CommandError::Storage(e),
         }
+    }
+}
+
+impl From<StoreError> for CommandError {
+    fn from(e: StoreError) -> CommandError {
+        CommandError::Storage(e)
     }
 }
 

@@ -4,43 +4,41 @@
 //! redelivery is still recognised as a duplicate. Without `--yes` it only
 //! prints what it would do.
 
+use std::io::{self, Write};
+
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
 use super::open::{open_db_read, open_db_write};
-use super::text::{clean, fmt_time};
-use crate::args;
+use super::text::{clean, fmt_time, stdout};
 use crate::config::Config;
+use crate::state::JobStatus;
 use crate::store::db::Db;
+use crate::store::{events, incidents, jobs};
 use crate::time::{ms_to_secs, now_ms};
+
+/// The jobs that still need the body (a failed one, to be replayed).
+const NOT_DONE: [JobStatus; 4] = [
+    JobStatus::Pending,
+    JobStatus::Processing,
+    JobStatus::Paused,
+    JobStatus::Failed,
+];
 
 /// What is stored for the event and what erasing it would touch.
 pub fn describe(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
-    let Some(r) = db.query_opt(
-        "SELECT state, length(payload), headers IS NOT NULL, erased_at FROM events
-         WHERE source = ?1 AND event_id = ?2",
-        args![source, event_id],
-    )?
-    else {
+    let Some(size) = events::size(db, source, event_id)? else {
         return Err(not_found(source, event_id));
     };
-    let (state, payload_bytes, has_headers, erased_at) =
-        (r.string(0)?, r.opt_i64(1)?, r.bool(2)?, r.opt_i64(3)?);
-    let open_jobs = db
-        .query_one(
-            "SELECT count(*) FROM jobs WHERE source = ?1 AND event_id = ?2
-               AND status IN ('pending', 'processing', 'paused', 'failed')",
-            args![source, event_id],
-        )?
-        .i64(0)?;
+    let open_jobs = jobs::count_of_event(db, source, event_id, &NOT_DONE)?;
     Ok(json!({
         "source": source,
         "event_id": event_id,
-        "state": state,
-        "payload_bytes": payload_bytes,
-        "headers": has_headers,
-        "erased_at": erased_at.map(ms_to_secs),
+        "state": size.state,
+        "payload_bytes": size.payload_bytes,
+        "headers": size.has_headers,
+        "erased_at": size.erased_at.map(ms_to_secs),
         "open_jobs": open_jobs,
     }))
 }
@@ -50,24 +48,10 @@ pub fn describe(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpEr
 pub fn erase(db: &Db<'_>, source: &str, event_id: &str, now: i64) -> Result<Value, OpError> {
     // The row is locked before it is described, so the bytes reported
     // are the bytes dropped.
-    db.query(
-        &format!(
-            "SELECT 1 FROM events WHERE source = ?1 AND event_id = ?2{}",
-            db.dialect().for_update()
-        ),
-        args![source, event_id],
-    )?;
+    events::lock(db, source, event_id)?;
     let before = describe(db, source, event_id)?;
-    db.execute(
-        "UPDATE events SET payload = NULL, headers = NULL, erased_at = coalesce(erased_at, ?3)
-         WHERE source = ?1 AND event_id = ?2",
-        args![source, event_id, now],
-    )?;
-    db.execute(
-        "DELETE FROM incident_payloads WHERE incident_id IN
-             (SELECT id FROM incidents WHERE source = ?1 AND event_id = ?2)",
-        args![source, event_id],
-    )?;
+    events::erase(db, source, event_id, now)?;
+    incidents::drop_payloads(db, source, event_id)?;
     let mut out = describe(db, source, event_id)?;
     out["erased_bytes"] = before["payload_bytes"].clone();
     Ok(out)
@@ -80,42 +64,51 @@ pub fn cmd(
     event_id: &str,
     yes: bool,
 ) -> Result<Outcome, CommandError> {
+    let mut out = stdout();
     let name = format!("{}/{}", clean(source), clean(event_id));
     if !yes {
         let mut handle = open_db_read(config)?;
         let d = handle.read(|db| describe(db, source, event_id))?;
         if let (Value::Null, Some(at)) = (&d["payload_bytes"], d["erased_at"].as_i64()) {
-            println!(
+            writeln!(
+                out,
                 "{name}: the body and headers were already erased at {}; nothing to do",
                 fmt_time(at)
-            );
+            )?;
             return Ok(Outcome::Done);
         }
-        println!(
+        writeln!(
+            out,
             "{name} (state {}): would drop the stored body ({} bytes) and headers",
             d["state"].as_str().unwrap_or(""),
             d["payload_bytes"].as_i64().unwrap_or(0)
-        );
-        println!("the key and payload hash stay, so a redelivery is still answered as a duplicate");
-        warn_open_jobs(&d);
-        println!("nothing changed: run again with --yes to erase");
+        )?;
+        writeln!(
+            out,
+            "the key and payload hash stay, so a redelivery is still answered as a duplicate"
+        )?;
+        warn_open_jobs(&mut out, &d)?;
+        writeln!(out, "nothing changed: run again with --yes to erase")?;
         return Ok(Outcome::Done);
     }
     let mut handle = open_db_write(config)?;
     let d = handle.write(|db| erase(db, source, event_id, now_ms()))?;
-    println!(
+    writeln!(
+        out,
         "erased {name}: dropped the body ({} bytes) and headers; the key and payload hash are kept",
         d["erased_bytes"].as_i64().unwrap_or(0)
-    );
-    warn_open_jobs(&d);
+    )?;
+    warn_open_jobs(&mut out, &d)?;
     Ok(Outcome::Done)
 }
 
-fn warn_open_jobs(d: &Value) {
+fn warn_open_jobs(out: &mut impl Write, d: &Value) -> io::Result<()> {
     let open = d["open_jobs"].as_i64().unwrap_or(0);
     if open > 0 {
-        println!(
+        writeln!(
+            out,
             "note: {open} job(s) of this event are not done; without the body they cannot be replayed or forwarded"
-        );
+        )?;
     }
+    Ok(())
 }

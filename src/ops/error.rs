@@ -20,12 +20,6 @@ pub enum OpError {
     Store(#[from] StoreError),
 }
 
-impl From<rusqlite::Error> for OpError {
-    fn from(e: rusqlite::Error) -> OpError {
-        OpError::Store(StoreError::from(e))
-    }
-}
-
 impl TxError for OpError {
     fn as_store(&self) -> Option<&StoreError> {
         match self {

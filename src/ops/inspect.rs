@@ -5,18 +5,19 @@
 //! Nothing here writes.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
 use super::open::open_db_read;
-use super::text::{cell, clean, fmt_json_time, fmt_time, table};
-use crate::args;
+use super::text::{cell, clean, fmt_json_time, fmt_time, stdout, table};
 use crate::config::{Config, parse_duration};
-use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::state::{EventState, JobKind, JobStatus};
-use crate::store::db::{self, Db, Dialect};
+use crate::store::db::{self, Db};
+use crate::store::replays::{self, ReplayRow};
+use crate::store::{StoreError, attempts, deliveries, events, incidents, jobs};
 use crate::time::{ms_to_secs, now_ms};
 
 /// A nullable millisecond column as JSON unix seconds.
@@ -27,22 +28,9 @@ fn secs(ms: Option<i64>) -> Value {
 // ---------------------------------------------------------------------------
 // events list
 
-/// What `events list` and `GET /api/events` select.
-#[derive(Debug, Clone, Default)]
-pub struct ListFilter {
-    pub source: Option<String>,
-    /// An event state.
-    pub state: Option<String>,
-    pub event_type: Option<String>,
-    /// Only events received at or after this time (ms).
-    pub since_ms: Option<i64>,
-    /// Only events received before this time (ms).
-    pub until_ms: Option<i64>,
-    /// Only events whose id starts with this.
-    pub event_id_prefix: Option<String>,
-    /// 0 means no limit.
-    pub limit: u32,
-}
+/// What `events list` and `GET /api/events` select (the query is
+/// `store::events`'s; checking what an operator typed is this module's).
+pub use crate::store::events::ListFilter;
 
 impl ListFilter {
     /// Checks the state and parses `since` (a duration back from `now`).
@@ -54,14 +42,15 @@ impl ListFilter {
         limit: u32,
         now: i64,
     ) -> Result<ListFilter, OpError> {
-        if let Some(s) = &state
-            && s.parse::<EventState>().is_err()
-        {
-            return Err(OpError::Invalid(format!(
-                "unknown status {s:?}: an event's status is one of {}",
-                EventState::ALL.map(EventState::as_str).join(", ")
-            )));
-        }
+        let state = match state {
+            Some(s) => Some(s.parse::<EventState>().map_err(|_| {
+                OpError::Invalid(format!(
+                    "unknown status {s:?}: an event's status is one of {}",
+                    EventState::ALL.map(EventState::as_str).join(", ")
+                ))
+            })?),
+            None => None,
+        };
         let since_ms = match since {
             Some(text) => {
                 let d =
@@ -81,63 +70,27 @@ impl ListFilter {
     }
 }
 
+/// The list's JSON: `[{source, event_id, type, state, received_at}]`.
+fn list_json(events: &[events::Listed]) -> Value {
+    Value::Array(
+        events
+            .iter()
+            .map(|e| {
+                json!({
+                    "source": e.source,
+                    "event_id": e.event_id,
+                    "type": e.event_type,
+                    "state": e.state,
+                    "received_at": ms_to_secs(e.received_at),
+                })
+            })
+            .collect(),
+    )
+}
+
 /// Events, newest first, as `[{source, event_id, type, state, received_at}]`.
 pub fn list(db: &Db<'_>, filter: &ListFilter) -> Result<Value, OpError> {
-    let mut sql =
-        String::from("SELECT source, event_id, type, state, received_at FROM events WHERE 1 = 1");
-    let mut args: Vec<db::Value> = Vec::new();
-    let dialect = db.dialect();
-    let mut add = |clause: &str, value: db::Value| {
-        args.push(value);
-        let _ = write!(sql, " AND {clause} ?{}", args.len());
-    };
-    if let Some(s) = &filter.source {
-        add("source =", s.clone().into());
-    }
-    if let Some(s) = &filter.state {
-        add("state =", s.clone().into());
-    }
-    if let Some(t) = &filter.event_type {
-        add("type =", t.clone().into());
-    }
-    if let Some(at) = filter.since_ms {
-        add("received_at >=", at.into());
-    }
-    if let Some(at) = filter.until_ms {
-        add("received_at <", at.into());
-    }
-    if let Some(prefix) = &filter.event_id_prefix {
-        // Every id that starts with the prefix sorts from it up to it
-        // followed by the highest character, in binary order (SQLite's
-        // own; PostgreSQL's column collation may ignore punctuation).
-        let id = match dialect {
-            Dialect::Sqlite => "event_id",
-            Dialect::Postgres => "event_id COLLATE \"C\"",
-        };
-        add(&format!("{id} >="), prefix.clone().into());
-        add(&format!("{id} <"), format!("{prefix}\u{10FFFF}").into());
-    }
-    // Events received in the same millisecond: the one stored last first
-    // on SQLite (rowid); PostgreSQL has no insertion order, so by key.
-    sql.push_str(match dialect {
-        Dialect::Sqlite => " ORDER BY received_at DESC, rowid DESC",
-        Dialect::Postgres => " ORDER BY received_at DESC, source DESC, event_id DESC",
-    });
-    if filter.limit > 0 {
-        args.push(filter.limit.into());
-        let _ = write!(sql, " LIMIT ?{}", args.len());
-    }
-    let mut out = Vec::new();
-    for r in db.query(&sql, &args)? {
-        out.push(json!({
-            "source": r.string(0)?,
-            "event_id": r.string(1)?,
-            "type": r.opt_string(2)?,
-            "state": r.string(3)?,
-            "received_at": ms_to_secs(r.i64(4)?),
-        }));
-    }
-    Ok(Value::Array(out))
+    Ok(list_json(&events::list(db, filter)?))
 }
 
 /// `idemhook events list`.
@@ -159,36 +112,42 @@ pub fn list_cmd(
         now_ms(),
     )?;
     let mut handle = open_db_read(config)?;
-    let events = handle.read(|db| list(db, &filter))?;
+    let events = handle.read(|db| events::list(db, &filter))?;
+    let mut out = stdout();
     if json {
-        println!(
+        writeln!(
+            out,
             "{}",
-            serde_json::to_string_pretty(&events).map_err(anyhow::Error::from)?
-        );
+            serde_json::to_string_pretty(&list_json(&events)).map_err(anyhow::Error::from)?
+        )?;
         return Ok(Outcome::Done);
     }
     let rows: Vec<Vec<String>> = events
-        .as_array()
-        .map(|a| a.as_slice())
-        .unwrap_or_default()
         .iter()
         .map(|e| {
             vec![
-                fmt_json_time(&e["received_at"]),
-                cell(&e["source"]),
-                cell(&e["event_id"]),
-                cell(&e["type"]),
-                cell(&e["state"]),
+                fmt_time(ms_to_secs(e.received_at)),
+                clean(&e.source),
+                clean(&e.event_id),
+                e.event_type
+                    .as_deref()
+                    .map_or_else(|| "-".to_string(), clean),
+                if e.paused {
+                    format!("{} (paused)", e.state)
+                } else {
+                    e.state.to_string()
+                },
             ]
         })
         .collect();
     if rows.is_empty() {
-        println!("no events match");
+        writeln!(out, "no events match")?;
     } else {
-        print!(
+        write!(
+            out,
             "{}",
             table(&["RECEIVED", "SOURCE", "EVENT_ID", "TYPE", "STATE"], &rows)
-        );
+        )?;
     }
     Ok(Outcome::Done)
 }
@@ -259,77 +218,107 @@ fn headers_value(stored: Option<&str>) -> Value {
 /// its fields, payload, jobs with their attempts, deliveries and
 /// incidents, plus the kept `headers` and each attempt's operator `note`.
 pub fn show(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
-    let Some(r) = db.query_opt(
-        "SELECT type, state, received_at, completed_at, payload, payload_hash, verified_with,
-                headers
-         FROM events WHERE source = ?1 AND event_id = ?2",
-        args![source, event_id],
-    )?
-    else {
+    let Some(e) = events::get(db, source, event_id)? else {
         return Err(not_found(source, event_id));
     };
-    let received_at = r.i64(2)?;
+    Ok(show_json(db, source, event_id, &e)?)
+}
+
+fn show_json(
+    db: &Db<'_>,
+    source: &str,
+    event_id: &str,
+    e: &events::EventRow,
+) -> Result<Value, StoreError> {
     let mut event = json!({
         "source": source,
         "event_id": event_id,
-        "type": r.opt_string(0)?,
-        "state": r.string(1)?,
-        "received_at": ms_to_secs(received_at),
-        "completed_at": secs(r.opt_i64(3)?),
-        "payload_hash": r.string(5)?,
-        "verified_with": r.opt_i64(6)?,
-        "payload": payload_value(r.get(4)),
-        "headers": headers_value(r.opt_string(7)?.as_deref()),
+        "type": e.event_type,
+        "state": e.state,
+        "received_at": ms_to_secs(e.received_at),
+        "completed_at": secs(e.completed_at),
+        "payload_hash": e.payload_hash,
+        "verified_with": e.verified_with,
+        "payload": payload_value(&e.payload),
+        "headers": headers_value(e.headers.as_deref()),
     });
-
-    event["jobs"] = jobs(db, source, event_id)?;
-    event["deliveries"] = deliveries(db, source, event_id, received_at)?;
-    event["incidents"] = incidents(db, source, event_id)?;
+    event["jobs"] = jobs_json(db, source, event_id)?;
+    event["deliveries"] = Value::Array(
+        deliveries::of_event(db, source, event_id, e.received_at)?
+            .into_iter()
+            .map(delivery_json)
+            .collect(),
+    );
+    event["incidents"] = Value::Array(
+        incidents::of_event(db, source, event_id)?
+            .into_iter()
+            .map(|i| {
+                json!({
+                    "kind": i.kind,
+                    "created_at": ms_to_secs(i.created_at),
+                    "detail": i.detail,
+                    "payload": payload_value(&i.payload),
+                })
+            })
+            .collect(),
+    );
     Ok(event)
 }
 
 /// An event's jobs, in the order they were written, each with its
 /// attempts (and a forward job with its checks).
-fn jobs(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
-    let mut jobs = Vec::new();
-    for r in db.query(
-        "SELECT id, action, kind, status, next_attempt_at, last_error, waiting
-         FROM jobs WHERE source = ?1 AND event_id = ?2 ORDER BY id",
-        args![source, event_id],
-    )? {
-        let job_id = r.i64(0)?;
-        let status = r.string(3)?;
+fn jobs_json(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, StoreError> {
+    let mut out = Vec::new();
+    for j in jobs::of_event(db, source, event_id)? {
         let mut job = json!({
-            "action": r.string(1)?,
-            "kind": r.string(2)?,
-            "next_attempt_at": if status == JobStatus::Pending.as_str() {
-                secs(r.opt_i64(4)?)
+            "action": j.action,
+            "kind": j.kind,
+            "next_attempt_at": if j.status == JobStatus::Pending {
+                secs(j.next_attempt_at)
             } else {
                 Value::Null
             },
-            "status": status,
-            "last_error": r.opt_string(5)?,
+            "status": j.status,
+            "last_error": j.last_error,
         });
-        if job["kind"] == JobKind::Forward.as_str() {
-            job["waiting_for"] = waiting_for(&job["status"], r.opt_string(6)?, r.opt_i64(4)?);
+        if j.kind == JobKind::Forward {
+            job["waiting_for"] = waiting_for(j.status, j.waiting, j.next_attempt_at);
         }
-        job["attempts"] = job_attempts(db, job_id)?;
-        if job["kind"] == JobKind::Forward.as_str() {
-            job["checks"] = job_checks(db, job_id)?;
+        job["attempts"] = Value::Array(
+            attempts::of_job(db, j.id)?
+                .into_iter()
+                .map(attempt_json)
+                .collect(),
+        );
+        if j.kind == JobKind::Forward {
+            job["checks"] = Value::Array(
+                attempts::checks_of_job(db, j.id)?
+                    .into_iter()
+                    .map(|c| {
+                        json!({
+                            "n": c.n,
+                            "asked_at": ms_to_secs(c.asked_at),
+                            "answer": c.answer,
+                            "http_status": c.http_status,
+                            "error": c.error,
+                        })
+                    })
+                    .collect(),
+            );
         }
-        jobs.push(job);
+        out.push(job);
     }
-    Ok(Value::Array(jobs))
+    Ok(Value::Array(out))
 }
 
 /// Why a forward job that has not run yet waits, if it does: `paused`,
 /// `after` (another action of its event), `order` (an earlier job of its
 /// order key), `concurrency` or `rate` (its action's limits); null when
 /// it is due (or only waits for its retry's time), or not pending.
-fn waiting_for(status: &Value, waiting: Option<String>, next_attempt_at: Option<i64>) -> Value {
-    match status.as_str() {
-        Some("paused") => Value::String("paused".to_string()),
-        Some("pending") => match waiting {
+fn waiting_for(status: JobStatus, waiting: Option<String>, next_attempt_at: Option<i64>) -> Value {
+    match status {
+        JobStatus::Paused => Value::String("paused".to_string()),
+        JobStatus::Pending => match waiting {
             Some(w) => Value::String(w),
             // Parked before the reason was kept: only `after` parked then.
             None if next_attempt_at.is_none() => Value::String("after".to_string()),
@@ -339,77 +328,32 @@ fn waiting_for(status: &Value, waiting: Option<String>, next_attempt_at: Option<
     }
 }
 
-/// A job's attempts, by number.
-fn job_attempts(db: &Db<'_>, job_id: i64) -> Result<Value, OpError> {
-    let mut attempts = Vec::new();
-    for a in db.query(
-        "SELECT n, started_at, finished_at, outcome, http_status, error, error_kind,
-                response_head, request_id, note
-         FROM attempts WHERE job_id = ?1 ORDER BY n",
-        args![job_id],
-    )? {
-        attempts.push(json!({
-            "n": a.i64(0)?,
-            "started_at": ms_to_secs(a.i64(1)?),
-            "finished_at": secs(a.opt_i64(2)?),
-            "outcome": a.opt_string(3)?,
-            "http_status": a.opt_i64(4)?,
-            "error": a.opt_string(5)?,
-            "error_kind": a.opt_string(6)?,
-            "response": a.opt_string(7)?,
-            "request_id": a.opt_string(8)?,
-            "note": a.opt_string(9)?,
-        }));
-    }
-    Ok(Value::Array(attempts))
+fn attempt_json(a: attempts::AttemptRow) -> Value {
+    json!({
+        "n": a.n,
+        "started_at": ms_to_secs(a.started_at),
+        "finished_at": secs(a.finished_at),
+        "outcome": a.outcome,
+        "http_status": a.http_status,
+        "error": a.error,
+        "error_kind": a.error_kind,
+        "response": a.response_head,
+        "request_id": a.request_id,
+        "note": a.note,
+    })
 }
 
-/// Every delivery of the event (the accepted one and the redeliveries).
-fn deliveries(
-    db: &Db<'_>,
-    source: &str,
-    event_id: &str,
-    received_at: i64,
-) -> Result<Value, OpError> {
-    let mut deliveries = Vec::new();
-    for r in db.query(
-        &format!(
-            "SELECT received_at, outcome, remote, detail FROM deliveries
-             WHERE {DELIVERIES_OF_EVENT} ORDER BY id"
-        ),
-        args![source, event_id, received_at],
-    )? {
-        let mut delivery = json!({
-            "received_at": ms_to_secs(r.i64(0)?),
-            "outcome": r.string(1)?,
-            "remote": r.opt_string(2)?,
-        });
-        // A claim's delivery row has a detail only when it came in a batch.
-        if let Some(batch) = r.opt_string(3)? {
-            delivery["batch"] = Value::String(batch);
-        }
-        deliveries.push(delivery);
+fn delivery_json(d: deliveries::DeliveryRow) -> Value {
+    let mut delivery = json!({
+        "received_at": ms_to_secs(d.received_at),
+        "outcome": d.outcome,
+        "remote": d.remote,
+    });
+    // A claim's delivery row has a detail only when it came in a batch.
+    if let Some(batch) = d.batch {
+        delivery["batch"] = Value::String(batch);
     }
-    Ok(Value::Array(deliveries))
-}
-
-/// The event's incidents, each with the body it came with when kept.
-fn incidents(db: &Db<'_>, source: &str, event_id: &str) -> Result<Value, OpError> {
-    let mut incidents = Vec::new();
-    for r in db.query(
-        "SELECT i.kind, i.created_at, i.detail, p.payload FROM incidents i
-         LEFT JOIN incident_payloads p ON p.incident_id = i.id
-         WHERE i.source = ?1 AND i.event_id = ?2 ORDER BY i.id",
-        args![source, event_id],
-    )? {
-        incidents.push(json!({
-            "kind": r.string(0)?,
-            "created_at": ms_to_secs(r.i64(1)?),
-            "detail": r.opt_string(2)?,
-            "payload": payload_value(r.get(3)),
-        }));
-    }
-    Ok(Value::Array(incidents))
+    delivery
 }
 
 /// What the human view adds to the JSON: erasure, stored headers, replays.
@@ -417,40 +361,7 @@ struct Extras {
     erased_at: Option<i64>,
     content_type: Option<String>,
     headers: Option<String>,
-    replays: Vec<Replayed>,
-}
-
-/// A replay of one of the event's jobs: (action, replayed_at ms,
-/// from_status, forced, origin).
-type Replayed = (String, i64, String, bool, String);
-
-fn extras(db: &Db<'_>, source: &str, event_id: &str) -> Result<Extras, OpError> {
-    let r = db.query_one(
-        "SELECT erased_at, content_type, headers FROM events WHERE source = ?1 AND event_id = ?2",
-        args![source, event_id],
-    )?;
-    let (erased_at, content_type, headers) = (r.opt_i64(0)?, r.opt_string(1)?, r.opt_string(2)?);
-    let mut replays = Vec::new();
-    for r in db.query(
-        "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin
-         FROM replays r JOIN jobs j ON j.id = r.job_id
-         WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
-        args![source, event_id],
-    )? {
-        replays.push((
-            r.string(0)?,
-            r.i64(1)?,
-            r.string(2)?,
-            r.bool(3)?,
-            r.string(4)?,
-        ));
-    }
-    Ok(Extras {
-        erased_at,
-        content_type,
-        headers,
-        replays,
-    })
+    replays: Vec<ReplayRow>,
 }
 
 /// The human view of one event: its fields, the payload, the kept
@@ -491,9 +402,23 @@ fn render_fields(out: &mut String, event: &Value) {
         Some(i) => format!("signature matched secret #{i} (0-based), checked once at receipt"),
         None => "unsigned source (kind none)".to_string(),
     };
+    let paused: Vec<String> = array(&event["jobs"])
+        .iter()
+        .filter(|j| j["status"] == JobStatus::Paused.as_str())
+        .map(|j| cell(&j["action"]))
+        .collect();
+    let state = if paused.is_empty() {
+        cell(&event["state"])
+    } else {
+        format!(
+            "{} (paused: {}; waits for `idemhook resume`)",
+            cell(&event["state"]),
+            paused.join(", ")
+        )
+    };
     for (label, value) in [
         ("type", cell(&event["type"])),
-        ("state", cell(&event["state"])),
+        ("state", state),
         ("received", fmt_json_time(&event["received_at"])),
         ("completed", fmt_json_time(&event["completed_at"])),
         ("verified", verified),
@@ -545,9 +470,10 @@ fn render_headers(out: &mut String, extras: &Extras) {
     }
 }
 
-/// One job: its line, its attempts, the checks asked for it, its last
-/// error when no attempt says it, and the replays of its action.
-fn render_job(out: &mut String, job: &Value, replays: &[Replayed]) {
+/// One job: its line, its attempts with its replays among them in time
+/// order, the checks asked for it, and its last error when no attempt
+/// says it.
+fn render_job(out: &mut String, job: &Value, replays: &[ReplayRow]) {
     let attempts = array(&job["attempts"]);
     let mut line = format!(
         "  {} ({})  {}  {} attempt{}",
@@ -564,9 +490,18 @@ fn render_job(out: &mut String, job: &Value, replays: &[Replayed]) {
         let _ = write!(line, ", waiting for {w}");
     }
     let _ = writeln!(out, "{line}");
+    let mut replays = replays
+        .iter()
+        .filter(|r| Some(r.action.as_str()) == job["action"].as_str())
+        .peekable();
     for a in attempts {
+        let n = a["n"].as_i64().unwrap_or(i64::MAX);
+        while let Some(r) = replays.next_if(|r| r.after_attempt < n) {
+            render_replay(out, r);
+        }
         render_attempt(out, a);
     }
+    replays.for_each(|r| render_replay(out, r));
     for c in array(&job["checks"]) {
         let _ = writeln!(
             out,
@@ -585,18 +520,17 @@ fn render_job(out: &mut String, job: &Value, replays: &[Replayed]) {
     if !job["last_error"].is_null() && attempts.is_empty() {
         let _ = writeln!(out, "    last error: {}", cell(&job["last_error"]));
     }
-    for (action, at, from, forced, origin) in replays {
-        if Some(action.as_str()) == job["action"].as_str() {
-            let _ = writeln!(
-                out,
-                "    replayed {} from {}{} by {}",
-                fmt_time(ms_to_secs(*at)),
-                clean(from),
-                if *forced { " (forced)" } else { "" },
-                clean(origin)
-            );
-        }
-    }
+}
+
+fn render_replay(out: &mut String, r: &ReplayRow) {
+    let _ = writeln!(
+        out,
+        "    replayed {} from {}{} by {}",
+        fmt_time(ms_to_secs(r.replayed_at)),
+        r.from_status,
+        if r.forced { " (forced)" } else { "" },
+        clean(&r.origin)
+    );
 }
 
 fn render_attempt(out: &mut String, a: &Value) {
@@ -671,42 +605,32 @@ pub fn show_cmd(
 ) -> Result<Outcome, CommandError> {
     let mut handle = open_db_read(config)?;
     let (event, extras) = handle.read(|db| {
-        let event = show(db, source, event_id)?;
+        let Some(e) = events::get(db, source, event_id)? else {
+            return Err(not_found(source, event_id));
+        };
+        let event = show_json(db, source, event_id, &e)?;
         let extras = if json {
             None
         } else {
-            Some(extras(db, source, event_id)?)
+            Some(Extras {
+                replays: replays::of_event(db, source, event_id)?,
+                erased_at: e.erased_at,
+                content_type: e.content_type,
+                headers: e.headers,
+            })
         };
         Ok::<_, OpError>((event, extras))
     })?;
+    let mut out = stdout();
     match extras {
-        None => println!(
+        None => writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(&event).map_err(anyhow::Error::from)?
-        ),
-        Some(extras) => print!("{}", render(&event, &extras)),
+        )?,
+        Some(extras) => write!(out, "{}", render(&event, &extras))?,
     }
     Ok(Outcome::Done)
-}
-
-/// The questions asked of a forward job's `check` URL (`checks`), oldest
-/// first: `[{"n", "asked_at", "answer", "http_status", "error"}]`; `n` is
-/// the attempt each was asked for.
-fn job_checks(db: &Db<'_>, job_id: i64) -> Result<Value, OpError> {
-    let mut checks = Vec::new();
-    for r in db.query(
-        "SELECT n, asked_at, answer, http_status, error FROM checks WHERE job_id = ?1 ORDER BY id",
-        args![job_id],
-    )? {
-        checks.push(json!({
-            "n": r.i64(0)?,
-            "asked_at": ms_to_secs(r.i64(1)?),
-            "answer": r.string(2)?,
-            "http_status": r.opt_i64(3)?,
-            "error": r.opt_string(4)?,
-        }));
-    }
-    Ok(Value::Array(checks))
 }
 
 #[cfg(test)]

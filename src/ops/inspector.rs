@@ -11,11 +11,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::error::OpError;
-use crate::args;
 use crate::config::Config;
-use crate::ingest::DELIVERIES_OF_EVENT;
 use crate::state::JobStatus;
-use crate::store::db::{Db, Dialect};
+use crate::store::db::Db;
+use crate::store::{attempts, deliveries, events, incidents, jobs, paused, replays};
 use crate::time::ms_to_secs;
 
 /// The job statuses an action's row counts (done jobs are the common
@@ -31,31 +30,26 @@ const COUNTED: [JobStatus; 4] = [
 /// and whether it is paused:
 /// `[{source, action, kind, paused, paused_at, counts: {pending, processing, failed, paused}}]`.
 pub fn actions(db: &Db<'_>, config: &Config) -> Result<Value, OpError> {
-    let mut counts = std::collections::HashMap::<(String, String, String), i64>::new();
-    for r in db.query(
-        "SELECT source, action, status, count(*) FROM jobs
-         WHERE status IN ('pending', 'processing', 'failed', 'paused')
-         GROUP BY source, action, status",
-        &[],
-    )? {
-        counts.insert((r.string(0)?, r.string(1)?, r.string(2)?), r.i64(3)?);
+    let mut counts = std::collections::HashMap::<(String, String, JobStatus), i64>::new();
+    for (source, action, status, n) in jobs::counts_by_action(db, &COUNTED)? {
+        counts.insert((source, action, status), n);
     }
-    let mut paused = std::collections::HashMap::<(String, String), i64>::new();
-    for r in db.query("SELECT source, action, paused_at FROM paused_actions", &[])? {
-        paused.insert((r.string(0)?, r.string(1)?), r.i64(2)?);
+    let mut paused_at = std::collections::HashMap::<(String, String), i64>::new();
+    for p in paused::all(db)? {
+        paused_at.insert((p.source, p.action), p.paused_at);
     }
     let mut out = Vec::new();
     for source in &config.sources {
         for action in &source.actions {
             let mut c = serde_json::Map::new();
-            for status in COUNTED.map(JobStatus::as_str) {
-                let key = (source.name.clone(), action.name.clone(), status.to_string());
+            for status in COUNTED {
+                let key = (source.name.clone(), action.name.clone(), status);
                 c.insert(
                     status.to_string(),
                     json!(counts.get(&key).copied().unwrap_or(0)),
                 );
             }
-            let paused_at = paused.get(&(source.name.clone(), action.name.clone()));
+            let paused_at = paused_at.get(&(source.name.clone(), action.name.clone()));
             out.push(json!({
                 "source": source.name,
                 "action": action.name,
@@ -111,16 +105,11 @@ pub fn overview(
         read_from += BUCKET_MS;
     }
     let mut fresh: BTreeMap<i64, BTreeMap<String, i64>> = BTreeMap::new();
-    for r in db.query(
-        "SELECT (received_at - ?1) / ?2, outcome, count(*) FROM deliveries
-         WHERE received_at >= ?1 AND received_at < ?3 GROUP BY 1, 2",
-        args![read_from, BUCKET_MS, end],
-    )? {
-        let (i, outcome, n) = (r.i64(0)?, r.string(1)?, r.i64(2)?);
+    for (i, outcome, n) in deliveries::per_bucket(db, read_from, BUCKET_MS, end)? {
         fresh
             .entry(read_from + i * BUCKET_MS)
             .or_default()
-            .insert(outcome, n);
+            .insert(outcome.as_str().to_string(), n);
     }
     let mut at = read_from;
     while at < end {
@@ -141,9 +130,9 @@ pub fn overview(
             *totals.entry(outcome.clone()).or_default() += n;
         }
     }
-    let mut jobs = serde_json::Map::new();
-    for r in db.query(job_counts(db.dialect()), &[])? {
-        jobs.insert(r.string(0)?, json!(r.i64(1)?));
+    let mut jobs_by_status = serde_json::Map::new();
+    for (status, n) in jobs::counts(db)? {
+        jobs_by_status.insert(status.as_str().to_string(), json!(n));
     }
     Ok(json!({
         "from": ms_to_secs(from),
@@ -155,50 +144,22 @@ pub fn overview(
             "counts": counts,
         })).collect::<Vec<_>>(),
         "totals": totals,
-        "jobs": jobs,
+        "jobs": jobs_by_status,
     }))
-}
-
-/// Jobs per status: SQLite keeps them in `job_counts`
-/// (triggers; a status once seen keeps its row, at 0 when it has no jobs
-/// now); PostgreSQL counts the statuses that have jobs (no counter rows,
-/// which every instance's every job would contend on).
-fn job_counts(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Sqlite => "SELECT status, n FROM job_counts ORDER BY status",
-        Dialect::Postgres => "SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status",
-    }
 }
 
 /// A tag that changes whenever anything an event list shows may have
 /// changed (a delivery, an attempt, a replay, an incident, a job moving),
 /// read in a few index look-ups so a poll that finds nothing new costs
-/// almost nothing. On PostgreSQL (attempts have no rowid) a job's latest
-/// change stands for its attempts: recording one updates the job, and
-/// the job counts are a count of the jobs table.
+/// almost nothing (`store::events::list_marks`, and the job counts).
 pub fn list_version(db: &Db<'_>, query: &str) -> Result<String, OpError> {
-    let attempts = match db.dialect() {
-        Dialect::Sqlite => "(SELECT coalesce(max(rowid), 0) FROM attempts)",
-        Dialect::Postgres => "(SELECT coalesce(max(updated_at), 0) FROM jobs)",
-    };
-    let r = db.query_one(
-        &format!(
-            "SELECT (SELECT coalesce(max(id), 0) FROM deliveries),
-                    {attempts},
-                    (SELECT coalesce(max(id), 0) FROM replays),
-                    (SELECT coalesce(max(id), 0) FROM incidents),
-                    (SELECT count(*) FROM paused_actions)"
-        ),
-        &[],
-    )?;
-    let (deliveries, attempts, replays, incidents, erased) =
-        (r.i64(0)?, r.i64(1)?, r.i64(2)?, r.i64(3)?, r.i64(4)?);
+    let [deliveries, attempts, replays, incidents, paused] = events::list_marks(db)?;
     let mut h = Sha256::new();
     h.update(format!(
-        "{deliveries}/{attempts}/{replays}/{incidents}/{erased}/{query}"
+        "{deliveries}/{attempts}/{replays}/{incidents}/{paused}/{query}"
     ));
-    for r in db.query(job_counts(db.dialect()), &[])? {
-        h.update(format!("/{}={}", r.string(0)?, r.i64(1)?));
+    for (status, n) in jobs::counts(db)? {
+        h.update(format!("/{status}={n}"));
     }
     Ok(format!("W/\"{}\"", hex::encode(&h.finalize()[..12])))
 }
@@ -210,13 +171,7 @@ pub fn count_incidents(db: &Db<'_>, list: &mut Value) -> Result<(), OpError> {
         else {
             continue;
         };
-        let n = db
-            .query_one(
-                "SELECT count(*) FROM incidents WHERE source = ?1 AND event_id = ?2",
-                args![source, id],
-            )?
-            .i64(0)?;
-        event["incidents"] = json!(n);
+        event["incidents"] = json!(incidents::count_of_event(db, source, id)?);
     }
     Ok(())
 }
@@ -234,13 +189,15 @@ pub fn add_event_details(db: &Db<'_>, event: &mut Value) -> Result<(), OpError> 
     ) else {
         return Ok(());
     };
-    let r = db.query_one(
-        "SELECT content_type, headers, erased_at, received_at FROM events
-         WHERE source = ?1 AND event_id = ?2",
-        args![&source, &event_id],
-    )?;
-    let (content_type, headers, erased_at, received_at) =
-        (r.opt_string(0)?, r.opt_string(1)?, r.opt_i64(2)?, r.i64(3)?);
+    let Some(events::Kept {
+        content_type,
+        headers,
+        erased_at,
+        received_at,
+    }) = events::kept(db, &source, &event_id)?
+    else {
+        return Err(super::error::not_found(&source, &event_id));
+    };
     add_milliseconds(db, event, &source, &event_id, received_at)?;
     if event.get("headers").is_none() {
         event["headers"] = headers
@@ -249,26 +206,20 @@ pub fn add_event_details(db: &Db<'_>, event: &mut Value) -> Result<(), OpError> 
     }
     event["content_type"] = json!(content_type);
     event["erased_at"] = json!(erased_at.map(ms_to_secs));
-    let mut replays = Vec::new();
-    for r in db.query(
-        "SELECT j.action, r.replayed_at, r.from_status, r.forced, r.origin,
-                (SELECT coalesce(max(a.n), 0) FROM attempts a
-                 WHERE a.job_id = r.job_id AND a.started_at <= r.replayed_at)
-         FROM replays r JOIN jobs j ON j.id = r.job_id
-         WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY r.id",
-        args![&source, &event_id],
-    )? {
-        replays.push(json!({
-            "action": r.string(0)?,
-            "replayed_at": ms_to_secs(r.i64(1)?),
-            "replayed_at_ms": r.i64(1)?,
-            "from_status": r.string(2)?,
-            "forced": r.bool(3)?,
-            "origin": r.string(4)?,
-            "after_attempt": r.i64(5)?,
-        }));
-    }
-    event["replays"] = Value::Array(replays);
+    event["replays"] = replays::of_event(db, &source, &event_id)?
+        .into_iter()
+        .map(|r| {
+            json!({
+                "action": r.action,
+                "replayed_at": ms_to_secs(r.replayed_at),
+                "replayed_at_ms": r.replayed_at,
+                "from_status": r.from_status,
+                "forced": r.forced,
+                "origin": r.origin,
+                "after_attempt": r.after_attempt,
+            })
+        })
+        .collect();
     Ok(())
 }
 
@@ -283,39 +234,21 @@ fn add_milliseconds(
     event_id: &str,
     received_at: i64,
 ) -> Result<(), OpError> {
-    let deliveries = db
-        .query(
-            &format!("SELECT received_at FROM deliveries WHERE {DELIVERIES_OF_EVENT} ORDER BY id"),
-            args![source, event_id, received_at],
-        )?
-        .iter()
-        .map(|r| r.i64(0))
-        .collect::<Result<Vec<_>, _>>()?;
+    let delivered = deliveries::times_of_event(db, source, event_id, received_at)?;
     if let Some(list) = event["deliveries"].as_array_mut() {
-        for (d, ms) in list.iter_mut().zip(deliveries) {
+        for (d, ms) in list.iter_mut().zip(delivered) {
             d["received_at_ms"] = json!(ms);
         }
     }
-    let incidents = db
-        .query(
-            "SELECT created_at FROM incidents WHERE source = ?1 AND event_id = ?2 ORDER BY id",
-            args![source, event_id],
-        )?
-        .iter()
-        .map(|r| r.i64(0))
-        .collect::<Result<Vec<_>, _>>()?;
+    let created = incidents::times_of_event(db, source, event_id)?;
     if let Some(list) = event["incidents"].as_array_mut() {
-        for (i, ms) in list.iter_mut().zip(incidents) {
+        for (i, ms) in list.iter_mut().zip(created) {
             i["created_at_ms"] = json!(ms);
         }
     }
     let mut attempts = std::collections::HashMap::<(String, i64), i64>::new();
-    for r in db.query(
-        "SELECT j.action, a.n, a.started_at FROM attempts a JOIN jobs j ON j.id = a.job_id
-         WHERE j.source = ?1 AND j.event_id = ?2",
-        args![source, event_id],
-    )? {
-        attempts.insert((r.string(0)?, r.i64(1)?), r.i64(2)?);
+    for (action, n, started_at) in attempts::starts_of_event(db, source, event_id)? {
+        attempts.insert((action, n), started_at);
     }
     for job in event["jobs"].as_array_mut().into_iter().flatten() {
         let action = job["action"].as_str().unwrap_or_default().to_string();

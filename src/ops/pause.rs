@@ -1,17 +1,19 @@
 //! `idemhook pause SOURCE/ACTION` and `resume`, and the admin API's pause
 //! and resume routes: a paused forward action keeps accepting events, and
 //! its jobs wait as 'paused' (the claim writes new ones that way) until it
-//! is resumed. Owns the `paused_actions` table's writes.
+//! is resumed. Decides what may pause; the rows are `store::paused`'s.
+
+use std::io::Write as _;
 
 use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::open_db_write;
-use super::text::clean;
-use crate::args;
+use super::text::{clean, stdout};
 use crate::config::{ActionKind, Config};
-use crate::store::db::{Db, Dialect};
+use crate::store::db::Db;
+use crate::store::paused;
 use crate::time::now_ms;
 
 /// Splits `SOURCE/ACTION`; [`pause`] and [`resume`] check it against the config.
@@ -51,23 +53,6 @@ fn check(config: &Config, source: &str, action: &str) -> Result<(), OpError> {
     Ok(())
 }
 
-/// On PostgreSQL, waits until every claim that has read whether an action
-/// is paused has committed, and holds new ones back until the caller's
-/// transaction ends. A claim decides a forward job's status from
-/// `paused_actions` (pending or paused) before it inserts the job; without
-/// this, a claim that read it just before a pause (or a resume) commits
-/// its job after the UPDATE below has looked, and the job is left pending
-/// under a paused action (or paused under a resumed one). The claims hold
-/// their read lock on the table until they commit, so the exclusive lock
-/// is granted only after they have. SQLite's one writer already orders
-/// them.
-fn hold_back_claims(db: &Db<'_>) -> Result<(), OpError> {
-    if db.dialect() == Dialect::Postgres {
-        db.execute("LOCK TABLE paused_actions IN ACCESS EXCLUSIVE MODE", &[])?;
-    }
-    Ok(())
-}
-
 /// Pauses an action in the caller's write transaction: records it and
 /// turns its pending jobs to 'paused'. Jobs in flight finish their attempt.
 pub fn pause(
@@ -78,24 +63,13 @@ pub fn pause(
     now: i64,
 ) -> Result<Value, OpError> {
     check(config, source, action)?;
-    hold_back_claims(db)?;
-    let inserted = db.execute(
-        "INSERT INTO paused_actions (source, action, paused_at) VALUES (?1, ?2, ?3)
-         ON CONFLICT DO NOTHING",
-        args![source, action, now],
-    )?;
-    // Conditional on the status, so a job a worker of any instance holds
-    // (processing) is left to finish its attempt.
-    let jobs = db.execute(
-        "UPDATE jobs SET status = 'paused', updated_at = ?3
-         WHERE source = ?1 AND action = ?2 AND status = 'pending'",
-        args![source, action, now],
-    )?;
+    paused::hold_back_claims(db)?;
+    let (was_paused, jobs) = paused::pause(db, source, action, now)?;
     Ok(json!({
         "source": source,
         "action": action,
         "paused": true,
-        "was_paused": inserted == 0,
+        "was_paused": was_paused,
         "jobs_paused": jobs,
     }))
 }
@@ -109,26 +83,13 @@ pub fn resume(
     action: &str,
     now: i64,
 ) -> Result<Value, OpError> {
-    hold_back_claims(db)?;
-    let was_paused = db
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
-            args![source, action],
-        )?
-        .bool(0)?;
+    paused::hold_back_claims(db)?;
+    let was_paused = paused::is_paused(db, source, action)?;
     // An action paused and then removed from the config can still be resumed.
     if !was_paused {
         check(config, source, action)?;
     }
-    db.execute(
-        "DELETE FROM paused_actions WHERE source = ?1 AND action = ?2",
-        args![source, action],
-    )?;
-    let jobs = db.execute(
-        "UPDATE jobs SET status = 'pending', next_attempt_at = ?3, waiting = NULL, updated_at = ?3
-         WHERE source = ?1 AND action = ?2 AND status = 'paused'",
-        args![source, action, now],
-    )?;
+    let jobs = paused::resume(db, source, action, now)?;
     Ok(json!({
         "source": source,
         "action": action,
@@ -142,7 +103,7 @@ pub fn resume(
 pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<Outcome, CommandError> {
     let (source, action) = parse_target(target)?;
     let mut handle = open_db_write(config)?;
-    let out = handle.write(|db| {
+    let changed = handle.write(|db| {
         if pausing {
             pause(db, config, &source, &action, now_ms())
         } else {
@@ -150,27 +111,31 @@ pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<Outcome, Comm
         }
     })?;
     let name = format!("{}/{}", clean(&source), clean(&action));
+    let mut out = stdout();
     if pausing {
-        let already = if out["was_paused"].as_bool() == Some(true) {
+        let already = if changed["was_paused"].as_bool() == Some(true) {
             " (it already was)"
         } else {
             ""
         };
-        println!(
+        writeln!(
+            out,
             "paused {name}{already}: {} pending job(s) now wait; events are still accepted and their jobs wait too",
-            out["jobs_paused"]
-        );
-        println!("resume with: idemhook resume {name}");
-    } else if out["was_paused"].as_bool() == Some(true) {
-        println!(
+            changed["jobs_paused"]
+        )?;
+        writeln!(out, "resume with: idemhook resume {name}")?;
+    } else if changed["was_paused"].as_bool() == Some(true) {
+        writeln!(
+            out,
             "resumed {name}: {} job(s) due now; the forward workers pick them up when they next poll",
-            out["jobs_resumed"]
-        );
+            changed["jobs_resumed"]
+        )?;
     } else {
-        println!(
+        writeln!(
+            out,
             "{name} was not paused; {} waiting job(s) made due",
-            out["jobs_resumed"]
-        );
+            changed["jobs_resumed"]
+        )?;
     }
     Ok(Outcome::Done)
 }

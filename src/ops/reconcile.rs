@@ -13,6 +13,7 @@
 //! `ok` with error kind `confirmed`, nothing rewritten.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,14 +22,16 @@ use serde_json::{Value, json};
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::{open_db_read, open_db_write};
-use super::text::{cell, clean, fmt_json_time};
-use crate::args;
+use super::text::{cell, clean, fmt_json_time, stdout};
 use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
 use crate::state::Answer;
+use crate::state::AttemptOutcome;
 use crate::state::JobStatus;
-use crate::store::StoreError;
-use crate::store::db::{Db, Row};
+use crate::store::attempts::{self, AttemptRow};
+use crate::store::db::Db;
+use crate::store::jobs::{self, Attention};
+use crate::store::{StoreError, paused};
 use crate::time::{ms_to_secs, now_ms};
 
 /// A pending job this far past its due time counts as overdue.
@@ -47,34 +50,16 @@ const CHECKS_AT_ONCE: usize = 8;
 /// "paused", "counts"}`. Waiting jobs (parked by `after`) do not make it
 /// unclean by themselves: what they wait for is listed in its own right.
 pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpError> {
-    // (name, clause, order, the time the clause compares with if any)
-    let stuck_where = "status = 'processing' AND coalesce(lease_until, 0) < ?1";
-    // A pending job without a due time is parked by `after` (waiting).
-    let overdue_where = "status = 'pending' AND next_attempt_at < ?1";
-    let failed_where = "status = 'failed'";
-    let waiting_where = "status = 'pending' AND next_attempt_at IS NULL AND (waiting IS NULL OR waiting <> 'order')";
-    // A failed job of an order key with later jobs waiting behind it.
-    let held_where = "status = 'failed' AND order_key IS NOT NULL AND EXISTS (
-         SELECT 1 FROM jobs w WHERE w.source = jobs.source AND w.action = jobs.action
-            AND w.order_key = jobs.order_key AND w.order_key IS NOT NULL
-            AND w.status IN ('pending', 'processing', 'failed', 'paused')
-            AND w.status = 'pending' AND w.waiting = 'order')";
-
     let mut lists = Vec::new();
     let mut counts = Vec::new();
-    for (name, clause, order, at) in [
-        ("stuck", stuck_where, "lease_until", Some(now)),
-        (
-            "overdue",
-            overdue_where,
-            "next_attempt_at",
-            Some(now - OVERDUE_AFTER_MS),
-        ),
-        ("failed", failed_where, "updated_at DESC", None),
-        ("held", held_where, "updated_at DESC", None),
-        ("waiting", waiting_where, "created_at", None),
+    for (name, what, at) in [
+        ("stuck", Attention::Stuck, now),
+        ("overdue", Attention::Overdue, now - OVERDUE_AFTER_MS),
+        ("failed", Attention::Failed, now),
+        ("held", Attention::Held, now),
+        ("waiting", Attention::Waiting, now),
     ] {
-        let (mut items, n) = jobs_where(db, clause, order, at)?;
+        let (mut items, n) = jobs_where(db, what, at)?;
         if name == "waiting" {
             for item in &mut items {
                 item["waiting_for"] = waiting_for(db, config, item)?;
@@ -101,66 +86,45 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
     Ok(out)
 }
 
-/// The first [`LIST_LIMIT`] jobs matching `clause` (in `order`), and how
-/// many match. `at` binds `?1` when the clause compares a time.
-fn jobs_where(
-    db: &Db<'_>,
-    clause: &str,
-    order: &str,
-    at: Option<i64>,
-) -> Result<(Vec<Value>, i64), OpError> {
-    let job = |r: &Row| -> Result<Value, StoreError> {
-        Ok(json!({
-            "source": r.string(0)?,
-            "event_id": r.string(1)?,
-            "action": r.string(2)?,
-            "kind": r.string(3)?,
-            "status": r.string(4)?,
-            "attempts": r.i64(5)?,
-            "lease_owner": r.opt_string(6)?,
-            "lease_until": secs(r.opt_i64(7)?),
-            "next_attempt_at": secs(r.opt_i64(8)?),
-            "last_error": r.opt_string(9)?,
-            "updated_at": secs(r.opt_i64(10)?),
-            "order_key": r.opt_string(11)?,
-        }))
-    };
-    let columns = "source, event_id, action, kind, status, n_attempts, lease_owner, lease_until, \
-                   next_attempt_at, last_error, updated_at, order_key";
-    let args: Vec<crate::store::db::Value> = at.into_iter().map(Into::into).collect();
-    let items = db
-        .query(
-            &format!(
-                "SELECT {columns} FROM jobs WHERE {clause} ORDER BY {order} LIMIT {LIST_LIMIT}"
-            ),
-            &args,
-        )?
-        .iter()
-        .map(job)
-        .collect::<Result<Vec<_>, _>>()?;
-    let n = db
-        .query_one(&format!("SELECT count(*) FROM jobs WHERE {clause}"), &args)?
-        .i64(0)?;
+/// The first [`LIST_LIMIT`] jobs of `what` (compared with `at` where it
+/// compares a time) as JSON, and how many there are.
+fn jobs_where(db: &Db<'_>, what: Attention, at: i64) -> Result<(Vec<Value>, i64), OpError> {
+    let (listed, n) = jobs::listed(db, what, at, LIST_LIMIT)?;
+    let items = listed
+        .into_iter()
+        .map(|j| {
+            json!({
+                "source": j.source,
+                "event_id": j.event_id,
+                "action": j.action,
+                "kind": j.kind,
+                "status": j.status,
+                "attempts": j.n_attempts,
+                "lease_owner": j.lease_owner,
+                "lease_until": secs(j.lease_until),
+                "next_attempt_at": secs(j.next_attempt_at),
+                "last_error": j.last_error,
+                "updated_at": secs(j.updated_at),
+                "order_key": j.order_key,
+            })
+        })
+        .collect();
     Ok((items, n))
 }
 
 /// The paused actions that hold jobs, with how many each holds.
 fn paused_actions(db: &Db<'_>) -> Result<Vec<Value>, OpError> {
-    let mut paused = Vec::new();
-    for r in db.query(
-        "SELECT p.source, p.action, p.paused_at, count(j.id) FROM paused_actions p
-         JOIN jobs j ON j.source = p.source AND j.action = p.action AND j.status = 'paused'
-         GROUP BY p.source, p.action, p.paused_at ORDER BY p.paused_at",
-        &[],
-    )? {
-        paused.push(json!({
-            "source": r.string(0)?,
-            "action": r.string(1)?,
-            "paused_at": ms_to_secs(r.i64(2)?),
-            "waiting": r.i64(3)?,
-        }));
-    }
-    Ok(paused)
+    Ok(paused::holding(db)?
+        .into_iter()
+        .map(|p| {
+            json!({
+                "source": p.source,
+                "action": p.action,
+                "paused_at": ms_to_secs(p.paused_at),
+                "waiting": p.waiting,
+            })
+        })
+        .collect())
 }
 
 /// The jobs a parked job waits for: the actions its `after` names that are
@@ -174,12 +138,7 @@ fn waiting_for(db: &Db<'_>, config: &Config, item: &Value) -> Result<Value, OpEr
     );
     let after = forward_of(config, source, action).map(|f| f.after.as_slice());
     let mut out = Vec::new();
-    for r in db.query(
-        "SELECT action, status FROM jobs
-         WHERE source = ?1 AND event_id = ?2 AND action <> ?3 AND status <> 'done' ORDER BY id",
-        args![source, event_id, action],
-    )? {
-        let (name, status) = (r.string(0)?, r.string(1)?);
+    for (name, status) in jobs::not_done_besides(db, source, event_id, action)? {
         if after.is_none_or(|a| a.contains(&name)) {
             out.push(json!({"action": name, "status": status}));
         }
@@ -353,7 +312,7 @@ pub fn mark_done(
 /// A job as [`mark_one`] reads it under its lock.
 struct Locked {
     job_id: i64,
-    status: String,
+    status: JobStatus,
     n_attempts: i64,
     processing: bool,
     updated_at: i64,
@@ -363,29 +322,23 @@ struct Locked {
 /// One job the downstream has done: marked done (true), or left alone
 /// with the reason in `c.left_alone` when it is gone or moved on.
 fn mark_one(db: &Db<'_>, c: &mut Checked, worker: &str, now: i64) -> Result<bool, StoreError> {
-    let current = db.query_opt(
-        &format!(
-            "SELECT id, status, n_attempts, lease_until, updated_at, lease_owner FROM jobs
-             WHERE source = ?1 AND event_id = ?2 AND action = ?3{}",
-            db.dialect().for_update()
-        ),
-        args![&c.source, &c.event_id, &c.action],
-    )?;
-    let Some(r) = current else {
+    let Some(r) = jobs::lock_leased(db, &c.source, &c.event_id, &c.action)? else {
         c.left_alone = Some("the job is gone (pruned); left alone".to_string());
         return Ok(false);
     };
-    let (status, lease_until) = (r.string(1)?, r.opt_i64(3)?);
+    let lease_until = r.lease_until;
     let job = Locked {
-        job_id: r.i64(0)?,
-        processing: status == JobStatus::Processing.as_str(),
-        status,
-        n_attempts: r.i64(2)?,
-        updated_at: r.i64(4)?,
-        owner: r.opt_string(5)?,
+        job_id: r.id,
+        processing: r.status == JobStatus::Processing,
+        status: r.status,
+        n_attempts: r.n_attempts,
+        updated_at: r.updated_at,
+        owner: r.lease_owner,
     };
     let lease_ran_out = lease_until.is_none_or(|at| at < now);
-    if job.status != c.status || job.n_attempts != c.attempts || (job.processing && !lease_ran_out)
+    if job.status.as_str() != c.status
+        || job.n_attempts != c.attempts
+        || (job.processing && !lease_ran_out)
     {
         c.left_alone = Some(format!(
             "the job moved on since it was asked about (now {}, {} attempt(s)); left alone",
@@ -408,43 +361,45 @@ fn confirm(
     now: i64,
 ) -> Result<i64, StoreError> {
     let job_id = job.job_id;
-    let last_recorded = db
-        .query_one(
-            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
-            args![job_id],
-        )?
-        .i64(0)?;
+    let last_recorded = attempts::last_n(db, job_id)?;
     if job.processing && last_recorded < job.n_attempts {
-        db.execute(
-            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-             VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)
-             ON CONFLICT DO NOTHING",
-            args![job_id, job.n_attempts, job.updated_at, now, &job.owner],
+        attempts::insert_if_new(
+            db,
+            &AttemptRow {
+                job_id,
+                n: job.n_attempts,
+                started_at: job.updated_at,
+                finished_at: Some(now),
+                outcome: Some(AttemptOutcome::Retry),
+                error: Some(
+                    "the lease expired before the attempt was recorded (worker crashed or hung)"
+                        .to_string(),
+                ),
+                error_kind: Some("lease".to_string()),
+                worker: job.owner.clone(),
+                ..AttemptRow::default()
+            },
         )?;
     }
     let n = job.n_attempts.max(last_recorded) + 1;
     let a = &c.asked;
-    db.execute(
-        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
-                               error_kind, request_id, response_head, worker)
-         VALUES (?1, ?2, ?3, ?4, 'ok', ?5, 'confirmed', ?6, ?7, ?8)",
-        args![
+    attempts::insert(
+        db,
+        &AttemptRow {
             job_id,
             n,
-            a.started_at,
-            a.finished_at,
-            a.http_status.map(i64::from),
-            &a.request_id,
-            &a.response_head,
-            worker,
-        ],
+            started_at: a.started_at,
+            finished_at: Some(a.finished_at),
+            outcome: Some(AttemptOutcome::Ok),
+            http_status: a.http_status.map(i64::from),
+            error_kind: Some("confirmed".to_string()),
+            request_id: a.request_id.clone(),
+            response_head: a.response_head.clone(),
+            worker: Some(worker.to_string()),
+            ..AttemptRow::default()
+        },
     )?;
-    let changed = db.execute(
-        "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
-                lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
-         WHERE id = ?1 AND status = ?4 AND n_attempts = ?5",
-        args![job_id, n, now, &job.status, job.n_attempts],
-    )?;
+    let changed = jobs::close_done(db, job_id, n, (job.status, job.n_attempts), now)?;
     if changed != 1 {
         // Cannot happen under the lock above; never mark what moved.
         return Err(StoreError::other(format!(
@@ -659,13 +614,15 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<Outcom
     } else {
         report
     };
+    let mut out = stdout();
     if json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?
-        );
+        )?;
     } else {
-        print!("{}", render(&report));
+        write!(out, "{}", render(&report))?;
     }
     Ok(if report["clean"].as_bool() == Some(true) {
         Outcome::Done

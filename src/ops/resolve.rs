@@ -12,6 +12,7 @@
 //! job again in the write transaction).
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -20,11 +21,12 @@ use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
 use super::open::{open_db_read, open_db_write};
 use super::replay::Origin;
-use super::text::clean;
-use crate::args;
+use super::text::{clean, stdout};
 use crate::config::Config;
-use crate::store::StoreError;
+use crate::state::{AttemptOutcome, JobStatus};
+use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::Db;
+use crate::store::{StoreError, events, jobs};
 use crate::time::now_ms;
 
 /// The longest note kept, in bytes; longer ones are refused.
@@ -81,27 +83,19 @@ pub fn plan(
             note.len()
         )));
     }
-    let state: Option<String> = conn
-        .query_opt(
-            "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
-            args![source, event_id],
-        )?
-        .map(|r| r.string(0))
-        .transpose()?;
-    let Some(state_before) = state else {
+    let Some(state_before) = events::state(conn, source, event_id)? else {
         return Err(not_found(source, event_id));
     };
-    let job: Option<(i64, String, String, i64, i64)> = conn
-        .query_opt(
-            "SELECT j.id, j.kind, j.status, j.n_attempts,
-                    (SELECT coalesce(max(n), 0) FROM attempts a WHERE a.job_id = j.id)
-             FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 AND j.action = ?3",
-            args![source, event_id, action],
-        )?
-        .map(|r| -> Result<_, StoreError> {
-            Ok((r.i64(0)?, r.string(1)?, r.string(2)?, r.i64(3)?, r.i64(4)?))
-        })
-        .transpose()?;
+    let state_before = state_before.as_str().to_string();
+    let job = jobs::of_action(conn, source, event_id, action)?.map(|(j, max_n)| {
+        (
+            j.id,
+            j.kind.as_str().to_string(),
+            j.status.as_str().to_string(),
+            j.n_attempts,
+            max_n,
+        )
+    });
     let Some((job_id, kind, status, n_attempts, max_n)) = job else {
         return Err(OpError::NotFound(format!(
             "event {}/{} has no job for action {}",
@@ -152,49 +146,31 @@ pub fn apply(
     origin: Origin,
     now: i64,
 ) -> Result<Result<Done, String>, StoreError> {
-    let current = conn
-        .query_opt(
-            &format!(
-                "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
-                conn.dialect().for_update()
-            ),
-            args![plan.job_id],
-        )?
-        .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
-        .transpose()?;
-    let Some((status, n_attempts)) = current else {
+    let Some((status, n_attempts)) = jobs::lock_status(conn, plan.job_id)? else {
         return Ok(Err("the job is gone (pruned)".to_string()));
     };
-    let max_n = conn
-        .query_one(
-            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
-            args![plan.job_id],
-        )?
-        .i64(0)?;
-    let last_n = n_attempts.max(max_n);
-    if status != "failed" {
+    let last_n = n_attempts.max(attempts::last_n(conn, plan.job_id)?);
+    if status != JobStatus::Failed {
         return Ok(Err(format!(
             "the job is now {status}, not failed: left alone"
         )));
     }
     let n = last_n + 1;
-    conn.execute(
-        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error_kind, worker, note)
-         VALUES (?1, ?2, ?3, ?3, 'ok', 'operator', ?4, ?5)",
-        args![
-            plan.job_id,
+    attempts::insert(
+        conn,
+        &AttemptRow {
+            job_id: plan.job_id,
             n,
-            now,
-            format!("resolve:{}", origin.name()),
-            &plan.note
-        ],
+            started_at: now,
+            finished_at: Some(now),
+            outcome: Some(AttemptOutcome::Ok),
+            error_kind: Some("operator".to_string()),
+            worker: Some(format!("resolve:{}", origin.name())),
+            note: Some(plan.note.clone()),
+            ..AttemptRow::default()
+        },
     )?;
-    conn.execute(
-        "UPDATE jobs SET status = 'done', n_attempts = ?2, next_attempt_at = NULL,
-                lease_owner = NULL, lease_until = NULL, last_error = NULL, updated_at = ?3
-         WHERE id = ?1 AND status = 'failed'",
-        args![plan.job_id, n, now],
-    )?;
+    jobs::close_done(conn, plan.job_id, n, (status, n_attempts), now)?;
     let state = crate::with_tx!(conn, |tx| crate::ingest::refresh_event_state_in(
         tx,
         &plan.source,
@@ -202,7 +178,7 @@ pub fn apply(
         now
     ))?;
     // A forward job waiting on this action (`after`) may be due now.
-    super::replay::notify_workers(conn)?;
+    jobs::wake_workers(conn)?;
     Ok(Ok(Done { attempt: n, state }))
 }
 
@@ -263,6 +239,7 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
         action,
         note,
     } = request;
+    let mut out = stdout();
     if !yes {
         let mut handle = open_db_read(config)?;
         let plan = plan(&handle.db(), source, event_id, action, note)
@@ -270,8 +247,8 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
         if let Some(reason) = plan.refused {
             return Err(CommandError::Usage(reason));
         }
-        print!("{}", render_plan(&plan));
-        println!("nothing changed: run again with --yes to do this");
+        write!(out, "{}", render_plan(&plan))?;
+        writeln!(out, "nothing changed: run again with --yes to do this")?;
         return Ok(Outcome::Done);
     }
     let mut handle = open_db_write(config)?;
@@ -288,14 +265,15 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
     if let Some(reason) = plan.refused {
         return Err(CommandError::Usage(reason));
     }
-    print!("{}", render_plan(&plan));
+    write!(out, "{}", render_plan(&plan))?;
     // The job moved on since the plan: said after the plan.
     let done = done.map_err(CommandError::Usage)?;
-    println!(
+    writeln!(
+        out,
         "resolved: attempt {} recorded as ok (operator); the job is done",
         done.attempt
-    );
-    println!("event state now: {}", done.state);
+    )?;
+    writeln!(out, "event state now: {}", done.state)?;
     Ok(Outcome::Done)
 }
 

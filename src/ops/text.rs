@@ -1,9 +1,20 @@
 //! Printing to a terminal: times as UTC, untrusted text (event ids,
 //! types, errors, bodies) with its control characters escaped, and plain
 //! left-aligned tables. Every operator command's human output goes
-//! through these; the JSON output does not.
+//! through these; the JSON output does not. Every command writes through
+//! [`stdout`], whose writes return their errors: a command returns them
+//! (`CommandError::Output`) and `cli` alone decides what they mean.
+
+use std::io;
 
 use serde_json::Value;
+
+/// Where a command prints: stdout, line by line. A write that fails (a
+/// full disk, a reader that went away) is an error the command returns,
+/// never a panic.
+pub fn stdout() -> io::StdoutLock<'static> {
+    io::stdout().lock()
+}
 
 /// Unix seconds as `2025-11-30T10:00:00Z`.
 pub fn fmt_time(secs: i64) -> String {

@@ -36,6 +36,7 @@
 
 use std::cell::RefCell;
 use std::error::Error as StdError;
+use std::str::FromStr;
 
 use postgres::Client;
 use postgres::types::private::BytesMut;
@@ -44,6 +45,9 @@ use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 
 use super::{StoreError, StoreErrorKind};
+use crate::state::{
+    Answer, AttemptOutcome, Delivery, EventState, JobKind, JobStatus, ReplayResult, UnknownWord,
+};
 
 /// Which SQL a [`Db`] speaks, for the few places the text must differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,7 +207,64 @@ impl Row {
             _ => Err(self.wrong(i, "bytes")),
         }
     }
+
+    /// A stored word read back as its `state.rs` enum; a word this build
+    /// does not know is a storage error naming it.
+    pub fn word<T: FromStr<Err = UnknownWord>>(&self, i: usize) -> Result<T, StoreError> {
+        self.opt_word(i)?.ok_or_else(|| self.wrong(i, "a word"))
+    }
+
+    /// [`Row::word`] of a nullable column.
+    pub fn opt_word<T: FromStr<Err = UnknownWord>>(
+        &self,
+        i: usize,
+    ) -> Result<Option<T>, StoreError> {
+        self.opt_string(i)?
+            .map(|w| {
+                w.parse()
+                    .map_err(|e: UnknownWord| StoreError::other(format!("column {i}: {e}")))
+            })
+            .transpose()
+    }
 }
+
+/// The `state.rs` enums bind as their stored words, here and in
+/// SQLite's own statements (the claim's and the outbox's), and read back
+/// from them (a word this build does not know is an error naming it).
+macro_rules! words_bind_as_text {
+    ($($t:ty),+) => {$(
+        impl From<$t> for Value {
+            fn from(v: $t) -> Value {
+                Value::Text(v.as_str().to_string())
+            }
+        }
+
+        impl rusqlite::types::ToSql for $t {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                Ok(rusqlite::types::ToSqlOutput::Borrowed(ValueRef::Text(
+                    self.as_str().as_bytes(),
+                )))
+            }
+        }
+
+        impl rusqlite::types::FromSql for $t {
+            fn column_result(v: ValueRef<'_>) -> rusqlite::types::FromSqlResult<$t> {
+                v.as_str()?
+                    .parse()
+                    .map_err(|e: UnknownWord| rusqlite::types::FromSqlError::Other(Box::new(e)))
+            }
+        }
+    )+};
+}
+words_bind_as_text!(
+    JobStatus,
+    JobKind,
+    EventState,
+    AttemptOutcome,
+    Delivery,
+    ReplayResult,
+    Answer
+);
 
 /// A connection of either backend, with or without an open transaction
 /// (its owner opened it). Calls take `&self`: the PostgreSQL client sits
@@ -393,6 +454,32 @@ pub fn pg_read<T, E: TxError>(
     // Nothing was written: ending it cannot lose anything.
     let _ = client.batch_execute("ROLLBACK");
     outcome
+}
+
+/// Runs `body` in a savepoint of its own inside the writer's open
+/// transaction on `conn`: released on Ok; rolled back to on Err, which
+/// comes back as `Ok(Err(refusal))`, or as the storage error that fails
+/// the writer's call.
+pub fn sqlite_savepoint<T, E: TxError>(
+    conn: &Connection,
+    body: &mut impl FnMut(&Db<'_>) -> Result<T, E>,
+) -> Result<Result<T, E>, StoreError> {
+    conn.prepare_cached("SAVEPOINT admin")?.execute([])?;
+    match body(&Db::sqlite(conn)) {
+        Ok(v) => {
+            conn.prepare_cached("RELEASE admin")?.execute([])?;
+            Ok(Ok(v))
+        }
+        Err(e) => {
+            // Gone already when SQLite rolled the whole transaction back
+            // (disk full); the writer notices.
+            let _ = conn.execute_batch("ROLLBACK TO admin; RELEASE admin");
+            match e.as_store() {
+                Some(store) => Err(store.clone()),
+                None => Ok(Err(e)),
+            }
+        }
+    }
 }
 
 /// Runs `body` in one `BEGIN IMMEDIATE` transaction on `conn`.
@@ -683,6 +770,26 @@ pub fn to_dollars(sql: &str) -> Result<String, StoreError> {
 mod tests {
     use super::*;
     use crate::store::pg_cluster;
+
+    #[test]
+    fn sqlite_reads_and_writes_the_words() {
+        let conn = Connection::open_in_memory().unwrap();
+        let s: JobStatus = conn
+            .query_row("SELECT ?1", [JobStatus::Paused], |r| r.get(0))
+            .unwrap();
+        assert_eq!(s, JobStatus::Paused);
+        let bad = conn.query_row("SELECT 'lost'", [], |r| r.get::<_, JobStatus>(0));
+        assert!(bad.is_err());
+        let row = Row(vec![Value::Text("lost".into())]);
+        assert!(
+            row.word::<JobStatus>(0).is_err(),
+            "an unknown word is an error"
+        );
+        assert_eq!(
+            Row(vec![Value::Null]).opt_word::<JobStatus>(0).unwrap(),
+            None
+        );
+    }
 
     #[test]
     fn placeholders_become_dollars_outside_literals_and_comments() {

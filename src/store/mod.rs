@@ -5,10 +5,16 @@
 //! backends (`db.rs`). Only `store/`, `ingest.rs` and the
 //! modules that own a table's queries run SQL; nothing here knows HTTP.
 
+pub mod attempts;
 pub mod control;
 pub mod db;
+pub mod deliveries;
+pub mod events;
+pub mod incidents;
+pub mod jobs;
 pub mod meta;
 pub mod named;
+pub mod paused;
 pub mod pg;
 #[cfg(test)]
 #[path = "../../tests/support/pg_cluster.rs"]
@@ -17,6 +23,8 @@ pub mod pg_group;
 pub mod pg_maint;
 mod pg_pass;
 pub mod pg_tx;
+pub mod prune;
+pub mod replays;
 pub mod sqlite;
 pub mod tx;
 pub mod writer;
@@ -97,6 +105,22 @@ impl From<rusqlite::Error> for StoreError {
             message: e.to_string(),
         }
     }
+}
+
+/// A pool of read-only connections (the admin API's reads, the gauges).
+pub type ReadPool = r2d2::Pool<r2d2_sqlite::SqliteConnectionManager>;
+
+/// At most four read-only connections to the database at `path`, opened
+/// when needed, each with the busy timeout.
+pub fn read_pool(path: &Path, busy: Duration) -> Result<ReadPool, StoreError> {
+    let manager = r2d2_sqlite::SqliteConnectionManager::file(path)
+        .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .with_init(move |c| c.busy_timeout(busy));
+    r2d2::Pool::builder()
+        .max_size(4)
+        .min_idle(Some(0))
+        .build(manager)
+        .map_err(|e| StoreError::other(format!("cannot open the read pool: {e}")))
 }
 
 /// Opens a read-write connection: WAL, the durability's synchronous level,

@@ -224,6 +224,115 @@ fn a_closed_pipe_ends_every_printing_command_quietly_with_exit_0() {
     }
 }
 
+/// The stored events of a list long enough (about 200 KiB of table) that
+/// a reader which stops after one line leaves the command writing into a
+/// closed pipe, whatever the pipe's buffer holds.
+fn store_many_events(server: &Server, n: usize) {
+    let mut conn = server.db_rw();
+    let tx = conn.transaction().expect("begin");
+    for i in 0..n {
+        tx.execute(
+            "INSERT INTO events (source, event_id, type, state, received_at, payload_hash, headers)
+             VALUES ('stripe', ?1, 'charge.succeeded', 'completed', ?2, 'h', '{}')",
+            rusqlite::params![
+                format!("evt_many_{i:05}_{}", "x".repeat(40)),
+                1_764_460_800_000_i64 + i as i64
+            ],
+        )
+        .expect("insert an event");
+    }
+    tx.commit().expect("commit");
+}
+
+/// The command line of `idemhook --config CONFIG events list` for `server`.
+fn events_list(server: &Server) -> Command {
+    let config = server
+        .config_path()
+        .expect("a config file")
+        .display()
+        .to_string();
+    let mut cmd = Command::new(binary());
+    cmd.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    cmd.envs(env())
+        .args(["--config", &config, "events", "list"])
+        .current_dir(server.dir())
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// `idemhook events list | head -1`: head reads one line and goes; the
+/// list's next writes fail with EPIPE, and the command stops quietly with
+/// exit 0 (not a panic, not an error line).
+#[test]
+fn events_list_into_head_1_exits_0_quietly() {
+    let server = Server::start(&stripe(""), &env());
+    store_many_events(&server, 2_000);
+    let mut list = events_list(&server)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run idemhook");
+    let head = Command::new("head")
+        .arg("-1")
+        .stdin(list.stdout.take().expect("the list's stdout"))
+        .stdout(Stdio::piped())
+        .output()
+        .expect("run head");
+    let first = String::from_utf8_lossy(&head.stdout).to_string();
+    assert!(
+        first.starts_with("RECEIVED") && first.lines().count() == 1,
+        "head printed the table's first line: {first:?}"
+    );
+    let status = wait_for(
+        CLI_TIMEOUT,
+        "`idemhook events list` to end once head has gone",
+        || match list.try_wait() {
+            Ok(Some(status)) => Ok(status),
+            Ok(None) => Err("still running".to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+    );
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut list.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert!(
+        status.code() == Some(0) && stderr.is_empty(),
+        "`idemhook events list | head -1`\n  expected: exit 0, nothing on stderr\n  got: {status} with stderr:\n{stderr}"
+    );
+}
+
+/// `idemhook events list > /dev/full`: the write fails with ENOSPC. The
+/// command ends with exit 2 and one error line that says what failed (it
+/// used to panic, exit 101, with a backtrace hint).
+#[test]
+fn events_list_into_a_full_device_is_one_error_line_and_exit_2() {
+    let server = Server::start(&stripe(""), &env());
+    assert_eq!(deliver(&server, &event("evt_full")), 200);
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let out = events_list(&server)
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run idemhook");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        out.status.code() == Some(2)
+            && lines.len() == 1
+            && lines[0].starts_with("idemhook: cannot write the output: ")
+            && lines[0].contains("No space left on device")
+            && !stderr.contains("panicked"),
+        "`idemhook events list > /dev/full`\n  expected: exit 2 and one line naming the failed write\n  got: {} with stderr:\n{stderr}",
+        out.status
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Log levels
 // ---------------------------------------------------------------------------

@@ -353,6 +353,55 @@ fn events_list_and_show_print_the_contract_json() {
     );
 }
 
+/// Regression: a replayed SQL job's run starts in the replay's own
+/// millisecond, and the replay was placed after that run (in the
+/// inspector's `after_attempt`, and after every attempt in `events show`).
+/// It comes between the failed attempt and the run it caused.
+#[test]
+fn a_replayed_sql_job_shows_the_replay_before_the_run_it_caused() {
+    let server = Server::start(
+        &config("", "").set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN")),
+        &env(),
+    );
+    deliver(&server, &body("evt_rerun_order", "charge.succeeded", -3));
+    fix_the_ledger(&server);
+    server
+        .run_cli(&["replay", "stripe", "evt_rerun_order", "--yes"])
+        .assert_success();
+    assert_eq!(
+        job_status(&server, "evt_rerun_order", "ledger").as_deref(),
+        Some("done")
+    );
+
+    let shown = server.run_cli(&["events", "show", "stripe", "evt_rerun_order"]);
+    shown.assert_success();
+    let history: Vec<&str> = shown
+        .stdout
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('#') || l.starts_with("replayed "))
+        .map(|l| l.split_whitespace().next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        history,
+        vec!["#1", "replayed", "#2"],
+        "the failed attempt, the replay, its run\n{}",
+        shown.stdout
+    );
+    let (status, event) = api(
+        &server,
+        "GET",
+        "/api/events/stripe/evt_rerun_order?details=true",
+        Some(ADMIN_TOKEN),
+        b"",
+    );
+    assert_eq!(status, 200, "{event}");
+    assert_eq!(
+        event["replays"][0]["after_attempt"], 1,
+        "the replay comes after attempt 1, before its run (2): {event}"
+    );
+}
+
 #[test]
 fn replay_without_yes_changes_nothing_then_reruns_a_failed_sql_job_once() {
     let mut server = Server::start(&config("", ""), &env());

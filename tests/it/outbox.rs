@@ -728,6 +728,116 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once(backend: Backe
 }
 both_backends!(reject_400_fails_after_one_attempt_and_replay_delivers_it_once);
 
+/// The lines of `events show`'s human view about `action`'s job: its
+/// attempts (`#n ...`) and replays (`replayed ...`), in printed order.
+fn history_lines(shown: &str) -> Vec<String> {
+    shown
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('#') || l.starts_with("replayed "))
+        .map(|l| l.split_whitespace().next().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Regression: `events show` printed a replay after all the job's
+/// attempts, also after the attempt the replay itself caused. It comes
+/// in time order: after the failed attempt, before the replay's run.
+fn events_show_prints_a_replay_between_the_attempts_around_it(backend: Backend) {
+    let ds = Downstream::start();
+    let id = "evt_replay_order";
+    ds.script(&key(id), Behavior::Reject400);
+    let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
+    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    wait_job(&server, id, ACTION, "failed");
+    ds.clear_script(&key(id));
+    server
+        .run_cli(&["replay", SOURCE, id, "--yes"])
+        .assert_success();
+    wait_job(&server, id, ACTION, "done");
+
+    let shown = server.run_cli(&["events", "show", SOURCE, id]);
+    shown.assert_success();
+    assert_eq!(
+        history_lines(&shown.stdout),
+        vec!["#1", "replayed", "#2"],
+        "the failed attempt, the replay, the replay's run\n----- events show -----\n{}",
+        shown.stdout
+    );
+}
+both_backends!(events_show_prints_a_replay_between_the_attempts_around_it);
+
+/// An event whose forward job waits for a paused action: the JSON keeps
+/// the contract's event states (accepted, processing, completed, failed;
+/// the job is `paused`, waiting for `paused`), and the human views say
+/// that it is paused (a bare `accepted` or `processing` read as if its
+/// job were on its way).
+fn an_event_whose_job_is_paused_says_so_in_show_and_list(backend: Backend) {
+    let ds = Downstream::start();
+    let id = "evt_held";
+    let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
+    server
+        .run_cli(&["pause", &format!("{SOURCE}/{ACTION}")])
+        .assert_success();
+    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    wait_job(&server, id, ACTION, "paused");
+
+    let json = server
+        .run_cli(&["events", "show", SOURCE, id, "--json"])
+        .json();
+    let state = json["state"].as_str().unwrap_or_default().to_string();
+    assert!(
+        ["accepted", "processing"].contains(&state.as_str()),
+        "the JSON keeps one of the contract's open event states: {json}"
+    );
+    assert_eq!(json["jobs"][0]["status"], "paused", "{json}");
+    assert_eq!(json["jobs"][0]["waiting_for"], "paused", "{json}");
+    let shown = server.run_cli(&["events", "show", SOURCE, id]);
+    shown.assert_success();
+    assert!(
+        shown
+            .stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("state")
+                && l.contains(&format!(
+                    "{state} (paused: notify; waits for `idemhook resume`)"
+                ))),
+        "events show says the event waits for a paused action\n{}",
+        shown.stdout
+    );
+    let listed = server.run_cli(&["events", "list"]);
+    listed.assert_success();
+    let row = listed
+        .stdout
+        .lines()
+        .find(|l| l.contains(id))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        row.trim_end().ends_with(&format!("{state} (paused)")),
+        "events list marks the paused event: {row:?}\n{}",
+        listed.stdout
+    );
+    let list_json = server.run_cli(&["events", "list", "--json"]).json();
+    assert_eq!(list_json[0]["state"], state.as_str(), "{list_json}");
+    assert_eq!(
+        list_json[0].as_object().map(|o| o.len()),
+        Some(5),
+        "the list's JSON keeps its five fields: {list_json}"
+    );
+
+    server
+        .run_cli(&["resume", &format!("{SOURCE}/{ACTION}")])
+        .assert_success();
+    wait_job(&server, id, ACTION, "done");
+    let listed = server.run_cli(&["events", "list"]);
+    assert!(
+        !listed.stdout.contains("paused") && listed.stdout.contains("completed"),
+        "once resumed and delivered, nothing says paused\n{}",
+        listed.stdout
+    );
+}
+both_backends!(an_event_whose_job_is_paused_says_so_in_show_and_list);
+
 // ---------------------------------------------------------------------------
 // 2. What the downstream receives
 // ---------------------------------------------------------------------------

@@ -7,11 +7,12 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use super::{Done, Origin, Step, requeued_forward};
-use crate::args;
 use crate::config::{ActionKind, Config};
 use crate::ingest::{self, Claim};
-use crate::store::StoreError;
-use crate::store::db::{self, Db};
+use crate::state::{AttemptOutcome, JobStatus};
+use crate::store::attempts::{self, AttemptRow};
+use crate::store::db::Db;
+use crate::store::{StoreError, events, jobs, paused, replays};
 use crate::time::now_ms;
 
 /// Re-opens the planned jobs in the caller's write transaction. A job whose
@@ -48,7 +49,7 @@ pub fn apply(
     // Re-opened forward jobs (or jobs waiting on an SQL job done now):
     // every instance's workers are woken at the commit (they poll too).
     if requeued_forward(&out) || out.iter().any(|d| d.kind == "sql" && d.result == "ok") {
-        notify_workers(conn)?;
+        jobs::wake_workers(conn)?;
     }
     Ok(out)
 }
@@ -74,47 +75,28 @@ fn apply_step(
         error: None,
         status: None,
     };
-    let current = conn
-        .query_opt(
-            &format!(
-                "SELECT status, n_attempts FROM jobs WHERE id = ?1{}",
-                conn.dialect().for_update()
-            ),
-            args![s.job_id],
-        )?
-        .map(|r| -> Result<_, StoreError> { Ok((r.string(0)?, r.i64(1)?)) })
-        .transpose()?;
-    let Some((status, n_attempts)) = current else {
+    let Some((status, n_attempts)) = jobs::lock_status(conn, s.job_id)? else {
         done.error = Some("the job is gone (pruned)".to_string());
         return Ok(done);
     };
-    if status != s.from_status {
+    if status.as_str() != s.from_status {
         done.error = Some(format!("the job is now {status}; left alone"));
         return Ok(done);
     }
-    conn.execute(
-        "INSERT INTO replays (job_id, replayed_at, from_status, forced, origin)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-        args![s.job_id, now, &s.from_status, s.forced, origin.name()],
-    )?;
+    let from = status;
+    replays::insert(conn, s.job_id, now, from, s.forced, origin.name())?;
     if s.kind == "sql" {
         rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
         return Ok(done);
     }
     // A paused action's job waits for the resume, like its other jobs.
-    let paused = conn
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2)",
-            args![&s.source, &s.action],
-        )?
-        .bool(0)?;
-    let to = if paused { "paused" } else { "pending" };
-    let reopened = conn.execute(
-        "UPDATE jobs SET status = ?4, next_attempt_at = ?2, lease_owner = NULL,
-                lease_until = NULL, waiting = NULL, updated_at = ?2
-         WHERE id = ?1 AND status = ?3",
-        args![s.job_id, now, &s.from_status, to],
-    )?;
+    let paused = paused::is_paused(conn, &s.source, &s.action)?;
+    let to = if paused {
+        JobStatus::Paused
+    } else {
+        JobStatus::Pending
+    };
+    let reopened = jobs::reopen(conn, s.job_id, from, to, now)?;
     if reopened != 1 {
         return Err(StoreError::other(format!(
             "job {} changed while it was locked for the replay",
@@ -135,47 +117,11 @@ fn requeue_in_order(conn: &Db<'_>, s: &Step, now: i64) -> Result<(), StoreError>
     if s.from_status == "failed" {
         return Ok(());
     }
-    let Some(key) = conn
-        .query_opt(
-            "SELECT order_key FROM jobs WHERE id = ?1 AND order_key IS NOT NULL",
-            args![s.job_id],
-        )?
-        .map(|r| r.string(0))
-        .transpose()?
-    else {
+    let Some(key) = jobs::order_key(conn, s.job_id)? else {
         return Ok(());
     };
-    let last = conn
-        .query_one(
-            &format!(
-                "SELECT max(order_seq) FROM jobs WHERE {} AND id <> ?4",
-                crate::store::tx::order_open("?1", "?2", "?3")
-            ),
-            args![&s.source, &s.action, key.as_str(), s.job_id],
-        )?
-        .opt_i64(0)?;
-    conn.execute(
-        "UPDATE jobs SET order_seq = ?2,
-                next_attempt_at = CASE WHEN ?3 THEN NULL ELSE next_attempt_at END,
-                waiting = CASE WHEN ?3 AND status = 'pending' THEN 'order' ELSE waiting END,
-                updated_at = ?4
-          WHERE id = ?1",
-        args![s.job_id, last.unwrap_or(0) + 1, last.is_some(), now],
-    )?;
-    Ok(())
-}
-
-/// On PostgreSQL, wakes the forward workers of every instance when the
-/// caller's transaction commits (`NOTIFY` is delivered then, or never).
-/// Nothing on SQLite: the server's own wake-up is the caller's.
-pub fn notify_workers(conn: &Db<'_>) -> Result<(), StoreError> {
-    if conn.dialect() == db::Dialect::Postgres {
-        conn.execute(
-            &format!("NOTIFY {}", crate::store::pg_tx::JOBS_CHANNEL),
-            &[],
-        )?;
-    }
-    Ok(())
+    let last = jobs::last_order_seq(conn, &s.source, &s.action, &key, s.job_id)?;
+    jobs::move_in_order(conn, s.job_id, last.unwrap_or(0) + 1, last.is_some(), now)
 }
 
 /// Runs an SQL job's statement again on the stored event and records the
@@ -203,49 +149,40 @@ fn rerun_sql(
         }
         _ => Err("the action is no longer an sql action in the config".to_string()),
     };
-    let max_n = conn
-        .query_one(
-            "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1",
-            args![s.job_id],
-        )?
-        .i64(0)?;
-    let n = n_attempts.max(max_n) + 1;
+    let n = n_attempts.max(attempts::last_n(conn, s.job_id)?) + 1;
     let finished = now_ms().max(now);
     // A forced re-run of a done job that fails leaves the job done: its
     // effect already happened once. The failed attempt
     // is recorded and reported all the same.
     let (status, outcome, error) = match &result {
-        Ok(()) => ("done", "ok", None),
-        Err(e) if s.from_status == "done" => ("done", "failed", Some(e.as_str())),
-        Err(e) => ("failed", "failed", Some(e.as_str())),
+        Ok(()) => (JobStatus::Done, AttemptOutcome::Ok, None),
+        Err(e) if s.from_status == "done" => {
+            (JobStatus::Done, AttemptOutcome::Failed, Some(e.as_str()))
+        }
+        Err(e) => (JobStatus::Failed, AttemptOutcome::Failed, Some(e.as_str())),
     };
-    conn.execute(
-        "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        args![
-            s.job_id,
+    attempts::insert(
+        conn,
+        &AttemptRow {
+            job_id: s.job_id,
             n,
-            now,
-            finished,
-            outcome,
-            error,
-            error.map(|_| "sql"),
-            format!("replay:{}", origin.name()),
-        ],
+            started_at: now,
+            finished_at: Some(finished),
+            outcome: Some(outcome),
+            error: error.map(str::to_string),
+            error_kind: error.map(|_| "sql".to_string()),
+            worker: Some(format!("replay:{}", origin.name())),
+            ..AttemptRow::default()
+        },
     )?;
-    let last_error = if status == "failed" {
-        error.map(str::to_string)
+    let last_error = if status == JobStatus::Failed {
+        error
     } else {
         None
     };
-    conn.execute(
-        "UPDATE jobs SET status = ?2, n_attempts = ?3, next_attempt_at = NULL,
-                last_error = coalesce(?4, last_error), updated_at = ?5
-         WHERE id = ?1",
-        args![s.job_id, status, n, last_error, finished],
-    )?;
+    jobs::record_run(conn, s.job_id, status, n, last_error, finished)?;
     done.attempt = n;
-    done.result = outcome.to_string();
+    done.result = outcome.as_str().to_string();
     done.error = error.map(str::to_string);
     done.status = Some(status.to_string());
     Ok(())
@@ -254,27 +191,19 @@ fn rerun_sql(
 /// The stored event as a claim, so an SQL action binds exactly what it
 /// bound the first time. None when the body was erased.
 fn stored_claim(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Claim>, StoreError> {
-    let Some(r) = conn.query_opt(
-        "SELECT type, payload, content_type, headers, payload_hash, verified_with, signed_at,
-                received_at
-         FROM events WHERE source = ?1 AND event_id = ?2",
-        args![source, event_id],
-    )?
+    let Some(events::Stored {
+        event_type,
+        payload: Some(body),
+        content_type,
+        headers: kept,
+        payload_hash: hash,
+        verified_with,
+        signed_at,
+        received_at: at,
+    }) = events::stored(conn, source, event_id)?
     else {
         return Ok(None);
     };
-    let Some(body) = r.opt_bytes(1)?.map(<[u8]>::to_vec) else {
-        return Ok(None);
-    };
-    let (event_type, content_type, kept, hash, verified_with, signed_at, at) = (
-        r.opt_string(0)?,
-        r.opt_string(2)?,
-        r.opt_string(3)?,
-        r.string(4)?,
-        r.opt_i64(5)?,
-        r.opt_i64(6)?,
-        r.i64(7)?,
-    );
     let headers: Vec<(String, String)> = kept
         .as_deref()
         .and_then(|h| serde_json::from_str::<serde_json::Map<String, Value>>(h).ok())

@@ -2,13 +2,14 @@
 //! one transaction, a batch in chunks), and what was done printed.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use super::{APPLY_CHUNK, Done, Origin, Plan, Target, apply, event_state, plan};
 use crate::config::Config;
 use crate::ops::command::{CommandError, Outcome};
 use crate::ops::error::OpError;
 use crate::ops::open::{open_db_read, open_db_write};
-use crate::ops::text::{cell, clean, fmt_json_time};
+use crate::ops::text::{cell, clean, fmt_json_time, stdout};
 use crate::store::db;
 use crate::time::now_ms;
 
@@ -18,9 +19,10 @@ pub fn cmd(config: &Config, target: &Target, yes: bool) -> Result<Outcome, Comma
     if !yes {
         let mut handle = open_db_read(config)?;
         let plan = plan(&handle.db(), config, target)?;
-        print!("{}", render_plan(&plan));
+        let mut out = stdout();
+        write!(out, "{}", render_plan(&plan))?;
         if !plan.steps.is_empty() {
-            println!("nothing changed: run again with --yes to do this");
+            writeln!(out, "nothing changed: run again with --yes to do this")?;
         }
         return Ok(Outcome::Done);
     }
@@ -37,7 +39,7 @@ fn replay_event_cli(
     handle: &mut db::Handle,
     config: &Config,
     target: &Target,
-) -> Result<Outcome, OpError> {
+) -> Result<Outcome, CommandError> {
     let (plan, applied) = handle.write(|db| {
         let plan = plan(db, config, target)?;
         if plan.steps.is_empty() {
@@ -54,13 +56,14 @@ fn replay_event_cli(
         };
         Ok::<_, OpError>((plan, Some((done, state))))
     })?;
-    print!("{}", render_plan(&plan));
+    let mut out = stdout();
+    write!(out, "{}", render_plan(&plan))?;
     let Some((done, state)) = applied else {
         return Ok(Outcome::Done);
     };
-    print!("{}", render_done(&done));
+    write!(out, "{}", render_done(&done))?;
     if let Some(state) = state {
-        println!("event state now: {state}");
+        writeln!(out, "event state now: {state}")?;
     }
     Ok(exit_for(&done))
 }
@@ -71,15 +74,16 @@ fn replay_batch_cli(
     handle: &mut db::Handle,
     config: &Config,
     target: &Target,
-) -> Result<Outcome, OpError> {
+) -> Result<Outcome, CommandError> {
     let plan = plan(&handle.db(), config, target)?;
-    print!("{}", render_plan(&plan));
+    let mut out = stdout();
+    write!(out, "{}", render_plan(&plan))?;
     let mut all = Vec::with_capacity(plan.steps.len());
     for chunk in plan.steps.chunks(APPLY_CHUNK) {
         let done = handle.write(|db| apply(db, config, chunk, Origin::Cli, now_ms()))?;
         all.extend(done);
     }
-    print!("{}", render_done(&all));
+    write!(out, "{}", render_done(&all))?;
     Ok(exit_for(&all))
 }
 

@@ -13,17 +13,18 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::args;
 use crate::config::{Config, parse_duration};
 use crate::ops::error::OpError;
+use crate::state::JobStatus;
 use crate::store::StoreError;
-use crate::store::db::{Db, Row};
+use crate::store::db::Db;
+use crate::store::{events, jobs};
 
 mod apply;
 mod cmd;
 mod plan;
 
-pub use apply::{apply, notify_workers};
+pub use apply::apply;
 pub use cmd::cmd;
 
 /// How many jobs one write transaction of a batch replay re-opens.
@@ -57,7 +58,8 @@ pub enum Target {
     Batch {
         source: Option<String>,
         /// Job status: failed or paused.
-        status: String,
+        /// Failed or paused.
+        status: JobStatus,
         action: Option<String>,
         /// Only events received at or after this time (ms).
         since_ms: Option<i64>,
@@ -73,13 +75,16 @@ impl Target {
         since: Option<&str>,
         now: i64,
     ) -> Result<Target, OpError> {
-        let status = status.unwrap_or_else(|| "failed".to_string());
-        if status != "failed" && status != "paused" {
-            return Err(OpError::Invalid(format!(
-                "a batch replay takes --status failed or --status paused, not {status:?} \
-                 (a done job is re-run only one event at a time, with --force)"
-            )));
-        }
+        let status = match status.as_deref() {
+            None | Some("failed") => JobStatus::Failed,
+            Some("paused") => JobStatus::Paused,
+            Some(other) => {
+                return Err(OpError::Invalid(format!(
+                    "a batch replay takes --status failed or --status paused, not {other:?} \
+                     (a done job is re-run only one event at a time, with --force)"
+                )));
+            }
+        };
         let since_ms = match since {
             Some(text) => {
                 let d =
@@ -168,22 +173,21 @@ struct JobRow {
     lease_until: Option<i64>,
 }
 
-fn job_row(r: &Row) -> Result<JobRow, StoreError> {
-    Ok(JobRow {
-        id: r.i64(0)?,
-        source: r.string(1)?,
-        event_id: r.string(2)?,
-        action: r.string(3)?,
-        kind: r.string(4)?,
-        status: r.string(5)?,
-        n_attempts: r.i64(6)?,
-        next_attempt_at: r.opt_i64(7)?,
-        lease_until: r.opt_i64(8)?,
-    })
+impl From<jobs::Job> for JobRow {
+    fn from(j: jobs::Job) -> JobRow {
+        JobRow {
+            id: j.id,
+            source: j.source,
+            event_id: j.event_id,
+            action: j.action,
+            kind: j.kind.as_str().to_string(),
+            status: j.status.as_str().to_string(),
+            n_attempts: j.n_attempts,
+            next_attempt_at: j.next_attempt_at,
+            lease_until: j.lease_until,
+        }
+    }
 }
-
-const JOB_COLUMNS: &str = "j.id, j.source, j.event_id, j.action, j.kind, j.status, j.n_attempts, \
-                           j.next_attempt_at, j.lease_until";
 
 fn idempotency_key(source: &str, event_id: &str, action: &str) -> String {
     format!("{source}:{event_id}:{action}")
@@ -249,7 +253,7 @@ pub fn plan(conn: &Db<'_>, config: &Config, target: &Target) -> Result<Plan, OpE
             conn,
             config,
             source.as_deref(),
-            status,
+            *status,
             action.as_deref(),
             *since_ms,
         ),
@@ -262,12 +266,7 @@ pub fn event_state(
     source: &str,
     event_id: &str,
 ) -> Result<Option<String>, StoreError> {
-    conn.query_opt(
-        "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
-        args![source, event_id],
-    )?
-    .map(|r| r.string(0))
-    .transpose()
+    Ok(events::state(conn, source, event_id)?.map(|s| s.as_str().to_string()))
 }
 
 /// The JSON answer: the plan, and what was done when it was applied.

@@ -1,26 +1,20 @@
 //! Planning a replay, read-only: one event (what each of its jobs would
 //! get, and why the others are left alone) or a batch of jobs by status.
 
-use std::fmt::Write as _;
-
 use serde_json::{Value, json};
 
-use super::{JOB_COLUMNS, JobRow, Plan, idempotency_key, job_row, left, step};
-use crate::args;
+use super::{JobRow, Plan, idempotency_key, left, step};
 use crate::config::{Config, Source};
 use crate::ops::error::{OpError, not_found};
 use crate::ops::text::{clean, fmt_time};
+use crate::state::JobStatus;
 use crate::store::StoreError;
-use crate::store::db::{self, Db};
+use crate::store::db::Db;
+use crate::store::{events, jobs};
 use crate::time::ms_to_secs;
 
 /// The stored event a one-event replay starts from.
-struct EventRow {
-    event_type: Option<String>,
-    state: String,
-    received_at: i64,
-    erased: bool,
-}
+type EventRow = events::Planned;
 
 pub(super) fn plan_event(
     conn: &Db<'_>,
@@ -95,46 +89,20 @@ pub(super) fn plan_event(
 }
 
 fn read_event(conn: &Db<'_>, source: &str, event_id: &str) -> Result<EventRow, OpError> {
-    let event = conn
-        .query_opt(
-            "SELECT type, state, received_at, payload IS NULL FROM events
-             WHERE source = ?1 AND event_id = ?2",
-            args![source, event_id],
-        )?
-        .map(|r| -> Result<_, StoreError> {
-            Ok(EventRow {
-                event_type: r.opt_string(0)?,
-                state: r.string(1)?,
-                received_at: r.i64(2)?,
-                erased: r.bool(3)?,
-            })
-        })
-        .transpose()?;
-    event.ok_or_else(|| not_found(source, event_id))
+    events::planned(conn, source, event_id)?.ok_or_else(|| not_found(source, event_id))
 }
 
 /// The event's jobs, in the order they were written.
 fn event_jobs(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<JobRow>, StoreError> {
-    conn.query(
-        &format!(
-            "SELECT {JOB_COLUMNS} FROM jobs j WHERE j.source = ?1 AND j.event_id = ?2 ORDER BY j.id"
-        ),
-        args![source, event_id],
-    )?
-    .iter()
-    .map(job_row)
-    .collect()
+    Ok(jobs::all_of_event(conn, source, event_id)?
+        .into_iter()
+        .map(JobRow::from)
+        .collect())
 }
 
 /// The source's paused actions.
 fn paused_actions(conn: &Db<'_>, source: &str) -> Result<Vec<String>, StoreError> {
-    conn.query(
-        "SELECT action FROM paused_actions WHERE source = ?1",
-        args![source],
-    )?
-    .iter()
-    .map(|r| r.string(0))
-    .collect()
+    crate::store::paused::of_source(conn, source)
 }
 
 /// `--action` must name an action of the source in the config.
@@ -258,7 +226,7 @@ pub(super) fn plan_batch(
     conn: &Db<'_>,
     config: &Config,
     source: Option<&str>,
-    status: &str,
+    status: JobStatus,
     action: Option<&str>,
     since_ms: Option<i64>,
 ) -> Result<Plan, OpError> {
@@ -279,30 +247,9 @@ pub(super) fn plan_batch(
             )));
         }
     }
-    let mut sql = format!(
-        "SELECT {JOB_COLUMNS}, e.payload IS NULL FROM jobs j
-         JOIN events e ON e.source = j.source AND e.event_id = j.event_id
-         WHERE j.status = ?1"
-    );
-    let mut args: Vec<db::Value> = vec![status.into()];
-    if let Some(s) = source {
-        args.push(s.into());
-        let _ = write!(sql, " AND j.source = ?{}", args.len());
-    }
-    if let Some(a) = action {
-        args.push(a.into());
-        let _ = write!(sql, " AND j.action = ?{}", args.len());
-    }
-    if let Some(at) = since_ms {
-        args.push(at.into());
-        let _ = write!(sql, " AND e.received_at >= ?{}", args.len());
-    }
-    sql.push_str(" ORDER BY j.id");
-    let rows = conn
-        .query(&sql, &args)?
-        .iter()
-        .map(|r| Ok((job_row(r)?, r.bool(9)?)))
-        .collect::<Result<Vec<_>, StoreError>>()?;
+    let rows = jobs::with_status(conn, status, source, action, since_ms)?
+        .into_iter()
+        .map(|(job, erased)| (JobRow::from(job), erased));
     let mut plan = Plan {
         event: None,
         steps: Vec::new(),
