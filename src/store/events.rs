@@ -175,12 +175,15 @@ pub fn kept(db: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Kept>, S
 /// Marks that change whenever anything an event list shows may have
 /// changed: the last delivery, attempt, replay and incident, and how many
 /// actions are paused; read in a few index look-ups. On PostgreSQL
-/// (attempts have no rowid) a job's latest change stands for its
-/// attempts: recording one updates the job.
+/// (attempts have no rowid) a job's status moving stands for its
+/// attempts (recording one moves it): the job counters' changes not yet
+/// folded, counted and numbered, a small table whatever the size of jobs.
 pub fn list_marks(db: &Db<'_>) -> Result<[i64; 5], StoreError> {
     let attempts = match db.dialect() {
         Dialect::Sqlite => "(SELECT coalesce(max(rowid), 0) FROM attempts)",
-        Dialect::Postgres => "(SELECT coalesce(max(updated_at), 0) FROM jobs)",
+        Dialect::Postgres => {
+            "(SELECT count(*) * 1000003 + coalesce(max(seq), 0) FROM job_count_deltas)"
+        }
     };
     let r = db.query_one(
         &format!(

@@ -67,16 +67,12 @@ pub fn counts_by_action(
     .collect()
 }
 
-/// Jobs per status, by status. SQLite keeps them in `job_counts`
-/// (triggers; a status once seen keeps its row, at 0 when it has no jobs
-/// now); PostgreSQL counts the statuses that have jobs (no counter rows,
-/// which every instance's every job would contend on).
+/// Jobs per status, by status, from the counters the job triggers keep
+/// on both backends (a status once seen keeps its row, at 0 when it has
+/// no jobs now): SQLite's `job_counts` table, PostgreSQL's `job_counts`
+/// view over its base rows and appended changes. Never a count over jobs.
 pub fn counts(db: &Db<'_>) -> Result<Vec<(JobStatus, i64)>, StoreError> {
-    let sql = match db.dialect() {
-        Dialect::Sqlite => "SELECT status, n FROM job_counts ORDER BY status",
-        Dialect::Postgres => "SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status",
-    };
-    db.query(sql, &[])?
+    db.query("SELECT status, n FROM job_counts ORDER BY status", &[])?
         .iter()
         .map(|r| Ok((r.word(0)?, r.i64(1)?)))
         .collect()

@@ -371,7 +371,7 @@ fn move_into_own_schema(
     let tables: Vec<String> = tx
         .query(
             "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname = ANY($2)",
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'v') AND c.relname = ANY($2)",
             &[old, &TABLES],
         )?
         .iter()

@@ -179,6 +179,9 @@ fn an_installation_in_public_moves_into_the_schema_with_its_keys() {
            FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'old' LOOP
              EXECUTE format('ALTER TABLE old.%I SET SCHEMA public', t);
            END LOOP;
+           FOR t IN SELECT viewname FROM pg_views WHERE schemaname = 'old' LOOP
+             EXECUTE format('ALTER VIEW old.%I SET SCHEMA public', t);
+           END LOOP;
            FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'old'::regnamespace LOOP
              EXECUTE format('ALTER FUNCTION %s SET SCHEMA public', f);
            END LOOP;
