@@ -82,7 +82,18 @@ impl Waker {
         }))
     }
 
+    /// Wakes one sleeping worker (new jobs were committed): it takes its
+    /// share and, when that was a full share, wakes the next, so a wake-up
+    /// costs one worker's look at the jobs, not every worker's.
     pub fn wake(&self) {
+        if let Ok(mut g) = self.0.generation.lock() {
+            *g = g.wrapping_add(1);
+            self.0.cv.notify_one();
+        }
+    }
+
+    /// Wakes every sleeping worker (the outbox stops).
+    fn wake_all(&self) {
         if let Ok(mut g) = self.0.generation.lock() {
             *g = g.wrapping_add(1);
             self.0.cv.notify_all();
@@ -186,7 +197,7 @@ impl Outbox {
     /// timeout), releases jobs taken but not started, and joins.
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
-        self.waker.wake();
+        self.waker.wake_all();
         for w in self.workers {
             let _ = w.join();
         }
@@ -309,7 +320,7 @@ mod tests {
         )
         .unwrap();
         for now in [1_000, 2_000, 3_000] {
-            let (taken, _) = take(&mut Sqlite::new(&conn), &config, "w", now).unwrap();
+            let (taken, _) = take(&mut Sqlite::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
             assert!(taken.is_empty());
         }
         use crate::store::sqlite::{DUE_JOBS, EXPIRED_JOBS};

@@ -66,11 +66,13 @@ fn takeover_grace(lease: Duration) -> Duration {
 /// Takes up to `TAKE_BATCH` due jobs for `owner`: expired leases first, then
 /// pending jobs in due order. Returns them with the earliest time another
 /// job falls due, for the worker's sleep.
+/// Leases at most `batch` jobs (at most [`TAKE_BATCH`]).
 pub(super) fn take<T: OutboxTx>(
     tx: &mut T,
     config: &Config,
     owner: &str,
     local_now: i64,
+    batch: usize,
 ) -> Result<(Vec<Leased>, Option<i64>), StoreError> {
     // Decided by the storage's clock; what goes back to the worker (when
     // its lease ends, when to look again) by its own.
@@ -80,7 +82,7 @@ pub(super) fn take<T: OutboxTx>(
     candidates.extend(tx.due_jobs(now)?);
     let mut taken = Vec::new();
     for candidate in candidates {
-        if taken.len() >= TAKE_BATCH {
+        if taken.len() >= batch.min(TAKE_BATCH) {
             break;
         }
         if let Some(job) = take_one(tx, config, owner, now, candidate)? {

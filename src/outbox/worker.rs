@@ -76,13 +76,22 @@ impl Worker {
             let seen = self.waker.generation();
             let config = self.config.clone();
             let owner = self.owner.clone();
+            // A share of a batch while other workers are free, so a
+            // backlog goes out over all of them at once (16 due jobs and 4
+            // free workers: 4 each, not 16 sent one after another by one
+            // worker); a whole batch when the others are all sending.
+            let sending = self.in_flight.load(Ordering::Relaxed);
+            let free_others = self.config.forward_workers.saturating_sub(1 + sending);
+            let batch = (TAKE_BATCH / (1 + free_others)).max(1);
             // Leases and completions fail only when storage does: no
             // savepoint of their own (Guard::Group).
             let taken = match &self.jobs {
                 Jobs::Sqlite(writer) => writer.call_with(Guard::Group, move |conn| {
-                    take(&mut Sqlite::new(conn), &config, &owner, now_ms())
+                    take(&mut Sqlite::new(conn), &config, &owner, now_ms(), batch)
                 }),
-                Jobs::Postgres(_) => self.on_postgres(|tx| take(tx, &config, &owner, now_ms())),
+                Jobs::Postgres(_) => {
+                    self.on_postgres(|tx| take(tx, &config, &owner, now_ms(), batch))
+                }
             };
             let (jobs, next_due) = match taken {
                 Ok(t) => {
@@ -104,9 +113,10 @@ impl Worker {
                 self.waker.wait(seen, wait);
                 continue;
             }
-            if jobs.len() == TAKE_BATCH {
-                // Likely more due than one batch (a backlog after a restart,
-                // a resume, a downstream back up): bring idle workers in.
+            if jobs.len() == batch {
+                // Likely more due than this worker took (a backlog after a
+                // restart, a resume, a downstream back up): bring idle
+                // workers in.
                 self.waker.wake();
             }
             for job in jobs {

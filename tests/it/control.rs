@@ -362,3 +362,36 @@ fn a_worker_killed_holding_a_keys_head_keeps_the_order(backend: Backend) {
 }
 
 both_backends!(a_worker_killed_holding_a_keys_head_keeps_the_order);
+
+/// A backlog (here: 16 jobs held by a pause, then resumed) goes out over
+/// every worker at once, not one worker's lease sent one job after the
+/// other while the others sleep.
+fn a_backlog_goes_out_over_every_worker(backend: Backend) {
+    let ds = Downstream::start();
+    ds.set_delay(Duration::from_millis(300));
+    let config = backend.config(config(&ds, ""));
+    let server = Server::start_on(backend, &config, &[]);
+    let paused = server.run_cli(&["pause", "shop/notify"]);
+    assert!(paused.success(), "{}", paused.stderr);
+    for i in 0..16 {
+        send(
+            &server,
+            &event(&format!("evt_b{i}"), &format!("cus_{i}"), 1),
+        );
+    }
+    assert_eq!(ds.request_count(), 0, "held by the pause");
+    let resumed = server.run_cli(&["resume", "shop/notify"]);
+    assert!(resumed.success(), "{}", resumed.stderr);
+    wait_until(WAIT, "16 jobs done", || jobs_with(&server, "done") == 16);
+    assert_eq!(ds.total_effects(), 16);
+    assert!(
+        ds.max_in_flight() >= 3,
+        "the 4 workers share the backlog: at most {} at once\n{}",
+        ds.max_in_flight(),
+        server.dump(
+            "SELECT job_id, n, worker, started_at, finished_at FROM attempts ORDER BY started_at"
+        )
+    );
+}
+
+both_backends!(a_backlog_goes_out_over_every_worker);
