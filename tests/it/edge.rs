@@ -1417,3 +1417,244 @@ fn metrics_on_the_public_listener_take_the_admin_token_when_one_is_set() {
     let server = start(&config());
     assert_eq!(client.get_with(&server.url("/metrics"), &[]).status, 200);
 }
+
+// ---------------------------------------------------------------------------
+// 13. One address's share of the body budget, body memory
+// ---------------------------------------------------------------------------
+
+/// Bytes that connections from `from` to `server` have sent and the
+/// server has not read yet: its sockets' receive queues (/proc/net/tcp).
+fn unread(server: SocketAddr, from: [u8; 4]) -> u64 {
+    let local = format!("0100007F:{:04X}", server.port());
+    let remote = format!("{:08X}:", u32::from_le_bytes(from));
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str()) && f.get(2).is_some_and(|r| r.starts_with(&remote)))
+                .then(|| {
+                    f.get(4)?
+                        .split(':')
+                        .nth(1)
+                        .and_then(|q| u64::from_str_radix(q, 16).ok())
+                })
+                .flatten()
+        })
+        .sum()
+}
+
+/// The 95th percentile of `latencies` (sorted here).
+fn p95(latencies: &mut [Duration]) -> Duration {
+    latencies.sort();
+    let i = (latencies.len() * 95).div_ceil(100).saturating_sub(1);
+    latencies.get(i).copied().unwrap_or_default()
+}
+
+#[test]
+fn one_address_cannot_take_the_body_budget_from_another() {
+    // max_body_bytes = 64 KiB: bodies in flight share 4 MiB, of which one
+    // address may hold a quarter. 64 connections from 127.0.0.1 each
+    // declare 64 KiB, send 33 KiB (so each would reserve 64 KiB: together
+    // the whole budget) and stop. Those past the address's share are
+    // answered 503 at once; those within it stall and are let go (408)
+    // about 2 s after their last byte, not at body_timeout (30 s), though
+    // they averaged far more than min_receive_rate; and 20 deliveries from
+    // 127.0.0.2 meanwhile are all accepted.
+    const ATTACKERS: usize = 64;
+    const SENT: usize = 33 * 1024;
+    let server = start(
+        &config()
+            .set("max_body_bytes", "65536")
+            .set("body_timeout", &toml_str("30s")),
+    );
+    let addr = server.addr();
+    let started = Instant::now();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let attackers: Vec<_> = (0..ATTACKERS)
+        .map(|i| {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                let mut c = Raw::from(connect_from([127, 0, 0, 1], addr).unwrap());
+                let mut bytes = format!(
+                    "POST /hooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\nX-N: {i}\r\n\r\n"
+                )
+                .into_bytes();
+                bytes.extend(std::iter::repeat_n(b' ', SENT));
+                c.send(&bytes);
+                sent.fetch_add(1, Ordering::SeqCst);
+                let answer = c.answer(Duration::from_secs(40));
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    wait_until(BOUND, "the server has read what the attackers sent", || {
+        sent.load(Ordering::SeqCst) == ATTACKERS && unread(addr, [127, 0, 0, 1]) == 0
+    });
+    let mut latencies: Vec<Duration> = (0..20)
+        .map(|n| {
+            deliver_from(
+                [127, 0, 0, 2],
+                &server,
+                &format!("evt_share_{n}"),
+                "a delivery from 127.0.0.2 while 127.0.0.1 holds what it can of the body budget",
+            )
+        })
+        .collect();
+    let (mut over_share, mut too_slow) = (0, 0);
+    for t in attackers {
+        let (answer, after) = t.join().unwrap();
+        let answer = answer.unwrap_or_else(|e| panic!("an attacker: {e}\n{}", server.logs()));
+        assert!(
+            after < Duration::from_secs(10),
+            "an attacker answered {} after {after:?}: body_timeout decided, not the window",
+            answer.describe()
+        );
+        match answer.status {
+            503 => {
+                assert!(
+                    answer.text().contains("from this address")
+                        && answer.header("retry-after").is_some(),
+                    "{}",
+                    answer.describe()
+                );
+                over_share += 1;
+            }
+            408 => {
+                assert!(
+                    answer.text().contains("min_receive_rate"),
+                    "{}",
+                    answer.describe()
+                );
+                too_slow += 1;
+            }
+            _ => panic!("an attacker: {}", answer.describe()),
+        }
+    }
+    println!(
+        "edge share: 20 of 20 deliveries from 127.0.0.2 accepted, p95 {:?}; of {ATTACKERS} \
+         stalled bodies from 127.0.0.1, {over_share} answered 503 (past the address's share), \
+         {too_slow} let go as too slow",
+        p95(&mut latencies)
+    );
+    assert!(
+        over_share >= 40 && too_slow >= 8,
+        "{over_share} past the share, {too_slow} too slow"
+    );
+}
+
+#[test]
+fn a_thousand_held_bodies_keep_memory_near_the_body_budget() {
+    // 1,000 connections from 127.0.0.10 to 127.0.0.17 each declare 1 MiB
+    // and send 600 KiB, then hold (no minimum rate, body_timeout 30 s):
+    // the bodies being received may take 64 MiB together, and the
+    // server's peak resident size stays within that plus 64 MiB over its
+    // size at rest. Once they go, deliveries from 127.0.0.2 are accepted.
+    const CONNECTIONS: usize = 1000;
+    const SENT: usize = 600 * 1024;
+    let server = start(
+        &config()
+            .set("min_receive_rate", "0")
+            .set("body_timeout", &toml_str("30s")),
+    );
+    let addr = server.addr();
+    let pid = server.pid();
+    deliver_from([127, 0, 0, 2], &server, "evt_memory_warm", "at rest");
+    let rest = resident_kib(pid, "VmRSS:");
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let mut bytes =
+        b"POST /hooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n".to_vec();
+    bytes.extend(std::iter::repeat_n(b' ', SENT));
+    let bytes = Arc::new(bytes);
+    let clients: Vec<_> = (0..CONNECTIONS)
+        .filter_map(|i| {
+            let (stop, written, refused, bytes) = (
+                stop.clone(),
+                written.clone(),
+                refused.clone(),
+                bytes.clone(),
+            );
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    let from = [127, 0, 0, 10 + (i % 8) as u8];
+                    let Ok(s) = connect_from(from, addr) else {
+                        written.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    };
+                    let mut c = Raw::from(s);
+                    c.stream
+                        .set_write_timeout(Some(Duration::from_secs(20)))
+                        .ok();
+                    c.send(&bytes);
+                    written.fetch_add(1, Ordering::SeqCst);
+                    while !stop.load(Ordering::SeqCst) {
+                        match c.answer(Duration::from_millis(200)) {
+                            Ok(a) if a.status == 503 => {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                                return;
+                            }
+                            Err(e) if e.starts_with("no answer") => {}
+                            _ => return,
+                        }
+                    }
+                })
+                .ok()
+        })
+        .collect();
+    let mut peak = 0;
+    wait_until(
+        Duration::from_secs(60),
+        "every connection has sent its 600 KiB",
+        || {
+            peak = peak.max(resident_kib(pid, "VmRSS:"));
+            written.load(Ordering::SeqCst) == clients.len()
+        },
+    );
+    // Every body past the budget has been refused by now, the rest hold.
+    wait_until(BOUND, "the bodies past the budget answered 503", || {
+        peak = peak.max(resident_kib(pid, "VmRSS:"));
+        refused.load(Ordering::SeqCst) >= CONNECTIONS - 64 - 64
+    });
+    let hwm = resident_kib(pid, "VmHWM:");
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        let _ = c.join();
+    }
+    let mut n = 0;
+    wait_until(
+        BOUND,
+        "a delivery from 127.0.0.2 accepted after the flood",
+        || {
+            n += 1;
+            let id = format!("evt_memory_after_{n}");
+            connect_from([127, 0, 0, 2], addr)
+                .map_err(|e| e.to_string())
+                .and_then(|s| {
+                    let mut c = Raw::from(s);
+                    c.send(&delivery(&id));
+                    c.answer(BOUND)
+                })
+                .is_ok_and(|a| a.accepted(&id))
+        },
+    );
+    let after = resident_kib(pid, "VmRSS:");
+    println!(
+        "edge memory: {CONNECTIONS} bodies of 600 KiB from 8 addresses, {} refused: server \
+         VmRSS {} MiB at rest, peak sampled {} MiB, VmHWM {} MiB, {} MiB after",
+        refused.load(Ordering::SeqCst),
+        rest / 1024,
+        peak / 1024,
+        hwm / 1024,
+        after / 1024
+    );
+    assert!(
+        hwm <= rest + 128 * 1024,
+        "peak resident size {} MiB, at rest {} MiB: more than the 64 MiB body budget plus 64 MiB",
+        hwm / 1024,
+        rest / 1024
+    );
+}
