@@ -1419,7 +1419,7 @@ fn metrics_on_the_public_listener_take_the_admin_token_when_one_is_set() {
 }
 
 // ---------------------------------------------------------------------------
-// 13. One address's share of the body budget, body memory
+// 13. One address's shares (the body budget, the held queue), body memory
 // ---------------------------------------------------------------------------
 
 /// Bytes that connections from `from` to `server` have sent and the
@@ -1443,6 +1443,10 @@ fn unread(server: SocketAddr, from: [u8; 4]) -> u64 {
                 .flatten()
         })
         .sum()
+}
+
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
 /// The 95th percentile of `latencies` (sorted here).
@@ -1541,6 +1545,81 @@ fn one_address_cannot_take_the_body_budget_from_another() {
     assert!(
         over_share >= 40 && too_slow >= 8,
         "{over_share} past the share, {too_slow} too slow"
+    );
+}
+
+#[test]
+fn connections_held_at_an_address_cap_are_bounded_and_descriptors_stay_under_the_limit() {
+    // Under an open files limit of 256, with max_connections = 64 and 8
+    // per address: 600 connections opened from 127.0.0.1 and kept open
+    // take 8 slots and 8 places in the queue of those held back; every
+    // other one is closed at once (one log line for the address, not one
+    // per connection). The server's descriptors stay well under the
+    // limit, `accept` never fails, and deliveries from 127.0.0.2 meanwhile
+    // are accepted.
+    const FLOOD: usize = 600;
+    let server = Server::start_wrapped(
+        &config()
+            .set("max_connections", "64")
+            .set("max_connections_per_address", "8")
+            .set("header_timeout", &toml_str("30s")),
+        &[("STRIPE_SECRET", SECRET)],
+        &["prlimit", "--nofile=256:256", "--"],
+    );
+    let addr = server.addr();
+    let pid = server.pid();
+    let before = descriptors(pid);
+    let mut flood: Vec<Raw> = Vec::new();
+    let mut most = 0;
+    for _ in 0..FLOOD {
+        if let Ok(s) = connect_from([127, 0, 0, 1], addr) {
+            flood.push(Raw::from(s));
+        }
+        most = most.max(descriptors(pid));
+    }
+    let mut latencies = Vec::new();
+    let mut closed = 0;
+    let deadline = Instant::now() + BOUND;
+    let mut n = 0;
+    while Instant::now() < deadline && closed < FLOOD - 16 {
+        latencies.push(deliver_from(
+            [127, 0, 0, 2],
+            &server,
+            &format!("evt_held_{n}"),
+            "a delivery from 127.0.0.2 during a flood of connections from 127.0.0.1",
+        ));
+        n += 1;
+        most = most.max(descriptors(pid));
+        closed = flood
+            .iter_mut()
+            .map(|c| c.closed(Duration::from_millis(1)))
+            .filter(|&gone| gone)
+            .count();
+    }
+    most = most.max(descriptors(pid));
+    let logs = server.logs();
+    let lines = logs.matches("held-back queue full").count();
+    println!(
+        "edge held: {FLOOD} connections from 127.0.0.1, {closed} closed at once \
+         ({lines} log lines); server descriptors {before} at rest, at most {most} \
+         (limit 256); {n} deliveries from 127.0.0.2 accepted, p95 {:?}",
+        p95(&mut latencies)
+    );
+    assert!(
+        !logs.contains("accept failed"),
+        "accept never runs out of descriptors\n{logs}"
+    );
+    assert!(
+        most <= before + 64 + 16 + 16,
+        "descriptors: {before} at rest, {most} under the flood (8 open, 8 held, the rest closed)"
+    );
+    assert!(
+        closed >= FLOOD - 16 - 8,
+        "{closed} of {FLOOD} closed at once (8 open, 8 held)"
+    );
+    assert!(
+        (1..=3).contains(&lines),
+        "closing at once is logged once per address per interval, not per connection: {lines} lines\n{logs}"
     );
 }
 

@@ -1,7 +1,8 @@
 //! The acceptor: taking connections off the listener, the caps on open
 //! connections (in all and per address) and who is let go to make room,
-//! the tarpit for connections past their address's cap, and the 503s
-//! written when there is no room.
+//! the tarpit for connections past their address's cap (bounded, in all
+//! and per address: past it, closed at once), and the 503s written when
+//! there is no room.
 
 use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -13,8 +14,8 @@ use super::connection::serve_connection;
 use super::response::serialize;
 use super::wire::{ConnState, Io, Wire};
 use super::{
-    EVICTABLE_AFTER_MS, IDLE, LINGER, Limits, MAX_REFUSING, Open, READING, REFUSE_WITHIN,
-    Registered, Shared, address_key, drain, dropped, lock, mono_ms,
+    ADDRESS_SHARES, EVICTABLE_AFTER_MS, IDLE, LINGER, Limits, MAX_REFUSING, Open, READING,
+    REFUSE_WITHIN, Registered, Shared, address_key, drain, dropped, lock, mono_ms,
 };
 use crate::http::reply::Reply;
 
@@ -177,6 +178,11 @@ fn refuse(shared: &Arc<Shared>, socket: Arc<TcpStream>, remote: SocketAddr, full
         ),
     };
     if let Full::Address = full {
+        let address = address_key(remote.ip());
+        if !hold(shared, address) {
+            close_at_once(shared, &socket, remote, address);
+            return;
+        }
         let held = Held {
             socket,
             remote,
@@ -190,6 +196,7 @@ fn refuse(shared: &Arc<Shared>, socket: Arc<TcpStream>, remote: SocketAddr, full
                     std::sync::mpsc::TrySendError::Full(h)
                     | std::sync::mpsc::TrySendError::Disconnected(h) => h,
                 };
+                unhold(shared, address);
                 answer_503(shared, held.socket, remote, why, message);
                 return;
             }
@@ -248,6 +255,89 @@ pub(super) fn tarpit_size(limits: &Limits) -> usize {
     limits.max_connections.clamp(1, 1024)
 }
 
+/// How many of them may come from one address (an IPv6 /64): its
+/// per-address cap, at most 1/[`ADDRESS_SHARES`] of the tarpit.
+fn held_share(limits: &Limits) -> usize {
+    limits
+        .max_connections_per_address
+        .min(tarpit_size(limits) / ADDRESS_SHARES)
+        .max(1)
+}
+
+/// Takes a place in the tarpit for a connection from `address`; false
+/// when the tarpit is full, or holds the address's share.
+fn hold(shared: &Shared, address: IpAddr) -> bool {
+    let mut open = lock(&shared.open);
+    let mine = open.held_per_address.get(&address).copied().unwrap_or(0);
+    if open.held >= tarpit_size(&shared.limits) || mine >= held_share(&shared.limits) {
+        return false;
+    }
+    open.held += 1;
+    *open.held_per_address.entry(address).or_insert(0) += 1;
+    true
+}
+
+/// Gives back a place in the tarpit (its connection admitted or answered).
+fn unhold(shared: &Shared, address: IpAddr) {
+    let mut open = lock(&shared.open);
+    open.held = open.held.saturating_sub(1);
+    if let Some(n) = open.held_per_address.get_mut(&address) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            open.held_per_address.remove(&address);
+        }
+    }
+}
+
+/// How often closing at once is logged for one address, at most.
+const CLOSED_AT_ONCE_LOG_MS: i64 = 10_000;
+
+/// Closes a connection at once, its address's share of the tarpit being
+/// full (on a plain listener, after a 503 written without waiting). Logged
+/// once per address every [`CLOSED_AT_ONCE_LOG_MS`] with a count, never
+/// once per connection.
+fn close_at_once(shared: &Shared, socket: &TcpStream, remote: SocketAddr, address: IpAddr) {
+    if shared.tls.is_none() {
+        use rustix::net::{SendFlags, send};
+        let bytes = serialize(
+            Reply::error(503, "too many connections from this address, retry later").retry_after(),
+            false,
+            true,
+        );
+        let _ = send(socket, &bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+    }
+    let _ = socket.shutdown(Shutdown::Both);
+    let now = mono_ms();
+    let closed = {
+        let mut open = lock(&shared.open);
+        if open.closed_at_once.len() >= 4096 {
+            open.closed_at_once
+                .retain(|_, (at, _)| now - *at < CLOSED_AT_ONCE_LOG_MS);
+        }
+        let (at, count) = open.closed_at_once.entry(address).or_insert((i64::MIN, 0));
+        *count += 1;
+        if *at == i64::MIN || now - *at >= CLOSED_AT_ONCE_LOG_MS {
+            let closed = *count;
+            (*at, *count) = (now, 0);
+            Some(closed)
+        } else {
+            None
+        }
+    };
+    if let Some(closed) = closed {
+        crate::log::warn(
+            "held-back queue full for this address: new connections closed at once",
+            &[
+                ("address", &address),
+                ("remote", &remote),
+                ("reason", &"max_connections_per_address reached"),
+                ("closed", &closed),
+                ("next_line_within", &"10s"),
+            ],
+        );
+    }
+}
+
 /// How often the tarpit tries again to admit the connections it holds.
 const TARPIT_RETRY: Duration = Duration::from_millis(100);
 
@@ -287,7 +377,9 @@ pub(super) fn tarpit_loop(
                         return true;
                     }
                     let admitted = admit_held(&shared, h);
-                    if !admitted {
+                    if admitted {
+                        unhold(&shared, address);
+                    } else {
                         full.insert(address);
                     }
                     !admitted
@@ -300,6 +392,7 @@ pub(super) fn tarpit_loop(
             let Some(shared) = shared.upgrade() else {
                 return;
             };
+            unhold(&shared, address_key(h.remote.ip()));
             let bytes = serialize(
                 Reply::error(503, "too many connections from this address, retry later")
                     .retry_after(),

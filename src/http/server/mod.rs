@@ -123,7 +123,8 @@ const RATE_WINDOW_US: i64 = 2_000_000;
 pub const BODIES_IN_FLIGHT: usize = 64;
 
 /// One address (an IPv6 /64) may hold at most 1/`ADDRESS_SHARES` of the
-/// bodies' budget (when there is a per-address cap).
+/// bodies' budget, and of the queue of connections held back at their
+/// address's cap (when there is a per-address cap).
 pub const ADDRESS_SHARES: usize = 4;
 
 impl Limits {
@@ -248,6 +249,14 @@ struct Open {
     per_address: HashMap<IpAddr, usize>,
     /// How many of `conns` were let go and are ending.
     evicted: usize,
+    /// Connections held back at their address's cap (in the tarpit), in
+    /// all and by address.
+    held: usize,
+    held_per_address: HashMap<IpAddr, usize>,
+    /// By address, connections closed at once because the address had
+    /// its share of the held queue: when that was last logged, and how
+    /// many since.
+    closed_at_once: HashMap<IpAddr, (i64, u64)>,
 }
 
 /// An open connection as the acceptor and `stop` see it.
@@ -414,9 +423,10 @@ pub fn fit_to_descriptors(wanted: usize, listeners: usize, reserve: usize) -> us
     let free = usize::try_from(files)
         .unwrap_or(usize::MAX)
         .saturating_sub(open_now + reserve);
-    // Each listener holds up to max_connections connections, and as many
-    // again (at most 1024) in its tarpit.
-    let per_listener = free / listeners.max(1);
+    // Each listener holds up to max_connections connections, as many
+    // again (at most 1024) in its tarpit, and those being refused and the
+    // one being accepted.
+    let per_listener = (free / listeners.max(1)).saturating_sub(MAX_REFUSING + 1);
     let fits = if per_listener >= 2048 {
         per_listener - 1024
     } else {
