@@ -7,7 +7,7 @@
 use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::connection::serve_connection;
@@ -179,14 +179,20 @@ fn refuse(shared: &Arc<Shared>, socket: Arc<TcpStream>, remote: SocketAddr, full
     };
     if let Full::Address = full {
         let address = address_key(remote.ip());
-        if !hold(shared, address) {
+        let (place, victim) = hold(shared, address, remote, &socket);
+        if let Some(v) = victim {
+            close_at_once(shared, &v.socket, v.remote, v.address);
+        }
+        let Some((id, cancelled)) = place else {
             close_at_once(shared, &socket, remote, address);
             return;
-        }
+        };
         let held = Held {
             socket,
             remote,
             until: Instant::now() + TARPIT_HOLD,
+            id,
+            cancelled,
         };
         match shared.tarpit.try_send(held) {
             // Logged when it is answered 503, if no room was made by then.
@@ -196,7 +202,7 @@ fn refuse(shared: &Arc<Shared>, socket: Arc<TcpStream>, remote: SocketAddr, full
                     std::sync::mpsc::TrySendError::Full(h)
                     | std::sync::mpsc::TrySendError::Disconnected(h) => h,
                 };
-                unhold(shared, address);
+                unhold(shared, held.id);
                 answer_503(shared, held.socket, remote, why, message);
                 return;
             }
@@ -248,6 +254,19 @@ pub(super) struct Held {
     pub(super) socket: Arc<TcpStream>,
     pub(super) remote: SocketAddr,
     pub(super) until: Instant,
+    /// Its place in [`Open::held`].
+    id: u64,
+    /// Closed to make room for another address's: forget it.
+    cancelled: Arc<AtomicBool>,
+}
+
+/// A connection held in the tarpit, as the acceptor sees it (to close it
+/// when another address needs its place).
+pub(super) struct HeldPlace {
+    address: IpAddr,
+    remote: SocketAddr,
+    socket: Arc<TcpStream>,
+    cancelled: Arc<AtomicBool>,
 }
 
 /// How many connections the tarpit holds at most (each a descriptor).
@@ -255,8 +274,10 @@ pub(super) fn tarpit_size(limits: &Limits) -> usize {
     limits.max_connections.clamp(1, 1024)
 }
 
-/// How many of them may come from one address (an IPv6 /64): its
-/// per-address cap, at most 1/[`ADDRESS_SHARES`] of the tarpit.
+/// How many of them one address (an IPv6 /64) is sure of: its per-address
+/// cap, at most 1/[`ADDRESS_SHARES`] of the tarpit. An address may hold
+/// more while there is room, and its newest ones beyond its share are
+/// closed when an address within its share needs the room.
 fn held_share(limits: &Limits) -> usize {
     limits
         .max_connections_per_address
@@ -264,29 +285,73 @@ fn held_share(limits: &Limits) -> usize {
         .max(1)
 }
 
-/// Takes a place in the tarpit for a connection from `address`; false
-/// when the tarpit is full, or holds the address's share.
-fn hold(shared: &Shared, address: IpAddr) -> bool {
+/// Takes a place in the tarpit for a connection from `address`: when the
+/// tarpit is full and the address is within its share, the place of the
+/// newest connection of the address furthest past its share, which is
+/// returned to be closed. No place when the tarpit is full and the
+/// address has its share (or no one is past theirs).
+fn hold(
+    shared: &Shared,
+    address: IpAddr,
+    remote: SocketAddr,
+    socket: &Arc<TcpStream>,
+) -> (Option<(u64, Arc<AtomicBool>)>, Option<HeldPlace>) {
+    let share = held_share(&shared.limits);
     let mut open = lock(&shared.open);
-    let mine = open.held_per_address.get(&address).copied().unwrap_or(0);
-    if open.held >= tarpit_size(&shared.limits) || mine >= held_share(&shared.limits) {
-        return false;
-    }
-    open.held += 1;
-    *open.held_per_address.entry(address).or_insert(0) += 1;
-    true
-}
-
-/// Gives back a place in the tarpit (its connection admitted or answered).
-fn unhold(shared: &Shared, address: IpAddr) {
-    let mut open = lock(&shared.open);
-    open.held = open.held.saturating_sub(1);
-    if let Some(n) = open.held_per_address.get_mut(&address) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            open.held_per_address.remove(&address);
+    let mut victim = None;
+    if open.held.len() >= tarpit_size(&shared.limits) {
+        let mine = open.held_per_address.get(&address).copied().unwrap_or(0);
+        let furthest = open
+            .held_per_address
+            .iter()
+            .filter(|(_, n)| **n > share)
+            .max_by_key(|(_, n)| **n)
+            .map(|(a, _)| *a);
+        let newest = furthest.and_then(|a| {
+            open.held
+                .iter()
+                .filter(|(_, h)| h.address == a)
+                .map(|(id, _)| *id)
+                .max()
+        });
+        let Some(newest) = newest.filter(|_| mine < share) else {
+            return (None, None);
+        };
+        victim = take_place(&mut open, newest);
+        if let Some(v) = &victim {
+            v.cancelled.store(true, Ordering::SeqCst);
         }
     }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let cancelled = Arc::new(AtomicBool::new(false));
+    open.held.insert(
+        id,
+        HeldPlace {
+            address,
+            remote,
+            socket: socket.clone(),
+            cancelled: cancelled.clone(),
+        },
+    );
+    *open.held_per_address.entry(address).or_insert(0) += 1;
+    (Some((id, cancelled)), victim)
+}
+
+fn take_place(open: &mut Open, id: u64) -> Option<HeldPlace> {
+    let place = open.held.remove(&id)?;
+    if let Some(n) = open.held_per_address.get_mut(&place.address) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            open.held_per_address.remove(&place.address);
+        }
+    }
+    Some(place)
+}
+
+/// Gives back a place in the tarpit (its connection admitted or answered;
+/// nothing when it was closed for another address's).
+fn unhold(shared: &Shared, id: u64) {
+    take_place(&mut lock(&shared.open), id);
 }
 
 /// How often closing at once is logged for one address, at most.
@@ -353,6 +418,8 @@ pub(super) fn tarpit_loop(
 ) {
     let mut waiting: std::collections::VecDeque<Held> = std::collections::VecDeque::new();
     loop {
+        // Those closed for another address's place are gone.
+        waiting.retain(|h| !h.cancelled.load(Ordering::SeqCst));
         let wait = waiting.front().map_or(Duration::from_secs(1), |h| {
             h.until
                 .saturating_duration_since(Instant::now())
@@ -378,7 +445,7 @@ pub(super) fn tarpit_loop(
                     }
                     let admitted = admit_held(&shared, h);
                     if admitted {
-                        unhold(&shared, address);
+                        unhold(&shared, h.id);
                     } else {
                         full.insert(address);
                     }
@@ -392,7 +459,10 @@ pub(super) fn tarpit_loop(
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            unhold(&shared, address_key(h.remote.ip()));
+            if h.cancelled.load(Ordering::SeqCst) {
+                continue;
+            }
+            unhold(&shared, h.id);
             let bytes = serialize(
                 Reply::error(503, "too many connections from this address, retry later")
                     .retry_after(),

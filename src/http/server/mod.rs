@@ -66,7 +66,7 @@ mod read;
 mod response;
 mod wire;
 
-use accept::{Held, accept_loop, listen_on, tarpit_loop, tarpit_size};
+use accept::{Held, HeldPlace, accept_loop, listen_on, tarpit_loop, tarpit_size};
 pub use later::{Answer, Later};
 pub use permit::Permit;
 use permit::Semaphore;
@@ -249,9 +249,9 @@ struct Open {
     per_address: HashMap<IpAddr, usize>,
     /// How many of `conns` were let go and are ending.
     evicted: usize,
-    /// Connections held back at their address's cap (in the tarpit), in
-    /// all and by address.
-    held: usize,
+    /// Connections held back at their address's cap (in the tarpit), by
+    /// their place, and how many by address.
+    held: HashMap<u64, HeldPlace>,
     held_per_address: HashMap<IpAddr, usize>,
     /// By address, connections closed at once because the address had
     /// its share of the held queue: when that was last logged, and how
