@@ -6,7 +6,10 @@
 //! the open files limit, a deadline per answer, bodies allocated as they
 //! arrive within a shared budget, a 413 the sender reads, a 503 in TLS,
 //! HTTP conformance (Host, HTTP/1.0, absolute-form, methods, a late body),
-//! and `/metrics` behind the admin token on the public listener.
+//! `/metrics` behind the admin token on the public listener, and one
+//! address's shares: of the body budget (stalled bodies let go within
+//! seconds), of the queue of connections held back (descriptors under the
+//! open files limit), and body memory within the budget.
 //!
 //! Clients bind 127.0.0.2 and 127.0.0.3 where a test needs "another
 //! address" (Linux routes all of 127.0.0.0/8 to loopback). Every loop is

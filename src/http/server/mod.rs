@@ -25,7 +25,9 @@
 //! first, the oldest connection idle for a second or more, else the
 //! slowest request still being received, is let go to make room; past
 //! the second, or when there is no one to let go, a new connection is
-//! answered 503 (in TLS on a TLS listener). Every connection dropped
+//! answered 503 (in TLS on a TLS listener), past the second after being
+//! held a while in a bounded queue, of which each address is sure of its
+//! share (past it: closed at once). Every connection dropped
 //! without its answer is logged.
 //!
 //! A handler may answer after it returns ([`Later`]): a webhook's answer
