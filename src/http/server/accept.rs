@@ -1,20 +1,21 @@
 //! The acceptor: taking connections off the listener, the caps on open
 //! connections (in all and per address) and who is let go to make room,
-//! the tarpit for connections past their address's cap, and the 503s
-//! written when there is no room.
+//! the tarpit for connections past their address's cap (bounded, in all
+//! and per address: past it, closed at once), and the 503s written when
+//! there is no room.
 
 use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::connection::serve_connection;
 use super::response::serialize;
 use super::wire::{ConnState, Io, Wire};
 use super::{
-    EVICTABLE_AFTER_MS, IDLE, LINGER, Limits, MAX_REFUSING, Open, READING, REFUSE_WITHIN,
-    Registered, Shared, address_key, drain, dropped, lock, mono_ms,
+    ADDRESS_SHARES, EVICTABLE_AFTER_MS, IDLE, LINGER, Limits, MAX_REFUSING, Open, READING,
+    REFUSE_WITHIN, Registered, Shared, address_key, drain, dropped, lock, mono_ms,
 };
 use crate::http::reply::Reply;
 
@@ -177,10 +178,21 @@ fn refuse(shared: &Arc<Shared>, socket: Arc<TcpStream>, remote: SocketAddr, full
         ),
     };
     if let Full::Address = full {
+        let address = address_key(remote.ip());
+        let (place, victim) = hold(shared, address, remote, &socket);
+        if let Some(v) = victim {
+            close_at_once(shared, &v.socket, v.remote, v.address);
+        }
+        let Some((id, cancelled)) = place else {
+            close_at_once(shared, &socket, remote, address);
+            return;
+        };
         let held = Held {
             socket,
             remote,
             until: Instant::now() + TARPIT_HOLD,
+            id,
+            cancelled,
         };
         match shared.tarpit.try_send(held) {
             // Logged when it is answered 503, if no room was made by then.
@@ -190,6 +202,7 @@ fn refuse(shared: &Arc<Shared>, socket: Arc<TcpStream>, remote: SocketAddr, full
                     std::sync::mpsc::TrySendError::Full(h)
                     | std::sync::mpsc::TrySendError::Disconnected(h) => h,
                 };
+                unhold(shared, held.id);
                 answer_503(shared, held.socket, remote, why, message);
                 return;
             }
@@ -241,11 +254,153 @@ pub(super) struct Held {
     pub(super) socket: Arc<TcpStream>,
     pub(super) remote: SocketAddr,
     pub(super) until: Instant,
+    /// Its place in [`Open::held`].
+    id: u64,
+    /// Closed to make room for another address's: forget it.
+    cancelled: Arc<AtomicBool>,
+}
+
+/// A connection held in the tarpit, as the acceptor sees it (to close it
+/// when another address needs its place).
+pub(super) struct HeldPlace {
+    address: IpAddr,
+    remote: SocketAddr,
+    socket: Arc<TcpStream>,
+    cancelled: Arc<AtomicBool>,
 }
 
 /// How many connections the tarpit holds at most (each a descriptor).
 pub(super) fn tarpit_size(limits: &Limits) -> usize {
     limits.max_connections.clamp(1, 1024)
+}
+
+/// How many of them one address (an IPv6 /64) is sure of: its per-address
+/// cap, at most 1/[`ADDRESS_SHARES`] of the tarpit. An address may hold
+/// more while there is room, and its newest ones beyond its share are
+/// closed when an address within its share needs the room.
+fn held_share(limits: &Limits) -> usize {
+    limits
+        .max_connections_per_address
+        .min(tarpit_size(limits) / ADDRESS_SHARES)
+        .max(1)
+}
+
+/// Takes a place in the tarpit for a connection from `address`: when the
+/// tarpit is full and the address is within its share, the place of the
+/// newest connection of the address furthest past its share, which is
+/// returned to be closed. No place when the tarpit is full and the
+/// address has its share (or no one is past theirs).
+fn hold(
+    shared: &Shared,
+    address: IpAddr,
+    remote: SocketAddr,
+    socket: &Arc<TcpStream>,
+) -> (Option<(u64, Arc<AtomicBool>)>, Option<HeldPlace>) {
+    let share = held_share(&shared.limits);
+    let mut open = lock(&shared.open);
+    let mut victim = None;
+    if open.held.len() >= tarpit_size(&shared.limits) {
+        let mine = open.held_per_address.get(&address).copied().unwrap_or(0);
+        let furthest = open
+            .held_per_address
+            .iter()
+            .filter(|(_, n)| **n > share)
+            .max_by_key(|(_, n)| **n)
+            .map(|(a, _)| *a);
+        let newest = furthest.and_then(|a| {
+            open.held
+                .iter()
+                .filter(|(_, h)| h.address == a)
+                .map(|(id, _)| *id)
+                .max()
+        });
+        let Some(newest) = newest.filter(|_| mine < share) else {
+            return (None, None);
+        };
+        victim = take_place(&mut open, newest);
+        if let Some(v) = &victim {
+            v.cancelled.store(true, Ordering::SeqCst);
+        }
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let cancelled = Arc::new(AtomicBool::new(false));
+    open.held.insert(
+        id,
+        HeldPlace {
+            address,
+            remote,
+            socket: socket.clone(),
+            cancelled: cancelled.clone(),
+        },
+    );
+    *open.held_per_address.entry(address).or_insert(0) += 1;
+    (Some((id, cancelled)), victim)
+}
+
+fn take_place(open: &mut Open, id: u64) -> Option<HeldPlace> {
+    let place = open.held.remove(&id)?;
+    if let Some(n) = open.held_per_address.get_mut(&place.address) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            open.held_per_address.remove(&place.address);
+        }
+    }
+    Some(place)
+}
+
+/// Gives back a place in the tarpit (its connection admitted or answered;
+/// nothing when it was closed for another address's).
+fn unhold(shared: &Shared, id: u64) {
+    take_place(&mut lock(&shared.open), id);
+}
+
+/// How often closing at once is logged for one address, at most.
+const CLOSED_AT_ONCE_LOG_MS: i64 = 10_000;
+
+/// Closes a connection at once, its address's share of the tarpit being
+/// full (on a plain listener, after a 503 written without waiting). Logged
+/// once per address every [`CLOSED_AT_ONCE_LOG_MS`] with a count, never
+/// once per connection.
+fn close_at_once(shared: &Shared, socket: &TcpStream, remote: SocketAddr, address: IpAddr) {
+    if shared.tls.is_none() {
+        use rustix::net::{SendFlags, send};
+        let bytes = serialize(
+            Reply::error(503, "too many connections from this address, retry later").retry_after(),
+            false,
+            true,
+        );
+        let _ = send(socket, &bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+    }
+    let _ = socket.shutdown(Shutdown::Both);
+    let now = mono_ms();
+    let closed = {
+        let mut open = lock(&shared.open);
+        if open.closed_at_once.len() >= 4096 {
+            open.closed_at_once
+                .retain(|_, (at, _)| now - *at < CLOSED_AT_ONCE_LOG_MS);
+        }
+        let (at, count) = open.closed_at_once.entry(address).or_insert((i64::MIN, 0));
+        *count += 1;
+        if *at == i64::MIN || now - *at >= CLOSED_AT_ONCE_LOG_MS {
+            let closed = *count;
+            (*at, *count) = (now, 0);
+            Some(closed)
+        } else {
+            None
+        }
+    };
+    if let Some(closed) = closed {
+        crate::log::warn(
+            "held-back queue full for this address: new connections closed at once",
+            &[
+                ("address", &address),
+                ("remote", &remote),
+                ("reason", &"max_connections_per_address reached"),
+                ("closed", &closed),
+                ("next_line_within", &"10s"),
+            ],
+        );
+    }
 }
 
 /// How often the tarpit tries again to admit the connections it holds.
@@ -263,6 +418,8 @@ pub(super) fn tarpit_loop(
 ) {
     let mut waiting: std::collections::VecDeque<Held> = std::collections::VecDeque::new();
     loop {
+        // Those closed for another address's place are gone.
+        waiting.retain(|h| !h.cancelled.load(Ordering::SeqCst));
         let wait = waiting.front().map_or(Duration::from_secs(1), |h| {
             h.until
                 .saturating_duration_since(Instant::now())
@@ -287,7 +444,9 @@ pub(super) fn tarpit_loop(
                         return true;
                     }
                     let admitted = admit_held(&shared, h);
-                    if !admitted {
+                    if admitted {
+                        unhold(&shared, h.id);
+                    } else {
                         full.insert(address);
                     }
                     !admitted
@@ -300,6 +459,10 @@ pub(super) fn tarpit_loop(
             let Some(shared) = shared.upgrade() else {
                 return;
             };
+            if h.cancelled.load(Ordering::SeqCst) {
+                continue;
+            }
+            unhold(&shared, h.id);
             let bytes = serialize(
                 Reply::error(503, "too many connections from this address, retry later")
                     .retry_after(),

@@ -13,7 +13,7 @@ pub(super) fn read_body<R: BufRead>(
     reader: &mut R,
     head: &Head,
     max: usize,
-    budget: &mut Budget<'_>,
+    budget: &mut Budget,
 ) -> Result<Vec<u8>, BodyError> {
     if head.chunked {
         return read_chunked(reader, max, budget);
@@ -28,7 +28,7 @@ pub(super) fn read_body<R: BufRead>(
     match read_into(reader, expected, &mut body, budget) {
         Ok(()) => Ok(body),
         Err((Stop::TimedOut, _)) => Err(BodyError::Problem(BodyProblem::TimedOut)),
-        Err((Stop::Busy, _)) => Err(BodyError::Busy),
+        Err((Stop::Busy(over), _)) => Err(BodyError::Busy(over)),
         Err((_, got)) => Err(BodyError::Problem(BodyProblem::Short { expected, got })),
     }
 }
@@ -43,7 +43,7 @@ const MAX_TRAILERS: usize = 32;
 pub(super) fn read_chunked<R: BufRead>(
     reader: &mut R,
     max: usize,
-    budget: &mut Budget<'_>,
+    budget: &mut Budget,
 ) -> Result<Vec<u8>, BodyError> {
     let bad = |m: String| BodyError::Problem(BodyProblem::BadChunk(m));
     let stopped = |stop: Stop, got: usize, what: &str| match stop {
@@ -53,7 +53,7 @@ pub(super) fn read_chunked<R: BufRead>(
             got,
         }),
         Stop::TooLong => bad(format!("{what} too long")),
-        Stop::Busy => BodyError::Busy,
+        Stop::Busy(over) => BodyError::Busy(over),
     };
     let mut body = Vec::new();
     loop {

@@ -13,12 +13,12 @@ use super::body::read_body;
 use super::head::{HeadError, read_head};
 use super::later::{Later, OutState, Outbound, locked};
 use super::permit::Permit;
-use super::read::{BodyError, Budget, write_out};
+use super::read::{BodyError, Budget, Over, write_out};
 use super::response::serialize;
 use super::wire::{ConnState, Io, Wire};
 use super::{
     BUSY, BodyProblem, Conn, DRAIN_413, DRAIN_MAX_BYTES, IDLE, LINGER, Limits, REFUSE_WITHIN,
-    Request, Shared, drain, dropped,
+    Request, Shared, address_key, drain, dropped,
 };
 use crate::http::reply::Reply;
 
@@ -138,11 +138,7 @@ fn serve_requests(
             let _ = write_out(reader, b"HTTP/1.1 100 Continue\r\n\r\n");
         }
         state.deadlines(limits.body_timeout);
-        let mut budget = Budget {
-            pool: &shared.body_bytes,
-            limit: limits.max_body_bytes_in_flight,
-            held: 0,
-        };
+        let mut budget = Budget::new(&shared.bodies, address_key(remote.ip()));
         let body = if declared_too_large {
             // Not read at all: the answer is 413, the rest is drained.
             Err(BodyError::TooLarge)
@@ -171,11 +167,15 @@ fn serve_requests(
         };
         let reply = handle(shared, out, &mut request);
         request.permit.release();
-        drop(budget);
+        // The body's memory stays counted until it is freed: here, or
+        // when the handler took it on with its claim, until the answer.
+        drop(std::mem::take(&mut request.body));
         if reply.later {
             // Promised: the answer thread writes it.
+            out.count_until_answered(budget);
             continue;
         }
+        drop(budget);
         let close = !head.keep_alive || shared.stop.load(Ordering::SeqCst);
         let is_head = request.method == "HEAD";
         state.write_within(limits.body_timeout);
@@ -298,9 +298,14 @@ fn body_cut(e: BodyError, state: &ConnState, shared: &Shared) -> Cut {
             ),
             DRAIN_413.min(limits.body_timeout),
         ),
-        BodyError::Busy => Cut::Refuse(
+        BodyError::Busy(Over::Server) => Cut::Refuse(
             503,
             "too many request bodies in flight, retry later".into(),
+            LINGER,
+        ),
+        BodyError::Busy(Over::Address) => Cut::Refuse(
+            503,
+            "too many request bodies in flight from this address, retry later".into(),
             LINGER,
         ),
         BodyError::Problem(BodyProblem::TimedOut) => {

@@ -1,12 +1,10 @@
 //! The head parser and the chunked decoder on bytes, for the fuzz target
 //! (not part of the API).
 
-use std::sync::atomic::AtomicUsize;
-
 use super::Limits;
 use super::body::read_chunked;
 use super::head::{HeadError, read_head};
-use super::read::Budget;
+use super::read::{BodyPool, Budget};
 
 /// A parsed head: the method, the target as sent and in origin form,
 /// the fields, and how many bytes of `input` the head took.
@@ -53,12 +51,8 @@ pub fn parse_head(input: &[u8], limits: &Limits) -> Result<ParsedHead, u16> {
 /// Decodes a chunked body off `input`: the body and how many bytes it
 /// took, or why it is refused ("too large" past `max`).
 pub fn decode_chunked(input: &[u8], max: usize) -> Result<(Vec<u8>, usize), String> {
-    let pool = AtomicUsize::new(0);
-    let mut budget = Budget {
-        pool: &pool,
-        limit: usize::MAX,
-        held: 0,
-    };
+    let pool = std::sync::Arc::new(BodyPool::new(usize::MAX, usize::MAX));
+    let mut budget = Budget::new(&pool, std::net::Ipv4Addr::LOCALHOST.into());
     let mut reader = input;
     match read_chunked(&mut reader, max, &mut budget) {
         Ok(body) => Ok((body, input.len() - reader.len())),

@@ -107,7 +107,7 @@ pub(super) fn read_head<R: BufRead>(
         let before = raw.len();
         match read_line(reader, &mut raw, limits.max_head_bytes) {
             Ok(()) => {}
-            Err(Stop::Eof | Stop::Busy) => return Err(HeadError::Closed),
+            Err(Stop::Eof | Stop::Busy(_)) => return Err(HeadError::Closed),
             Err(Stop::TimedOut) if raw.is_empty() => return Err(HeadError::Closed),
             Err(Stop::TimedOut) => {
                 return Err(HeadError::Refused {

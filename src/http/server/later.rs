@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::Conn;
-use super::read::write_out;
+use super::read::{Budget, write_out};
 use super::response::serialize;
 use super::wire::ConnState;
 use crate::http::reply::Reply;
@@ -40,6 +40,10 @@ pub(super) struct OutState {
     pub(super) rest: Vec<u8>,
     /// The write failed: the connection is done.
     broken: bool,
+    /// The memory of the promised request's body, counted until its
+    /// answer is written (the handler has handed the body on with its
+    /// claim).
+    body: Option<Budget>,
 }
 
 pub(super) fn locked(m: &Mutex<OutState>) -> std::sync::MutexGuard<'_, OutState> {
@@ -78,8 +82,19 @@ impl Outbound {
             }
         }
         state.promised = false;
+        let body = state.body.take();
         drop(state);
         self.settled.notify_all();
+        drop(body);
+    }
+
+    /// Keeps the memory of a request's body counted until its promised
+    /// answer is written (at once if it already is).
+    pub(super) fn count_until_answered(&self, body: Budget) {
+        let mut state = locked(&self.state);
+        if state.promised {
+            state.body = Some(body);
+        }
     }
 
     /// Waits until a promised answer is written and sends what it left

@@ -9,12 +9,14 @@
 //! permits; so a slow sender holds only its own thread, never a worker.
 //! Every deadline is kept below TLS, on the socket's own reads and writes
 //! ([`Wire`]): a deadline holds inside a TLS record and through the
-//! handshake, and a request that sends less than `min_receive_rate` bytes
-//! a second (after its first two seconds) is let go. Each connection holds
-//! one file descriptor. Heads are parsed with `httparse`, with our own
-//! framing rules on top; bodies are read as their bytes arrive, never
-//! allocated from a declared size, and the bodies being received share one
-//! memory budget. A body over `max_body_bytes` is answered 413 without
+//! handshake, and a request that falls under `min_receive_rate` bytes a
+//! second over the last two seconds (after its first two) is let go. Each
+//! connection holds one file descriptor. Heads are parsed with `httparse`,
+//! with our own framing rules on top; bodies are read as their bytes
+//! arrive, never allocated from a declared size, and the bodies being
+//! received share one memory budget, of which one address may take only
+//! its share; a body's memory is counted before it is allocated and a
+//! while after it is freed. A body over `max_body_bytes` is answered 413 without
 //! being read, and the rest of it is drained for a moment so that a
 //! sender that writes before it reads still gets the answer.
 //!
@@ -23,7 +25,9 @@
 //! first, the oldest connection idle for a second or more, else the
 //! slowest request still being received, is let go to make room; past
 //! the second, or when there is no one to let go, a new connection is
-//! answered 503 (in TLS on a TLS listener). Every connection dropped
+//! answered 503 (in TLS on a TLS listener), past the second after being
+//! held a while in a bounded queue, of which each address is sure of its
+//! share (past it: closed at once). Every connection dropped
 //! without its answer is logged.
 //!
 //! A handler may answer after it returns ([`Later`]): a webhook's answer
@@ -64,10 +68,11 @@ mod read;
 mod response;
 mod wire;
 
-use accept::{Held, accept_loop, listen_on, tarpit_loop, tarpit_size};
+use accept::{Held, HeldPlace, accept_loop, listen_on, tarpit_loop, tarpit_size};
 pub use later::{Answer, Later};
 pub use permit::Permit;
 use permit::Semaphore;
+use read::BodyPool;
 use wire::{ConnState, Io};
 
 type Conn = BufReader<Io>;
@@ -81,8 +86,9 @@ pub struct Limits {
     /// The most open connections from one address (an IPv6 /64); more are
     /// answered 503.
     pub max_connections_per_address: usize,
-    /// Bytes a second a request must average, head and body together,
-    /// once it has been sending for [`RATE_GRACE`]; 0: no minimum.
+    /// Bytes a second a request must keep up, head and body together,
+    /// once it has been sending for [`RATE_GRACE`], judged over the last
+    /// [`RATE_WINDOW`]; 0: no minimum.
     pub min_receive_rate: u64,
     /// Requests processed at once (verify, claim); reading is not counted.
     pub workers: usize,
@@ -98,15 +104,30 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// The memory bodies being received may take together; past it, 503.
     pub max_body_bytes_in_flight: usize,
+    /// The part of it the bodies from one address (an IPv6 /64) may take;
+    /// past it, that address's bodies are answered 503.
+    pub max_body_bytes_per_address: usize,
 }
 
 /// How long a request may send at any rate before `min_receive_rate`
 /// applies: its first packets, and a client's slow start.
 pub const RATE_GRACE: Duration = Duration::from_secs(2);
-const RATE_GRACE_MS: i64 = 2_000;
+const RATE_GRACE_US: i64 = 2_000_000;
+
+/// The window `min_receive_rate` is judged over: bytes received keep a
+/// request going for at most this long ahead, so one that stalls after a
+/// fast start is let go this long after its last byte (not once its
+/// average from the start has fallen under the rate).
+pub const RATE_WINDOW: Duration = Duration::from_secs(2);
+const RATE_WINDOW_US: i64 = 2_000_000;
 
 /// How many bodies of `max_body_bytes` may be in flight at once, at most.
 pub const BODIES_IN_FLIGHT: usize = 64;
+
+/// One address (an IPv6 /64) may hold at most 1/`ADDRESS_SHARES` of the
+/// bodies' budget, and of the queue of connections held back at their
+/// address's cap (when there is a per-address cap).
+pub const ADDRESS_SHARES: usize = 4;
 
 impl Limits {
     /// The fixed parse limits with the configurable ones given: the
@@ -133,13 +154,23 @@ impl Limits {
             max_target_bytes: 4096,
             max_body_bytes,
             max_body_bytes_in_flight: max_body_bytes.saturating_mul(BODIES_IN_FLIGHT),
+            max_body_bytes_per_address: max_body_bytes.saturating_mul(BODIES_IN_FLIGHT),
         }
     }
 
     /// With a cap on connections from one address and a minimum rate.
+    /// With a cap below `max_connections`, one address also gets only its
+    /// share of the bodies' budget ([`ADDRESS_SHARES`]); without one (all
+    /// clients behind one proxy), the whole of it.
     pub fn per_address(mut self, max_connections: usize, min_receive_rate: u64) -> Limits {
         self.max_connections_per_address = max_connections.max(1);
         self.min_receive_rate = min_receive_rate;
+        self.max_body_bytes_per_address = if self.max_connections_per_address < self.max_connections
+        {
+            (self.max_body_bytes_in_flight / ADDRESS_SHARES).max(self.max_body_bytes)
+        } else {
+            self.max_body_bytes_in_flight
+        };
         self
     }
 }
@@ -202,8 +233,8 @@ struct Shared {
     next_id: AtomicU64,
     open: Mutex<Open>,
     drained: Condvar,
-    /// Bytes reserved by bodies being received, together.
-    body_bytes: AtomicUsize,
+    /// The memory of bodies being received, in all and by address.
+    bodies: Arc<BodyPool>,
     /// Threads answering 503 at a cap.
     refusing: AtomicUsize,
     /// Connections past a per-address cap, held a while before their 503.
@@ -220,6 +251,14 @@ struct Open {
     per_address: HashMap<IpAddr, usize>,
     /// How many of `conns` were let go and are ending.
     evicted: usize,
+    /// Connections held back at their address's cap (in the tarpit), by
+    /// their place, and how many by address.
+    held: HashMap<u64, HeldPlace>,
+    held_per_address: HashMap<IpAddr, usize>,
+    /// By address, connections closed at once because the address had
+    /// its share of the held queue: when that was last logged, and how
+    /// many since.
+    closed_at_once: HashMap<IpAddr, (i64, u64)>,
 }
 
 /// An open connection as the acceptor and `stop` see it.
@@ -258,10 +297,16 @@ const DRAIN_413: Duration = Duration::from_secs(5);
 /// The most bytes drained after a refusal.
 const DRAIN_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
 /// Milliseconds on a monotonic clock (from the first call).
 fn mono_ms() -> i64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     i64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Microseconds on the same clock as [`mono_ms`].
+fn mono_us() -> i64 {
+    i64::try_from(START.get_or_init(Instant::now).elapsed().as_micros()).unwrap_or(i64::MAX)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -380,9 +425,10 @@ pub fn fit_to_descriptors(wanted: usize, listeners: usize, reserve: usize) -> us
     let free = usize::try_from(files)
         .unwrap_or(usize::MAX)
         .saturating_sub(open_now + reserve);
-    // Each listener holds up to max_connections connections, and as many
-    // again (at most 1024) in its tarpit.
-    let per_listener = free / listeners.max(1);
+    // Each listener holds up to max_connections connections, as many
+    // again (at most 1024) in its tarpit, and those being refused and the
+    // one being accepted.
+    let per_listener = (free / listeners.max(1)).saturating_sub(MAX_REFUSING + 1);
     let fits = if per_listener >= 2048 {
         per_listener - 1024
     } else {
@@ -423,13 +469,16 @@ impl Server {
             stop: AtomicBool::new(false),
             tls,
             permits: Arc::new(Semaphore::new(limits.workers.max(1))),
+            bodies: Arc::new(BodyPool::new(
+                limits.max_body_bytes_in_flight,
+                limits.max_body_bytes_per_address,
+            )),
             limits,
             handler,
             refused,
             next_id: AtomicU64::new(0),
             open: Mutex::new(Open::default()),
             drained: Condvar::new(),
-            body_bytes: AtomicUsize::new(0),
             refusing: AtomicUsize::new(0),
             tarpit,
         });

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{IDLE, NEVER, RATE_GRACE_MS, READING, mono_ms};
+use super::{IDLE, NEVER, RATE_GRACE_US, RATE_WINDOW_US, READING, mono_ms, mono_us};
 
 /// What a connection's thread, its [`Wire`], the acceptor and `stop`
 /// share about it. Times are [`mono_ms`].
@@ -26,6 +26,10 @@ pub(super) struct ConnState {
     write_deadline: AtomicI64,
     /// `min_rate` applies now (while a request is received).
     metered: AtomicBool,
+    /// While metered, until when ([`mono_us`]) the bytes received keep the
+    /// request at `min_rate`: each byte buys 1/`min_rate` of a second, and
+    /// no more than [`RATE_WINDOW_US`] ahead of its arrival can be banked.
+    paid_until: AtomicI64,
     min_rate: u64,
     /// Let go at the connection cap.
     pub(super) evicted: AtomicBool,
@@ -43,6 +47,7 @@ impl ConnState {
             read_deadline: AtomicI64::new(NEVER),
             write_deadline: AtomicI64::new(NEVER),
             metered: AtomicBool::new(false),
+            paid_until: AtomicI64::new(NEVER),
             min_rate,
             evicted: AtomicBool::new(false),
             too_slow: AtomicBool::new(false),
@@ -77,8 +82,28 @@ impl ConnState {
         self.received_at_start
             .store(received.saturating_sub(buffered as u64), Ordering::SeqCst);
         self.since.store(mono_ms(), Ordering::SeqCst);
+        self.paid_until
+            .store(mono_us().saturating_add(RATE_GRACE_US), Ordering::SeqCst);
         self.phase.store(READING, Ordering::SeqCst);
         self.metered.store(self.min_rate > 0, Ordering::SeqCst);
+    }
+
+    /// `n` bytes arrived: while metered, they keep the request going
+    /// `n`/`min_rate` seconds longer, up to [`RATE_WINDOW_US`] from now.
+    fn received(&self, n: usize) {
+        self.received.fetch_add(n as u64, Ordering::SeqCst);
+        if !self.metered.load(Ordering::SeqCst) || self.min_rate == 0 {
+            return;
+        }
+        let bought =
+            i64::try_from((n as u64).saturating_mul(1_000_000) / self.min_rate).unwrap_or(NEVER);
+        let cap = mono_us().saturating_add(RATE_WINDOW_US);
+        // (Only this connection's reader updates it.)
+        let paid = self.paid_until.load(Ordering::SeqCst);
+        self.paid_until.store(
+            paid.saturating_add(bought).min(cap).max(paid),
+            Ordering::SeqCst,
+        );
     }
 
     /// Bytes a second the current request has averaged (for picking the
@@ -103,17 +128,10 @@ impl ConnState {
         }
         let mut until = deadline;
         if self.metered.load(Ordering::SeqCst) && self.min_rate > 0 {
-            let started = self.since.load(Ordering::SeqCst);
-            let got = self
-                .received
-                .load(Ordering::SeqCst)
-                .saturating_sub(self.received_at_start.load(Ordering::SeqCst));
-            // `got` bytes keep the average up until this long after the start.
-            let enough_for = i64::try_from(got.saturating_mul(1000) / self.min_rate)
-                .unwrap_or(NEVER)
-                .max(RATE_GRACE_MS);
-            let enough_until = started.saturating_add(enough_for);
-            if now >= enough_until {
+            // The bytes received so far keep the request going until then.
+            let paid_until = self.paid_until.load(Ordering::SeqCst);
+            let enough_until = paid_until.div_euclid(1000).saturating_add(1);
+            if mono_us() >= paid_until {
                 self.too_slow.store(true, Ordering::SeqCst);
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -143,7 +161,7 @@ impl Read for Wire {
             self.socket.set_read_timeout(Some(wait))?;
             match (&*self.socket).read(buf) {
                 Ok(n) => {
-                    self.state.received.fetch_add(n as u64, Ordering::SeqCst);
+                    self.state.received(n);
                     return Ok(n);
                 }
                 Err(e) if retry(&e) => {}
