@@ -219,7 +219,7 @@ CREATE INDEX IF NOT EXISTS deliveries_received ON deliveries (received_at);
 -- An event's deliveries are found by (source, event_id) through this index,
 -- except the one that stored it: that 'accepted' delivery carries the
 -- event's own received_at and is found through deliveries_received (see
--- ingest::DELIVERIES_OF_EVENT). Keeping accepted deliveries out of a
+-- store::deliveries::OF_EVENT). Keeping accepted deliveries out of a
 -- random-key index spares every new event an insert into a different leaf
 -- page (a WAL page per event): about a quarter of the writer's time per
 -- event in the benchmark. Databases from before had every delivery in

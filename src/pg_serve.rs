@@ -1,8 +1,9 @@
 //! `serve` on PostgreSQL: the claimers (a few threads, each with its own
 //! connection, taking every claim waiting in the queue into one group
-//! commit, `pg_group::run_group`), a small pool of connections for the
-//! readiness probe and the gauges, and start-up (migrations, `setup_sql`,
-//! the SQL actions prepared once to check them).
+//! commit, `pg_group::run_group`; the readiness probe is a write through
+//! them), a small pool of connections for the gauges and the admin API,
+//! the LISTEN thread (which also folds the job counters), and start-up
+//! (migrations, `setup_sql`, the SQL actions prepared once to check them).
 //!
 //! A caller is answered only after its group committed, or with the
 //! error (503) when it could not; a claim that waited in the queue longer

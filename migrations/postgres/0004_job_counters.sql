@@ -6,7 +6,7 @@
 -- serialise them all on a few rows, so the changes are appended instead:
 -- statement triggers write one row per status a statement changed into
 -- job_count_deltas (no row is ever updated there, so no one waits), and
--- a fold (store::pg::fold_job_counts, run now and then by each instance)
+-- a fold (store::pg::FOLD_JOB_COUNTS, run every 2 s by each instance)
 -- moves them into job_count_base in one transaction. job_counts, the name
 -- both backends read, is the sum of the two.
 

@@ -2,8 +2,12 @@
 //! `schema.sql`, classifying errors. Beside it: the claim's storage steps as a trait
 //! (`tx.rs`) with SQLite's SQL for them (`sqlite.rs`), the group-commit
 //! writer (`writer/`), and the operator side's query layer on both
-//! backends (`db.rs`). Only `store/`, `ingest.rs` and the
-//! modules that own a table's queries run SQL; nothing here knows HTTP.
+//! backends (`db.rs`). SQL runs in `store/` (the claim's steps, the
+//! per-table modules, both backends' housekeeping), and besides only in
+//! `serve.rs` and `pg_serve.rs` (`setup_sql`, start-up checks, the key-rule
+//! record, LISTEN and the counters' fold), `ingest.rs` (preparing the SQL
+//! actions at start), `ops/migrate.rs` and `ops/backup.rs`; nothing here
+//! knows HTTP.
 
 pub mod attempts;
 pub mod control;

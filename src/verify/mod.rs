@@ -8,7 +8,8 @@
 //! `allow_unsigned`), and it does not extract event ids or types.
 //!
 //! The module is self-contained: outside itself it uses only
-//! `crate::headers` (reading a request's headers).
+//! `crate::headers` (reading a request's headers) and `crate::time`
+//! (dates in the signed formats).
 //!
 //! Invariants: comparisons of signatures are constant-time
 //! (`Mac::verify_slice`, or ed25519 verification); no error message and no
