@@ -837,10 +837,24 @@ impl Tx for FirstStep {
 /// How often each instance folds the job counters' changes.
 const FOLD_EVERY: Duration = Duration::from_secs(2);
 
+/// One fold of the job counters on `folder`, connected when needed and
+/// dropped when it fails (a read-only host, a restart): the next fold
+/// connects again.
+fn fold_job_counts(settings: &Settings, folder: &mut Option<Client>) {
+    if folder.is_none() {
+        *folder = settings.connect().ok();
+    }
+    if let Some(c) = folder
+        && c.batch_execute(crate::store::pg::FOLD_JOB_COUNTS).is_err()
+    {
+        *folder = None;
+    }
+}
+
 /// Listens for new forward jobs written by any instance and wakes this
 /// instance's workers; connects again after a failure. Never needed for
-/// correctness: the workers poll as well. On the same connection it folds
-/// the job counters' changes every [`FOLD_EVERY`].
+/// correctness: the workers poll as well. Beside it, on a connection of
+/// its own, it folds the job counters' changes every [`FOLD_EVERY`].
 pub fn listen(
     settings: Settings,
     wake: impl Fn() + Send + 'static,
@@ -866,15 +880,17 @@ pub fn listen(
                 // Anything missed while not listening is found by polling.
                 wake();
                 let mut folded = std::time::Instant::now();
+                let mut folder: Option<Client> = None;
                 loop {
                     if stop.load(Ordering::SeqCst) {
                         return;
                     }
                     // The job counters' appended changes, folded now and
-                    // then, so reading the counts stays a few rows.
+                    // then (on a connection of its own: this one only
+                    // listens), so reading the counts stays a few rows.
                     if folded.elapsed() >= FOLD_EVERY {
                         folded = std::time::Instant::now();
-                        let _ = client.batch_execute(crate::store::pg::FOLD_JOB_COUNTS);
+                        fold_job_counts(&settings, &mut folder);
                     }
                     let next = {
                         let mut notifications = client.notifications();

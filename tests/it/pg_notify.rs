@@ -111,3 +111,56 @@ fn a_job_committed_on_one_instance_wakes_the_workers_of_another() {
     drop(a);
     drop(b);
 }
+
+/// A commit wakes the workers only when it wrote a job they could take
+/// now: a job of a paused action (or one parked for `after`) sends no
+/// NOTIFY, a due one sends one.
+#[test]
+fn only_a_group_that_wrote_a_due_forward_job_notifies() {
+    let Some(cluster) = pg_cluster::cluster() else {
+        pg_cluster::skipped("only_a_group_that_wrote_a_due_forward_job_notifies");
+        return;
+    };
+    let url = cluster.create_database("it_notify_due_only");
+    let ds = Downstream::start();
+    let server = Server::start(&config(&url, &ds.url(), 0), &[]);
+    let mut listener = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    listener
+        .batch_execute("LISTEN idemhook_jobs")
+        .expect("listen");
+    let post = |id: &str| {
+        let body = serde_json::json!({"id": id, "type": "charge.succeeded"})
+            .to_string()
+            .into_bytes();
+        let r = server.post("/hooks/stripe", &sign::stripe_now(SECRET, &body), &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    let paused = server.run_cli(&["pause", "stripe/notify"]);
+    assert!(paused.success(), "{}", paused.stderr);
+    // The pause itself notifies nobody's workers; drain what came before.
+    let drain = |c: &mut postgres::Client, wait: Duration| -> usize {
+        let mut n = 0;
+        let mut notifications = c.notifications();
+        let mut iter = notifications.timeout_iter(wait);
+        while let Ok(Some(_)) = fallible_iterator::FallibleIterator::next(&mut iter) {
+            n += 1;
+        }
+        n
+    };
+    drain(&mut listener, Duration::from_millis(300));
+    post("evt_parked");
+    assert_eq!(
+        drain(&mut listener, Duration::from_millis(500)),
+        0,
+        "a job of a paused action wakes no worker"
+    );
+    let resumed = server.run_cli(&["resume", "stripe/notify"]);
+    assert!(resumed.success(), "{}", resumed.stderr);
+    drain(&mut listener, Duration::from_millis(300));
+    post("evt_due");
+    assert_eq!(
+        drain(&mut listener, Duration::from_secs(1)),
+        1,
+        "a due job wakes the workers, once"
+    );
+}

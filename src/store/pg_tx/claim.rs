@@ -144,7 +144,11 @@ impl Tx for PgTx<'_> {
 
     fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError> {
         if let Some(g) = &mut self.group {
-            g.forward_jobs |= j.kind == "forward";
+            // Only a job a worker could take now wakes the workers: one
+            // parked for `after` (no due time) or for a paused action
+            // waits for the change that makes it due, which wakes them.
+            g.forward_jobs |=
+                j.kind == "forward" && j.status == "pending" && j.next_attempt_at.is_some();
         }
         let sql = match j.order_key {
             Some(order_key) => {
