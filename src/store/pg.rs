@@ -209,8 +209,16 @@ impl Settings {
 }
 
 /// Switches the transaction to the team's usual `search_path` (the role's,
-/// the database's or the server's), where SQL actions and `setup_sql` run.
-pub const TEAM_PATH: &str = "SET LOCAL search_path TO DEFAULT";
+/// the database's or the server's), where SQL actions and `setup_sql` run,
+/// less idemhook's own schema: a role named like it (`idemhook`, as the
+/// docs suggest) would otherwise find it through `"$user"`, and the team's
+/// `CREATE TABLE orders` or `INSERT INTO events` would land among
+/// idemhook's tables. With no schema of the team's left, creating a table
+/// fails as it should ("no schema has been selected").
+pub const TEAM_PATH: &str = "SET LOCAL search_path TO DEFAULT; \
+     SELECT set_config('search_path', coalesce((SELECT string_agg(quote_ident(s), ', ') \
+       FROM unnest(current_schemas(false)) AS s \
+       WHERE s <> current_setting('idemhook.schema')), ''), true)";
 
 /// Switches the transaction back to idemhook's schema.
 pub const OUR_PATH: &str =

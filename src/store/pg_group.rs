@@ -260,7 +260,7 @@ params = { instance = "header:x-instance" }
         let mut admin = settings.connect().unwrap();
         migrate(&mut admin, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
         admin
-            .batch_execute("CREATE TABLE ledger (event_id text PRIMARY KEY, instance text)")
+            .batch_execute("CREATE TABLE public.ledger (event_id text PRIMARY KEY, instance text)")
             .unwrap();
         let config = Arc::new(Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap());
 
@@ -312,7 +312,7 @@ params = { instance = "header:x-instance" }
         assert_eq!(answered, 1800);
         assert_eq!(accepted, 300);
         assert_eq!(count(&mut admin, "SELECT count(*) FROM events"), 300);
-        assert_eq!(count(&mut admin, "SELECT count(*) FROM ledger"), 300);
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM public.ledger"), 300);
         assert_eq!(count(&mut admin, "SELECT count(*) FROM deliveries"), 1800);
         assert_eq!(
             count(
@@ -336,7 +336,7 @@ params = { instance = "header:x-instance" }
         let mut admin = settings.connect().unwrap();
         migrate(&mut admin, crate::config::database_url::DEFAULT_SCHEMA).unwrap();
         admin
-            .batch_execute("CREATE TABLE ledger (event_id text PRIMARY KEY, instance text)")
+            .batch_execute("CREATE TABLE public.ledger (event_id text PRIMARY KEY, instance text)")
             .unwrap();
         let config = Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap();
         let source = &config.sources[0];
@@ -406,7 +406,7 @@ params = { instance = "header:x-instance" }
 
         let count = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
         assert_eq!(count(&mut admin, "SELECT count(*) FROM events"), 4);
-        assert_eq!(count(&mut admin, "SELECT count(*) FROM ledger"), 4);
+        assert_eq!(count(&mut admin, "SELECT count(*) FROM public.ledger"), 4);
         assert_eq!(count(&mut admin, "SELECT count(*) FROM incidents"), 1);
         let deliveries: Vec<(String, String)> = admin
             .query("SELECT event_id, outcome FROM deliveries ORDER BY id", &[])

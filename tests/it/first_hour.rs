@@ -189,6 +189,81 @@ fn the_password_comes_from_pgpassword_or_the_password_file() {
         assert_eq!(out.status.code(), Some(2), "{out:?}");
     }
 
+    // The docs' setup with a role named idemhook, as its schema is: the
+    // team's `events` table made by setup_sql and written by an action is
+    // the team's, in public, not idemhook's.
+    let secret = "whsec_first_hour";
+    let config = ServerConfig::new()
+        .set(
+            "database",
+            &toml_str(&format!(
+                "postgres://idemhook:{PASSWORD}@127.0.0.1:{port}/app"
+            )),
+        )
+        .set(
+            "setup_sql",
+            &toml_str("CREATE TABLE IF NOT EXISTS events (event_id text PRIMARY KEY)"),
+        )
+        .tables(&format!(
+            "{SOURCE}[[sources.stripe.actions]]\nname = \"book\"\n\
+             sql = \"INSERT INTO events (event_id) VALUES (:event_id)\"\n"
+        ));
+    let server = Server::start(&config, &[]);
+    let body = serde_json::json!({"id": "evt_fh_1", "type": "charge.succeeded"})
+        .to_string()
+        .into_bytes();
+    let r = server.post(
+        "/hooks/stripe",
+        &crate::sign::stripe_now(secret, &body),
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut app = postgres::Client::connect(&local.cluster().url("app"), postgres::NoTls)
+        .expect("connect to app");
+    let count =
+        |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).expect(sql).get(0) };
+    assert_eq!(count(&mut app, "SELECT count(*) FROM public.events"), 1);
+    assert_eq!(
+        count(
+            &mut app,
+            "SELECT count(*) FROM idemhook.jobs WHERE action = 'book' AND status = 'done'"
+        ),
+        1
+    );
+    drop(server);
+
+    // A database another role owns, with GRANT ALL ON DATABASE: idemhook
+    // makes its own schema there, but since PostgreSQL 15 the team's
+    // tables in `public` need a grant, and the error names it.
+    admin
+        .batch_execute("CREATE DATABASE shared")
+        .expect("create shared");
+    admin
+        .batch_execute("GRANT ALL ON DATABASE shared TO idemhook")
+        .expect("grant");
+    let shared = format!("postgres://idemhook:{PASSWORD}@127.0.0.1:{port}/shared");
+    write_config(dir.path(), &shared);
+    let ok = run(dir.path(), &[], &["check"]);
+    assert!(
+        ok.success(),
+        "its own schema needs only CREATE on the database: {ok:?}"
+    );
+    std::fs::write(
+        dir.path().join("idemhook.toml"),
+        format!(
+            "database = {}\nsetup_sql = \"CREATE TABLE IF NOT EXISTS orders (id text)\"\n{SOURCE}",
+            toml_str(&shared)
+        ),
+    )
+    .expect("write config");
+    let out = run(dir.path(), &[], &["check"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        out.stderr.contains("42501") && out.stderr.contains("GRANT USAGE, CREATE ON SCHEMA public"),
+        "{}",
+        out.stderr
+    );
+
     // A wrong password says so, without printing it.
     write_config(
         dir.path(),

@@ -159,9 +159,9 @@ fn the_claim_runs_on_postgres_with_typed_business_writes() {
     };
     client
         .batch_execute(
-            "CREATE TABLE ledger (event_id text PRIMARY KEY, amount numeric NOT NULL,
+            "CREATE TABLE public.ledger (event_id text PRIMARY KEY, amount numeric NOT NULL,
                                   at bigint, meta jsonb, big numeric, note text);
-             INSERT INTO ledger (event_id, amount) VALUES ('same-for-all', 0);",
+             INSERT INTO public.ledger (event_id, amount) VALUES ('same-for-all', 0);",
         )
         .unwrap();
     let mut st = Statements::default();
@@ -192,7 +192,7 @@ fn the_claim_runs_on_postgres_with_typed_business_writes() {
 
     let row = client
         .query_one(
-            "SELECT amount::text, at, meta::text, big::text, note FROM ledger WHERE event_id = 'e1'",
+            "SELECT amount::text, at, meta::text, big::text, note FROM public.ledger WHERE event_id = 'e1'",
             &[],
         )
         .unwrap();
@@ -202,7 +202,7 @@ fn the_claim_runs_on_postgres_with_typed_business_writes() {
     assert_eq!(row.get::<_, String>(3), "123456789012345678901234567890");
     assert_eq!(row.get::<_, String>(4), "hi!");
     let mut count = |sql: &str| -> i64 { client.query_one(sql, &[]).unwrap().get(0) };
-    assert_eq!(count("SELECT count(*) FROM ledger"), 2);
+    assert_eq!(count("SELECT count(*) FROM public.ledger"), 2);
     assert_eq!(count("SELECT count(*) FROM events"), 1);
     assert_eq!(count("SELECT count(*) FROM deliveries"), 3);
     assert_eq!(count("SELECT count(*) FROM incidents"), 1);
