@@ -13,6 +13,7 @@
 //! copy the SQLite file records where it moved, and serve refuses it.
 
 use std::fs::File;
+use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -21,6 +22,7 @@ use postgres::types::{ToSql, Type};
 use rusqlite::types::Value;
 
 use super::command::{CommandError, Outcome};
+use super::text::{Unwritten, stdout};
 use crate::config::Config;
 use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 use crate::store::pg::{Settings, migrate};
@@ -258,20 +260,23 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
         );
     }
 
-    println!("from {}", source_path.display());
-    println!("to   {url}");
+    let mut out = stdout();
+    writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
+    writeln!(out, "to   {url}").map_err(Unwritten)?;
     for (table, n) in &counts {
-        println!("  {table:<18} {n}");
+        writeln!(out, "  {table:<18} {n}").map_err(Unwritten)?;
     }
 
     let mut tx = pg.transaction().map_err(StoreError::from)?;
     for (table, columns) in TABLES {
         let started = std::time::Instant::now();
         copy_table(&sqlite, &mut tx, table, columns).with_context(|| format!("copying {table}"))?;
-        println!(
+        writeln!(
+            out,
             "  copied {table:<11} in {:.1} s",
             started.elapsed().as_secs_f64()
-        );
+        )
+        .map_err(Unwritten)?;
     }
     for table in IDENTITY {
         tx.execute(
@@ -308,7 +313,11 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     // The file is no longer the installation: serve refuses it from now on.
     store::meta::record_moved(&store::db::Db::sqlite(&sqlite), &url.to_string())
         .context("copied, but cannot record the move in the SQLite file")?;
-    println!("copied and verified; now set database = \"{url}\" and start serve");
+    writeln!(
+        out,
+        "copied and verified; now set database = \"{url}\" and start serve"
+    )
+    .map_err(Unwritten)?;
     Ok(Outcome::Done)
 }
 
@@ -319,6 +328,7 @@ const NO_TIMEOUTS: &str =
 /// `migrate` without `--yes`: what would be copied, read without writing
 /// anything on either side, so it runs while serve runs.
 fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
+    let mut out = stdout();
     let source_path = &config.database;
     let sqlite = store::open_read(source_path, config.busy_timeout)
         .with_context(|| format!("cannot open {}", source_path.display()))?;
@@ -358,14 +368,15 @@ fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
             );
         }
     }
-    println!("from {}", source_path.display());
-    println!("to   {url} (schema {})", url.schema());
+    writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
+    writeln!(out, "to   {url} (schema {})", url.schema()).map_err(Unwritten)?;
     for (table, n) in &counts {
-        println!("  {table:<18} {n}");
+        writeln!(out, "  {table:<18} {n}").map_err(Unwritten)?;
     }
-    println!(
+    writeln!(
+        out,
         "nothing copied, nothing written: run again with --yes to copy (stop serve first; it stays refused while this runs)"
-    );
+    ).map_err(Unwritten)?;
     Ok(Outcome::Done)
 }
 

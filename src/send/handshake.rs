@@ -2,6 +2,7 @@
 //! source's provider sends before its first event, signed where the
 //! provider signs it, so a team can check its endpoint answers it.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::{Result, anyhow, bail};
@@ -10,6 +11,7 @@ use serde_json::json;
 use super::{Exchanged, exchange};
 use crate::config::presets::Handshake;
 use crate::config::{Config, Kind, Source};
+use crate::ops::text::{Unwritten, stdout};
 use crate::verify::Request;
 
 /// Secret 0 as text, for the samples and handshakes that carry it in the
@@ -148,10 +150,13 @@ pub(super) fn run(
         headers: answer_headers,
         text,
     } = exchange(config, method, &url, &headers, &body)?;
-    println!(
+    let mut out = stdout();
+    writeln!(
+        out,
         "{method} {url} (handshake of kind {}) -> {status}",
         source.kind
-    );
+    )
+    .map_err(Unwritten)?;
     if handshake == Some(Handshake::Asana) {
         let echoed = headers
             .iter()
@@ -161,16 +166,18 @@ pub(super) fn run(
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case("x-hook-secret"))
             .map(|(_, v)| v);
-        println!(
+        writeln!(
+            out,
             "X-Hook-Secret echoed: {}",
             if back.is_some() && back == echoed {
                 "yes"
             } else {
                 "no"
             }
-        );
+        )
+        .map_err(Unwritten)?;
     }
-    println!("{text}");
+    writeln!(out, "{text}").map_err(Unwritten)?;
     Ok(if (200..300).contains(&status) {
         ExitCode::SUCCESS
     } else {

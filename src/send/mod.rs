@@ -6,7 +6,7 @@
 
 mod handshake;
 
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::config::{Config, Kind, Source};
 use crate::key::{Atom, Input, Json, Part};
+use crate::ops::text::{Unwritten, stdout};
 
 /// What the command line asked of `send`.
 #[derive(Debug, Default)]
@@ -170,8 +171,13 @@ pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitC
         .extract(&input)
         .unwrap_or_else(|_| "?".to_string());
     let shown_type = source.type_of(&input).unwrap_or_else(|| "?".to_string());
-    println!("POST {url} (event id {shown_id}, type {shown_type}) -> {status}");
-    println!("{text}");
+    let mut out = stdout();
+    writeln!(
+        out,
+        "POST {url} (event id {shown_id}, type {shown_type}) -> {status}"
+    )
+    .map_err(Unwritten)?;
+    writeln!(out, "{text}").map_err(Unwritten)?;
     if (200..300).contains(&status) {
         Ok(ExitCode::SUCCESS)
     } else {
