@@ -706,10 +706,27 @@ fn database_report_postgres(
     })
 }
 
+/// `check`'s report: the settings, then each source with its rules and
+/// actions, then the warnings about key and hash rules that differ from
+/// those recorded in the database.
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
     let database = database_report(config);
     let mut warnings = Vec::new();
+    describe_settings(&mut out, config, &database);
+    for s in &config.sources {
+        describe_source(&mut out, config, s, &database);
+        warnings.extend(recorded_rule_warnings(s, &database));
+    }
+    for w in warnings {
+        let _ = writeln!(out, "\nwarning: {w}");
+    }
+    out
+}
+
+/// The lines before the sources: the config file, `listen`, the database
+/// and what it holds, durability, the admin API, the workers.
+fn describe_settings(out: &mut String, config: &Config, database: &DatabaseReport) {
     let origin = config.file.as_ref().map_or(
         "development default (no ./idemhook.toml; what `idemhook serve` runs here)".to_string(),
         |p| p.display().to_string(),
@@ -744,149 +761,180 @@ pub fn describe(config: &Config) -> String {
         "workers     {} http, {} forward; max body {} bytes",
         config.http_workers, config.forward_workers, config.max_body_bytes
     );
-    for s in &config.sources {
+}
+
+/// One source's block: its route and verification, what its provider's
+/// preset adds, a secret kept from a handshake, its key, type and hash
+/// rules, secrets, retention, mismatch answer and actions.
+fn describe_source(
+    out: &mut String,
+    config: &Config,
+    s: &crate::config::Source,
+    database: &DatabaseReport,
+) {
+    let _ = writeln!(
+        out,
+        "\nsource {} (kind {}) POST /hooks/{}",
+        s.name, s.kind, s.name
+    );
+    let _ = writeln!(out, "  verify     {}", s.verifier.scheme().describe());
+    if let Some(url) = &s.public_url {
         let _ = writeln!(
             out,
-            "\nsource {} (kind {}) POST /hooks/{}",
-            s.name, s.kind, s.name
+            "  url        {url} (public_url: what the provider signs)"
         );
-        let _ = writeln!(out, "  verify     {}", s.verifier.scheme().describe());
-        if let Some(url) = &s.public_url {
-            let _ = writeln!(
+    }
+    describe_preset(out, config, s);
+    if let Some((_, secret)) = database.kept.iter().find(|(name, _)| name == &s.name) {
+        // The operator pastes Notion's token into Notion's form.
+        let _ = match s.kind.name() {
+            "notion" => writeln!(
                 out,
-                "  url        {url} (public_url: what the provider signs)"
-            );
+                "  token      {secret} (Notion's verification_token, kept as this source's secret: paste it into Notion to verify the subscription)"
+            ),
+            _ => writeln!(out, "  secret     kept from the provider's handshake"),
+        };
+    }
+    let _ = writeln!(out, "  key        {}", s.key);
+    let _ = writeln!(out, "  type       {}", s.type_rule());
+    let _ = writeln!(out, "  hash       {}", s.hash_rule());
+    describe_secrets(out, s);
+    let _ = writeln!(
+        out,
+        "  retention  keys {}, bodies {}",
+        format_duration(s.retention),
+        format_duration(s.payload_retention)
+    );
+    let _ = writeln!(
+        out,
+        "  mismatch   {}",
+        match s.on_mismatch {
+            crate::config::OnMismatch::Ack => "ack (200 + incident)",
+            crate::config::OnMismatch::Reject => "reject (409 + incident)",
         }
-        if let Some(p) = s.kind.preset() {
-            if let Some(b) = p.batch {
-                let _ = writeln!(
-                    out,
-                    "  batch      events at {}{}, each claimed under its own key, at most {} a delivery",
-                    if b.items.is_empty() {
-                        "the body (an array)"
-                    } else {
-                        b.items
-                    },
-                    b.inner,
-                    config.max_batch_items
-                );
-            }
-            if p.handshake != crate::config::presets::Handshake::None {
-                let _ = writeln!(
-                    out,
-                    "  handshake  {:?}, answered and not stored",
-                    p.handshake
-                );
-            }
-        }
-        if let Some((_, secret)) = database.kept.iter().find(|(name, _)| name == &s.name) {
-            // The operator pastes Notion's token into Notion's form.
-            let _ = match s.kind.name() {
-                "notion" => writeln!(
-                    out,
-                    "  token      {secret} (Notion's verification_token, kept as this source's secret: paste it into Notion to verify the subscription)"
-                ),
-                _ => writeln!(out, "  secret     kept from the provider's handshake"),
-            };
-        }
-        let _ = writeln!(out, "  key        {}", s.key);
-        if let Some((_, key_rule, hash_rule, events)) =
-            database.rules.iter().find(|(name, ..)| name == &s.name)
-        {
-            if key_rule != &s.key.to_string() {
-                warnings.push(format!(
-                    "source {}: the key rule differs from the one recorded in the database ({} -> {}; {events} events stored under the old one): redeliveries keyed by the new rule will not match them, so old events could be processed again",
-                    s.name, key_rule, s.key
-                ));
-            }
-            if hash_rule != &s.hash_rule() {
-                warnings.push(format!(
-                    "source {}: the hash rule differs from the one recorded in the database ({} -> {}): redeliveries of stored events will be reported as payload mismatches",
-                    s.name,
-                    hash_rule,
-                    s.hash_rule()
-                ));
-            }
-        }
-        let _ = writeln!(out, "  type       {}", s.type_rule());
-        let _ = writeln!(out, "  hash       {}", s.hash_rule());
-        if s.kind == crate::config::Kind::None {
-            let _ = writeln!(out, "  secrets    none (unsigned, allow_unsigned = true)");
-        } else if s.kind.signs_timestamp() || s.verifier.scheme().signs_timestamp() {
-            let _ = writeln!(
-                out,
-                "  secrets    {}; tolerance {}",
-                s.secret_count,
-                format_duration(s.tolerance)
-            );
-        } else {
-            let _ = writeln!(out, "  secrets    {} (no signed timestamp)", s.secret_count);
-        }
+    );
+    for a in &s.actions {
+        describe_action(out, a);
+    }
+}
+
+/// What the source's provider preset adds: batches (where the events are,
+/// how many a delivery) and a handshake.
+fn describe_preset(out: &mut String, config: &Config, s: &crate::config::Source) {
+    let Some(p) = s.kind.preset() else {
+        return;
+    };
+    if let Some(b) = p.batch {
         let _ = writeln!(
             out,
-            "  retention  keys {}, bodies {}",
-            format_duration(s.retention),
-            format_duration(s.payload_retention)
-        );
-        let _ = writeln!(
-            out,
-            "  mismatch   {}",
-            match s.on_mismatch {
-                crate::config::OnMismatch::Ack => "ack (200 + incident)",
-                crate::config::OnMismatch::Reject => "reject (409 + incident)",
-            }
-        );
-        for a in &s.actions {
-            let types = if a.types.is_empty() {
-                "all types".to_string()
+            "  batch      events at {}{}, each claimed under its own key, at most {} a delivery",
+            if b.items.is_empty() {
+                "the body (an array)"
             } else {
-                a.types.join(", ")
-            };
-            match &a.kind {
-                ActionKind::Sql { params, .. } => {
-                    let names: Vec<String> =
-                        params.iter().map(|(n, p)| format!(":{n}={p}")).collect();
-                    let _ = writeln!(
-                        out,
-                        "  action {} (sql) on {types}; {}",
-                        a.name,
-                        if names.is_empty() {
-                            "built-in params only".to_string()
-                        } else {
-                            format!("params {}", names.join(" "))
-                        }
-                    );
+                b.items
+            },
+            b.inner,
+            config.max_batch_items
+        );
+    }
+    if p.handshake != crate::config::presets::Handshake::None {
+        let _ = writeln!(
+            out,
+            "  handshake  {:?}, answered and not stored",
+            p.handshake
+        );
+    }
+}
+
+/// The `secrets` line: how many, and the tolerance when the scheme signs a
+/// timestamp.
+fn describe_secrets(out: &mut String, s: &crate::config::Source) {
+    if s.kind == crate::config::Kind::None {
+        let _ = writeln!(out, "  secrets    none (unsigned, allow_unsigned = true)");
+    } else if s.kind.signs_timestamp() || s.verifier.scheme().signs_timestamp() {
+        let _ = writeln!(
+            out,
+            "  secrets    {}; tolerance {}",
+            s.secret_count,
+            format_duration(s.tolerance)
+        );
+    } else {
+        let _ = writeln!(out, "  secrets    {} (no signed timestamp)", s.secret_count);
+    }
+}
+
+/// Warnings for a source whose key or hash rule differs from the one the
+/// database recorded (printed after every source).
+fn recorded_rule_warnings(s: &crate::config::Source, database: &DatabaseReport) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let Some((_, key_rule, hash_rule, events)) =
+        database.rules.iter().find(|(name, ..)| name == &s.name)
+    else {
+        return warnings;
+    };
+    if key_rule != &s.key.to_string() {
+        warnings.push(format!(
+            "source {}: the key rule differs from the one recorded in the database ({} -> {}; {events} events stored under the old one): redeliveries keyed by the new rule will not match them, so old events could be processed again",
+            s.name, key_rule, s.key
+        ));
+    }
+    if hash_rule != &s.hash_rule() {
+        warnings.push(format!(
+            "source {}: the hash rule differs from the one recorded in the database ({} -> {}): redeliveries of stored events will be reported as payload mismatches",
+            s.name,
+            hash_rule,
+            s.hash_rule()
+        ));
+    }
+    warnings
+}
+
+/// One action's lines: its kind, the types it runs on, and its SQL
+/// parameters or its forward settings (check, after).
+fn describe_action(out: &mut String, a: &crate::config::Action) {
+    let types = if a.types.is_empty() {
+        "all types".to_string()
+    } else {
+        a.types.join(", ")
+    };
+    match &a.kind {
+        ActionKind::Sql { params, .. } => {
+            let names: Vec<String> = params.iter().map(|(n, p)| format!(":{n}={p}")).collect();
+            let _ = writeln!(
+                out,
+                "  action {} (sql) on {types}; {}",
+                a.name,
+                if names.is_empty() {
+                    "built-in params only".to_string()
+                } else {
+                    format!("params {}", names.join(" "))
                 }
-                ActionKind::Forward(f) => {
-                    let _ = writeln!(
-                        out,
-                        "  action {} (forward) on {types} -> {}; timeout {}, lease {}, {} attempts, retry {}..{}",
-                        a.name,
-                        f.url,
-                        format_duration(f.timeout),
-                        format_duration(f.lease),
-                        f.max_attempts,
-                        format_duration(f.retry_initial),
-                        format_duration(f.retry_max)
-                    );
-                    if let Some(check) = &f.check {
-                        let _ = writeln!(out, "    check before a resend: GET {check}");
-                    }
-                    if !f.after.is_empty() {
-                        let _ = writeln!(
-                            out,
-                            "    after: sent once {} of the same event are done",
-                            f.after.join(", ")
-                        );
-                    }
-                }
+            );
+        }
+        ActionKind::Forward(f) => {
+            let _ = writeln!(
+                out,
+                "  action {} (forward) on {types} -> {}; timeout {}, lease {}, {} attempts, retry {}..{}",
+                a.name,
+                f.url,
+                format_duration(f.timeout),
+                format_duration(f.lease),
+                f.max_attempts,
+                format_duration(f.retry_initial),
+                format_duration(f.retry_max)
+            );
+            if let Some(check) = &f.check {
+                let _ = writeln!(out, "    check before a resend: GET {check}");
+            }
+            if !f.after.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    after: sent once {} of the same event are done",
+                    f.after.join(", ")
+                );
             }
         }
     }
-    for w in warnings {
-        let _ = writeln!(out, "\nwarning: {w}");
-    }
-    out
 }
 
 #[cfg(test)]
