@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -15,48 +16,39 @@ use crate::metrics::Metrics;
 use crate::store::{self, Writer};
 use crate::time::now_ms;
 
+/// `idemhook serve`: on the configured backend until SIGTERM or SIGINT.
 pub fn run(mut config: Config) -> Result<()> {
     // Info lines in batches while serving; dropped last, so every line is
     // out before run returns.
     let _log = crate::log::buffer_lines();
     let dev_default = config.file.is_none();
-    // The development default on loopback gets an admin token for this
-    // run, printed with the inspector's address for a one-click sign-in.
-    let run_token = if dev_default && config.admin_token.is_none() && loopback_only(&config.listen)
-    {
+    let run_token = run_token(&mut config, dev_default);
+    match config.postgres.clone() {
+        Some(url) => run_postgres(config, &url, run_token.as_deref(), dev_default),
+        None => run_sqlite(config, run_token.as_deref(), dev_default),
+    }
+}
+
+/// The development default on loopback gets an admin token for this run
+/// (set in `config`), printed with the inspector's address for a
+/// one-click sign-in.
+fn run_token(config: &mut Config, dev_default: bool) -> Option<String> {
+    let token = if dev_default && config.admin_token.is_none() && loopback_only(&config.listen) {
         crate::auth::random_token()
     } else {
         None
     };
-    if let Some(token) = &run_token {
+    if let Some(token) = &token {
         config.admin_token = Some(crate::verify::Secret::new(token.clone()));
     }
-    if let Some(url) = config.postgres.clone() {
-        return run_postgres(config, &url, run_token.as_deref(), dev_default);
-    }
-    let new_database = !config.database.exists();
-    let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
-        .with_context(|| format!("cannot open the database {}", config.database.display()))?;
-    store::migrate(&mut conn).context("cannot apply schema.sql")?;
-    if let Some(to) = store::meta::moved_to(&store::db::Db::sqlite(&conn))? {
-        bail!(
-            "{}: migrate moved this installation to {to}: set database to that URL. (To serve this file anyway, which reopens the duplicate window for every event received there since: sqlite3 {} \"DELETE FROM meta WHERE key = 'moved_to'\")",
-            config.database.display(),
-            config.database.display()
-        );
-    }
-    // Held while serving: `migrate` refuses to copy under a running serve.
-    let _serving = crate::ops::migrate::lock_shared(&config.database)?;
-    if new_database {
-        let path = std::path::absolute(&config.database).unwrap_or(config.database.clone());
-        new_database_notice(&path.display());
-    }
-    if let Some(sql) = &config.setup_sql {
-        conn.execute_batch(sql).context("setup_sql failed")?;
-    }
-    crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|e| anyhow!(e))?;
-    record_key_rules(&conn, &config)?;
+    token
+}
 
+/// `serve` on SQLite: the file opened and made ready, the writer, then
+/// what both backends run; the stop waits for the attempts in flight and
+/// the writer's last commits.
+fn run_sqlite(config: Config, run_token: Option<&str>, dev_default: bool) -> Result<()> {
+    let (conn, _serving) = open_sqlite(&config)?;
     let config = Arc::new(config);
     let (writer, writer_threads) = Writer::start(
         conn,
@@ -66,45 +58,27 @@ pub fn run(mut config: Config) -> Result<()> {
     )
     .context("cannot start the writer")?;
     let metrics = Arc::new(Metrics::new(&config));
-    let outbox = crate::outbox::Outbox::start(
-        config.clone(),
+    let outbox = start_outbox(
+        &config,
         crate::outbox::Jobs::Sqlite(writer.clone()),
         metrics.clone(),
-    )
-    .context("cannot start the forward workers")?;
-    let waker = outbox.waker();
-    let app = Arc::new(App {
-        config: config.clone(),
-        storage: app::Storage::Sqlite {
-            writer: writer.clone(),
-            readers: app::read_pool(&config)?,
-        },
-        metrics: metrics.clone(),
-        wake_outbox: Box::new(move || waker.wake()),
-        admin_limiter: Default::default(),
-        ui_sessions: Default::default(),
-        overview_cache: Default::default(),
-    });
+    )?;
+    let storage = app::Storage::Sqlite {
+        writer: writer.clone(),
+        readers: app::read_pool(&config)?,
+    };
+    let app = new_app(&config, storage, metrics, &outbox);
     app.learn_handshake_secrets()
         .context("cannot read the secrets kept from handshakes")?;
-    let pruner = crate::ops::prune::Background::start(
-        config.clone(),
+    let (http, pruner) = serve_until_signal(
+        &app,
         crate::ops::prune::Storage::Sqlite(writer.clone()),
-    );
-    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
-
-    let mut signals = stop_signals()?;
-    announce_start(
-        &config,
-        &http,
+        &outbox,
         &config.database.display(),
-        run_token.as_deref(),
+        run_token,
         dev_default,
-    );
-
-    let _ = signals.forever().next();
+    )?;
     let longest = longest_forward_timeout(&config);
-    announce_stopping(&config, &outbox);
     http.stop();
     pruner.stop();
     let in_flight = outbox.in_flight();
@@ -125,29 +99,178 @@ pub fn run(mut config: Config) -> Result<()> {
     Ok(())
 }
 
+/// The SQLite file ready to serve: opened (created when new, said
+/// loudly), `schema.sql` applied, refused when `migrate` moved it, its
+/// shared lock taken (returned: held while serving, so `migrate` refuses
+/// to copy under a running serve), `setup_sql` run, the SQL actions
+/// prepared and the key rules recorded.
+fn open_sqlite(config: &Config) -> Result<(Connection, std::fs::File)> {
+    let new_database = !config.database.exists();
+    let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
+        .with_context(|| format!("cannot open the database {}", config.database.display()))?;
+    store::migrate(&mut conn).context("cannot apply schema.sql")?;
+    if let Some(to) = store::meta::moved_to(&store::db::Db::sqlite(&conn))? {
+        bail!(
+            "{}: migrate moved this installation to {to}: set database to that URL. (To serve this file anyway, which reopens the duplicate window for every event received there since: sqlite3 {} \"DELETE FROM meta WHERE key = 'moved_to'\")",
+            config.database.display(),
+            config.database.display()
+        );
+    }
+    let serving = crate::ops::migrate::lock_shared(&config.database)?;
+    if new_database {
+        let path = std::path::absolute(&config.database).unwrap_or(config.database.clone());
+        new_database_notice(&path.display());
+    }
+    if let Some(sql) = &config.setup_sql {
+        conn.execute_batch(sql).context("setup_sql failed")?;
+    }
+    crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|e| anyhow!(e))?;
+    record_key_rules(&conn, config)?;
+    Ok((conn, serving))
+}
+
+/// The forward workers, on either backend's jobs.
+fn start_outbox(
+    config: &Arc<Config>,
+    jobs: crate::outbox::Jobs,
+    metrics: Arc<Metrics>,
+) -> Result<crate::outbox::Outbox> {
+    crate::outbox::Outbox::start(config.clone(), jobs, metrics)
+        .context("cannot start the forward workers")
+}
+
+/// The `App` the HTTP server answers with, on `storage`, waking `outbox`
+/// after a commit that made jobs.
+fn new_app(
+    config: &Arc<Config>,
+    storage: app::Storage,
+    metrics: Arc<Metrics>,
+    outbox: &crate::outbox::Outbox,
+) -> Arc<App> {
+    let waker = outbox.waker();
+    Arc::new(App {
+        config: config.clone(),
+        storage,
+        metrics,
+        wake_outbox: Box::new(move || waker.wake()),
+        admin_limiter: Default::default(),
+        ui_sessions: Default::default(),
+        overview_cache: Default::default(),
+    })
+}
+
+/// What both backends run alike once storage and workers are up: the
+/// pruner and the HTTP server started, the start announced; returns when
+/// SIGTERM or SIGINT arrives, the `stopping` line said, with the server
+/// and the pruner for the caller to stop in its order.
+fn serve_until_signal(
+    app: &Arc<App>,
+    prune_storage: crate::ops::prune::Storage,
+    outbox: &crate::outbox::Outbox,
+    database: &dyn std::fmt::Display,
+    run_token: Option<&str>,
+    dev_default: bool,
+) -> Result<(HttpServer, crate::ops::prune::Background)> {
+    let config = &app.config;
+    let pruner = crate::ops::prune::Background::start(config.clone(), prune_storage);
+    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
+    let mut signals = stop_signals()?;
+    announce_start(config, &http, database, run_token, dev_default);
+    let _ = signals.forever().next();
+    announce_stopping(config, outbox);
+    Ok((http, pruner))
+}
+
 /// `serve` on PostgreSQL: migrate (under the advisory lock), `setup_sql`,
-/// the SQL actions checked, the claimers, the HTTP server; then the same
-/// stop. The forward workers share the jobs with every other instance,
-/// woken by LISTEN/NOTIFY. Each instance records the key rules (warning
-/// when one changed) and prunes by retention on its own connection.
+/// the SQL actions checked, the claimers, then what both backends run; a
+/// bounded stop. The forward workers share the jobs with every other
+/// instance, woken by LISTEN/NOTIFY. Each instance records the key rules
+/// (warning when one changed) and prunes by retention on its own
+/// connection.
 fn run_postgres(
     config: Config,
     url: &crate::config::database_url::PostgresUrl,
     run_token: Option<&str>,
     dev_default: bool,
 ) -> Result<()> {
-    use crate::pg_serve::{PgStore, prepare};
-    // A host that answers but refuses writes (a standby, a failover under
-    // way) does not stop serve: it starts, answers 503 until a writable
-    // host answers, and migrates then.
-    let waiting_for_writes = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let settings = match prepare(&config, url) {
+    use crate::pg_serve::PgStore;
+    let waiting_for_writes = Arc::new(AtomicBool::new(false));
+    let settings = prepare_postgres(&config, url, &waiting_for_writes)?;
+    let config = Arc::new(config);
+    let migrator = waiting_for_writes
+        .load(Ordering::SeqCst)
+        .then(|| migrate_when_writable(config.clone(), url.clone(), waiting_for_writes.clone()));
+    let store =
+        Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
+    let metrics = Arc::new(Metrics::new(&config));
+    let outbox = start_outbox(
+        &config,
+        crate::outbox::Jobs::Postgres(Arc::new(store.settings().clone())),
+        metrics.clone(),
+    )?;
+    let listening = Arc::new(AtomicBool::new(false));
+    let listener = {
+        let waker = outbox.waker();
+        crate::pg_serve::listen(
+            store.settings().clone(),
+            move || waker.wake(),
+            listening.clone(),
+        )
+    };
+    let app = new_app(
+        &config,
+        app::Storage::Postgres(store.clone()),
+        metrics,
+        &outbox,
+    );
+    // (Before the migrations, there may be nothing to read yet.)
+    if let Err(e) = app.learn_handshake_secrets()
+        && migrator.is_none()
+    {
+        return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
+    }
+    let (http, pruner) = serve_until_signal(
+        &app,
+        crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
+        &outbox,
+        url,
+        run_token,
+        dev_default,
+    )?;
+    waiting_for_writes.store(false, Ordering::SeqCst);
+    stop_postgres(
+        &config,
+        PgRunning {
+            http,
+            pruner,
+            outbox,
+            migrator,
+            listening,
+            listener,
+            app,
+            store,
+        },
+    );
+    Ok(())
+}
+
+/// The database made ready (`pg_serve::prepare`: migrations, `setup_sql`,
+/// the SQL actions) and the key rules recorded. A host that answers but
+/// refuses writes (a standby, a failover under way) does not stop serve:
+/// it sets `waiting_for_writes` and serve starts, answers 503 until a
+/// writable host answers, and migrates then.
+fn prepare_postgres(
+    config: &Config,
+    url: &crate::config::database_url::PostgresUrl,
+    waiting_for_writes: &AtomicBool,
+) -> Result<crate::store::pg::Settings> {
+    match crate::pg_serve::prepare(config, url) {
         Ok((settings, created)) => {
             if created {
                 new_database_notice(&format!("{url} (schema {})", url.schema()));
             }
-            record_key_rules_postgres(&settings, &config)?;
-            settings
+            record_key_rules_postgres(&settings, config)?;
+            Ok(settings)
         }
         Err(e)
             if e.contains("(25006)")
@@ -164,80 +287,58 @@ fn run_postgres(
                     ),
                 ],
             );
-            waiting_for_writes.store(true, std::sync::atomic::Ordering::SeqCst);
+            waiting_for_writes.store(true, Ordering::SeqCst);
             crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)
-                .map_err(|e| anyhow!(e))?
+                .map_err(|e| anyhow!(e))
         }
-        Err(e) => return Err(anyhow!(e)),
-    };
-    let config = Arc::new(config);
-    let migrator = waiting_for_writes
-        .load(std::sync::atomic::Ordering::SeqCst)
-        .then(|| migrate_when_writable(config.clone(), url.clone(), waiting_for_writes.clone()));
-    let store =
-        Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
-    let metrics = Arc::new(Metrics::new(&config));
-    let outbox = crate::outbox::Outbox::start(
-        config.clone(),
-        crate::outbox::Jobs::Postgres(Arc::new(store.settings().clone())),
-        metrics.clone(),
-    )
-    .context("cannot start the forward workers")?;
-    let listening = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let listener = {
-        let waker = outbox.waker();
-        crate::pg_serve::listen(
-            store.settings().clone(),
-            move || waker.wake(),
-            listening.clone(),
-        )
-    };
-    let waker = outbox.waker();
-    let app = Arc::new(App {
-        config: config.clone(),
-        storage: app::Storage::Postgres(store.clone()),
-        metrics,
-        wake_outbox: Box::new(move || waker.wake()),
-        admin_limiter: Default::default(),
-        ui_sessions: Default::default(),
-        overview_cache: Default::default(),
-    });
-    // (Before the migrations, there may be nothing to read yet.)
-    if let Err(e) = app.learn_handshake_secrets()
-        && migrator.is_none()
-    {
-        return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
+        Err(e) => Err(anyhow!(e)),
     }
-    let pruner = crate::ops::prune::Background::start(
-        config.clone(),
-        crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
-    );
-    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
-    let mut signals = stop_signals()?;
-    announce_start(&config, &http, url, run_token, dev_default);
-    let _ = signals.forever().next();
-    announce_stopping(&config, &outbox);
-    // A hung server (stopped processes, or a peer whose kernel still
-    // acknowledges) can hold a claimer, a worker or the listener inside a
-    // call that no timeout of ours ends (statement timeouts are the
-    // server's; connect_timeout covers the socket, not the handshake). The
-    // stop waits for them only as long as a live server could need, then
-    // exits as a crash would: nothing uncommitted was answered 2xx, and a
-    // cut-short attempt is taken over after its lease.
+}
+
+/// What a PostgreSQL `serve` stops, in the order it stops them.
+struct PgRunning {
+    http: HttpServer,
+    pruner: crate::ops::prune::Background,
+    outbox: crate::outbox::Outbox,
+    migrator: Option<std::thread::JoinHandle<()>>,
+    /// Set to stop the listen thread.
+    listening: Arc<AtomicBool>,
+    listener: std::thread::JoinHandle<()>,
+    app: Arc<App>,
+    store: Arc<crate::pg_serve::PgStore>,
+}
+
+/// Stops a PostgreSQL `serve`. A hung server (stopped processes, or a peer
+/// whose kernel still acknowledges) can hold a claimer, a worker or the
+/// listener inside a call that no timeout of ours ends (statement timeouts
+/// are the server's; connect_timeout covers the socket, not the
+/// handshake). The stop waits for them only as long as a live server could
+/// need, then exits as a crash would: nothing uncommitted was answered
+/// 2xx, and a cut-short attempt is taken over after its lease.
+fn stop_postgres(config: &Config, running: PgRunning) {
     let bound = crate::http::STOP_GRACE
-        + longest_forward_timeout(&config).unwrap_or_default()
+        + longest_forward_timeout(config).unwrap_or_default()
         + config.busy_timeout
         + std::time::Duration::from_secs(5);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    waiting_for_writes.store(false, std::sync::atomic::Ordering::SeqCst);
     std::thread::spawn(move || {
+        let PgRunning {
+            http,
+            pruner,
+            outbox,
+            migrator,
+            listening,
+            listener,
+            app,
+            store,
+        } = running;
         http.stop();
         pruner.stop();
         outbox.stop();
         if let Some(m) = migrator {
             let _ = m.join();
         }
-        listening.store(true, std::sync::atomic::Ordering::SeqCst);
+        listening.store(true, Ordering::SeqCst);
         let _ = listener.join();
         drop(app);
         store.stop();
@@ -248,10 +349,9 @@ fn run_postgres(
             "stopped without waiting for PostgreSQL",
             &[("waited", &format_duration(bound))],
         );
-        return Ok(());
+        return;
     }
     crate::log::info("stopped", &[]);
-    Ok(())
 }
 
 /// Loud: a mistyped `database` starts an empty database, and every event
@@ -371,13 +471,13 @@ fn announce_stopping(config: &Config, outbox: &crate::outbox::Outbox) {
 fn migrate_when_writable(
     config: Arc<Config>,
     url: crate::config::database_url::PostgresUrl,
-    waiting: Arc<std::sync::atomic::AtomicBool>,
+    waiting: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        while waiting.load(std::sync::atomic::Ordering::SeqCst) {
+        while waiting.load(Ordering::SeqCst) {
             let slept = std::time::Instant::now();
             while slept.elapsed() < std::time::Duration::from_secs(2) {
-                if !waiting.load(std::sync::atomic::Ordering::SeqCst) {
+                if !waiting.load(Ordering::SeqCst) {
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -391,7 +491,7 @@ fn migrate_when_writable(
                     "database accepts writes",
                     &[("effect", &"migrated; deliveries are accepted")],
                 );
-                waiting.store(false, std::sync::atomic::Ordering::SeqCst);
+                waiting.store(false, Ordering::SeqCst);
                 return;
             }
         }
