@@ -208,21 +208,14 @@ pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<Outcome, CommandError
     Ok(run(config, to, yes)?)
 }
 
+/// `migrate --to URL [--yes]`: the target checked, then the dry run, or
+/// the copy under the file's exclusive lock, verified before its commit.
 fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     let source_path = &config.database;
     if config.postgres.is_some() {
         bail!("database is already a PostgreSQL URL: migrate copies a SQLite file to PostgreSQL");
     }
-    let to = match to.strip_prefix("env:") {
-        Some(name) => std::env::var(name)
-            .map_err(|_| anyhow!("--to: environment variable {name} is not set"))?,
-        None => to.to_string(),
-    };
-    let url: PostgresUrl =
-        match DatabaseUrl::parse(&to, Path::new(".")).map_err(|e| anyhow!("--to: {e}"))? {
-            DatabaseUrl::Postgres(url) => url,
-            DatabaseUrl::Sqlite(_) => bail!("--to: expected a postgres:// URL"),
-        };
+    let url = target(to)?;
     if !source_path.exists() {
         bail!("{}: no such database", source_path.display());
     }
@@ -240,9 +233,50 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
             sqlite.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?;
         counts.push((*table, n));
     }
+    let mut pg = open_target(config, &url)?;
 
+    let mut out = stdout();
+    writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
+    writeln!(out, "to   {url}").map_err(Unwritten)?;
+    for (table, n) in &counts {
+        writeln!(out, "  {table:<18} {n}").map_err(Unwritten)?;
+    }
+
+    let mut tx = pg.transaction().map_err(StoreError::from)?;
+    copy_tables(&sqlite, &mut tx, &mut out)?;
+    // Verified before the commit: a short copy commits nothing.
+    verify_counts(&sqlite, &mut tx, &counts)?;
+    tx.commit().map_err(StoreError::from)?;
+    // The file is no longer the installation: serve refuses it from now on.
+    store::meta::record_moved(&store::db::Db::sqlite(&sqlite), &url.to_string())
+        .context("copied, but cannot record the move in the SQLite file")?;
+    writeln!(
+        out,
+        "copied and verified; now set database = \"{url}\" and start serve"
+    )
+    .map_err(Unwritten)?;
+    Ok(Outcome::Done)
+}
+
+/// `--to`: a postgres:// URL, or `env:NAME` to read it from the
+/// environment.
+fn target(to: &str) -> Result<PostgresUrl> {
+    let to = match to.strip_prefix("env:") {
+        Some(name) => std::env::var(name)
+            .map_err(|_| anyhow!("--to: environment variable {name} is not set"))?,
+        None => to.to_string(),
+    };
+    match DatabaseUrl::parse(&to, Path::new(".")).map_err(|e| anyhow!("--to: {e}"))? {
+        DatabaseUrl::Postgres(url) => Ok(url),
+        DatabaseUrl::Sqlite(_) => bail!("--to: expected a postgres:// URL"),
+    }
+}
+
+/// A session on the target without timeouts, its schema migrated, refused
+/// when it already holds events.
+fn open_target(config: &Config, url: &PostgresUrl) -> Result<postgres::Client> {
     let settings =
-        Settings::from_url(&url, config.durability, config.busy_timeout).map_err(|e| anyhow!(e))?;
+        Settings::from_url(url, config.durability, config.busy_timeout).map_err(|e| anyhow!(e))?;
     let mut pg = settings
         .connect()
         .map_err(|e| anyhow!("cannot connect to {url}: {e}"))?;
@@ -259,18 +293,19 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
             "{url} already holds {target_events} event(s): migrate copies into an empty idemhook database only"
         );
     }
+    Ok(pg)
+}
 
-    let mut out = stdout();
-    writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
-    writeln!(out, "to   {url}").map_err(Unwritten)?;
-    for (table, n) in &counts {
-        writeln!(out, "  {table:<18} {n}").map_err(Unwritten)?;
-    }
-
-    let mut tx = pg.transaction().map_err(StoreError::from)?;
+/// Every table copied in `tx`, a line each as it is done, then the
+/// identity sequences set past the copied ids.
+fn copy_tables(
+    sqlite: &rusqlite::Connection,
+    tx: &mut postgres::Transaction<'_>,
+    out: &mut impl std::io::Write,
+) -> Result<()> {
     for (table, columns) in TABLES {
         let started = std::time::Instant::now();
-        copy_table(&sqlite, &mut tx, table, columns).with_context(|| format!("copying {table}"))?;
+        copy_table(sqlite, tx, table, columns).with_context(|| format!("copying {table}"))?;
         writeln!(
             out,
             "  copied {table:<11} in {:.1} s",
@@ -287,8 +322,17 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
         )
         .map_err(StoreError::from)?;
     }
-    // Verified before the commit: a short copy commits nothing.
-    for (table, n) in &counts {
+    Ok(())
+}
+
+/// Each table's rows in the target equal to the source's `counts` (less
+/// the SQLite-only `meta` rows), or an error: nothing is committed.
+fn verify_counts(
+    sqlite: &rusqlite::Connection,
+    tx: &mut postgres::Transaction<'_>,
+    counts: &[(&str, i64)],
+) -> Result<()> {
+    for (table, n) in counts {
         let skipped = if *table == "meta" {
             sqlite.query_row(
                 "SELECT count(*) FROM meta WHERE key IN ('schema_version', 'ready_probe')",
@@ -309,16 +353,7 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
             );
         }
     }
-    tx.commit().map_err(StoreError::from)?;
-    // The file is no longer the installation: serve refuses it from now on.
-    store::meta::record_moved(&store::db::Db::sqlite(&sqlite), &url.to_string())
-        .context("copied, but cannot record the move in the SQLite file")?;
-    writeln!(
-        out,
-        "copied and verified; now set database = \"{url}\" and start serve"
-    )
-    .map_err(Unwritten)?;
-    Ok(Outcome::Done)
+    Ok(())
 }
 
 /// What a session of migrate sets: no statement, lock or idle timeout.
