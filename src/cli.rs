@@ -279,7 +279,6 @@ pub enum EventsCommand {
 }
 
 pub fn main() -> ExitCode {
-    quiet_on_closed_pipe();
     let cli = Cli::parse();
     let level = match log_level(cli.log_level.as_deref(), std::env::var("IDEMHOOK_LOG").ok()) {
         Ok(level) => level,
@@ -290,13 +289,7 @@ pub fn main() -> ExitCode {
         _ => Format::Text,
     };
     crate::log::init(level, format);
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
-        Ok(result) => exit(result),
-        // The reader of our output went away (`idemhook events list | head`):
-        // stop, quietly and successfully, as ripgrep does.
-        Err(payload) if is_closed_pipe(payload.as_ref()) => ExitCode::SUCCESS,
-        Err(payload) => std::panic::resume_unwind(payload),
-    }
+    exit(run(cli))
 }
 
 /// The one place a command's result becomes the process's exit code, and
@@ -317,6 +310,8 @@ fn verdict(result: Result<Outcome, CommandError>) -> (u8, Option<String>) {
     match result {
         Ok(Outcome::Done) => (0, None),
         Ok(Outcome::Attention) => (1, None),
+        // The reader of our output went away (`idemhook events list | head`):
+        // stop, quietly and successfully, as ripgrep does.
         Err(e) if e.is_closed_pipe() => (0, None),
         Err(CommandError::NotFound(m) | CommandError::Invalid(m)) => (1, Some(m)),
         Err(CommandError::Usage(m)) => (2, Some(m)),
@@ -332,11 +327,17 @@ fn verdict(result: Result<Outcome, CommandError>) -> (u8, Option<String>) {
     }
 }
 
-/// Prints an error's line. Not with eprintln!, which panics when stderr
-/// is a closed pipe: the exit code still says it failed.
+/// Prints an error's line (see [`to_stderr`]).
 fn report(message: &str) {
+    to_stderr(&format!("idemhook: {message}"));
+}
+
+/// Writes a line to stderr. Not with eprintln!, which panics when stderr
+/// is a closed pipe: a line nobody can read is dropped, and the exit code
+/// still says what happened.
+fn to_stderr(line: &str) {
     use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "idemhook: {message}");
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The level from `--log-level`, else `IDEMHOOK_LOG` (empty counts as
@@ -353,31 +354,6 @@ fn log_level(flag: Option<&str>, env: Option<String>) -> Result<Level> {
             Level::NAMES.join(", ")
         )
     })
-}
-
-/// `print!` panics when stdout is a pipe whose reader has gone (Rust
-/// ignores SIGPIPE, so the write fails with EPIPE). That one panic is not a
-/// bug: the hook keeps it quiet, and `main` turns it into exit 0. Every
-/// other panic is reported as before.
-fn quiet_on_closed_pipe() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if !is_closed_pipe(info.payload()) {
-            default(info);
-        }
-    }));
-}
-
-fn is_closed_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
-    let message = payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())
-        .unwrap_or("");
-    // std's text for a failed print!/eprint!, and io::Error's for EPIPE.
-    (message.starts_with("failed printing to stdout")
-        || message.starts_with("failed printing to stderr"))
-        && message.contains("Broken pipe")
 }
 
 /// Where the config comes from: `--config`, else `$IDEMHOOK_CONFIG`, else
@@ -437,10 +413,10 @@ pub fn load_config(flag: Option<&Path>) -> Result<Config> {
     let config = found.load()?;
     if found == ConfigSource::DevDefault {
         let database = std::path::absolute(&config.database).unwrap_or(config.database.clone());
-        eprintln!(
-            "idemhook: no config file (no --config, no IDEMHOOK_CONFIG, no {DEFAULT_CONFIG}): using the development default, database {}",
+        report(&format!(
+            "no config file (no --config, no IDEMHOOK_CONFIG, no {DEFAULT_CONFIG}): using the development default, database {}",
             database.display()
-        );
+        ));
     }
     Ok(config)
 }
@@ -553,11 +529,14 @@ fn serve(
 /// `idemhook check`: like every command, with no ./idemhook.toml it checks
 /// the development default (what `serve` would run here).
 fn check(config: &Config) -> Result<Outcome, CommandError> {
+    use std::io::Write as _;
     crate::serve::check_sql_actions(config).map_err(|e| anyhow::anyhow!(e))?;
-    print!("{}", crate::serve::describe(config));
+    let mut out = ops::text::stdout();
+    out.write_all(crate::serve::describe(config).as_bytes())?;
+    out.flush()?;
     // Warnings do not fail the check: the config works as written.
     for warning in &config.warnings {
-        eprintln!("warning: {warning}");
+        to_stderr(&format!("warning: {warning}"));
     }
     Ok(Outcome::Done)
 }
@@ -719,13 +698,24 @@ mod tests {
         );
     }
 
+    /// A write of the output that failed inside a command whose errors are
+    /// `anyhow` ones (`migrate`, `send`) is judged as any failed write:
+    /// a closed pipe quiet, a full disk one line, even under a context.
     #[test]
-    fn only_a_failed_print_to_a_closed_pipe_is_quiet() {
-        let closed = "failed printing to stdout: Broken pipe (os error 32)".to_string();
-        assert!(is_closed_pipe(&closed));
-        assert!(!is_closed_pipe(&"index out of bounds".to_string()));
-        assert!(!is_closed_pipe(
-            &"failed printing to stdout: No space left on device (os error 28)"
-        ));
+    fn a_failed_write_through_anyhow_is_an_output_error() {
+        use anyhow::Context as _;
+        let failed = |kind: std::io::ErrorKind| -> CommandError {
+            let e: Result<()> = Err(ops::text::Unwritten(kind.into()).into());
+            e.context("sending")
+                .map_err(CommandError::from)
+                .unwrap_err()
+        };
+        assert_eq!(
+            verdict(Err(failed(std::io::ErrorKind::BrokenPipe))),
+            (0, None)
+        );
+        let (code, line) = verdict(Err(failed(std::io::ErrorKind::StorageFull)));
+        assert_eq!(code, 2);
+        assert!(line.is_some_and(|l| l.starts_with("cannot write the output: ")));
     }
 }

@@ -15,6 +15,7 @@
 //! nothing due sleep up to MS between looks instead of 500 ms, so a test
 //! can tell a wake-up (NOTIFY, a commit) from a poll.
 
+use std::io::Write as _;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -65,7 +66,8 @@ pub fn hit(name: &str) {
         if point != name {
             continue;
         }
-        eprintln!("failpoint {name}: {action:?}");
+        // Not eprintln!, which panics on a closed stderr.
+        let _ = writeln!(std::io::stderr(), "failpoint {name}: {action:?}");
         match action {
             Action::Kill => {
                 let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);

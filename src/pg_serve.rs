@@ -529,6 +529,9 @@ impl Drop for PgStore {
     }
 }
 
+/// A claimer thread: takes the next group from the queue, runs the claims
+/// still waiting in it as one transaction on its own connection (made
+/// again when it broke), and answers each after the COMMIT.
 fn claimer(
     queue: &Queue,
     settings: &Settings,
@@ -538,22 +541,9 @@ fn claimer(
 ) {
     let mut client: Option<Client> = None;
     let mut statements = Statements::default();
-    loop {
-        let batch: Vec<Job> = {
-            let mut lined = queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            while !lined.jobs.iter().any(|j| lined.takeable(j)) {
-                if queue.stop.load(Ordering::SeqCst) && lined.jobs.is_empty() {
-                    return;
-                }
-                lined = queue
-                    .ready
-                    .wait_timeout(lined, Duration::from_millis(200))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
-            }
-            lined.take_group()
-        };
+    while let Some(batch) = next_group(queue) {
         let keys: Vec<(usize, String)> = batch.iter().flat_map(Job::keys).collect();
+        // Held until the group is answered: its keys are free again then.
         let _done = Done { queue, keys };
         // Claims already answered 503 (they waited past busy_timeout) are
         // not tried: their callers were told nothing was stored.
@@ -581,30 +571,11 @@ fn claimer(
                 }
             }
         }
-        let Some(c) = client.as_mut() else { continue };
-        // A panic in a group (a bug) must not end the claimer, or each one
-        // would take a claimer with it until every delivery waits out
-        // busy_timeout: the group's callers are answered 503 at once, its
-        // connection is dropped (rolling back what it had open) and the
-        // claimer goes on.
-        let mut ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_batch(c, &mut statements, config, &live)
-        }));
-        // A connection that died while idle (a restart, a failover) fails
-        // the group at its BEGIN, before anything was sent: the claims are
-        // run once more on a fresh connection, so nobody gets a 503 for it.
-        if ran
-            .as_ref()
-            .is_ok_and(|r| crate::store::pg_group::never_began(r))
-        {
-            statements = Statements::default();
-            client = connect_claimer(settings, config).ok();
-            if let Some(fresh) = client.as_mut() {
-                ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_batch(fresh, &mut statements, config, &live)
-                }));
-            }
-        }
+        let Some(ran) =
+            run_group_once_more_if_unbegun(&mut client, &mut statements, settings, config, &live)
+        else {
+            continue;
+        };
         let Ok(results) = ran else {
             crate::log::error("storage operation panicked", &[("effect", &"rolled back")]);
             client = None;
@@ -613,21 +584,83 @@ fn claimer(
         };
         commits.fetch_add(1, Ordering::Relaxed);
         grouped.fetch_add(live.len() as u64, Ordering::Relaxed);
-        let mut broken = false;
-        for (job, result) in live.into_iter().zip(results) {
-            if let Err(e) = &result
-                && e.kind != StoreErrorKind::Other
-            {
-                broken = true;
-            }
-            if let Job::Claim { pending, .. } = job {
-                pending.answer(result);
-            }
-        }
+        let broken = answer_all(live, results);
         if broken || client.as_ref().is_some_and(Client::is_closed) {
             client = None;
         }
     }
+}
+
+/// The next group a claimer takes, waiting until one is takeable; None
+/// once the claimers stop and nothing is left in the queue.
+fn next_group(queue: &Queue) -> Option<Vec<Job>> {
+    let mut lined = queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+    while !lined.jobs.iter().any(|j| lined.takeable(j)) {
+        if queue.stop.load(Ordering::SeqCst) && lined.jobs.is_empty() {
+            return None;
+        }
+        lined = queue
+            .ready
+            .wait_timeout(lined, Duration::from_millis(200))
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    Some(lined.take_group())
+}
+
+/// The outcome of a group, or the panic that ended it.
+type GroupRun = std::thread::Result<Vec<Result<Vec<Outcome>, StoreError>>>;
+
+/// Runs the group on the claimer's connection (None when there is none).
+/// A panic in a group (a bug) must not end the claimer, or each one would
+/// take a claimer with it until every delivery waits out busy_timeout: it
+/// comes back as the `Err` of the result, for the group's callers to be
+/// answered 503 at once and the connection dropped (rolling back what it
+/// had open). A connection that died while idle (a restart, a failover)
+/// fails the group at its BEGIN, before anything was sent: the claims are
+/// run once more on a fresh connection, so nobody gets a 503 for it.
+fn run_group_once_more_if_unbegun(
+    client: &mut Option<Client>,
+    statements: &mut Statements,
+    settings: &Settings,
+    config: &Config,
+    live: &[Job],
+) -> Option<GroupRun> {
+    let c = client.as_mut()?;
+    let mut ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_batch(c, statements, config, live)
+    }));
+    if ran
+        .as_ref()
+        .is_ok_and(|r| crate::store::pg_group::never_began(r))
+    {
+        *statements = Statements::default();
+        *client = connect_claimer(settings, config).ok();
+        if let Some(fresh) = client.as_mut() {
+            ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_batch(fresh, statements, config, live)
+            }));
+        }
+    }
+    Some(ran)
+}
+
+/// Answers each claim of the group its result, after the COMMIT. True when
+/// a result failed other than by an SQL error: the connection is not to be
+/// trusted and is made again.
+fn answer_all(live: Vec<Job>, results: Vec<Result<Vec<Outcome>, StoreError>>) -> bool {
+    let mut broken = false;
+    for (job, result) in live.into_iter().zip(results) {
+        if let Err(e) = &result
+            && e.kind != StoreErrorKind::Other
+        {
+            broken = true;
+        }
+        if let Job::Claim { pending, .. } = job {
+            pending.answer(result);
+        }
+    }
+    broken
 }
 
 /// A claimer's connection: its statements (SQL actions') end at

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -15,48 +16,39 @@ use crate::metrics::Metrics;
 use crate::store::{self, Writer};
 use crate::time::now_ms;
 
+/// `idemhook serve`: on the configured backend until SIGTERM or SIGINT.
 pub fn run(mut config: Config) -> Result<()> {
     // Info lines in batches while serving; dropped last, so every line is
     // out before run returns.
     let _log = crate::log::buffer_lines();
     let dev_default = config.file.is_none();
-    // The development default on loopback gets an admin token for this
-    // run, printed with the inspector's address for a one-click sign-in.
-    let run_token = if dev_default && config.admin_token.is_none() && loopback_only(&config.listen)
-    {
+    let run_token = run_token(&mut config, dev_default);
+    match config.postgres.clone() {
+        Some(url) => run_postgres(config, &url, run_token.as_deref(), dev_default),
+        None => run_sqlite(config, run_token.as_deref(), dev_default),
+    }
+}
+
+/// The development default on loopback gets an admin token for this run
+/// (set in `config`), printed with the inspector's address for a
+/// one-click sign-in.
+fn run_token(config: &mut Config, dev_default: bool) -> Option<String> {
+    let token = if dev_default && config.admin_token.is_none() && loopback_only(&config.listen) {
         crate::auth::random_token()
     } else {
         None
     };
-    if let Some(token) = &run_token {
+    if let Some(token) = &token {
         config.admin_token = Some(crate::verify::Secret::new(token.clone()));
     }
-    if let Some(url) = config.postgres.clone() {
-        return run_postgres(config, &url, run_token.as_deref(), dev_default);
-    }
-    let new_database = !config.database.exists();
-    let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
-        .with_context(|| format!("cannot open the database {}", config.database.display()))?;
-    store::migrate(&mut conn).context("cannot apply schema.sql")?;
-    if let Some(to) = store::meta::moved_to(&store::db::Db::sqlite(&conn))? {
-        bail!(
-            "{}: migrate moved this installation to {to}: set database to that URL. (To serve this file anyway, which reopens the duplicate window for every event received there since: sqlite3 {} \"DELETE FROM meta WHERE key = 'moved_to'\")",
-            config.database.display(),
-            config.database.display()
-        );
-    }
-    // Held while serving: `migrate` refuses to copy under a running serve.
-    let _serving = crate::ops::migrate::lock_shared(&config.database)?;
-    if new_database {
-        let path = std::path::absolute(&config.database).unwrap_or(config.database.clone());
-        new_database_notice(&path.display());
-    }
-    if let Some(sql) = &config.setup_sql {
-        conn.execute_batch(sql).context("setup_sql failed")?;
-    }
-    crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|e| anyhow!(e))?;
-    record_key_rules(&conn, &config)?;
+    token
+}
 
+/// `serve` on SQLite: the file opened and made ready, the writer, then
+/// what both backends run; the stop waits for the attempts in flight and
+/// the writer's last commits.
+fn run_sqlite(config: Config, run_token: Option<&str>, dev_default: bool) -> Result<()> {
+    let (conn, _serving) = open_sqlite(&config)?;
     let config = Arc::new(config);
     let (writer, writer_threads) = Writer::start(
         conn,
@@ -66,45 +58,27 @@ pub fn run(mut config: Config) -> Result<()> {
     )
     .context("cannot start the writer")?;
     let metrics = Arc::new(Metrics::new(&config));
-    let outbox = crate::outbox::Outbox::start(
-        config.clone(),
+    let outbox = start_outbox(
+        &config,
         crate::outbox::Jobs::Sqlite(writer.clone()),
         metrics.clone(),
-    )
-    .context("cannot start the forward workers")?;
-    let waker = outbox.waker();
-    let app = Arc::new(App {
-        config: config.clone(),
-        storage: app::Storage::Sqlite {
-            writer: writer.clone(),
-            readers: app::read_pool(&config)?,
-        },
-        metrics: metrics.clone(),
-        wake_outbox: Box::new(move || waker.wake()),
-        admin_limiter: Default::default(),
-        ui_sessions: Default::default(),
-        overview_cache: Default::default(),
-    });
+    )?;
+    let storage = app::Storage::Sqlite {
+        writer: writer.clone(),
+        readers: app::read_pool(&config)?,
+    };
+    let app = new_app(&config, storage, metrics, &outbox);
     app.learn_handshake_secrets()
         .context("cannot read the secrets kept from handshakes")?;
-    let pruner = crate::ops::prune::Background::start(
-        config.clone(),
+    let (http, pruner) = serve_until_signal(
+        &app,
         crate::ops::prune::Storage::Sqlite(writer.clone()),
-    );
-    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
-
-    let mut signals = stop_signals()?;
-    announce_start(
-        &config,
-        &http,
+        &outbox,
         &config.database.display(),
-        run_token.as_deref(),
+        run_token,
         dev_default,
-    );
-
-    let _ = signals.forever().next();
+    )?;
     let longest = longest_forward_timeout(&config);
-    announce_stopping(&config, &outbox);
     http.stop();
     pruner.stop();
     let in_flight = outbox.in_flight();
@@ -125,29 +99,178 @@ pub fn run(mut config: Config) -> Result<()> {
     Ok(())
 }
 
+/// The SQLite file ready to serve: opened (created when new, said
+/// loudly), `schema.sql` applied, refused when `migrate` moved it, its
+/// shared lock taken (returned: held while serving, so `migrate` refuses
+/// to copy under a running serve), `setup_sql` run, the SQL actions
+/// prepared and the key rules recorded.
+fn open_sqlite(config: &Config) -> Result<(Connection, std::fs::File)> {
+    let new_database = !config.database.exists();
+    let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
+        .with_context(|| format!("cannot open the database {}", config.database.display()))?;
+    store::migrate(&mut conn).context("cannot apply schema.sql")?;
+    if let Some(to) = store::meta::moved_to(&store::db::Db::sqlite(&conn))? {
+        bail!(
+            "{}: migrate moved this installation to {to}: set database to that URL. (To serve this file anyway, which reopens the duplicate window for every event received there since: sqlite3 {} \"DELETE FROM meta WHERE key = 'moved_to'\")",
+            config.database.display(),
+            config.database.display()
+        );
+    }
+    let serving = crate::ops::migrate::lock_shared(&config.database)?;
+    if new_database {
+        let path = std::path::absolute(&config.database).unwrap_or(config.database.clone());
+        new_database_notice(&path.display());
+    }
+    if let Some(sql) = &config.setup_sql {
+        conn.execute_batch(sql).context("setup_sql failed")?;
+    }
+    crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|e| anyhow!(e))?;
+    record_key_rules(&conn, config)?;
+    Ok((conn, serving))
+}
+
+/// The forward workers, on either backend's jobs.
+fn start_outbox(
+    config: &Arc<Config>,
+    jobs: crate::outbox::Jobs,
+    metrics: Arc<Metrics>,
+) -> Result<crate::outbox::Outbox> {
+    crate::outbox::Outbox::start(config.clone(), jobs, metrics)
+        .context("cannot start the forward workers")
+}
+
+/// The `App` the HTTP server answers with, on `storage`, waking `outbox`
+/// after a commit that made jobs.
+fn new_app(
+    config: &Arc<Config>,
+    storage: app::Storage,
+    metrics: Arc<Metrics>,
+    outbox: &crate::outbox::Outbox,
+) -> Arc<App> {
+    let waker = outbox.waker();
+    Arc::new(App {
+        config: config.clone(),
+        storage,
+        metrics,
+        wake_outbox: Box::new(move || waker.wake()),
+        admin_limiter: Default::default(),
+        ui_sessions: Default::default(),
+        overview_cache: Default::default(),
+    })
+}
+
+/// What both backends run alike once storage and workers are up: the
+/// pruner and the HTTP server started, the start announced; returns when
+/// SIGTERM or SIGINT arrives, the `stopping` line said, with the server
+/// and the pruner for the caller to stop in its order.
+fn serve_until_signal(
+    app: &Arc<App>,
+    prune_storage: crate::ops::prune::Storage,
+    outbox: &crate::outbox::Outbox,
+    database: &dyn std::fmt::Display,
+    run_token: Option<&str>,
+    dev_default: bool,
+) -> Result<(HttpServer, crate::ops::prune::Background)> {
+    let config = &app.config;
+    let pruner = crate::ops::prune::Background::start(config.clone(), prune_storage);
+    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
+    let mut signals = stop_signals()?;
+    announce_start(config, &http, database, run_token, dev_default);
+    let _ = signals.forever().next();
+    announce_stopping(config, outbox);
+    Ok((http, pruner))
+}
+
 /// `serve` on PostgreSQL: migrate (under the advisory lock), `setup_sql`,
-/// the SQL actions checked, the claimers, the HTTP server; then the same
-/// stop. The forward workers share the jobs with every other instance,
-/// woken by LISTEN/NOTIFY. Each instance records the key rules (warning
-/// when one changed) and prunes by retention on its own connection.
+/// the SQL actions checked, the claimers, then what both backends run; a
+/// bounded stop. The forward workers share the jobs with every other
+/// instance, woken by LISTEN/NOTIFY. Each instance records the key rules
+/// (warning when one changed) and prunes by retention on its own
+/// connection.
 fn run_postgres(
     config: Config,
     url: &crate::config::database_url::PostgresUrl,
     run_token: Option<&str>,
     dev_default: bool,
 ) -> Result<()> {
-    use crate::pg_serve::{PgStore, prepare};
-    // A host that answers but refuses writes (a standby, a failover under
-    // way) does not stop serve: it starts, answers 503 until a writable
-    // host answers, and migrates then.
-    let waiting_for_writes = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let settings = match prepare(&config, url) {
+    use crate::pg_serve::PgStore;
+    let waiting_for_writes = Arc::new(AtomicBool::new(false));
+    let settings = prepare_postgres(&config, url, &waiting_for_writes)?;
+    let config = Arc::new(config);
+    let migrator = waiting_for_writes
+        .load(Ordering::SeqCst)
+        .then(|| migrate_when_writable(config.clone(), url.clone(), waiting_for_writes.clone()));
+    let store =
+        Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
+    let metrics = Arc::new(Metrics::new(&config));
+    let outbox = start_outbox(
+        &config,
+        crate::outbox::Jobs::Postgres(Arc::new(store.settings().clone())),
+        metrics.clone(),
+    )?;
+    let listening = Arc::new(AtomicBool::new(false));
+    let listener = {
+        let waker = outbox.waker();
+        crate::pg_serve::listen(
+            store.settings().clone(),
+            move || waker.wake(),
+            listening.clone(),
+        )
+    };
+    let app = new_app(
+        &config,
+        app::Storage::Postgres(store.clone()),
+        metrics,
+        &outbox,
+    );
+    // (Before the migrations, there may be nothing to read yet.)
+    if let Err(e) = app.learn_handshake_secrets()
+        && migrator.is_none()
+    {
+        return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
+    }
+    let (http, pruner) = serve_until_signal(
+        &app,
+        crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
+        &outbox,
+        url,
+        run_token,
+        dev_default,
+    )?;
+    waiting_for_writes.store(false, Ordering::SeqCst);
+    stop_postgres(
+        &config,
+        PgRunning {
+            http,
+            pruner,
+            outbox,
+            migrator,
+            listening,
+            listener,
+            app,
+            store,
+        },
+    );
+    Ok(())
+}
+
+/// The database made ready (`pg_serve::prepare`: migrations, `setup_sql`,
+/// the SQL actions) and the key rules recorded. A host that answers but
+/// refuses writes (a standby, a failover under way) does not stop serve:
+/// it sets `waiting_for_writes` and serve starts, answers 503 until a
+/// writable host answers, and migrates then.
+fn prepare_postgres(
+    config: &Config,
+    url: &crate::config::database_url::PostgresUrl,
+    waiting_for_writes: &AtomicBool,
+) -> Result<crate::store::pg::Settings> {
+    match crate::pg_serve::prepare(config, url) {
         Ok((settings, created)) => {
             if created {
                 new_database_notice(&format!("{url} (schema {})", url.schema()));
             }
-            record_key_rules_postgres(&settings, &config)?;
-            settings
+            record_key_rules_postgres(&settings, config)?;
+            Ok(settings)
         }
         Err(e)
             if e.contains("(25006)")
@@ -164,80 +287,58 @@ fn run_postgres(
                     ),
                 ],
             );
-            waiting_for_writes.store(true, std::sync::atomic::Ordering::SeqCst);
+            waiting_for_writes.store(true, Ordering::SeqCst);
             crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)
-                .map_err(|e| anyhow!(e))?
+                .map_err(|e| anyhow!(e))
         }
-        Err(e) => return Err(anyhow!(e)),
-    };
-    let config = Arc::new(config);
-    let migrator = waiting_for_writes
-        .load(std::sync::atomic::Ordering::SeqCst)
-        .then(|| migrate_when_writable(config.clone(), url.clone(), waiting_for_writes.clone()));
-    let store =
-        Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
-    let metrics = Arc::new(Metrics::new(&config));
-    let outbox = crate::outbox::Outbox::start(
-        config.clone(),
-        crate::outbox::Jobs::Postgres(Arc::new(store.settings().clone())),
-        metrics.clone(),
-    )
-    .context("cannot start the forward workers")?;
-    let listening = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let listener = {
-        let waker = outbox.waker();
-        crate::pg_serve::listen(
-            store.settings().clone(),
-            move || waker.wake(),
-            listening.clone(),
-        )
-    };
-    let waker = outbox.waker();
-    let app = Arc::new(App {
-        config: config.clone(),
-        storage: app::Storage::Postgres(store.clone()),
-        metrics,
-        wake_outbox: Box::new(move || waker.wake()),
-        admin_limiter: Default::default(),
-        ui_sessions: Default::default(),
-        overview_cache: Default::default(),
-    });
-    // (Before the migrations, there may be nothing to read yet.)
-    if let Err(e) = app.learn_handshake_secrets()
-        && migrator.is_none()
-    {
-        return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
+        Err(e) => Err(anyhow!(e)),
     }
-    let pruner = crate::ops::prune::Background::start(
-        config.clone(),
-        crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
-    );
-    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
-    let mut signals = stop_signals()?;
-    announce_start(&config, &http, url, run_token, dev_default);
-    let _ = signals.forever().next();
-    announce_stopping(&config, &outbox);
-    // A hung server (stopped processes, or a peer whose kernel still
-    // acknowledges) can hold a claimer, a worker or the listener inside a
-    // call that no timeout of ours ends (statement timeouts are the
-    // server's; connect_timeout covers the socket, not the handshake). The
-    // stop waits for them only as long as a live server could need, then
-    // exits as a crash would: nothing uncommitted was answered 2xx, and a
-    // cut-short attempt is taken over after its lease.
+}
+
+/// What a PostgreSQL `serve` stops, in the order it stops them.
+struct PgRunning {
+    http: HttpServer,
+    pruner: crate::ops::prune::Background,
+    outbox: crate::outbox::Outbox,
+    migrator: Option<std::thread::JoinHandle<()>>,
+    /// Set to stop the listen thread.
+    listening: Arc<AtomicBool>,
+    listener: std::thread::JoinHandle<()>,
+    app: Arc<App>,
+    store: Arc<crate::pg_serve::PgStore>,
+}
+
+/// Stops a PostgreSQL `serve`. A hung server (stopped processes, or a peer
+/// whose kernel still acknowledges) can hold a claimer, a worker or the
+/// listener inside a call that no timeout of ours ends (statement timeouts
+/// are the server's; connect_timeout covers the socket, not the
+/// handshake). The stop waits for them only as long as a live server could
+/// need, then exits as a crash would: nothing uncommitted was answered
+/// 2xx, and a cut-short attempt is taken over after its lease.
+fn stop_postgres(config: &Config, running: PgRunning) {
     let bound = crate::http::STOP_GRACE
-        + longest_forward_timeout(&config).unwrap_or_default()
+        + longest_forward_timeout(config).unwrap_or_default()
         + config.busy_timeout
         + std::time::Duration::from_secs(5);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    waiting_for_writes.store(false, std::sync::atomic::Ordering::SeqCst);
     std::thread::spawn(move || {
+        let PgRunning {
+            http,
+            pruner,
+            outbox,
+            migrator,
+            listening,
+            listener,
+            app,
+            store,
+        } = running;
         http.stop();
         pruner.stop();
         outbox.stop();
         if let Some(m) = migrator {
             let _ = m.join();
         }
-        listening.store(true, std::sync::atomic::Ordering::SeqCst);
+        listening.store(true, Ordering::SeqCst);
         let _ = listener.join();
         drop(app);
         store.stop();
@@ -248,10 +349,9 @@ fn run_postgres(
             "stopped without waiting for PostgreSQL",
             &[("waited", &format_duration(bound))],
         );
-        return Ok(());
+        return;
     }
     crate::log::info("stopped", &[]);
-    Ok(())
 }
 
 /// Loud: a mistyped `database` starts an empty database, and every event
@@ -371,13 +471,13 @@ fn announce_stopping(config: &Config, outbox: &crate::outbox::Outbox) {
 fn migrate_when_writable(
     config: Arc<Config>,
     url: crate::config::database_url::PostgresUrl,
-    waiting: Arc<std::sync::atomic::AtomicBool>,
+    waiting: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        while waiting.load(std::sync::atomic::Ordering::SeqCst) {
+        while waiting.load(Ordering::SeqCst) {
             let slept = std::time::Instant::now();
             while slept.elapsed() < std::time::Duration::from_secs(2) {
-                if !waiting.load(std::sync::atomic::Ordering::SeqCst) {
+                if !waiting.load(Ordering::SeqCst) {
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -391,7 +491,7 @@ fn migrate_when_writable(
                     "database accepts writes",
                     &[("effect", &"migrated; deliveries are accepted")],
                 );
-                waiting.store(false, std::sync::atomic::Ordering::SeqCst);
+                waiting.store(false, Ordering::SeqCst);
                 return;
             }
         }
@@ -706,10 +806,27 @@ fn database_report_postgres(
     })
 }
 
+/// `check`'s report: the settings, then each source with its rules and
+/// actions, then the warnings about key and hash rules that differ from
+/// those recorded in the database.
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
     let database = database_report(config);
     let mut warnings = Vec::new();
+    describe_settings(&mut out, config, &database);
+    for s in &config.sources {
+        describe_source(&mut out, config, s, &database);
+        warnings.extend(recorded_rule_warnings(s, &database));
+    }
+    for w in warnings {
+        let _ = writeln!(out, "\nwarning: {w}");
+    }
+    out
+}
+
+/// The lines before the sources: the config file, `listen`, the database
+/// and what it holds, durability, the admin API, the workers.
+fn describe_settings(out: &mut String, config: &Config, database: &DatabaseReport) {
     let origin = config.file.as_ref().map_or(
         "development default (no ./idemhook.toml; what `idemhook serve` runs here)".to_string(),
         |p| p.display().to_string(),
@@ -744,149 +861,180 @@ pub fn describe(config: &Config) -> String {
         "workers     {} http, {} forward; max body {} bytes",
         config.http_workers, config.forward_workers, config.max_body_bytes
     );
-    for s in &config.sources {
+}
+
+/// One source's block: its route and verification, what its provider's
+/// preset adds, a secret kept from a handshake, its key, type and hash
+/// rules, secrets, retention, mismatch answer and actions.
+fn describe_source(
+    out: &mut String,
+    config: &Config,
+    s: &crate::config::Source,
+    database: &DatabaseReport,
+) {
+    let _ = writeln!(
+        out,
+        "\nsource {} (kind {}) POST /hooks/{}",
+        s.name, s.kind, s.name
+    );
+    let _ = writeln!(out, "  verify     {}", s.verifier.scheme().describe());
+    if let Some(url) = &s.public_url {
         let _ = writeln!(
             out,
-            "\nsource {} (kind {}) POST /hooks/{}",
-            s.name, s.kind, s.name
+            "  url        {url} (public_url: what the provider signs)"
         );
-        let _ = writeln!(out, "  verify     {}", s.verifier.scheme().describe());
-        if let Some(url) = &s.public_url {
-            let _ = writeln!(
+    }
+    describe_preset(out, config, s);
+    if let Some((_, secret)) = database.kept.iter().find(|(name, _)| name == &s.name) {
+        // The operator pastes Notion's token into Notion's form.
+        let _ = match s.kind.name() {
+            "notion" => writeln!(
                 out,
-                "  url        {url} (public_url: what the provider signs)"
-            );
+                "  token      {secret} (Notion's verification_token, kept as this source's secret: paste it into Notion to verify the subscription)"
+            ),
+            _ => writeln!(out, "  secret     kept from the provider's handshake"),
+        };
+    }
+    let _ = writeln!(out, "  key        {}", s.key);
+    let _ = writeln!(out, "  type       {}", s.type_rule());
+    let _ = writeln!(out, "  hash       {}", s.hash_rule());
+    describe_secrets(out, s);
+    let _ = writeln!(
+        out,
+        "  retention  keys {}, bodies {}",
+        format_duration(s.retention),
+        format_duration(s.payload_retention)
+    );
+    let _ = writeln!(
+        out,
+        "  mismatch   {}",
+        match s.on_mismatch {
+            crate::config::OnMismatch::Ack => "ack (200 + incident)",
+            crate::config::OnMismatch::Reject => "reject (409 + incident)",
         }
-        if let Some(p) = s.kind.preset() {
-            if let Some(b) = p.batch {
-                let _ = writeln!(
-                    out,
-                    "  batch      events at {}{}, each claimed under its own key, at most {} a delivery",
-                    if b.items.is_empty() {
-                        "the body (an array)"
-                    } else {
-                        b.items
-                    },
-                    b.inner,
-                    config.max_batch_items
-                );
-            }
-            if p.handshake != crate::config::presets::Handshake::None {
-                let _ = writeln!(
-                    out,
-                    "  handshake  {:?}, answered and not stored",
-                    p.handshake
-                );
-            }
-        }
-        if let Some((_, secret)) = database.kept.iter().find(|(name, _)| name == &s.name) {
-            // The operator pastes Notion's token into Notion's form.
-            let _ = match s.kind.name() {
-                "notion" => writeln!(
-                    out,
-                    "  token      {secret} (Notion's verification_token, kept as this source's secret: paste it into Notion to verify the subscription)"
-                ),
-                _ => writeln!(out, "  secret     kept from the provider's handshake"),
-            };
-        }
-        let _ = writeln!(out, "  key        {}", s.key);
-        if let Some((_, key_rule, hash_rule, events)) =
-            database.rules.iter().find(|(name, ..)| name == &s.name)
-        {
-            if key_rule != &s.key.to_string() {
-                warnings.push(format!(
-                    "source {}: the key rule differs from the one recorded in the database ({} -> {}; {events} events stored under the old one): redeliveries keyed by the new rule will not match them, so old events could be processed again",
-                    s.name, key_rule, s.key
-                ));
-            }
-            if hash_rule != &s.hash_rule() {
-                warnings.push(format!(
-                    "source {}: the hash rule differs from the one recorded in the database ({} -> {}): redeliveries of stored events will be reported as payload mismatches",
-                    s.name,
-                    hash_rule,
-                    s.hash_rule()
-                ));
-            }
-        }
-        let _ = writeln!(out, "  type       {}", s.type_rule());
-        let _ = writeln!(out, "  hash       {}", s.hash_rule());
-        if s.kind == crate::config::Kind::None {
-            let _ = writeln!(out, "  secrets    none (unsigned, allow_unsigned = true)");
-        } else if s.kind.signs_timestamp() || s.verifier.scheme().signs_timestamp() {
-            let _ = writeln!(
-                out,
-                "  secrets    {}; tolerance {}",
-                s.secret_count,
-                format_duration(s.tolerance)
-            );
-        } else {
-            let _ = writeln!(out, "  secrets    {} (no signed timestamp)", s.secret_count);
-        }
+    );
+    for a in &s.actions {
+        describe_action(out, a);
+    }
+}
+
+/// What the source's provider preset adds: batches (where the events are,
+/// how many a delivery) and a handshake.
+fn describe_preset(out: &mut String, config: &Config, s: &crate::config::Source) {
+    let Some(p) = s.kind.preset() else {
+        return;
+    };
+    if let Some(b) = p.batch {
         let _ = writeln!(
             out,
-            "  retention  keys {}, bodies {}",
-            format_duration(s.retention),
-            format_duration(s.payload_retention)
-        );
-        let _ = writeln!(
-            out,
-            "  mismatch   {}",
-            match s.on_mismatch {
-                crate::config::OnMismatch::Ack => "ack (200 + incident)",
-                crate::config::OnMismatch::Reject => "reject (409 + incident)",
-            }
-        );
-        for a in &s.actions {
-            let types = if a.types.is_empty() {
-                "all types".to_string()
+            "  batch      events at {}{}, each claimed under its own key, at most {} a delivery",
+            if b.items.is_empty() {
+                "the body (an array)"
             } else {
-                a.types.join(", ")
-            };
-            match &a.kind {
-                ActionKind::Sql { params, .. } => {
-                    let names: Vec<String> =
-                        params.iter().map(|(n, p)| format!(":{n}={p}")).collect();
-                    let _ = writeln!(
-                        out,
-                        "  action {} (sql) on {types}; {}",
-                        a.name,
-                        if names.is_empty() {
-                            "built-in params only".to_string()
-                        } else {
-                            format!("params {}", names.join(" "))
-                        }
-                    );
+                b.items
+            },
+            b.inner,
+            config.max_batch_items
+        );
+    }
+    if p.handshake != crate::config::presets::Handshake::None {
+        let _ = writeln!(
+            out,
+            "  handshake  {:?}, answered and not stored",
+            p.handshake
+        );
+    }
+}
+
+/// The `secrets` line: how many, and the tolerance when the scheme signs a
+/// timestamp.
+fn describe_secrets(out: &mut String, s: &crate::config::Source) {
+    if s.kind == crate::config::Kind::None {
+        let _ = writeln!(out, "  secrets    none (unsigned, allow_unsigned = true)");
+    } else if s.kind.signs_timestamp() || s.verifier.scheme().signs_timestamp() {
+        let _ = writeln!(
+            out,
+            "  secrets    {}; tolerance {}",
+            s.secret_count,
+            format_duration(s.tolerance)
+        );
+    } else {
+        let _ = writeln!(out, "  secrets    {} (no signed timestamp)", s.secret_count);
+    }
+}
+
+/// Warnings for a source whose key or hash rule differs from the one the
+/// database recorded (printed after every source).
+fn recorded_rule_warnings(s: &crate::config::Source, database: &DatabaseReport) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let Some((_, key_rule, hash_rule, events)) =
+        database.rules.iter().find(|(name, ..)| name == &s.name)
+    else {
+        return warnings;
+    };
+    if key_rule != &s.key.to_string() {
+        warnings.push(format!(
+            "source {}: the key rule differs from the one recorded in the database ({} -> {}; {events} events stored under the old one): redeliveries keyed by the new rule will not match them, so old events could be processed again",
+            s.name, key_rule, s.key
+        ));
+    }
+    if hash_rule != &s.hash_rule() {
+        warnings.push(format!(
+            "source {}: the hash rule differs from the one recorded in the database ({} -> {}): redeliveries of stored events will be reported as payload mismatches",
+            s.name,
+            hash_rule,
+            s.hash_rule()
+        ));
+    }
+    warnings
+}
+
+/// One action's lines: its kind, the types it runs on, and its SQL
+/// parameters or its forward settings (check, after).
+fn describe_action(out: &mut String, a: &crate::config::Action) {
+    let types = if a.types.is_empty() {
+        "all types".to_string()
+    } else {
+        a.types.join(", ")
+    };
+    match &a.kind {
+        ActionKind::Sql { params, .. } => {
+            let names: Vec<String> = params.iter().map(|(n, p)| format!(":{n}={p}")).collect();
+            let _ = writeln!(
+                out,
+                "  action {} (sql) on {types}; {}",
+                a.name,
+                if names.is_empty() {
+                    "built-in params only".to_string()
+                } else {
+                    format!("params {}", names.join(" "))
                 }
-                ActionKind::Forward(f) => {
-                    let _ = writeln!(
-                        out,
-                        "  action {} (forward) on {types} -> {}; timeout {}, lease {}, {} attempts, retry {}..{}",
-                        a.name,
-                        f.url,
-                        format_duration(f.timeout),
-                        format_duration(f.lease),
-                        f.max_attempts,
-                        format_duration(f.retry_initial),
-                        format_duration(f.retry_max)
-                    );
-                    if let Some(check) = &f.check {
-                        let _ = writeln!(out, "    check before a resend: GET {check}");
-                    }
-                    if !f.after.is_empty() {
-                        let _ = writeln!(
-                            out,
-                            "    after: sent once {} of the same event are done",
-                            f.after.join(", ")
-                        );
-                    }
-                }
+            );
+        }
+        ActionKind::Forward(f) => {
+            let _ = writeln!(
+                out,
+                "  action {} (forward) on {types} -> {}; timeout {}, lease {}, {} attempts, retry {}..{}",
+                a.name,
+                f.url,
+                format_duration(f.timeout),
+                format_duration(f.lease),
+                f.max_attempts,
+                format_duration(f.retry_initial),
+                format_duration(f.retry_max)
+            );
+            if let Some(check) = &f.check {
+                let _ = writeln!(out, "    check before a resend: GET {check}");
+            }
+            if !f.after.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    after: sent once {} of the same event are done",
+                    f.after.join(", ")
+                );
             }
         }
     }
-    for w in warnings {
-        let _ = writeln!(out, "\nwarning: {w}");
-    }
-    out
 }
 
 #[cfg(test)]

@@ -111,17 +111,13 @@ fn write_pages(cmd: clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> st
     Ok(())
 }
 
-/// Writes to stdout; a reader that went away (`idemhook man | head`) ends
-/// the command quietly, as everywhere in the CLI.
+/// Writes to stdout; its error is the command's (`cli` makes a reader
+/// that went away, `idemhook man | head`, a quiet exit 0).
 fn print_out(bytes: &[u8]) -> Result<Outcome, CommandError> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Ok(()) => Ok(Outcome::Done),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Outcome::Done),
-        Err(e) => Err(CommandError::Failed(
-            anyhow::Error::new(e).context("writing to stdout"),
-        )),
-    }
+    let mut out = crate::ops::text::stdout();
+    out.write_all(bytes)?;
+    out.flush()?;
+    Ok(Outcome::Done)
 }
 
 #[cfg(test)]

@@ -49,34 +49,9 @@ impl Config {
         no_unset_variables(&raw).map_err(err)?;
         let mut warnings = shell_variable_warnings(&raw);
 
-        let durability = match raw.durability.as_deref().unwrap_or("full") {
-            "full" => Durability::Full,
-            "normal" => Durability::Normal,
-            other => {
-                return Err(err(format!(
-                    "durability: expected \"full\" or \"normal\", got {other:?}"
-                )));
-            }
-        };
+        let durability = durability_of(&raw).map_err(err)?;
         let (admin_token, admin_token_unset) = admin_token_of(&raw, base).map_err(err)?;
-        let max_body_bytes = raw.max_body_bytes.unwrap_or(1_048_576);
-        if max_body_bytes == 0 || max_body_bytes > 64 * 1024 * 1024 {
-            return Err(err(format!(
-                "max_body_bytes: must be between 1 and 67108864, got {max_body_bytes}"
-            )));
-        }
-        let http_workers = raw.http_workers.unwrap_or(8);
-        if !(1..=256).contains(&http_workers) {
-            return Err(err(format!(
-                "http_workers: must be 1 to 256, got {http_workers}"
-            )));
-        }
-        let forward_workers = raw.forward_workers.unwrap_or(4);
-        if forward_workers > 256 {
-            return Err(err(format!(
-                "forward_workers: must be 0 to 256, got {forward_workers}"
-            )));
-        }
+        let (max_body_bytes, http_workers, forward_workers) = sizes_of(&raw).map_err(err)?;
         let prune_interval =
             opt_duration(&raw.prune_interval, "prune_interval", "1h").map_err(err)?;
         let busy_timeout = opt_duration(&raw.busy_timeout, "busy_timeout", "5s").map_err(err)?;
@@ -91,15 +66,7 @@ impl Config {
             .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
         valid_schema(&pg_schema).map_err(err)?;
         let postgres = postgres.map(|url| url.with_schema(&pg_schema));
-
-        let tls = match (&raw.tls_cert, &raw.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles {
-                cert: base.join(cert),
-                key: base.join(key),
-            }),
-            (None, None) => None,
-            _ => return Err(err("tls_cert and tls_key: set both or neither".into())),
-        };
+        let tls = tls_of(&raw, base).map_err(err)?;
         let http = http_limits_of(&raw).map_err(err)?;
         let max_batch_items = raw.max_batch_items.unwrap_or(1000);
         if !(1..=100_000).contains(&max_batch_items) {
@@ -129,7 +96,7 @@ impl Config {
             durability,
             admin_token,
             admin_token_unset,
-            max_body_bytes: max_body_bytes as usize,
+            max_body_bytes,
             http_workers,
             forward_workers,
             prune_interval,
@@ -144,6 +111,53 @@ impl Config {
             sources,
             warnings,
         })
+    }
+}
+
+/// `durability`: full (the default) or normal.
+fn durability_of(raw: &RawConfig) -> Result<Durability, String> {
+    match raw.durability.as_deref().unwrap_or("full") {
+        "full" => Ok(Durability::Full),
+        "normal" => Ok(Durability::Normal),
+        other => Err(format!(
+            "durability: expected \"full\" or \"normal\", got {other:?}"
+        )),
+    }
+}
+
+/// `max_body_bytes`, `http_workers` and `forward_workers`, each checked
+/// against its bounds, in that order.
+fn sizes_of(raw: &RawConfig) -> Result<(usize, usize, usize), String> {
+    let max_body_bytes = raw.max_body_bytes.unwrap_or(1_048_576);
+    if max_body_bytes == 0 || max_body_bytes > 64 * 1024 * 1024 {
+        return Err(format!(
+            "max_body_bytes: must be between 1 and 67108864, got {max_body_bytes}"
+        ));
+    }
+    let http_workers = raw.http_workers.unwrap_or(8);
+    if !(1..=256).contains(&http_workers) {
+        return Err(format!(
+            "http_workers: must be 1 to 256, got {http_workers}"
+        ));
+    }
+    let forward_workers = raw.forward_workers.unwrap_or(4);
+    if forward_workers > 256 {
+        return Err(format!(
+            "forward_workers: must be 0 to 256, got {forward_workers}"
+        ));
+    }
+    Ok((max_body_bytes as usize, http_workers, forward_workers))
+}
+
+/// `tls_cert` and `tls_key`, relative to `base`: both or neither.
+fn tls_of(raw: &RawConfig, base: &Path) -> Result<Option<TlsFiles>, String> {
+    match (&raw.tls_cert, &raw.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert: base.join(cert),
+            key: base.join(key),
+        })),
+        (None, None) => Ok(None),
+        _ => Err("tls_cert and tls_key: set both or neither".into()),
     }
 }
 

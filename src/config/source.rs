@@ -25,29 +25,10 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
                 .to_string(),
         );
     }
-    let kind = Kind::parse(&rs.kind).ok_or_else(|| {
-        let mut names: Vec<&str> = Kind::all().map(|k| k.name()).collect();
-        names.extend(["clerk", "resend", "svix"]);
-        format!(
-            "kind: unknown kind {:?}, expected one of {}",
-            rs.kind,
-            names.join(", ")
-        )
-    })?;
+    let kind = kind_of(&rs)?;
     let scheme = scheme_of(kind, &rs)?;
     let public_url = public_url_of(&scheme, &rs)?;
-    let verify_token = match (&rs.verify_token, kind.preset().map(|p| p.handshake)) {
-        (Some(spec), Some(Handshake::Meta)) => {
-            Some(resolve_secret(spec, base).map_err(|e| format!("verify_token: {e}"))?)
-        }
-        (Some(_), _) => {
-            return Err("verify_token: only sources of kind \"meta\" take this key".to_string());
-        }
-        (None, Some(Handshake::Meta)) => {
-            return Err("verify_token: kind \"meta\" needs the token its GET handshake carries (hub.verify_token)".to_string());
-        }
-        (None, _) => None,
-    };
+    let verify_token = verify_token_of(kind, &rs, base)?;
     let mut signing = signing_of(kind, scheme, &rs, base)?;
     signing.verifier = signing.verifier.with_public_url(public_url.clone());
     let (retention, payload_retention) = retentions_of(kind, &rs)?;
@@ -70,15 +51,7 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         Some(p) if rs.hash.is_none() => p.hash_without.to_vec(),
         _ => Vec::new(),
     };
-    let on_mismatch = match rs.on_mismatch.as_deref().unwrap_or("ack") {
-        "ack" => OnMismatch::Ack,
-        "reject" => OnMismatch::Reject,
-        other => {
-            return Err(format!(
-                "on_mismatch: expected ack or reject, got {other:?}"
-            ));
-        }
-    };
+    let on_mismatch = on_mismatch_of(&rs)?;
     let actions = actions_of(rs.actions, base)?;
 
     Ok(Source {
@@ -101,6 +74,47 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         public_url,
         verify_token,
     })
+}
+
+/// `kind`: a built-in kind, or an error listing them (and the names the
+/// `standard` kind answers to).
+fn kind_of(rs: &RawSource) -> Result<Kind, String> {
+    Kind::parse(&rs.kind).ok_or_else(|| {
+        let mut names: Vec<&str> = Kind::all().map(|k| k.name()).collect();
+        names.extend(["clerk", "resend", "svix"]);
+        format!(
+            "kind: unknown kind {:?}, expected one of {}",
+            rs.kind,
+            names.join(", ")
+        )
+    })
+}
+
+/// `verify_token`: required by Meta's GET handshake, refused elsewhere.
+fn verify_token_of(
+    kind: Kind,
+    rs: &RawSource,
+    base: &Path,
+) -> Result<Option<crate::verify::Secret>, String> {
+    match (&rs.verify_token, kind.preset().map(|p| p.handshake)) {
+        (Some(spec), Some(Handshake::Meta)) => Ok(Some(
+            resolve_secret(spec, base).map_err(|e| format!("verify_token: {e}"))?,
+        )),
+        (Some(_), _) => Err("verify_token: only sources of kind \"meta\" take this key".to_string()),
+        (None, Some(Handshake::Meta)) => Err("verify_token: kind \"meta\" needs the token its GET handshake carries (hub.verify_token)".to_string()),
+        (None, _) => Ok(None),
+    }
+}
+
+/// `on_mismatch`: ack (the default) or reject.
+fn on_mismatch_of(rs: &RawSource) -> Result<OnMismatch, String> {
+    match rs.on_mismatch.as_deref().unwrap_or("ack") {
+        "ack" => Ok(OnMismatch::Ack),
+        "reject" => Ok(OnMismatch::Reject),
+        other => Err(format!(
+            "on_mismatch: expected ack or reject, got {other:?}"
+        )),
+    }
 }
 
 /// `public_url`, required by the kinds whose signature covers the URL.

@@ -290,56 +290,10 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
         Ok(d) => d,
         Err(reply) => return reply,
     };
-    let (mut source, mut status, mut event_type, mut since, mut limit) =
-        (None, None, None, None, 50u32);
-    let (mut until, mut id_prefix) = (None, None);
-    for (k, v) in pairs {
-        let v = Some(v).filter(|v| !v.is_empty());
-        match k.as_str() {
-            "source" => source = v,
-            "status" => status = v,
-            "type" => event_type = v,
-            "since" => since = v,
-            "id" => id_prefix = v,
-            "details" => {}
-            "until" => match v.map(|v| v.parse::<i64>()) {
-                Some(Ok(secs)) => until = Some(secs.saturating_mul(1000)),
-                None => {}
-                Some(Err(_)) => return Reply::error(400, "until: expected unix seconds"),
-            },
-            "limit" => match v.map(|v| v.parse::<u32>()) {
-                Some(Ok(n)) if (1..=MAX_LIST).contains(&n) => limit = n,
-                None => {}
-                _ => {
-                    return Reply::error(
-                        400,
-                        &format!("limit: expected a number from 1 to {MAX_LIST}"),
-                    );
-                }
-            },
-            other => {
-                return Reply::error(
-                    400,
-                    &format!(
-                        "unknown query parameter {other:?}: use source, status, type, since, until, id, limit, details"
-                    ),
-                );
-            }
-        }
-    }
-    let mut filter = match ListFilter::new(
-        source,
-        status,
-        event_type,
-        since.as_deref(),
-        limit,
-        now_ms(),
-    ) {
+    let filter = match list_filter(pairs) {
         Ok(f) => f,
-        Err(e) => return op_error(e),
+        Err(reply) => return reply,
     };
-    filter.until_ms = until;
-    filter.event_id_prefix = id_prefix;
     // A poll that finds nothing new since its last answer gets a 304 from
     // a few index look-ups. `since` moves with the clock, so it is left
     // out of the tag only when absent.
@@ -366,6 +320,61 @@ fn list(app: &App, rq: &Incoming<'_>) -> Reply {
         }
         Err(e) => op_error(e),
     }
+}
+
+/// The list's filter from its query (`details` read already): source,
+/// status, type, since, until (unix seconds), id (a prefix), limit; an
+/// unknown or malformed parameter is answered 400.
+fn list_filter(pairs: Vec<(String, String)>) -> Result<ListFilter, Reply> {
+    let (mut source, mut status, mut event_type, mut since, mut limit) =
+        (None, None, None, None, 50u32);
+    let (mut until, mut id_prefix) = (None, None);
+    for (k, v) in pairs {
+        let v = Some(v).filter(|v| !v.is_empty());
+        match k.as_str() {
+            "source" => source = v,
+            "status" => status = v,
+            "type" => event_type = v,
+            "since" => since = v,
+            "id" => id_prefix = v,
+            "details" => {}
+            "until" => match v.map(|v| v.parse::<i64>()) {
+                Some(Ok(secs)) => until = Some(secs.saturating_mul(1000)),
+                None => {}
+                Some(Err(_)) => return Err(Reply::error(400, "until: expected unix seconds")),
+            },
+            "limit" => match v.map(|v| v.parse::<u32>()) {
+                Some(Ok(n)) if (1..=MAX_LIST).contains(&n) => limit = n,
+                None => {}
+                _ => {
+                    return Err(Reply::error(
+                        400,
+                        &format!("limit: expected a number from 1 to {MAX_LIST}"),
+                    ));
+                }
+            },
+            other => {
+                return Err(Reply::error(
+                    400,
+                    &format!(
+                        "unknown query parameter {other:?}: use source, status, type, since, until, id, limit, details"
+                    ),
+                ));
+            }
+        }
+    }
+    let mut filter = ListFilter::new(
+        source,
+        status,
+        event_type,
+        since.as_deref(),
+        limit,
+        now_ms(),
+    )
+    .map_err(op_error)?;
+    filter.until_ms = until;
+    filter.event_id_prefix = id_prefix;
+    Ok(filter)
 }
 
 /// Whether the query asks for `details=true`: what the inspector shows

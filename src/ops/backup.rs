@@ -4,6 +4,7 @@
 //! one step in one read transaction, so it is a single snapshot and is
 //! never restarted by the server's commits. Refuses an existing path.
 
+use std::io::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,13 +26,18 @@ pub fn cmd(config: &Config, path: &Path) -> Result<Outcome, CommandError> {
             path.display()
         )));
     }
-    write(config, path).context("backup failed")?;
+    let (events, bytes) = write(config, path).context("backup failed")?;
+    writeln!(
+        super::text::stdout(),
+        "backup written to {}: {events} events, {bytes} bytes (checked with quick_check)",
+        path.display()
+    )?;
     Ok(Outcome::Done)
 }
 
 /// Creates the file, copies into it, checks the copy; removes the file
-/// again when that fails.
-fn write(config: &Config, path: &Path) -> Result<()> {
+/// again when that fails. Returns the events and bytes copied.
+fn write(config: &Config, path: &Path) -> Result<(i64, u64)> {
     if let Some(dir) = crate::store::missing_folder(path) {
         bail!(
             "cannot create {}: the folder {} does not exist (backup creates the file, not folders)",
@@ -55,12 +61,7 @@ fn write(config: &Config, path: &Path) -> Result<()> {
     if result.is_err() {
         let _ = std::fs::remove_file(path);
     }
-    let (events, bytes) = result?;
-    println!(
-        "backup written to {}: {events} events, {bytes} bytes (checked with quick_check)",
-        path.display()
-    );
-    Ok(())
+    result
 }
 
 fn copy(config: &Config, path: &Path) -> Result<(i64, u64)> {

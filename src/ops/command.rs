@@ -6,6 +6,7 @@
 //! The admin API does not use these: it answers [`OpError`] as HTTP.
 
 use crate::ops::error::OpError;
+use crate::ops::text::Unwritten;
 use crate::store::StoreError;
 
 /// How a command that ran to its end ends.
@@ -42,7 +43,7 @@ pub enum CommandError {
     /// database could not be opened, a file, the network (exit 2), printed
     /// with its context chain.
     #[error(transparent)]
-    Failed(#[from] anyhow::Error),
+    Failed(anyhow::Error),
     /// Writing the command's output failed. A reader that went away
     /// (`BrokenPipe`: `idemhook events list | head -1`) ends the command
     /// quietly with exit 0; anything else (a full disk) is exit 2.
@@ -63,6 +64,17 @@ impl From<OpError> for CommandError {
             OpError::NotFound(m) => CommandError::NotFound(m),
             OpError::Invalid(m) => CommandError::Invalid(m),
             OpError::Store(e) => CommandError::Storage(e),
+        }
+    }
+}
+
+/// An `anyhow::Error` is `Failed`, but for a failed write of the output
+/// ([`Unwritten`]), which is `Output` as a plain `io::Error` is.
+impl From<anyhow::Error> for CommandError {
+    fn from(e: anyhow::Error) -> CommandError {
+        match e.downcast::<Unwritten>() {
+            Ok(Unwritten(io)) => CommandError::Output(io),
+            Err(e) => CommandError::Failed(e),
         }
     }
 }

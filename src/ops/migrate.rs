@@ -13,6 +13,7 @@
 //! copy the SQLite file records where it moved, and serve refuses it.
 
 use std::fs::File;
+use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -21,6 +22,7 @@ use postgres::types::{ToSql, Type};
 use rusqlite::types::Value;
 
 use super::command::{CommandError, Outcome};
+use super::text::{Unwritten, stdout};
 use crate::config::Config;
 use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 use crate::store::pg::{Settings, migrate};
@@ -206,21 +208,14 @@ pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<Outcome, CommandError
     Ok(run(config, to, yes)?)
 }
 
+/// `migrate --to URL [--yes]`: the target checked, then the dry run, or
+/// the copy under the file's exclusive lock, verified before its commit.
 fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     let source_path = &config.database;
     if config.postgres.is_some() {
         bail!("database is already a PostgreSQL URL: migrate copies a SQLite file to PostgreSQL");
     }
-    let to = match to.strip_prefix("env:") {
-        Some(name) => std::env::var(name)
-            .map_err(|_| anyhow!("--to: environment variable {name} is not set"))?,
-        None => to.to_string(),
-    };
-    let url: PostgresUrl =
-        match DatabaseUrl::parse(&to, Path::new(".")).map_err(|e| anyhow!("--to: {e}"))? {
-            DatabaseUrl::Postgres(url) => url,
-            DatabaseUrl::Sqlite(_) => bail!("--to: expected a postgres:// URL"),
-        };
+    let url = target(to)?;
     if !source_path.exists() {
         bail!("{}: no such database", source_path.display());
     }
@@ -238,9 +233,50 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
             sqlite.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?;
         counts.push((*table, n));
     }
+    let mut pg = open_target(config, &url)?;
 
+    let mut out = stdout();
+    writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
+    writeln!(out, "to   {url}").map_err(Unwritten)?;
+    for (table, n) in &counts {
+        writeln!(out, "  {table:<18} {n}").map_err(Unwritten)?;
+    }
+
+    let mut tx = pg.transaction().map_err(StoreError::from)?;
+    copy_tables(&sqlite, &mut tx, &mut out)?;
+    // Verified before the commit: a short copy commits nothing.
+    verify_counts(&sqlite, &mut tx, &counts)?;
+    tx.commit().map_err(StoreError::from)?;
+    // The file is no longer the installation: serve refuses it from now on.
+    store::meta::record_moved(&store::db::Db::sqlite(&sqlite), &url.to_string())
+        .context("copied, but cannot record the move in the SQLite file")?;
+    writeln!(
+        out,
+        "copied and verified; now set database = \"{url}\" and start serve"
+    )
+    .map_err(Unwritten)?;
+    Ok(Outcome::Done)
+}
+
+/// `--to`: a postgres:// URL, or `env:NAME` to read it from the
+/// environment.
+fn target(to: &str) -> Result<PostgresUrl> {
+    let to = match to.strip_prefix("env:") {
+        Some(name) => std::env::var(name)
+            .map_err(|_| anyhow!("--to: environment variable {name} is not set"))?,
+        None => to.to_string(),
+    };
+    match DatabaseUrl::parse(&to, Path::new(".")).map_err(|e| anyhow!("--to: {e}"))? {
+        DatabaseUrl::Postgres(url) => Ok(url),
+        DatabaseUrl::Sqlite(_) => bail!("--to: expected a postgres:// URL"),
+    }
+}
+
+/// A session on the target without timeouts, its schema migrated, refused
+/// when it already holds events.
+fn open_target(config: &Config, url: &PostgresUrl) -> Result<postgres::Client> {
     let settings =
-        Settings::from_url(&url, config.durability, config.busy_timeout).map_err(|e| anyhow!(e))?;
+        Settings::from_url(url, config.durability, config.busy_timeout).map_err(|e| anyhow!(e))?;
     let mut pg = settings
         .connect()
         .map_err(|e| anyhow!("cannot connect to {url}: {e}"))?;
@@ -257,21 +293,25 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
             "{url} already holds {target_events} event(s): migrate copies into an empty idemhook database only"
         );
     }
+    Ok(pg)
+}
 
-    println!("from {}", source_path.display());
-    println!("to   {url}");
-    for (table, n) in &counts {
-        println!("  {table:<18} {n}");
-    }
-
-    let mut tx = pg.transaction().map_err(StoreError::from)?;
+/// Every table copied in `tx`, a line each as it is done, then the
+/// identity sequences set past the copied ids.
+fn copy_tables(
+    sqlite: &rusqlite::Connection,
+    tx: &mut postgres::Transaction<'_>,
+    out: &mut impl std::io::Write,
+) -> Result<()> {
     for (table, columns) in TABLES {
         let started = std::time::Instant::now();
-        copy_table(&sqlite, &mut tx, table, columns).with_context(|| format!("copying {table}"))?;
-        println!(
+        copy_table(sqlite, tx, table, columns).with_context(|| format!("copying {table}"))?;
+        writeln!(
+            out,
             "  copied {table:<11} in {:.1} s",
             started.elapsed().as_secs_f64()
-        );
+        )
+        .map_err(Unwritten)?;
     }
     for table in IDENTITY {
         tx.execute(
@@ -282,8 +322,17 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
         )
         .map_err(StoreError::from)?;
     }
-    // Verified before the commit: a short copy commits nothing.
-    for (table, n) in &counts {
+    Ok(())
+}
+
+/// Each table's rows in the target equal to the source's `counts` (less
+/// the SQLite-only `meta` rows), or an error: nothing is committed.
+fn verify_counts(
+    sqlite: &rusqlite::Connection,
+    tx: &mut postgres::Transaction<'_>,
+    counts: &[(&str, i64)],
+) -> Result<()> {
+    for (table, n) in counts {
         let skipped = if *table == "meta" {
             sqlite.query_row(
                 "SELECT count(*) FROM meta WHERE key IN ('schema_version', 'ready_probe')",
@@ -304,12 +353,7 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
             );
         }
     }
-    tx.commit().map_err(StoreError::from)?;
-    // The file is no longer the installation: serve refuses it from now on.
-    store::meta::record_moved(&store::db::Db::sqlite(&sqlite), &url.to_string())
-        .context("copied, but cannot record the move in the SQLite file")?;
-    println!("copied and verified; now set database = \"{url}\" and start serve");
-    Ok(Outcome::Done)
+    Ok(())
 }
 
 /// What a session of migrate sets: no statement, lock or idle timeout.
@@ -319,6 +363,7 @@ const NO_TIMEOUTS: &str =
 /// `migrate` without `--yes`: what would be copied, read without writing
 /// anything on either side, so it runs while serve runs.
 fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
+    let mut out = stdout();
     let source_path = &config.database;
     let sqlite = store::open_read(source_path, config.busy_timeout)
         .with_context(|| format!("cannot open {}", source_path.display()))?;
@@ -358,14 +403,15 @@ fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
             );
         }
     }
-    println!("from {}", source_path.display());
-    println!("to   {url} (schema {})", url.schema());
+    writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
+    writeln!(out, "to   {url} (schema {})", url.schema()).map_err(Unwritten)?;
     for (table, n) in &counts {
-        println!("  {table:<18} {n}");
+        writeln!(out, "  {table:<18} {n}").map_err(Unwritten)?;
     }
-    println!(
+    writeln!(
+        out,
         "nothing copied, nothing written: run again with --yes to copy (stop serve first; it stays refused while this runs)"
-    );
+    ).map_err(Unwritten)?;
     Ok(Outcome::Done)
 }
 

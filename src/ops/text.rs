@@ -16,6 +16,14 @@ pub fn stdout() -> io::StdoutLock<'static> {
     io::stdout().lock()
 }
 
+/// A failed write to [`stdout`] carried through an `anyhow::Error`, by the
+/// commands whose other errors are `anyhow` ones (`migrate`, `backup`,
+/// `send`): `writeln!(out, ..).map_err(Unwritten)?`. The conversion into a
+/// `CommandError` takes it back out as `CommandError::Output`.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the output: {0}")]
+pub struct Unwritten(pub io::Error);
+
 /// Unix seconds as `2025-11-30T10:00:00Z`.
 pub fn fmt_time(secs: i64) -> String {
     crate::time::rfc3339_secs(secs)

@@ -2,6 +2,7 @@
 //! source's provider sends before its first event, signed where the
 //! provider signs it, so a team can check its endpoint answers it.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::{Result, anyhow, bail};
@@ -10,6 +11,7 @@ use serde_json::json;
 use super::{Exchanged, exchange};
 use crate::config::presets::Handshake;
 use crate::config::{Config, Kind, Source};
+use crate::ops::text::{Unwritten, stdout};
 use crate::verify::Request;
 
 /// Secret 0 as text, for the samples and handshakes that carry it in the
@@ -24,6 +26,9 @@ fn token() -> String {
     format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }
 
+/// `idemhook send SOURCE --handshake`: the kind's verification request
+/// (Slack's `url_verification` for Slack), signed where the provider
+/// signs it, sent, and its answer printed; exit 0 when it was 2xx.
 pub(super) fn run(
     config: &Config,
     source: &Source,
@@ -36,144 +41,200 @@ pub(super) fn run(
         kind => Some(kind.preset().map_or(Handshake::None, |p| p.handshake)),
     };
     let challenge = token();
-    let sign = |body: &[u8], headers: &mut Vec<(String, String)>| -> Result<()> {
-        let request = Request::post(headers, body);
-        let signed = source
-            .verifier
-            .sign_request(&request, now, &challenge, private_key)
-            .map_err(|e| anyhow!("cannot sign for source {}: {e}", source.name))?;
-        headers.extend(signed);
-        Ok(())
+    let Outgoing {
+        method,
+        url,
+        mut headers,
+        body,
+    } = match handshake {
+        None | Some(Handshake::Zoom | Handshake::Twitch | Handshake::Discord) => {
+            challenge_request(handshake, url, now, &challenge)
+        }
+        Some(handshake) => plain_request(source, handshake, url, &challenge)?,
     };
-    let json_type = vec![("Content-Type".to_owned(), "application/json".to_owned())];
-    let (method, url, mut headers, body): (&str, String, Vec<(String, String)>, Vec<u8>) =
-        match handshake {
-            None => {
-                let body =
-                    json!({"type": "url_verification", "token": "t", "challenge": challenge})
-                        .to_string();
-                ("POST", url.to_owned(), json_type, body.into_bytes())
-            }
-            Some(Handshake::Zoom) => {
-                let body = json!({"event": "endpoint.url_validation", "payload": {"plainToken": challenge}, "event_ts": now * 1000}).to_string();
-                ("POST", url.to_owned(), json_type, body.into_bytes())
-            }
-            Some(Handshake::Twitch) => {
-                let body = json!({"challenge": challenge, "subscription": {"id": "sub1", "type": "channel.follow", "version": "1", "status": "webhook_callback_verification_pending"}}).to_string();
-                let mut headers = json_type;
-                headers.push(("Twitch-Eventsub-Message-Id".to_owned(), token()));
-                headers.push((
-                    "Twitch-Eventsub-Message-Type".to_owned(),
-                    "webhook_callback_verification".to_owned(),
-                ));
-                headers.push((
-                    "Twitch-Eventsub-Subscription-Type".to_owned(),
-                    "channel.follow".to_owned(),
-                ));
-                ("POST", url.to_owned(), headers, body.into_bytes())
-            }
-            Some(Handshake::Discord) => {
-                ("POST", url.to_owned(), json_type, br#"{"type":1}"#.to_vec())
-            }
-            Some(Handshake::Meta) => {
-                let verify_token = source
-                    .verify_token
-                    .as_ref()
-                    .map(|t| t.expose().to_owned())
-                    .unwrap_or_default();
-                let query: String = form_urlencoded::Serializer::new(String::new())
-                    .append_pair("hub.mode", "subscribe")
-                    .append_pair("hub.verify_token", &verify_token)
-                    .append_pair("hub.challenge", &challenge)
-                    .finish();
-                ("GET", format!("{url}?{query}"), Vec::new(), Vec::new())
-            }
-            Some(Handshake::Dropbox) => (
-                "GET",
-                format!("{url}?challenge={challenge}"),
-                Vec::new(),
-                Vec::new(),
-            ),
-            Some(Handshake::Msgraph) => (
-                "POST",
-                format!("{url}?validationToken={challenge}"),
-                vec![("Content-Type".to_owned(), "text/plain".to_owned())],
-                Vec::new(),
-            ),
-            Some(Handshake::Okta) => (
-                "GET",
-                url.to_owned(),
-                vec![(
-                    "X-Okta-Verification-Challenge".to_owned(),
-                    challenge.clone(),
-                )],
-                Vec::new(),
-            ),
-            Some(Handshake::Asana) => {
-                let secret = Some(first_secret(source))
-                    .filter(|s| !s.is_empty())
-                    .unwrap_or_else(token);
-                (
-                    "POST",
-                    url.to_owned(),
-                    vec![("X-Hook-Secret".to_owned(), secret)],
-                    Vec::new(),
-                )
-            }
-            Some(Handshake::Notion) => {
-                let secret = Some(first_secret(source))
-                    .filter(|s| !s.is_empty())
-                    .unwrap_or_else(|| format!("secret_{}", token()));
-                let body = json!({"verification_token": secret}).to_string();
-                ("POST", url.to_owned(), json_type, body.into_bytes())
-            }
-            Some(Handshake::Trello) => ("HEAD", url.to_owned(), Vec::new(), Vec::new()),
-            Some(Handshake::None) => bail!(
-                "kind {} has no verification handshake; send an event instead",
-                source.kind
-            ),
-        };
     let signed = matches!(
         handshake,
         None | Some(Handshake::Zoom | Handshake::Twitch | Handshake::Discord)
     );
-    if signed {
-        sign(&body, &mut headers)?;
-    } else if handshake == Some(Handshake::Okta) {
-        // Okta's check carries the event hook's auth header.
-        sign(&body, &mut headers)?;
+    // Okta's check carries the event hook's auth header.
+    if signed || handshake == Some(Handshake::Okta) {
+        let request = Request::post(&headers, &body);
+        let signature = source
+            .verifier
+            .sign_request(&request, now, &challenge, private_key)
+            .map_err(|e| anyhow!("cannot sign for source {}: {e}", source.name))?;
+        headers.extend(signature);
     }
-    let Exchanged {
-        status,
-        headers: answer_headers,
-        text,
-    } = exchange(config, method, &url, &headers, &body)?;
-    println!(
-        "{method} {url} (handshake of kind {}) -> {status}",
-        source.kind
-    );
+    let answer = exchange(config, method, &url, &headers, &body)?;
+    print_answer(source, handshake, (method, &url), &headers, &answer)?;
+    Ok(if (200..300).contains(&answer.status) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// A handshake request as sent.
+struct Outgoing {
+    method: &'static str,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// The handshakes the provider signs, a JSON POST carrying the challenge:
+/// Zoom's, Twitch's, Discord's, and (`None`) Slack's `url_verification`.
+fn challenge_request(
+    handshake: Option<Handshake>,
+    url: &str,
+    now: i64,
+    challenge: &str,
+) -> Outgoing {
+    let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
+    let body = match handshake {
+        Some(Handshake::Zoom) => json!({"event": "endpoint.url_validation", "payload": {"plainToken": challenge}, "event_ts": now * 1000}).to_string().into_bytes(),
+        Some(Handshake::Twitch) => {
+            headers.push(("Twitch-Eventsub-Message-Id".to_owned(), token()));
+            headers.push((
+                "Twitch-Eventsub-Message-Type".to_owned(),
+                "webhook_callback_verification".to_owned(),
+            ));
+            headers.push((
+                "Twitch-Eventsub-Subscription-Type".to_owned(),
+                "channel.follow".to_owned(),
+            ));
+            json!({"challenge": challenge, "subscription": {"id": "sub1", "type": "channel.follow", "version": "1", "status": "webhook_callback_verification_pending"}}).to_string().into_bytes()
+        }
+        Some(Handshake::Discord) => br#"{"type":1}"#.to_vec(),
+        _ => json!({"type": "url_verification", "token": "t", "challenge": challenge})
+            .to_string()
+            .into_bytes(),
+    };
+    Outgoing {
+        method: "POST",
+        url: url.to_owned(),
+        headers,
+        body,
+    }
+}
+
+/// The handshakes sent unsigned (Okta's is signed as its events are):
+/// Meta's, Dropbox's, Microsoft Graph's, Okta's, Asana's, Notion's,
+/// Trello's. A kind without a handshake is an error.
+fn plain_request(
+    source: &Source,
+    handshake: Handshake,
+    url: &str,
+    challenge: &str,
+) -> Result<Outgoing> {
+    let get = |url: String| Outgoing {
+        method: "GET",
+        url,
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    let post = |headers: Vec<(String, String)>, body: Vec<u8>| Outgoing {
+        method: "POST",
+        url: url.to_owned(),
+        headers,
+        body,
+    };
+    Ok(match handshake {
+        Handshake::Meta => {
+            let verify_token = source
+                .verify_token
+                .as_ref()
+                .map(|t| t.expose().to_owned())
+                .unwrap_or_default();
+            let query: String = form_urlencoded::Serializer::new(String::new())
+                .append_pair("hub.mode", "subscribe")
+                .append_pair("hub.verify_token", &verify_token)
+                .append_pair("hub.challenge", challenge)
+                .finish();
+            get(format!("{url}?{query}"))
+        }
+        Handshake::Dropbox => get(format!("{url}?challenge={challenge}")),
+        Handshake::Msgraph => Outgoing {
+            url: format!("{url}?validationToken={challenge}"),
+            ..post(
+                vec![("Content-Type".to_owned(), "text/plain".to_owned())],
+                Vec::new(),
+            )
+        },
+        Handshake::Okta => Outgoing {
+            headers: vec![(
+                "X-Okta-Verification-Challenge".to_owned(),
+                challenge.to_owned(),
+            )],
+            ..get(url.to_owned())
+        },
+        Handshake::Asana => {
+            let secret = Some(first_secret(source))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(token);
+            post(vec![("X-Hook-Secret".to_owned(), secret)], Vec::new())
+        }
+        Handshake::Notion => {
+            let secret = Some(first_secret(source))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| format!("secret_{}", token()));
+            let body = json!({"verification_token": secret}).to_string();
+            post(
+                vec![("Content-Type".to_owned(), "application/json".to_owned())],
+                body.into_bytes(),
+            )
+        }
+        Handshake::Trello => Outgoing {
+            method: "HEAD",
+            ..get(url.to_owned())
+        },
+        Handshake::None => bail!(
+            "kind {} has no verification handshake; send an event instead",
+            source.kind
+        ),
+        Handshake::Zoom | Handshake::Twitch | Handshake::Discord => {
+            bail!("the {handshake:?} handshake is a signed challenge")
+        }
+    })
+}
+
+/// What `send --handshake` prints: the request and its status, for Asana
+/// whether the secret came back, then the answer's body.
+fn print_answer(
+    source: &Source,
+    handshake: Option<Handshake>,
+    (method, url): (&str, &str),
+    headers: &[(String, String)],
+    answer: &Exchanged,
+) -> Result<()> {
+    let mut out = stdout();
+    writeln!(
+        out,
+        "{method} {url} (handshake of kind {}) -> {}",
+        source.kind, answer.status
+    )
+    .map_err(Unwritten)?;
     if handshake == Some(Handshake::Asana) {
         let echoed = headers
             .iter()
             .find(|(n, _)| n == "X-Hook-Secret")
             .map(|(_, v)| v);
-        let back = answer_headers
+        let back = answer
+            .headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case("x-hook-secret"))
             .map(|(_, v)| v);
-        println!(
+        writeln!(
+            out,
             "X-Hook-Secret echoed: {}",
             if back.is_some() && back == echoed {
                 "yes"
             } else {
                 "no"
             }
-        );
+        )
+        .map_err(Unwritten)?;
     }
-    println!("{text}");
-    Ok(if (200..300).contains(&status) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    writeln!(out, "{}", answer.text).map_err(Unwritten)?;
+    Ok(())
 }

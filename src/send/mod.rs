@@ -6,7 +6,7 @@
 
 mod handshake;
 
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::config::{Config, Kind, Source};
 use crate::key::{Atom, Input, Json, Part};
+use crate::ops::text::{Unwritten, stdout};
 
 /// What the command line asked of `send`.
 #[derive(Debug, Default)]
@@ -28,6 +29,9 @@ pub struct Options {
     pub handshake: bool,
 }
 
+/// `idemhook send SOURCE`: a signed sample (or the given body) POSTed, or
+/// with `--handshake` the kind's verification handshake; the answer
+/// printed; exit 0 when it was 2xx, else 1.
 pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitCode> {
     let Options {
         url,
@@ -37,13 +41,7 @@ pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitC
         private_key,
         handshake,
     } = options;
-    let source = config.source(source_name).ok_or_else(|| {
-        let names: Vec<&str> = config.sources.iter().map(|s| s.name.as_str()).collect();
-        anyhow!(
-            "no source {source_name:?} in the config (sources: {})",
-            names.join(", ")
-        )
-    })?;
+    let source = find_source(config, source_name)?;
     let now_ms = crate::time::now_ms();
     let private_key = match &private_key {
         Some(path) => Some(
@@ -52,14 +50,7 @@ pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitC
         ),
         None => None,
     };
-    let url = match url {
-        // A bare base URL means this source's hook route on it.
-        Some(u) if u.trim_end_matches('/').matches('/').count() <= 2 => {
-            format!("{}/hooks/{}", u.trim_end_matches('/'), source.name)
-        }
-        Some(u) => u,
-        None => default_url(config, source),
-    };
+    let url = target_url(config, source, url);
     if handshake {
         return handshake::run(config, source, &url, now_ms / 1000, private_key.as_deref());
     }
@@ -71,56 +62,106 @@ pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitC
     };
     let id = id.unwrap_or_else(|| format!("evt_{:016x}", fastrand::u64(..)));
     let event_type = event_type.unwrap_or_else(|| default_type(source.kind).to_string());
+    let (mut headers, body) =
+        unsigned_request(source, (&id, &event_type), asked, file.as_deref(), now_ms)?;
+    let body = sign(
+        source,
+        &mut headers,
+        &body,
+        (now_ms / 1000, &id),
+        private_key.as_deref(),
+    )?;
+    let (status, text) = post(config, &url, &headers, &body)?;
+    let (shown_id, shown_type) = id_and_type_read(source, &headers, &body);
+    let mut out = stdout();
+    writeln!(
+        out,
+        "POST {url} (event id {shown_id}, type {shown_type}) -> {status}"
+    )
+    .map_err(Unwritten)?;
+    writeln!(out, "{text}").map_err(Unwritten)?;
+    if (200..300).contains(&status) {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(ExitCode::from(1))
+    }
+}
 
-    let given = read_given(file.as_deref())?;
+/// The configured source named `name`, or an error listing the sources.
+fn find_source<'c>(config: &'c Config, name: &str) -> Result<&'c Source> {
+    config.source(name).ok_or_else(|| {
+        let names: Vec<&str> = config.sources.iter().map(|s| s.name.as_str()).collect();
+        anyhow!(
+            "no source {name:?} in the config (sources: {})",
+            names.join(", ")
+        )
+    })
+}
+
+/// Where to post: `--url` (a bare base URL means this source's hook route
+/// on it), else this source's route on our own `listen`.
+fn target_url(config: &Config, source: &Source, url: Option<String>) -> String {
+    match url {
+        Some(u) if u.trim_end_matches('/').matches('/').count() <= 2 => {
+            format!("{}/hooks/{}", u.trim_end_matches('/'), source.name)
+        }
+        Some(u) => u,
+        None => default_url(config, source),
+    }
+}
+
+/// A request's headers, in order.
+type Headers = Vec<(String, String)>;
+
+/// The request before it is signed: its headers and body, the given one
+/// (`--file`) or a sample, with the id and type put where the source's
+/// rules read them.
+fn unsigned_request(
+    source: &Source,
+    (id, event_type): (&str, &str),
+    asked: Asked,
+    file: Option<&str>,
+    now_ms: i64,
+) -> Result<(Headers, Vec<u8>)> {
+    let given = read_given(file)?;
     let preset = source.kind.preset();
     let content_type = preset.map_or("application/json", |p| p.content_type);
     let mut headers: Vec<(String, String)> = vec![("Content-Type".into(), content_type.into())];
+    // A sample for a given --id is the same body every time (its creation
+    // time is fixed), so sending it again is a redelivery, answered as a
+    // plain duplicate, never a payload mismatch.
+    let created = if asked.id {
+        SAMPLE_CREATED
+    } else {
+        now_ms / 1000
+    };
     // A provider's sample is text with the id and type written in.
     let preset_sample = match (&given, preset) {
-        (None, Some(p)) => {
-            let created = if asked.id {
-                SAMPLE_CREATED
-            } else {
-                now_ms / 1000
-            };
-            let secret = handshake::first_secret(source);
-            Some(
-                p.sample
-                    .replace("{id}", &id)
-                    .replace("{type}", &event_type)
-                    .replace("{now}", &created.to_string())
-                    .replace("{secret}", &secret),
-            )
-        }
+        (None, Some(p)) => Some(
+            p.sample
+                .replace("{id}", id)
+                .replace("{type}", event_type)
+                .replace("{now}", &created.to_string())
+                .replace("{secret}", &handshake::first_secret(source)),
+        ),
         _ => None,
     };
     let given = given.or_else(|| preset_sample.map(String::into_bytes));
     let from_sample = preset.is_some() && file.is_none();
     let mut body_json = match &given {
         Some(bytes) => serde_json::from_slice::<Value>(bytes).ok(),
-        // A sample for a given --id is the same body every time (its
-        // creation time is fixed), so sending it again is a redelivery,
-        // answered as a plain duplicate, never a payload mismatch.
-        None => {
-            let created = if asked.id {
-                SAMPLE_CREATED
-            } else {
-                now_ms / 1000
-            };
-            Some(sample(source.kind, &id, &event_type, created))
-        }
+        None => Some(sample(source.kind, id, event_type, created)),
     };
     put_id_and_type(
         source,
-        (&id, &event_type),
+        (id, event_type),
         asked,
         given.is_some() && !from_sample,
         &mut headers,
         body_json.as_mut().filter(|_| !from_sample),
     )?;
     if let Some(p) = preset {
-        extra_headers(p.name, &id, &mut headers);
+        extra_headers(p.name, id, &mut headers);
     }
     if source.kind == Kind::Linear
         && let Some(v) = body_json.as_mut()
@@ -128,27 +169,47 @@ pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitC
         set_pointer(v, "/webhookTimestamp", json!(now_ms));
     }
     let body = body_bytes(given.as_deref(), body_json.as_ref())?;
+    Ok((headers, body))
+}
+
+/// Signs the request as the source's provider would (`now` in unix
+/// seconds): the body the signer may rewrite, returned, and its signature
+/// headers added to `headers`, replacing any of the same name.
+fn sign(
+    source: &Source,
+    headers: &mut Vec<(String, String)>,
+    body: &[u8],
+    (now, id): (i64, &str),
+    private_key: Option<&str>,
+) -> Result<Vec<u8>> {
     let body = source
         .verifier
-        .sign_body(&body, now_ms / 1000)
-        .map_err(|e| anyhow!("cannot sign for source {source_name}: {e}"))?;
+        .sign_body(body, now)
+        .map_err(|e| anyhow!("cannot sign for source {}: {e}", source.name))?;
     let signature = if source.kind == Kind::None {
         Vec::new()
     } else {
-        let request = crate::verify::Request::post(&headers, &body);
+        let request = crate::verify::Request::post(headers, &body);
         source
             .verifier
-            .sign_request(&request, now_ms / 1000, &id, private_key.as_deref())
-            .map_err(|e| anyhow!("cannot sign for source {source_name}: {e}"))?
+            .sign_request(&request, now, id, private_key)
+            .map_err(|e| anyhow!("cannot sign for source {}: {e}", source.name))?
     };
     // The signer may set the id header itself (Standard Webhooks' webhook-id).
     headers.retain(|(name, _)| !signature.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)));
     headers.extend(signature);
+    Ok(body)
+}
 
-    let (status, text) = post(config, &url, &headers, &body)?;
-    // What the receiver reads as id and type, wherever they came from.
-    let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
-    let body_json = serde_json::from_slice::<Value>(&body).ok();
+/// What the receiver reads as the event id and type, wherever they came
+/// from (a batch: its first item's); `?` for what it cannot read.
+fn id_and_type_read(
+    source: &Source,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> (String, String) {
+    let form: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+    let body_json = serde_json::from_slice::<Value>(body).ok();
     let first_item = source.batch().and_then(|b| {
         let items = body_json.as_ref()?.pointer(b.items)?.as_array()?;
         let item = items.first()?;
@@ -160,23 +221,17 @@ pub fn run(config: &Config, source_name: &str, options: Options) -> Result<ExitC
     });
     let item_text = first_item.as_ref().map(Value::to_string);
     let input = Input {
-        headers: &headers,
+        headers,
         json: first_item.as_ref().or(body_json.as_ref()).map(Json::Parsed),
         form: Some(&form),
-        body: item_text.as_deref().map_or(&body[..], str::as_bytes),
+        body: item_text.as_deref().map_or(body, str::as_bytes),
     };
     let shown_id = source
         .key
         .extract(&input)
         .unwrap_or_else(|_| "?".to_string());
     let shown_type = source.type_of(&input).unwrap_or_else(|| "?".to_string());
-    println!("POST {url} (event id {shown_id}, type {shown_type}) -> {status}");
-    println!("{text}");
-    if (200..300).contains(&status) {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        Ok(ExitCode::from(1))
-    }
+    (shown_id, shown_type)
 }
 
 /// Which of the id and the type the command line set.

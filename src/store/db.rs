@@ -406,38 +406,34 @@ pub fn is_retryable(e: &StoreError) -> bool {
 }
 
 /// How many times a PostgreSQL write transaction runs at most.
-const PG_WRITE_ATTEMPTS: usize = 5;
+const PG_WRITE_ATTEMPTS: u32 = 5;
 
 /// Runs `body` in one READ COMMITTED transaction on `client`: committed
 /// on Ok, rolled back on Err; run again after a deadlock or a
-/// serialization failure.
+/// serialization failure (`store::pg::retrying`).
 pub fn pg_write<T, E: TxError>(
     client: &mut Client,
     mut body: impl FnMut(&Db<'_>) -> Result<T, E>,
 ) -> Result<T, E> {
-    let mut attempt = 1;
-    loop {
-        client
-            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .map_err(StoreError::from)?;
-        let outcome = body(&Db::postgres(client));
-        let result = outcome.and_then(|v| {
-            client.batch_execute("COMMIT").map_err(StoreError::from)?;
-            Ok(v)
-        });
-        match result {
-            Ok(v) => return Ok(v),
-            Err(e) => {
+    crate::store::pg::retrying(
+        PG_WRITE_ATTEMPTS - 1,
+        crate::store::pg::short_pause,
+        |e: &E| e.as_store().is_some_and(is_retryable),
+        || {
+            client
+                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                .map_err(StoreError::from)?;
+            let outcome = body(&Db::postgres(client));
+            let result = outcome.and_then(|v| {
+                client.batch_execute("COMMIT").map_err(StoreError::from)?;
+                Ok(v)
+            });
+            if result.is_err() {
                 let _ = client.batch_execute("ROLLBACK");
-                if attempt < PG_WRITE_ATTEMPTS && e.as_store().is_some_and(is_retryable) {
-                    attempt += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(fastrand::u64(1..20)));
-                    continue;
-                }
-                return Err(e);
             }
-        }
-    }
+            result
+        },
+    )
 }
 
 /// Runs `body` in one read-only REPEATABLE READ transaction on `client`,

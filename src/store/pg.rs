@@ -501,6 +501,38 @@ pub fn is_retryable(e: &postgres::Error) -> bool {
     })
 }
 
+/// The pause before a write transaction runs again (`store::db::pg_write`,
+/// a worker's `Session`): 1 to 19 ms, whichever retry it is.
+pub fn short_pause(_retry: u32) -> Duration {
+    Duration::from_millis(fastrand::u64(1..20))
+}
+
+/// The one retry loop of PostgreSQL transactions: runs `attempt` (a whole
+/// transaction: BEGIN ... COMMIT, rolled back when it fails) until it
+/// succeeds, fails with an error `retryable` refuses, or has been run
+/// again `retries` times; before run again number n (from 1) it sleeps
+/// `pause(n)`, so that the two sides of a deadlock do not meet again at
+/// once. Returns the last error. A deadlock (40P01) or a serialization
+/// failure (40001) is what callers retry: nothing of it was committed.
+pub fn retrying<T, E>(
+    retries: u32,
+    pause: impl Fn(u32) -> Duration,
+    retryable: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut retry = 0;
+    loop {
+        match attempt() {
+            Ok(v) => return Ok(v),
+            Err(e) if retry < retries && retryable(&e) => {
+                retry += 1;
+                std::thread::sleep(pause(retry));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

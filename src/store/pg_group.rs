@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use postgres::Client;
 
+use super::db::is_retryable;
 use super::pg_tx::{EventRow, PgTx, Statements};
 use super::{StoreError, StoreErrorKind};
 
@@ -41,7 +42,7 @@ pub fn never_began<R>(results: &[Result<R, StoreError>]) -> bool {
 
 /// How many times a group is run again after a deadlock or a
 /// serialization failure before its callers get the error (503).
-pub const MAX_RETRIES: usize = 8;
+pub const MAX_RETRIES: u32 = 8;
 
 /// The work of an operation; it may run more than once (a retried group).
 pub type Work<'f, R> = Box<dyn FnMut(&mut PgTx<'_>) -> Result<R, StoreError> + 'f>;
@@ -106,31 +107,29 @@ pub fn run_group<R>(
         .collect()
 }
 
+/// One transaction of the group, run again (up to [`MAX_RETRIES`] times)
+/// after a deadlock or a serialization failure: its results are returned
+/// only once it has committed, so nobody is answered twice.
 fn run_transaction<R>(
     client: &mut Client,
     statements: &mut Statements,
     ops: &mut [Op<'_, R>],
     chunk: &[usize],
 ) -> Result<Vec<R>, StoreError> {
-    let mut attempt = 0;
-    loop {
-        match try_transaction(client, statements, ops, chunk) {
-            Ok(values) => return Ok(values),
-            Err((e, retryable)) => {
+    super::pg::retrying(
+        MAX_RETRIES,
+        // A short, growing, jittered pause.
+        |retry| Duration::from_millis(fastrand::u64(1..=(2u64 << retry.min(6)))),
+        |(_, retryable)| *retryable,
+        || {
+            try_transaction(client, statements, ops, chunk).inspect_err(|_| {
                 // Whatever failed, the transaction is over for the server
                 // only after a ROLLBACK (a no-op when it already ended).
                 let _ = client.batch_execute("ROLLBACK");
-                if !retryable || attempt >= MAX_RETRIES {
-                    return Err(e);
-                }
-                attempt += 1;
-                // A short, growing, jittered pause so that the two sides
-                // of a deadlock do not meet again at once.
-                let ms = fastrand::u64(1..=(2u64 << attempt.min(6)));
-                std::thread::sleep(Duration::from_millis(ms));
-            }
-        }
-    }
+            })
+        },
+    )
+    .map_err(|(e, _)| e)
 }
 
 /// One try: BEGIN, every operation in order, COMMIT. The error says
@@ -184,13 +183,6 @@ fn try_transaction<R>(
             Err((StoreError::from(e), retryable))
         }
     }
-}
-
-/// A deadlock or serialization failure, as `StoreError` carries it (the
-/// kind is Busy and the message names the SQLSTATE).
-fn is_retryable(e: &StoreError) -> bool {
-    e.kind == StoreErrorKind::Busy
-        && (e.message.contains("(40P01)") || e.message.contains("(40001)"))
 }
 
 #[cfg(test)]

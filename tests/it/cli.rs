@@ -181,6 +181,7 @@ fn a_closed_pipe_ends_every_printing_command_quietly_with_exit_0() {
         .expect("a config file")
         .display()
         .to_string();
+    let hooks = server.url("/hooks/stripe");
     let commands: &[&[&str]] = &[
         &["events", "list"],
         &["events", "list", "--json"],
@@ -193,6 +194,10 @@ fn a_closed_pipe_ends_every_printing_command_quietly_with_exit_0() {
         &["replay", "stripe", "evt_pipe"],
         &["erase", "stripe", "evt_pipe"],
         &["help", "events"],
+        &["man"],
+        &["completions", "bash"],
+        &["send", "stripe", "--id", "evt_pipe_send", "--url", &hooks],
+        &["backup", "pipe-backup.db"],
     ];
     for args in commands {
         // A pipe whose reader is gone before the command writes: its first
@@ -244,8 +249,8 @@ fn store_many_events(server: &Server, n: usize) {
     tx.commit().expect("commit");
 }
 
-/// The command line of `idemhook --config CONFIG events list` for `server`.
-fn events_list(server: &Server) -> Command {
+/// The command line of `idemhook --config CONFIG ARGS...` for `server`.
+fn idemhook(server: &Server, args: &[&str]) -> Command {
     let config = server
         .config_path()
         .expect("a config file")
@@ -257,65 +262,57 @@ fn events_list(server: &Server) -> Command {
         cmd.env("PATH", path);
     }
     cmd.envs(env())
-        .args(["--config", &config, "events", "list"])
+        .args(["--config", &config])
+        .args(args)
         .current_dir(server.dir())
         .stdin(Stdio::null());
     cmd
 }
 
-/// `idemhook events list | head -1`: head reads one line and goes; the
-/// list's next writes fail with EPIPE, and the command stops quietly with
-/// exit 0 (not a panic, not an error line).
-#[test]
-fn events_list_into_head_1_exits_0_quietly() {
-    let server = Server::start(&stripe(""), &env());
-    store_many_events(&server, 2_000);
-    let mut list = events_list(&server)
+/// `idemhook ARGS | head -1`: head reads one line and goes; the command's
+/// next writes fail with EPIPE, and it stops quietly with exit 0 (not a
+/// panic, not an error line). Returns the line head printed.
+fn into_head_1(server: &Server, args: &[&str]) -> String {
+    let mut command = idemhook(server, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run idemhook");
     let head = Command::new("head")
         .arg("-1")
-        .stdin(list.stdout.take().expect("the list's stdout"))
+        .stdin(command.stdout.take().expect("the command's stdout"))
         .stdout(Stdio::piped())
         .output()
         .expect("run head");
-    let first = String::from_utf8_lossy(&head.stdout).to_string();
-    assert!(
-        first.starts_with("RECEIVED") && first.lines().count() == 1,
-        "head printed the table's first line: {first:?}"
-    );
+    let what = format!("idemhook {}", args.join(" "));
     let status = wait_for(
         CLI_TIMEOUT,
-        "`idemhook events list` to end once head has gone",
-        || match list.try_wait() {
+        &format!("`{what}` to end once head has gone"),
+        || match command.try_wait() {
             Ok(Some(status)) => Ok(status),
             Ok(None) => Err("still running".to_string()),
             Err(e) => Err(e.to_string()),
         },
     );
     let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut list.stderr.take().expect("stderr"), &mut stderr)
+    std::io::Read::read_to_string(&mut command.stderr.take().expect("stderr"), &mut stderr)
         .expect("read stderr");
     assert!(
         status.code() == Some(0) && stderr.is_empty(),
-        "`idemhook events list | head -1`\n  expected: exit 0, nothing on stderr\n  got: {status} with stderr:\n{stderr}"
+        "`{what} | head -1`\n  expected: exit 0, nothing on stderr\n  got: {status} with stderr:\n{stderr}"
     );
+    String::from_utf8_lossy(&head.stdout).to_string()
 }
 
-/// `idemhook events list > /dev/full`: the write fails with ENOSPC. The
-/// command ends with exit 2 and one error line that says what failed (it
-/// used to panic, exit 101, with a backtrace hint).
-#[test]
-fn events_list_into_a_full_device_is_one_error_line_and_exit_2() {
-    let server = Server::start(&stripe(""), &env());
-    assert_eq!(deliver(&server, &event("evt_full")), 200);
+/// `idemhook ARGS > /dev/full`: the write fails with ENOSPC. The command
+/// ends with exit 2 and one error line that says what failed (it used to
+/// panic, exit 101, with a backtrace hint).
+fn into_a_full_device(server: &Server, args: &[&str]) {
     let full = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/full")
         .expect("open /dev/full");
-    let out = events_list(&server)
+    let out = idemhook(server, args)
         .stdout(full)
         .stderr(Stdio::piped())
         .output()
@@ -328,9 +325,42 @@ fn events_list_into_a_full_device_is_one_error_line_and_exit_2() {
             && lines[0].starts_with("idemhook: cannot write the output: ")
             && lines[0].contains("No space left on device")
             && !stderr.contains("panicked"),
-        "`idemhook events list > /dev/full`\n  expected: exit 2 and one line naming the failed write\n  got: {} with stderr:\n{stderr}",
+        "`idemhook {} > /dev/full`\n  expected: exit 2 and one line naming the failed write\n  got: {} with stderr:\n{stderr}",
+        args.join(" "),
         out.status
     );
+}
+
+#[test]
+fn events_list_into_head_1_exits_0_quietly() {
+    let server = Server::start(&stripe(""), &env());
+    store_many_events(&server, 2_000);
+    let first = into_head_1(&server, &["events", "list"]);
+    assert!(
+        first.starts_with("RECEIVED") && first.lines().count() == 1,
+        "head printed the table's first line: {first:?}"
+    );
+}
+
+#[test]
+fn events_list_into_a_full_device_is_one_error_line_and_exit_2() {
+    let server = Server::start(&stripe(""), &env());
+    assert_eq!(deliver(&server, &event("evt_full")), 200);
+    into_a_full_device(&server, &["events", "list"]);
+}
+
+/// `check` and `man` (a page of tens of KiB) print as every command does:
+/// through one writer whose errors `cli` judges, quiet into `head -1`, one
+/// line into a full device.
+#[test]
+fn check_and_man_into_head_1_exit_0_and_into_a_full_device_exit_2() {
+    let server = Server::start(&stripe(""), &env());
+    let first = into_head_1(&server, &["check"]);
+    assert!(first.starts_with("config "), "head printed: {first:?}");
+    let first = into_head_1(&server, &["man"]);
+    assert!(first.lines().count() == 1, "head printed: {first:?}");
+    into_a_full_device(&server, &["check"]);
+    into_a_full_device(&server, &["man"]);
 }
 
 // ---------------------------------------------------------------------------
