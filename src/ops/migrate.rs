@@ -235,11 +235,14 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     }
     let mut pg = open_target(config, &url)?;
 
+    // With --yes the copy does not depend on its output being read: a
+    // reader that went away (`| head`) or a full disk leaves the lines
+    // unwritten, never the copy half done or undone.
     let mut out = stdout();
-    writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
-    writeln!(out, "to   {url}").map_err(Unwritten)?;
+    let _ = writeln!(out, "from {}", source_path.display());
+    let _ = writeln!(out, "to   {url}");
     for (table, n) in &counts {
-        writeln!(out, "  {table:<18} {n}").map_err(Unwritten)?;
+        let _ = writeln!(out, "  {table:<18} {n}");
     }
 
     let mut tx = pg.transaction().map_err(StoreError::from)?;
@@ -250,11 +253,10 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
     // The file is no longer the installation: serve refuses it from now on.
     store::meta::record_moved(&store::db::Db::sqlite(&sqlite), &url.to_string())
         .context("copied, but cannot record the move in the SQLite file")?;
-    writeln!(
+    let _ = writeln!(
         out,
         "copied and verified; now set database = \"{url}\" and start serve"
-    )
-    .map_err(Unwritten)?;
+    );
     Ok(Outcome::Done)
 }
 
@@ -306,12 +308,11 @@ fn copy_tables(
     for (table, columns) in TABLES {
         let started = std::time::Instant::now();
         copy_table(sqlite, tx, table, columns).with_context(|| format!("copying {table}"))?;
-        writeln!(
+        let _ = writeln!(
             out,
             "  copied {table:<11} in {:.1} s",
             started.elapsed().as_secs_f64()
-        )
-        .map_err(Unwritten)?;
+        );
     }
     for table in IDENTITY {
         tx.execute(
