@@ -286,15 +286,7 @@ fn open_target(config: &Config, url: &PostgresUrl) -> Result<postgres::Client> {
     // for the migration lock (an instance migrating) is right.
     pg.batch_execute(NO_TIMEOUTS).map_err(StoreError::from)?;
     migrate(&mut pg, url.schema()).map_err(|e| anyhow!("{url}: cannot migrate: {e}"))?;
-    let target_events: i64 = pg
-        .query_one("SELECT count(*) FROM events", &[])
-        .map_err(StoreError::from)?
-        .get(0);
-    if target_events > 0 {
-        bail!(
-            "{url} already holds {target_events} event(s): migrate copies into an empty idemhook database only"
-        );
-    }
+    refuse_held_events(&mut pg, url)?;
     Ok(pg)
 }
 
@@ -357,6 +349,21 @@ fn verify_counts(
     Ok(())
 }
 
+/// An error when the target already holds events: migrate copies into an
+/// empty idemhook database only.
+fn refuse_held_events(pg: &mut postgres::Client, url: &PostgresUrl) -> Result<()> {
+    let target_events: i64 = pg
+        .query_one("SELECT count(*) FROM events", &[])
+        .map_err(StoreError::from)?
+        .get(0);
+    if target_events > 0 {
+        bail!(
+            "{url} already holds {target_events} event(s): migrate copies into an empty idemhook database only"
+        );
+    }
+    Ok(())
+}
+
 /// What a session of migrate sets: no statement, lock or idle timeout.
 const NO_TIMEOUTS: &str =
     "SET statement_timeout = 0; SET lock_timeout = 0; SET idle_in_transaction_session_timeout = 0";
@@ -394,15 +401,7 @@ fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
         .map_err(StoreError::from)?
         .get(0);
     if has_tables {
-        let target_events: i64 = pg
-            .query_one("SELECT count(*) FROM events", &[])
-            .map_err(StoreError::from)?
-            .get(0);
-        if target_events > 0 {
-            bail!(
-                "{url} already holds {target_events} event(s): migrate copies into an empty idemhook database only"
-            );
-        }
+        refuse_held_events(&mut pg, url)?;
     }
     writeln!(out, "from {}", source_path.display()).map_err(Unwritten)?;
     writeln!(out, "to   {url} (schema {})", url.schema()).map_err(Unwritten)?;

@@ -242,11 +242,11 @@ impl Local {
     /// A cluster made by initdb (not started).
     fn create() -> Result<Local, String> {
         let local = Local::empty()?;
-        let mut initdb = local.command("initdb");
-        initdb
-            .arg("-D")
-            .arg(local.data())
-            .args([
+        local.run(
+            "initdb",
+            &[
+                "-D",
+                &local.data().display().to_string(),
                 "-U",
                 "postgres",
                 "--auth=trust",
@@ -254,17 +254,8 @@ impl Local {
                 "UTF8",
                 "--no-sync",
                 "--no-instructions",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let out = initdb.output().map_err(|e| format!("run initdb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+            ],
+        )?;
         Ok(local)
     }
 
@@ -273,9 +264,9 @@ impl Local {
     /// settings; a hot standby, read-only until [`Local::promote`].
     pub fn standby_of(primary: &Local) -> Result<Local, String> {
         let mut local = Local::empty()?;
-        // Not a synchronous primary itself once promoted: with no standby
-        // of its own, its commits would wait forever.
-        // A port of its own where the primary has one.
+        // The primary's settings, but not a synchronous primary itself
+        // once promoted (with no standby of its own, its commits would
+        // wait forever), and a port of its own where the primary has one.
         local.extra = primary
             .extra
             .iter()
@@ -285,13 +276,14 @@ impl Local {
                 None => s.clone(),
             })
             .collect();
-        let out = local
-            .command("pg_basebackup")
-            .arg("-D")
-            .arg(local.data())
-            .arg("-h")
-            .arg(&primary.dir)
-            .args([
+        let primary_dir = primary.dir.display().to_string();
+        local.run(
+            "pg_basebackup",
+            &[
+                "-D",
+                &local.data().display().to_string(),
+                "-h",
+                &primary_dir,
                 "-p",
                 primary.port(),
                 "-U",
@@ -301,26 +293,11 @@ impl Local {
                 "stream",
                 "-c",
                 "fast",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(|e| format!("run pg_basebackup: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "pg_basebackup failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+            ],
+        )?;
         local.spawn()?;
         local.wait_ready()?;
         Ok(local)
-    }
-
-    /// The folder of the server's unix socket.
-    pub fn socket_dir(&self) -> &Path {
-        &self.dir
     }
 
     /// The port it listens on (TCP when `listen_addresses` is set).
@@ -351,20 +328,24 @@ impl Local {
 
     /// Promotes a standby to a primary and waits until it accepts writes.
     pub fn promote(&self) -> Result<(), String> {
+        let data = self.data().display().to_string();
+        self.run("pg_ctl", &["promote", "-w", "-D", &data])
+    }
+
+    /// Runs one of the server's tools as its user, and its error output
+    /// when it fails.
+    fn run(&self, program: &str, args: &[&str]) -> Result<(), String> {
         let out = self
-            .command("pg_ctl")
-            .arg("promote")
-            .arg("-w")
-            .arg("-D")
-            .arg(self.data())
+            .command(program)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .output()
-            .map_err(|e| format!("run pg_ctl promote: {e}"))?;
+            .map_err(|e| format!("run {program}: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "pg_ctl promote failed: {}",
+                "{program} failed: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
