@@ -86,10 +86,12 @@ fn attempt_starts_keep_to_the_rate(backend: Backend) {
         .collect();
     starts.sort_unstable();
     assert_eq!(starts.len(), 11);
-    // No second holds more than 5 starts (give or take the few ms between
-    // a take and its attempt's start); so 11 take at least 2 s.
+    // The rate is decided when a job is taken; its start is stamped after
+    // (by a worker that may be setting up its first connection), so
+    // starts keep the 200 ms spacing give or take up to 100 ms: no 900 ms
+    // holds more than 5 of them, and 11 take at least 2 s.
     for (i, &s) in starts.iter().enumerate() {
-        let within = starts[i..].iter().take_while(|&&t| t < s + 990).count();
+        let within = starts[i..].iter().take_while(|&&t| t < s + 900).count();
         assert!(
             within <= 5,
             "{within} starts within a second from {s}: {starts:?}"
