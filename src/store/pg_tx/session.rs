@@ -16,6 +16,9 @@ pub struct Session {
     statements: Statements,
 }
 
+/// How a worker's transaction starts.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
 impl Session {
     pub fn new(settings: crate::store::pg::Settings) -> Session {
         Session {
@@ -27,23 +30,38 @@ impl Session {
 
     /// Runs `body` in one READ COMMITTED transaction, connecting first
     /// when there is no live connection; run again after a deadlock or a
-    /// serialization failure (`store::pg::retrying`). A failure other than
-    /// a plain SQL error drops the connection: the next call makes a new one.
+    /// serialization failure (`store::pg::retrying`). A connection that
+    /// died while idle (a restart, a failover) fails at its BEGIN, before
+    /// anything was sent: the transaction is run on a fresh one at once,
+    /// so a worker does not report an outage that is over. Any other
+    /// failure but a plain SQL error drops the connection: the next call
+    /// makes a new one.
     pub fn transaction<T>(
         &mut self,
         mut body: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let result =
             crate::store::pg::retrying(4, crate::store::pg::short_pause, is_retryable, || {
+                let mut reused = true;
                 if self.client.as_ref().is_none_or(Client::is_closed) {
                     self.client = Some(self.settings.connect()?);
                     self.statements = Statements::default();
+                    reused = false;
                 }
-                let Some(client) = self.client.as_mut() else {
+                let Some(mut client) = self.client.as_mut() else {
                     return Err(StoreError::closed());
                 };
-                let result = client
-                    .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                let mut begun = client.batch_execute(BEGIN);
+                if begun.is_err() && reused {
+                    self.client = Some(self.settings.connect()?);
+                    self.statements = Statements::default();
+                    let Some(fresh) = self.client.as_mut() else {
+                        return Err(StoreError::closed());
+                    };
+                    client = fresh;
+                    begun = client.batch_execute(BEGIN);
+                }
+                let result = begun
                     .map_err(StoreError::from)
                     .and_then(|()| body(&mut PgTx::new(client, &mut self.statements)))
                     .and_then(|v| {
