@@ -319,14 +319,17 @@ impl App {
             Storage::Postgres(pg) => return self.render_metrics_postgres(pg),
         };
         let jobs = load_job_gauges(readers).ok();
-        let db = &self.config.database;
         let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-        let mut wal = db.as_os_str().to_owned();
-        wal.push("-wal");
+        let db = self.config.database.sqlite_path();
+        let wal = db.map(|db| {
+            let mut wal = db.as_os_str().to_owned();
+            wal.push("-wal");
+            std::path::PathBuf::from(wal)
+        });
         let (commits, grouped) = writer.group_stats();
         let storage = StorageGauges {
-            database_bytes: Some(size(db)),
-            wal_bytes: Some(size(std::path::Path::new(&wal))),
+            database_bytes: db.map(size),
+            wal_bytes: wal.as_deref().map(size),
             writer_commits: commits,
             writer_grouped: grouped,
             writer_queue: writer.queued(),
@@ -376,6 +379,6 @@ fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
 }
 
 /// A pool of read-only connections for the admin API and metrics.
-pub fn read_pool(config: &Config) -> Result<ReadPool, StoreError> {
-    crate::store::read_pool(&config.database, config.busy_timeout)
+pub fn read_pool(config: &Config, path: &std::path::Path) -> Result<ReadPool, StoreError> {
+    crate::store::read_pool(path, config.busy_timeout)
 }

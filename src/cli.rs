@@ -412,10 +412,15 @@ pub fn load_config(flag: Option<&Path>) -> Result<Config> {
     let found = ConfigSource::find(flag, std::env::var_os("IDEMHOOK_CONFIG"));
     let config = found.load()?;
     if found == ConfigSource::DevDefault {
-        let database = std::path::absolute(&config.database).unwrap_or(config.database.clone());
+        let database = match &config.database {
+            crate::config::database_url::DatabaseUrl::Sqlite(path) => std::path::absolute(path)
+                .unwrap_or(path.clone())
+                .display()
+                .to_string(),
+            other => other.to_string(),
+        };
         report(&format!(
-            "no config file (no --config, no IDEMHOOK_CONFIG, no {DEFAULT_CONFIG}): using the development default, database {}",
-            database.display()
+            "no config file (no --config, no IDEMHOOK_CONFIG, no {DEFAULT_CONFIG}): using the development default, database {database}"
         ));
     }
     Ok(config)
@@ -451,7 +456,7 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         Command::Man { dir } => return crate::tooling::man(dir.as_deref()),
         _ => load_config(cli.config.as_deref())?,
     };
-    if let Some(url) = &config.postgres
+    if let crate::config::database_url::DatabaseUrl::Postgres(url) = &config.database
         && let Some(why) = postgres_refusal(&cli.command, url)
     {
         return Err(CommandError::Usage(why));

@@ -3,6 +3,7 @@
 //! the HTTP server, and stop them in order on SIGTERM or SIGINT.
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -10,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::app::{self, App};
+use crate::config::database_url::DatabaseUrl;
 use crate::config::{ActionKind, Config, format_duration};
 use crate::http::HttpServer;
 use crate::metrics::Metrics;
@@ -23,9 +25,9 @@ pub fn run(mut config: Config) -> Result<()> {
     let _log = crate::log::buffer_lines();
     let dev_default = config.file.is_none();
     let run_token = run_token(&mut config, dev_default);
-    match config.postgres.clone() {
-        Some(url) => run_postgres(config, &url, run_token.as_deref(), dev_default),
-        None => run_sqlite(config, run_token.as_deref(), dev_default),
+    match config.database.clone() {
+        DatabaseUrl::Postgres(url) => run_postgres(config, &url, run_token.as_deref(), dev_default),
+        DatabaseUrl::Sqlite(path) => run_sqlite(config, &path, run_token.as_deref(), dev_default),
     }
 }
 
@@ -47,12 +49,17 @@ fn run_token(config: &mut Config, dev_default: bool) -> Option<String> {
 /// `serve` on SQLite: the file opened and made ready, the writer, then
 /// what both backends run; the stop waits for the attempts in flight and
 /// the writer's last commits.
-fn run_sqlite(config: Config, run_token: Option<&str>, dev_default: bool) -> Result<()> {
-    let (conn, _serving) = open_sqlite(&config)?;
+fn run_sqlite(
+    config: Config,
+    path: &Path,
+    run_token: Option<&str>,
+    dev_default: bool,
+) -> Result<()> {
+    let (conn, _serving) = open_sqlite(&config, path)?;
     let config = Arc::new(config);
     let (writer, writer_threads) = Writer::start(
         conn,
-        config.database.clone(),
+        path.to_path_buf(),
         config.durability,
         config.busy_timeout,
     )
@@ -65,7 +72,7 @@ fn run_sqlite(config: Config, run_token: Option<&str>, dev_default: bool) -> Res
     )?;
     let storage = app::Storage::Sqlite {
         writer: writer.clone(),
-        readers: app::read_pool(&config)?,
+        readers: app::read_pool(&config, path)?,
     };
     let app = new_app(&config, storage, metrics, &outbox);
     app.learn_handshake_secrets()
@@ -74,7 +81,7 @@ fn run_sqlite(config: Config, run_token: Option<&str>, dev_default: bool) -> Res
         &app,
         crate::ops::prune::Storage::Sqlite(writer.clone()),
         &outbox,
-        &config.database.display(),
+        &path.display(),
         run_token,
         dev_default,
     )?;
@@ -104,21 +111,21 @@ fn run_sqlite(config: Config, run_token: Option<&str>, dev_default: bool) -> Res
 /// shared lock taken (returned: held while serving, so `migrate` refuses
 /// to copy under a running serve), `setup_sql` run, the SQL actions
 /// prepared and the key rules recorded.
-fn open_sqlite(config: &Config) -> Result<(Connection, std::fs::File)> {
-    let new_database = !config.database.exists();
-    let mut conn = store::open(&config.database, config.durability, config.busy_timeout)
-        .with_context(|| format!("cannot open the database {}", config.database.display()))?;
+fn open_sqlite(config: &Config, path: &Path) -> Result<(Connection, std::fs::File)> {
+    let new_database = !path.exists();
+    let mut conn = store::open(path, config.durability, config.busy_timeout)
+        .with_context(|| format!("cannot open the database {}", path.display()))?;
     store::migrate(&mut conn).context("cannot apply schema.sql")?;
     if let Some(to) = store::meta::moved_to(&store::db::Db::sqlite(&conn))? {
         bail!(
             "{}: migrate moved this installation to {to}: set database to that URL. (To serve this file anyway, which reopens the duplicate window for every event received there since: sqlite3 {} \"DELETE FROM meta WHERE key = 'moved_to'\")",
-            config.database.display(),
-            config.database.display()
+            path.display(),
+            path.display()
         );
     }
-    let serving = crate::ops::migrate::lock_shared(&config.database)?;
+    let serving = crate::ops::migrate::lock_shared(path)?;
     if new_database {
-        let path = std::path::absolute(&config.database).unwrap_or(config.database.clone());
+        let path = std::path::absolute(path).unwrap_or(path.to_path_buf());
         new_database_notice(&path.display());
     }
     if let Some(sql) = &config.setup_sql {
@@ -644,13 +651,14 @@ fn record_key_rules_with(
 /// if that fails, against the configured database as it is (read-only;
 /// its tables may come from elsewhere). Changes nothing on disk.
 pub fn check_sql_actions(config: &Config) -> Result<(), String> {
-    if let Some(url) = &config.postgres {
-        return crate::pg_serve::check(config, url);
-    }
-    if let Some(dir) = store::missing_folder(&config.database) {
+    let path = match &config.database {
+        DatabaseUrl::Postgres(url) => return crate::pg_serve::check(config, url),
+        DatabaseUrl::Sqlite(path) => path,
+    };
+    if let Some(dir) = store::missing_folder(path) {
         return Err(format!(
             "database {}: the folder {} does not exist (serve never creates folders: create it, or correct `database`)",
-            config.database.display(),
+            path.display(),
             dir.display()
         ));
     }
@@ -672,9 +680,9 @@ pub fn check_sql_actions(config: &Config) -> Result<(), String> {
         crate::ingest::validate_sql_actions(&conn, &config.sources)
     })();
     match fresh {
-        Err(e) if config.database.exists() => {
-            let conn = store::open_read(&config.database, std::time::Duration::from_secs(5))
-                .map_err(|_| e.clone())?;
+        Err(e) if path.exists() => {
+            let conn =
+                store::open_read(path, std::time::Duration::from_secs(5)).map_err(|_| e.clone())?;
             crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|_| e)
         }
         other => other,
@@ -694,18 +702,19 @@ struct DatabaseReport {
 }
 
 fn database_report(config: &Config) -> DatabaseReport {
-    if let Some(url) = &config.postgres {
-        return database_report_postgres(config, url);
-    }
-    if !config.database.exists() {
+    let path = match &config.database {
+        DatabaseUrl::Postgres(url) => return database_report_postgres(config, url),
+        DatabaseUrl::Sqlite(path) => path,
+    };
+    if !path.exists() {
         return DatabaseReport {
             summary: "does not exist yet: serve will create it, empty (no event known, so none is a duplicate)".to_string(),
             ..DatabaseReport::default()
         };
     }
     let read = || -> Result<DatabaseReport, String> {
-        let conn = store::open_read(&config.database, std::time::Duration::from_secs(5))
-            .map_err(|e| e.to_string())?;
+        let conn =
+            store::open_read(path, std::time::Duration::from_secs(5)).map_err(|e| e.to_string())?;
         let has_events: bool = conn
             .query_row(
                 "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'events'",
@@ -833,14 +842,13 @@ fn describe_settings(out: &mut String, config: &Config, database: &DatabaseRepor
     );
     let _ = writeln!(out, "config {origin}: ok");
     let _ = writeln!(out, "listen      {}", config.listen);
-    let _ = match &config.postgres {
-        Some(url) => writeln!(out, "database    {url} (PostgreSQL): {}", database.summary),
-        None => writeln!(
-            out,
-            "database    {} ({})",
-            config.database.display(),
-            database.summary
-        ),
+    let _ = match &config.database {
+        DatabaseUrl::Postgres(url) => {
+            writeln!(out, "database    {url} (PostgreSQL): {}", database.summary)
+        }
+        DatabaseUrl::Sqlite(path) => {
+            writeln!(out, "database    {} ({})", path.display(), database.summary)
+        }
     };
     let _ = writeln!(
         out,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::key::{Part, Rule};
 use crate::state::JobKind;
 use crate::verify::{Secret, Verifier};
-use database_url::PostgresUrl;
+use database_url::DatabaseUrl;
 
 mod action;
 pub mod check_template;
@@ -70,10 +70,8 @@ pub struct Config {
     /// The file it came from; None for the development default.
     pub file: Option<PathBuf>,
     pub listen: String,
-    /// The SQLite file; empty when `postgres` is set.
-    pub database: PathBuf,
-    /// The PostgreSQL database, when `database` is a postgres:// URL.
-    pub postgres: Option<PostgresUrl>,
+    /// The database: a SQLite file or a PostgreSQL URL, decided once.
+    pub database: DatabaseUrl,
     pub durability: Durability,
     pub admin_token: Option<Secret>,
     /// The environment variable `admin_token` names when it is not set:

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::database_url::{DEFAULT_SCHEMA, DatabaseUrl, PostgresUrl, valid_schema};
+use super::database_url::{DEFAULT_SCHEMA, DatabaseUrl, valid_schema};
 use super::raw::RawConfig;
 use super::source::resolve_source;
 use super::values::{nonzero, opt_duration, resolve_secret};
@@ -59,13 +59,13 @@ impl Config {
         if sql_timeout.is_zero() {
             return Err(err("sql_timeout: must be longer than 0s".into()));
         }
-        let (database, postgres) = resolve_database(raw.database.as_deref(), base).map_err(err)?;
+        let database = resolve_database(raw.database.as_deref(), base).map_err(err)?;
         let pg_schema = raw
             .pg_schema
             .clone()
             .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
         valid_schema(&pg_schema).map_err(err)?;
-        let postgres = postgres.map(|url| url.with_schema(&pg_schema));
+        let database = with_schema(database, &pg_schema);
         let tls = tls_of(&raw, base).map_err(err)?;
         let http = http_limits_of(&raw).map_err(err)?;
         let max_batch_items = raw.max_batch_items.unwrap_or(1000);
@@ -92,7 +92,6 @@ impl Config {
             file,
             listen: raw.listen.unwrap_or_else(|| "127.0.0.1:8080".to_string()),
             database,
-            postgres,
             durability,
             admin_token,
             admin_token_unset,
@@ -167,10 +166,11 @@ impl Config {
     /// a relative path taken from the current folder. The error names the
     /// flag and never holds a password.
     pub fn set_database(&mut self, spec: &str) -> Result<(), String> {
-        let (database, postgres) = resolve_database(Some(spec), Path::new(""))
-            .map_err(|e| format!("--database{}", e.trim_start_matches("database")))?;
-        self.database = database;
-        self.postgres = postgres.map(|url| url.with_schema(&self.pg_schema));
+        self.database = with_schema(
+            resolve_database(Some(spec), Path::new(""))
+                .map_err(|e| format!("--database{}", e.trim_start_matches("database")))?,
+            &self.pg_schema,
+        );
         Ok(())
     }
 }
@@ -178,19 +178,21 @@ impl Config {
 /// The `database` value: a path, `sqlite:PATH`, or a PostgreSQL URL,
 /// directly or through `env:NAME` (an unset variable is reported with the
 /// others before this runs). The backend is decided here, once.
-fn resolve_database(
-    spec: Option<&str>,
-    base: &Path,
-) -> Result<(PathBuf, Option<PostgresUrl>), String> {
+fn resolve_database(spec: Option<&str>, base: &Path) -> Result<DatabaseUrl, String> {
     let spec = spec.unwrap_or("idemhook.db");
     let value = match spec.strip_prefix("env:") {
         Some(name) => std::env::var(name)
             .map_err(|_| format!("database: environment variable {name} is not set"))?,
         None => spec.to_string(),
     };
-    match DatabaseUrl::parse(&value, base).map_err(|e| format!("database: {e}"))? {
-        DatabaseUrl::Sqlite(path) => Ok((path, None)),
-        DatabaseUrl::Postgres(url) => Ok((PathBuf::new(), Some(url))),
+    DatabaseUrl::parse(&value, base).map_err(|e| format!("database: {e}"))
+}
+
+/// A PostgreSQL database with idemhook's tables in `schema`.
+fn with_schema(database: DatabaseUrl, schema: &str) -> DatabaseUrl {
+    match database {
+        DatabaseUrl::Postgres(url) => DatabaseUrl::Postgres(url.with_schema(schema)),
+        sqlite => sqlite,
     }
 }
 

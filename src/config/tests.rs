@@ -153,7 +153,7 @@ timeout = "2s"
 lease = "5s"
 "#;
     let c = parse(text).unwrap();
-    assert_eq!(c.database, Path::new("/tmp/data/x.db"));
+    assert_eq!(c.database.sqlite_path(), Some(Path::new("/tmp/data/x.db")));
     assert_eq!(c.durability, Durability::Normal);
     let s = c.source("stripe").unwrap();
     assert_eq!(s.key.to_string(), "json:/id");
@@ -385,13 +385,16 @@ fn dev_default_is_valid() {
 fn database_names_its_backend_once() {
     let src = "[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n";
     let c = parse(&format!("database = \"sqlite:data/x.db\"\n{src}")).unwrap();
-    assert_eq!(c.database, Path::new("/tmp/data/x.db"));
+    assert_eq!(c.database.sqlite_path(), Some(Path::new("/tmp/data/x.db")));
 
     // env:NAME, with a variable every test process has (setting one
     // would need unsafe code, which the crate forbids).
     if let Ok(home) = std::env::var("HOME") {
         let c = parse(&format!("database = \"env:HOME\"\n{src}")).unwrap();
-        assert_eq!(c.database, Path::new("/tmp").join(home));
+        assert_eq!(
+            c.database.sqlite_path(),
+            Some(Path::new("/tmp").join(home).as_path())
+        );
     }
 
     let e = parse(&format!(
@@ -411,7 +414,9 @@ fn database_names_its_backend_once() {
         "database = \"postgres://idemhook:hunter2@db/app?sslmode=require\"\n{src}"
     ))
     .unwrap();
-    let url = c.postgres.as_ref().unwrap();
+    let crate::config::database_url::DatabaseUrl::Postgres(url) = &c.database else {
+        panic!("not PostgreSQL: {:?}", c.database);
+    };
     assert_eq!(
         url.expose(),
         "postgres://idemhook:hunter2@db/app?sslmode=require"

@@ -211,10 +211,9 @@ pub fn cmd(config: &Config, to: &str, yes: bool) -> Result<Outcome, CommandError
 /// `migrate --to URL [--yes]`: the target checked, then the dry run, or
 /// the copy under the file's exclusive lock, verified before its commit.
 fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
-    let source_path = &config.database;
-    if config.postgres.is_some() {
+    let DatabaseUrl::Sqlite(source_path) = &config.database else {
         bail!("database is already a PostgreSQL URL: migrate copies a SQLite file to PostgreSQL");
-    }
+    };
     let url = target(to)?;
     if !source_path.exists() {
         bail!("{}: no such database", source_path.display());
@@ -372,7 +371,7 @@ const NO_TIMEOUTS: &str =
 /// anything on either side, so it runs while serve runs.
 fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
     let mut out = stdout();
-    let source_path = &config.database;
+    let source_path = super::open::sqlite_file(config)?;
     let sqlite = store::open_read(source_path, config.busy_timeout)
         .with_context(|| format!("cannot open {}", source_path.display()))?;
     let mut counts = Vec::new();

@@ -159,7 +159,7 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
         writeln!(out, "dry run: nothing changed")?;
         return Ok(Outcome::Done);
     }
-    if let Some(url) = &config.postgres {
+    if let crate::config::database_url::DatabaseUrl::Postgres(url) = &config.database {
         return cmd_postgres(config, url, now);
     }
     let conn = open_write(config)?;
