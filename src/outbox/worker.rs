@@ -423,45 +423,53 @@ impl Attempt {
 /// outbox.
 fn log_attempt(job: &Leased, outcome: AttemptOutcome, attempt: &Attempt, clock: Instant) {
     let ms = format!("{:.1}", clock.elapsed().as_secs_f64() * 1000.0);
-    let status = attempt
-        .http_status
-        .map_or("-".to_string(), |s| s.to_string());
     let level = match outcome {
         AttemptOutcome::Failed => crate::log::Level::Error,
         AttemptOutcome::Ok | AttemptOutcome::Retry => crate::log::Level::Info,
     };
-    let outcome_text = outcome.as_str();
-    let mut fields: Vec<(&str, &dyn std::fmt::Display)> = vec![
-        ("source", &job.source),
-        ("event_id", &job.event_id),
-        ("action", &job.action),
-        ("n", &job.n),
-        ("outcome", &outcome_text),
-        ("http_status", &status),
-        ("ms", &ms),
-    ];
-    // No error field on an attempt that had none.
-    if let Some(error) = &attempt.error {
-        fields.push(("error", error));
-    }
-    crate::log::write(level, "attempt", &fields);
+    let call = Call {
+        word: ("outcome", outcome.as_str()),
+        http_status: attempt.http_status,
+        ms,
+        error: attempt.error.as_deref(),
+    };
+    log_call(level, "attempt", job, &call);
 }
 
 fn log_check(job: &Leased, asked: &Asked) {
-    let status = asked.http_status.map_or("-".to_string(), |s| s.to_string());
-    let ms = (asked.finished_at - asked.started_at).to_string();
-    let answer = asked.answer.as_str();
+    let call = Call {
+        word: ("answer", asked.answer.as_str()),
+        http_status: asked.http_status,
+        ms: (asked.finished_at - asked.started_at).to_string(),
+        error: asked.error.as_deref(),
+    };
+    log_call(crate::log::Level::Info, "check", job, &call);
+}
+
+/// What an attempt's or a check's log line says of the call.
+struct Call<'a> {
+    /// Its outcome or answer, with the field's name.
+    word: (&'static str, &'static str),
+    http_status: Option<u16>,
+    ms: String,
+    error: Option<&'a str>,
+}
+
+/// The job's fields, then the call's; no error field for a call that had
+/// none.
+fn log_call(level: crate::log::Level, what: &str, job: &Leased, call: &Call<'_>) {
+    let status = call.http_status.map_or("-".to_string(), |s| s.to_string());
     let mut fields: Vec<(&str, &dyn std::fmt::Display)> = vec![
         ("source", &job.source),
         ("event_id", &job.event_id),
         ("action", &job.action),
         ("n", &job.n),
-        ("answer", &answer),
+        (call.word.0, &call.word.1),
         ("http_status", &status),
-        ("ms", &ms),
+        ("ms", &call.ms),
     ];
-    if let Some(error) = &asked.error {
+    if let Some(error) = &call.error {
         fields.push(("error", error));
     }
-    crate::log::info("check", &fields);
+    crate::log::write(level, what, &fields);
 }

@@ -299,20 +299,7 @@ fn delivery_control_config_errors_name_the_key() {
         ("supersede = \"json:/v\"", "supersede: only with order"),
         ("order = []", "order: needs at least one part"),
     ] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let text = config(&ds, control).render();
-        let path = dir.path().join("idemhook.toml");
-        std::fs::write(&path, text).expect("write");
-        let out = crate::harness::run_binary(
-            dir.path(),
-            &Default::default(),
-            &[
-                "check".to_string(),
-                "--config".to_string(),
-                path.display().to_string(),
-            ],
-            Duration::from_secs(20),
-        );
+        let out = crate::harness::check_config(&config(&ds, control));
         assert_eq!(out.status.code(), Some(2), "{control}: {out:?}");
         assert!(out.stderr.contains(want), "{control}: {}", out.stderr);
         assert!(out.stderr.contains("actions[0] (notify)"), "{}", out.stderr);

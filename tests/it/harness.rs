@@ -692,6 +692,24 @@ impl CliOutput {
     }
 }
 
+/// `idemhook check --config` on `config`, written into a fresh temp dir:
+/// what a config refused at start says, without starting a server.
+pub fn check_config(config: &ServerConfig) -> CliOutput {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idemhook.toml");
+    std::fs::write(&path, config.render()).expect("write config");
+    run_binary(
+        dir.path(),
+        &BTreeMap::new(),
+        &[
+            "check".to_string(),
+            "--config".to_string(),
+            path.display().to_string(),
+        ],
+        CLI_TIMEOUT,
+    )
+}
+
 /// Run the binary with a scrubbed environment in `cwd`, killing it after
 /// `timeout`.
 pub fn run_binary(

@@ -99,21 +99,8 @@ fn an_sql_action_past_sql_timeout_fails_alone_and_the_event_is_stored() {
 
 #[test]
 fn an_action_that_would_end_the_transaction_stops_serve_at_start() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = ServerConfig::new()
-        .tables(&source("INSERT INTO t VALUES (1); COMMIT"))
-        .render();
-    let path = dir.path().join("idemhook.toml");
-    std::fs::write(&path, text).expect("write");
-    let out = crate::harness::run_binary(
-        dir.path(),
-        &Default::default(),
-        &[
-            "check".to_string(),
-            "--config".to_string(),
-            path.display().to_string(),
-        ],
-        Duration::from_secs(20),
+    let out = crate::harness::check_config(
+        &ServerConfig::new().tables(&source("INSERT INTO t VALUES (1); COMMIT")),
     );
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(out.stderr.contains("COMMIT would end"), "{}", out.stderr);

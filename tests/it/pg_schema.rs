@@ -44,23 +44,6 @@ fn plain_database(cluster: &pg_cluster::Cluster, hint: &str) -> (String, postgre
     (url, db)
 }
 
-/// `idemhook check` with this config, in a folder of its own.
-fn check(config: &ServerConfig) -> crate::harness::CliOutput {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("idemhook.toml");
-    std::fs::write(&path, config.render()).expect("write config");
-    crate::harness::run_binary(
-        dir.path(),
-        &Default::default(),
-        &[
-            "check".to_string(),
-            "--config".to_string(),
-            path.display().to_string(),
-        ],
-        std::time::Duration::from_secs(30),
-    )
-}
-
 fn count(db: &mut postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).expect(sql).get(0)
 }
@@ -152,7 +135,7 @@ fn pg_schema_names_the_schema_and_a_bad_name_is_refused() {
             .set("database", &toml_str(&url))
             .set("pg_schema", &toml_str(bad))
             .tables(&source("SELECT 1"));
-        let out = check(&config);
+        let out = crate::harness::check_config(&config);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", out.stderr);
         assert!(out.stderr.contains("pg_schema"), "{bad:?}: {}", out.stderr);
     }
