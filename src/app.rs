@@ -11,9 +11,9 @@ use std::time::Duration;
 use crate::config::{Config, Source};
 use crate::ingest::{self, Claim, Outcome};
 use crate::metrics::{JobGauges, Metrics, StorageGauges};
-use crate::pg_serve::PgStore;
 use crate::state::{AttemptOutcome, Delivery};
 use crate::store::db::{Db, TxError};
+use crate::store::postgres::claimers::PgStore;
 use crate::store::{Guard, StoreError, Writer};
 
 pub use crate::store::ReadPool;

@@ -20,7 +20,7 @@ use serde_json::Value;
 use crate::config::{Action, ActionKind, Source};
 use crate::key::{Input, Part};
 use crate::state::{AttemptOutcome, Delivery, EventState, JobKind, JobStatus};
-use crate::store::sqlite::Sqlite;
+use crate::store::sqlite::SqliteTx;
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -78,7 +78,7 @@ impl Outcome {
 /// Claims the event for `source` on SQLite. Runs inside the caller's
 /// transaction.
 pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
-    claim_in(&mut Sqlite::new(conn), source, c)
+    claim_in(&mut SqliteTx::new(conn), source, c)
 }
 
 /// Claims the event for `source` in the open transaction `tx`.
@@ -184,7 +184,7 @@ pub fn record_delivery(
     remote: &str,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
-    Sqlite::new(conn).insert_delivery(
+    SqliteTx::new(conn).insert_delivery(
         source,
         event_id,
         received_at,
@@ -305,7 +305,7 @@ fn bind_value(
 /// else as written; objects and arrays as JSON text (compact, keys
 /// sorted: `key::canonical_json`). Each backend binds
 /// these as its own types (`store::sqlite::to_sql_value`,
-/// `store::pg_tx::PgParam`).
+/// `store::postgres::tx::PgParam`).
 pub fn json_to_param(v: &Value) -> ParamValue {
     match v {
         Value::Null => ParamValue::Null,
@@ -392,7 +392,7 @@ pub fn refresh_event_state(
     event_id: &str,
     now: i64,
 ) -> Result<String, StoreError> {
-    refresh_event_state_in(&mut Sqlite::new(conn), source, event_id, now)
+    refresh_event_state_in(&mut SqliteTx::new(conn), source, event_id, now)
 }
 
 /// Sets an event's state from its jobs: failed when one has failed,
@@ -469,7 +469,7 @@ pub fn rerun_sql_action(
     action: &Action,
     c: &Claim,
 ) -> Result<Result<(), String>, StoreError> {
-    rerun_sql_action_in(&mut Sqlite::new(conn), source, action, c)
+    rerun_sql_action_in(&mut SqliteTx::new(conn), source, action, c)
 }
 
 /// [`rerun_sql_action`] in the open transaction `tx` of any backend.
@@ -500,7 +500,7 @@ mod tests {
     use super::*;
     use crate::config::{Config, Durability};
     use crate::store::deliveries::OF_EVENT;
-    use crate::store::writer::Held;
+    use crate::store::sqlite::writer::Held;
     use crate::store::{self, Writer};
     use rusqlite::params;
 

@@ -18,7 +18,6 @@ pub mod log;
 pub mod metrics;
 pub mod ops;
 pub mod outbox;
-pub mod pg_serve;
 pub mod resolve;
 pub mod retry;
 pub mod send;

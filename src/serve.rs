@@ -200,7 +200,7 @@ fn run_postgres(
     run_token: Option<&str>,
     dev_default: bool,
 ) -> Result<()> {
-    use crate::pg_serve::PgStore;
+    use crate::store::postgres::claimers::PgStore;
     let waiting_for_writes = Arc::new(AtomicBool::new(false));
     let settings = prepare_postgres(&config, url, &waiting_for_writes)?;
     let config = Arc::new(config);
@@ -218,7 +218,7 @@ fn run_postgres(
     let listening = Arc::new(AtomicBool::new(false));
     let listener = {
         let waker = outbox.waker();
-        crate::pg_serve::listen(
+        crate::store::postgres::claimers::listen(
             store.settings().clone(),
             move || waker.wake(),
             listening.clone(),
@@ -270,8 +270,8 @@ fn prepare_postgres(
     config: &Config,
     url: &crate::config::database_url::PostgresUrl,
     waiting_for_writes: &AtomicBool,
-) -> Result<crate::store::pg::Settings> {
-    match crate::pg_serve::prepare(config, url) {
+) -> Result<crate::store::postgres::Settings> {
+    match crate::store::postgres::claimers::prepare(config, url) {
         Ok((settings, created)) => {
             if created {
                 new_database_notice(&format!("{url} (schema {})", url.schema()));
@@ -295,7 +295,7 @@ fn prepare_postgres(
                 ],
             );
             waiting_for_writes.store(true, Ordering::SeqCst);
-            crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)
+            crate::store::postgres::Settings::from_url(url, config.durability, config.busy_timeout)
                 .map_err(|e| anyhow!(e))
         }
         Err(e) => Err(anyhow!(e)),
@@ -312,7 +312,7 @@ struct PgRunning {
     listening: Arc<AtomicBool>,
     listener: std::thread::JoinHandle<()>,
     app: Arc<App>,
-    store: Arc<crate::pg_serve::PgStore>,
+    store: Arc<crate::store::postgres::claimers::PgStore>,
 }
 
 /// Stops a PostgreSQL `serve`. A hung server (stopped processes, or a peer
@@ -489,7 +489,9 @@ fn migrate_when_writable(
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            if let Ok((settings, created)) = crate::pg_serve::prepare(&config, &url) {
+            if let Ok((settings, created)) =
+                crate::store::postgres::claimers::prepare(&config, &url)
+            {
                 if created {
                     new_database_notice(&format!("{url} (schema {})", url.schema()));
                 }
@@ -573,9 +575,12 @@ fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
 }
 
 /// Records each source's key rule in PostgreSQL (see
-/// [`record_key_rules_with`]; the SQL is `store::pg_maint`'s).
-fn record_key_rules_postgres(settings: &crate::store::pg::Settings, config: &Config) -> Result<()> {
-    use crate::store::pg_maint;
+/// [`record_key_rules_with`]; the SQL is `store::postgres::maint`'s).
+fn record_key_rules_postgres(
+    settings: &crate::store::postgres::Settings,
+    config: &Config,
+) -> Result<()> {
+    use crate::store::postgres::maint;
     let client = std::cell::RefCell::new(
         settings
             .connect()
@@ -583,9 +588,9 @@ fn record_key_rules_postgres(settings: &crate::store::pg::Settings, config: &Con
     );
     record_key_rules_with(
         config,
-        |source| Ok(pg_maint::recorded_rule(&mut client.borrow_mut(), source)?),
+        |source| Ok(maint::recorded_rule(&mut client.borrow_mut(), source)?),
         |source, rule, hash_rule| {
-            pg_maint::record_rule(&mut client.borrow_mut(), source, rule, hash_rule, now_ms())?;
+            maint::record_rule(&mut client.borrow_mut(), source, rule, hash_rule, now_ms())?;
             Ok(())
         },
     )
@@ -652,7 +657,7 @@ fn record_key_rules_with(
 /// its tables may come from elsewhere). Changes nothing on disk.
 pub fn check_sql_actions(config: &Config) -> Result<(), String> {
     let path = match &config.database {
-        DatabaseUrl::Postgres(url) => return crate::pg_serve::check(config, url),
+        DatabaseUrl::Postgres(url) => return crate::store::postgres::claimers::check(config, url),
         DatabaseUrl::Sqlite(path) => path,
     };
     if let Some(dir) = store::missing_folder(path) {
@@ -767,10 +772,13 @@ fn database_report_postgres(
     url: &crate::config::database_url::PostgresUrl,
 ) -> DatabaseReport {
     let read = || -> Result<DatabaseReport, String> {
-        let settings =
-            crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)?;
+        let settings = crate::store::postgres::Settings::from_url(
+            url,
+            config.durability,
+            config.busy_timeout,
+        )?;
         let mut client = settings.connect().map_err(|e| e.to_string())?;
-        let reached = crate::store::pg_maint::reached(&mut client)
+        let reached = crate::store::postgres::maint::reached(&mut client)
             .map(|(host, port, read_only)| {
                 format!(
                     "reached {host}{}, {}; ",
@@ -788,7 +796,7 @@ fn database_report_postgres(
             })
             .unwrap_or_default();
         let report =
-            crate::store::pg_maint::rules_report(&mut client).map_err(|e| e.to_string())?;
+            crate::store::postgres::maint::rules_report(&mut client).map_err(|e| e.to_string())?;
         Ok(match report {
             None => DatabaseReport {
                 summary: format!(

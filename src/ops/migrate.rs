@@ -25,7 +25,7 @@ use super::command::{CommandError, Outcome};
 use super::text::{Unwritten, stdout};
 use crate::config::Config;
 use crate::config::database_url::{DatabaseUrl, PostgresUrl};
-use crate::store::pg::{Settings, migrate};
+use crate::store::postgres::{Settings, migrate};
 use crate::store::{self, StoreError};
 
 /// Each table in the order its rows can be inserted (referenced rows

@@ -170,7 +170,7 @@ forward = "http://127.0.0.1:9/"
         let url = cluster.create_database("pause_waits_for_claims");
         let config = Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap();
         let mut watcher = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-        crate::store::pg::migrate(&mut watcher, crate::config::database_url::DEFAULT_SCHEMA)
+        crate::store::postgres::migrate(&mut watcher, crate::config::database_url::DEFAULT_SCHEMA)
             .unwrap();
         // A claim half done: it has read that the action is not paused.
         let mut claim = postgres::Client::connect(&url, postgres::NoTls).unwrap();

@@ -219,9 +219,9 @@ fn cmd_postgres(
     // Refuses a database serve has not migrated yet.
     let mut handle = open_db_write(config)?;
     let settings =
-        crate::store::pg::Settings::from_url(url, config.durability, config.busy_timeout)
+        crate::store::postgres::Settings::from_url(url, config.durability, config.busy_timeout)
             .map_err(anyhow::Error::msg)?;
-    let mut session = crate::store::pg_tx::Session::new(settings);
+    let mut session = crate::store::postgres::tx::Session::new(settings);
     let pruned = prune_all(config, now, &|| false, &mut |op: Batch| {
         session.transaction(|tx| op.run_postgres(tx.client()))
     });
@@ -303,7 +303,7 @@ type StopSignal = (Mutex<bool>, Condvar);
 /// Where the pruner's batches run.
 pub enum Storage {
     Sqlite(Writer),
-    Postgres(Box<crate::store::pg::Settings>),
+    Postgres(Box<crate::store::postgres::Settings>),
 }
 
 impl Background {
@@ -350,7 +350,10 @@ fn run(config: &Config, storage: Storage, signal: &StopSignal) {
     let stopping = || signal.0.lock().map(|s| *s).unwrap_or(true);
     let (writer, mut session) = match storage {
         Storage::Sqlite(writer) => (Some(writer), None),
-        Storage::Postgres(settings) => (None, Some(crate::store::pg_tx::Session::new(*settings))),
+        Storage::Postgres(settings) => (
+            None,
+            Some(crate::store::postgres::tx::Session::new(*settings)),
+        ),
     };
     loop {
         if stopping() {

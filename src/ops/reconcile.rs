@@ -666,7 +666,7 @@ mod tests {
         };
         let url = cluster.create_database(test);
         let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-        crate::store::pg::migrate(&mut client, crate::config::database_url::DEFAULT_SCHEMA)
+        crate::store::postgres::migrate(&mut client, crate::config::database_url::DEFAULT_SCHEMA)
             .unwrap();
         client
             .batch_execute(

@@ -51,9 +51,9 @@ use crate::config::{ActionKind, Config};
 use crate::metrics::Metrics;
 use crate::retry::Verdict;
 use crate::store::Writer;
-use crate::store::pg::Settings;
-use crate::store::pg_tx::Session;
-use crate::store::sqlite::Sqlite;
+use crate::store::postgres::Settings;
+use crate::store::postgres::tx::Session;
+use crate::store::sqlite::SqliteTx;
 use crate::store::tx::OutboxTx;
 use crate::time::now_ms;
 use crate::verify::{Scheme, Verifier};
@@ -147,7 +147,7 @@ impl Outbox {
             let now = now_ms();
             match &jobs {
                 Jobs::Sqlite(writer) => {
-                    writer.call(move |conn| Sqlite::new(conn).release_parked(now))
+                    writer.call(move |conn| SqliteTx::new(conn).release_parked(now))
                 }
                 Jobs::Postgres(settings) => {
                     Session::new((**settings).clone()).transaction(|tx| tx.release_parked(now))
@@ -320,7 +320,8 @@ mod tests {
         )
         .unwrap();
         for now in [1_000, 2_000, 3_000] {
-            let (taken, _) = take(&mut Sqlite::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
+            let (taken, _) =
+                take(&mut SqliteTx::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
             assert!(taken.is_empty());
         }
         use crate::store::sqlite::{DUE_JOBS, EXPIRED_JOBS};

@@ -15,7 +15,7 @@ use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state_in;
 use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::StoreError;
-use crate::store::sqlite::Sqlite;
+use crate::store::sqlite::SqliteTx;
 use crate::store::tx::TAKE_BATCH;
 use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
 
@@ -28,7 +28,7 @@ pub(crate) fn record_check(
     worker: &str,
     asked: &Asked,
 ) -> Result<(), StoreError> {
-    record_check_in(&mut Sqlite::new(conn), job_id, n, worker, asked)
+    record_check_in(&mut SqliteTx::new(conn), job_id, n, worker, asked)
 }
 
 /// Records one check in the open transaction `tx` of any backend.

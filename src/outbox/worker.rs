@@ -17,8 +17,8 @@ use crate::config::{ActionKind, Config, Forward};
 use crate::metrics::Metrics;
 use crate::retry::{self, Verdict};
 use crate::state::{Answer, AttemptOutcome};
-use crate::store::pg_tx::{PgTx, Session};
-use crate::store::sqlite::Sqlite;
+use crate::store::postgres::tx::{PgTx, Session};
+use crate::store::sqlite::SqliteTx;
 use crate::store::tx::TAKE_BATCH;
 use crate::store::{Guard, StoreError};
 use crate::time::now_ms;
@@ -87,7 +87,7 @@ impl Worker {
             // savepoint of their own (Guard::Group).
             let taken = match &self.jobs {
                 Jobs::Sqlite(writer) => writer.call_with(Guard::Group, move |conn| {
-                    take(&mut Sqlite::new(conn), &config, &owner, now_ms(), batch)
+                    take(&mut SqliteTx::new(conn), &config, &owner, now_ms(), batch)
                 }),
                 Jobs::Postgres(_) => {
                     self.on_postgres(|tx| take(tx, &config, &owner, now_ms(), batch))
@@ -243,7 +243,7 @@ impl Worker {
         let recorded = match &self.jobs {
             Jobs::Sqlite(writer) => writer
                 .send_with(Guard::Group, move |conn| {
-                    let mut tx = Sqlite::new(conn);
+                    let mut tx = SqliteTx::new(conn);
                     if let Some(asked) = &asked {
                         record_check_in(&mut tx, job.job_id, job.n, &owner, asked)?;
                     }
@@ -367,7 +367,7 @@ impl Worker {
             Jobs::Sqlite(writer) => {
                 let _ = writer.send(move |conn| {
                     give_back(
-                        &mut Sqlite::new(conn),
+                        &mut SqliteTx::new(conn),
                         (id, n),
                         &owner,
                         &source,

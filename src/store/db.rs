@@ -304,15 +304,18 @@ impl<'c> Db<'c> {
     /// record). See [`with_tx!`](crate::with_tx) for one body for both.
     pub fn steps<R>(
         &self,
-        sqlite: impl FnOnce(&mut super::sqlite::Sqlite<'_>) -> R,
-        pg: impl FnOnce(&mut super::pg_tx::PgTx<'_>) -> R,
+        sqlite: impl FnOnce(&mut super::sqlite::SqliteTx<'_>) -> R,
+        pg: impl FnOnce(&mut super::postgres::tx::PgTx<'_>) -> R,
     ) -> R {
         match &self.conn {
-            Conn::Sqlite(c) => sqlite(&mut super::sqlite::Sqlite::new(c)),
+            Conn::Sqlite(c) => sqlite(&mut super::sqlite::SqliteTx::new(c)),
             Conn::Postgres(cell) => {
                 let mut client = cell.borrow_mut();
-                let mut statements = super::pg_tx::Statements::default();
-                pg(&mut super::pg_tx::PgTx::new(&mut client, &mut statements))
+                let mut statements = super::postgres::tx::Statements::default();
+                pg(&mut super::postgres::tx::PgTx::new(
+                    &mut client,
+                    &mut statements,
+                ))
             }
         }
     }
@@ -410,14 +413,14 @@ const PG_WRITE_ATTEMPTS: u32 = 5;
 
 /// Runs `body` in one READ COMMITTED transaction on `client`: committed
 /// on Ok, rolled back on Err; run again after a deadlock or a
-/// serialization failure (`store::pg::retrying`).
+/// serialization failure (`store::postgres::retrying`).
 pub fn pg_write<T, E: TxError>(
     client: &mut Client,
     mut body: impl FnMut(&Db<'_>) -> Result<T, E>,
 ) -> Result<T, E> {
-    crate::store::pg::retrying(
+    crate::store::postgres::retrying(
         PG_WRITE_ATTEMPTS - 1,
-        crate::store::pg::short_pause,
+        crate::store::postgres::short_pause,
         |e: &E| e.as_store().is_some_and(is_retryable),
         || {
             client
@@ -543,8 +546,8 @@ pub fn connect_postgres(
     busy_timeout: std::time::Duration,
     read_only: bool,
 ) -> Result<Client, StoreError> {
-    let settings =
-        super::pg::Settings::from_url(url, durability, busy_timeout).map_err(StoreError::other)?;
+    let settings = super::postgres::Settings::from_url(url, durability, busy_timeout)
+        .map_err(StoreError::other)?;
     let mut client = settings.connect()?;
     if read_only {
         client.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")?;
@@ -569,7 +572,7 @@ pub fn connect_postgres(
             &[],
         )?
         .get(0);
-    let latest = super::pg::MIGRATIONS.last().map_or(0, |m| m.0);
+    let latest = super::postgres::MIGRATIONS.last().map_or(0, |m| m.0);
     if version != latest {
         let what = if version > latest {
             "newer than this idemhook's: run the newer idemhook"

@@ -499,7 +499,7 @@ pub fn listed(
 pub fn wake_workers(db: &Db<'_>) -> Result<(), StoreError> {
     if db.dialect() == Dialect::Postgres {
         db.execute(
-            &format!("NOTIFY {}", crate::store::pg_tx::JOBS_CHANNEL),
+            &format!("NOTIFY {}", crate::store::postgres::tx::JOBS_CHANNEL),
             &[],
         )?;
     }

@@ -10,6 +10,7 @@
 //! knows HTTP.
 
 pub mod attempts;
+pub mod backend;
 pub mod control;
 pub mod db;
 pub mod deliveries;
@@ -19,19 +20,14 @@ pub mod jobs;
 pub mod meta;
 pub mod named;
 pub mod paused;
-pub mod pg;
 #[cfg(test)]
 #[path = "../../tests/support/pg_cluster.rs"]
 pub(crate) mod pg_cluster;
-pub mod pg_group;
-pub mod pg_maint;
-mod pg_pass;
-pub mod pg_tx;
+pub mod postgres;
 pub mod prune;
 pub mod replays;
 pub mod sqlite;
 pub mod tx;
-pub mod writer;
 
 use std::path::Path;
 use std::time::Duration;
@@ -40,7 +36,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::config::Durability;
 
-pub use writer::{Guard, Writer};
+pub use sqlite::writer::{Guard, Writer};
 
 /// The whole schema, applied on every start (every statement is idempotent).
 pub const SCHEMA: &str = include_str!("../../schema.sql");

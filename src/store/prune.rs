@@ -85,28 +85,28 @@ impl Batch {
     }
 
     /// Runs the batch on PostgreSQL, in the caller's transaction (see
-    /// `store::pg_maint`: every lock is SKIP LOCKED, so several instances
+    /// `store::postgres::maint`: every lock is SKIP LOCKED, so several instances
     /// prune at once on disjoint rows).
     pub fn run_postgres(&self, client: &mut postgres::Client) -> Result<(u64, u64), StoreError> {
-        use crate::store::pg_maint;
+        use crate::store::postgres::maint;
         match self {
             Batch::Events { source, before } => {
-                pg_maint::delete_events_batch(client, source, *before, BATCH)
+                maint::delete_events_batch(client, source, *before, BATCH)
             }
             Batch::Bodies {
                 source,
                 before,
                 now,
             } => Ok((
-                pg_maint::erase_bodies_batch(client, source, *before, *now, BATCH)?,
+                maint::erase_bodies_batch(client, source, *before, *now, BATCH)?,
                 0,
             )),
             Batch::Refused { source, before } => Ok((
-                pg_maint::delete_refused_batch(client, source, *before, BATCH)?,
+                maint::delete_refused_batch(client, source, *before, BATCH)?,
                 0,
             )),
             Batch::UnknownRefused { known, before } => Ok((
-                pg_maint::delete_unknown_refused_batch(client, known, *before, BATCH)?,
+                maint::delete_unknown_refused_batch(client, known, *before, BATCH)?,
                 0,
             )),
         }

@@ -14,7 +14,7 @@
 
 use postgres::Client;
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// The condition that holds an event back: work that still needs it (the
 /// same rule as SQLite's).

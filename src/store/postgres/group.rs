@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use postgres::Client;
 
-use super::db::is_retryable;
-use super::pg_tx::{EventRow, PgTx, Statements};
-use super::{StoreError, StoreErrorKind};
+use super::tx::{EventRow, PgTx, Statements};
+use crate::store::db::is_retryable;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// Savepoints one transaction may open: below the 64 subtransactions
 /// PostgreSQL caches per backend (past them every snapshot gets slower, in
@@ -116,7 +116,7 @@ fn run_transaction<R>(
     ops: &mut [Op<'_, R>],
     chunk: &[usize],
 ) -> Result<Vec<R>, StoreError> {
-    super::pg::retrying(
+    super::retrying(
         MAX_RETRIES,
         // A short, growing, jittered pause.
         |retry| Duration::from_millis(fastrand::u64(1..=(2u64 << retry.min(6)))),
@@ -179,7 +179,7 @@ fn try_transaction<R>(
     match tx.commit() {
         Ok(()) => Ok(values),
         Err(e) => {
-            let retryable = super::pg::is_retryable(&e);
+            let retryable = super::is_retryable(&e);
             Err((StoreError::from(e), retryable))
         }
     }
@@ -195,9 +195,9 @@ mod tests {
     use crate::config::database_url::DatabaseUrl;
     use crate::config::{Config, Durability};
     use crate::ingest::{Claim, Outcome, claim_in};
-    use crate::pg_serve::event_row;
-    use crate::store::pg::{Settings, migrate};
     use crate::store::pg_cluster;
+    use crate::store::postgres::claimers::event_row;
+    use crate::store::postgres::{Settings, migrate};
     use crate::time::now_ms;
 
     const CONFIG: &str = r#"

@@ -268,7 +268,7 @@ impl Tx for PgTx<'_> {
         self.client
             .batch_execute(&format!(
                 "SAVEPOINT {name}; {}; SET CONSTRAINTS ALL IMMEDIATE",
-                super::super::pg::TEAM_PATH
+                crate::store::postgres::TEAM_PATH
             ))
             .map_err(StoreError::from)?;
         let held_back = self.group.as_ref().map_or(0, |g| g.deliveries.len());
@@ -277,7 +277,7 @@ impl Tx for PgTx<'_> {
                 self.client
                     .batch_execute(&format!(
                         "{}; RELEASE SAVEPOINT {name}",
-                        super::super::pg::OUR_PATH
+                        crate::store::postgres::OUR_PATH
                     ))
                     .map_err(StoreError::from)?;
                 Ok(v)

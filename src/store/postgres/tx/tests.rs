@@ -6,8 +6,8 @@ use super::*;
 use crate::config::database_url::DatabaseUrl;
 use crate::config::{Config, Durability};
 use crate::ingest::{Claim, Outcome, claim_in};
-use crate::store::pg::{Settings, migrate};
 use crate::store::pg_cluster;
+use crate::store::postgres::{Settings, migrate};
 use crate::store::tx::ParamValue;
 use crate::time::now_ms;
 

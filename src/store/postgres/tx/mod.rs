@@ -21,8 +21,8 @@ use std::collections::{HashMap, HashSet};
 
 use postgres::{Client, Statement};
 
-use super::StoreError;
-use super::tx::NewEvent;
+use crate::store::StoreError;
+use crate::store::tx::NewEvent;
 
 mod claim;
 mod outbox;

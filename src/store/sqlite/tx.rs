@@ -5,18 +5,18 @@
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
-use super::{StoreError, StoreErrorKind};
 use crate::state::open_job_statuses_sql;
+use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::{StoreError, StoreErrorKind};
 
 /// A connection with an open transaction, seen through [`Tx`].
-pub struct Sqlite<'c> {
+pub struct SqliteTx<'c> {
     pub conn: &'c Connection,
 }
 
-impl<'c> Sqlite<'c> {
-    pub fn new(conn: &'c Connection) -> Sqlite<'c> {
-        Sqlite { conn }
+impl<'c> SqliteTx<'c> {
+    pub fn new(conn: &'c Connection) -> SqliteTx<'c> {
+        SqliteTx { conn }
     }
 }
 
@@ -36,7 +36,7 @@ pub fn to_sql_value(v: ParamValue) -> SqlValue {
     }
 }
 
-impl Tx for Sqlite<'_> {
+impl Tx for SqliteTx<'_> {
     fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
         let inserted = self
             .conn
@@ -274,7 +274,7 @@ impl Tx for Sqlite<'_> {
     }
 }
 
-use super::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
+use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
 
 fn candidate(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
     Ok(Candidate {
@@ -301,7 +301,7 @@ pub const DUE_JOBS: &str =
      WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'forward'
      ORDER BY next_attempt_at LIMIT 16";
 
-impl OutboxTx for Sqlite<'_> {
+impl OutboxTx for SqliteTx<'_> {
     fn db(&mut self) -> crate::store::db::Db<'_> {
         crate::store::db::Db::sqlite(self.conn)
     }

@@ -11,7 +11,7 @@ use super::{PgTx, Statements};
 /// failure, each call one transaction (run again after a deadlock or a
 /// serialization failure).
 pub struct Session {
-    settings: crate::store::pg::Settings,
+    settings: crate::store::postgres::Settings,
     client: Option<Client>,
     statements: Statements,
 }
@@ -20,7 +20,7 @@ pub struct Session {
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 impl Session {
-    pub fn new(settings: crate::store::pg::Settings) -> Session {
+    pub fn new(settings: crate::store::postgres::Settings) -> Session {
         Session {
             settings,
             client: None,
@@ -30,7 +30,7 @@ impl Session {
 
     /// Runs `body` in one READ COMMITTED transaction, connecting first
     /// when there is no live connection; run again after a deadlock or a
-    /// serialization failure (`store::pg::retrying`). A connection that
+    /// serialization failure (`store::postgres::retrying`). A connection that
     /// died while idle (a restart, a failover) fails at its BEGIN, before
     /// anything was sent: the transaction is run on a fresh one at once,
     /// so a worker does not report an outage that is over. Any other
@@ -40,8 +40,11 @@ impl Session {
         &mut self,
         mut body: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let result =
-            crate::store::pg::retrying(4, crate::store::pg::short_pause, is_retryable, || {
+        let result = crate::store::postgres::retrying(
+            4,
+            crate::store::postgres::short_pause,
+            is_retryable,
+            || {
                 let mut reused = true;
                 if self.client.as_ref().is_none_or(Client::is_closed) {
                     self.client = Some(self.settings.connect()?);
@@ -72,7 +75,8 @@ impl Session {
                     let _ = client.batch_execute("ROLLBACK");
                 }
                 result
-            });
+            },
+        );
         if let Err(e) = &result
             && e.kind != StoreErrorKind::Other
         {

@@ -24,9 +24,9 @@ use crate::config::database_url::PostgresUrl;
 use crate::config::{ActionKind, Config, Source};
 use crate::ingest::{Claim, Outcome, claim_in};
 use crate::state::Delivery;
-use crate::store::pg::{Settings, Tls};
-use crate::store::pg_group::{Op, run_group};
-use crate::store::pg_tx::{EventRow, PgTx, Statements};
+use crate::store::postgres::group::{Op, run_group};
+use crate::store::postgres::tx::{EventRow, PgTx, Statements};
+use crate::store::postgres::{Settings, Tls};
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -236,7 +236,7 @@ impl Pool {
                 .max_size(4)
                 .min_idle(Some(0))
                 .connection_timeout(timeout.max(Duration::from_millis(500)))
-                .connection_customizer(Box::new(crate::store::pg::SessionSetup(setup)))
+                .connection_customizer(Box::new(crate::store::postgres::SessionSetup(setup)))
                 .build_unchecked(manager)
         }
         let setup = settings.session_sql();
@@ -325,13 +325,13 @@ fn migrate_and_set_up(
     // is still bounded by the connection's TCP timeouts.
     tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
-    let created = crate::store::pg::migrate_in(tx, url.schema())
+    let created = crate::store::postgres::migrate_in(tx, url.schema())
         .map_err(|e| format!("{url}: cannot migrate: {e}"))?;
     if let Some(sql) = &config.setup_sql {
         // In the team's search_path: setup_sql makes the team's tables.
-        tx.batch_execute(crate::store::pg::TEAM_PATH)
+        tx.batch_execute(crate::store::postgres::TEAM_PATH)
             .and_then(|()| tx.batch_execute(sql))
-            .and_then(|()| tx.batch_execute(crate::store::pg::OUR_PATH))
+            .and_then(|()| tx.batch_execute(crate::store::postgres::OUR_PATH))
             .map_err(|e| format!("setup_sql failed: {}", StoreError::from(e)))?;
     }
     Ok(created)
@@ -341,7 +341,7 @@ fn migrate_and_set_up(
 /// search_path as it runs, inside the caller's transaction.
 fn check_actions(client: &mut postgres::Transaction<'_>, config: &Config) -> Result<(), String> {
     client
-        .batch_execute(crate::store::pg::TEAM_PATH)
+        .batch_execute(crate::store::postgres::TEAM_PATH)
         .map_err(|e| StoreError::from(e).to_string())?;
     for source in &config.sources {
         for action in &source.actions {
@@ -632,7 +632,7 @@ fn run_group_once_more_if_unbegun(
     }));
     if ran
         .as_ref()
-        .is_ok_and(|r| crate::store::pg_group::never_began(r))
+        .is_ok_and(|r| crate::store::postgres::group::never_began(r))
     {
         *statements = Statements::default();
         *client = connect_claimer(settings, config).ok();
@@ -778,7 +778,7 @@ fn run_batch(
 
 /// The channel forward workers are woken on when jobs were written (by
 /// the NOTIFY of the commit that wrote them, `PgTx::commit`).
-pub use crate::store::pg_tx::JOBS_CHANNEL;
+pub use crate::store::postgres::tx::JOBS_CHANNEL;
 
 /// The event row the claim of `c` inserts, as `claim_in` itself makes it:
 /// asked of the claim with a transaction that records its first step
@@ -878,7 +878,8 @@ fn fold_job_counts(settings: &Settings, folder: &mut Option<Client>) {
         *folder = settings.connect().ok();
     }
     if let Some(c) = folder
-        && c.batch_execute(crate::store::pg::FOLD_JOB_COUNTS).is_err()
+        && c.batch_execute(crate::store::postgres::FOLD_JOB_COUNTS)
+            .is_err()
     {
         *folder = None;
     }

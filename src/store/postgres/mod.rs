@@ -9,6 +9,12 @@
 //! the CA file named by `sslrootcert=PATH`. (libpq's `require` encrypts
 //! without verifying; idemhook does not offer an unverified connection.)
 
+pub mod claimers;
+pub mod group;
+pub mod maint;
+mod pass;
+pub mod tx;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +24,9 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::{StoreError, StoreErrorKind};
 use crate::config::Durability;
 use crate::config::database_url::PostgresUrl;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// The numbered migrations, in order: (version, name, SQL). A migration
 /// is never edited once released; a change is a new file.
@@ -28,27 +34,27 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (
         1,
         "init",
-        include_str!("../../migrations/postgres/0001_init.sql"),
+        include_str!("../../../migrations/postgres/0001_init.sql"),
     ),
     (
         2,
         "delivery control",
-        include_str!("../../migrations/postgres/0002_delivery_control.sql"),
+        include_str!("../../../migrations/postgres/0002_delivery_control.sql"),
     ),
     (
         3,
         "bytewise keys",
-        include_str!("../../migrations/postgres/0003_bytewise_keys.sql"),
+        include_str!("../../../migrations/postgres/0003_bytewise_keys.sql"),
     ),
     (
         4,
         "job counters",
-        include_str!("../../migrations/postgres/0004_job_counters.sql"),
+        include_str!("../../../migrations/postgres/0004_job_counters.sql"),
     ),
     (
         5,
         "partial job indexes",
-        include_str!("../../migrations/postgres/0005_partial_job_indexes.sql"),
+        include_str!("../../../migrations/postgres/0005_partial_job_indexes.sql"),
     ),
 ];
 
@@ -119,7 +125,7 @@ impl Settings {
         let mut config: postgres::Config = rest
             .parse()
             .map_err(|e| format!("{url}: {}", with_cause(&e)))?;
-        super::pg_pass::fill(&mut config);
+        pass::fill(&mut config);
         let sslmode = own
             .iter()
             .find(|(k, _)| k == "sslmode")
