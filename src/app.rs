@@ -1,26 +1,23 @@
 //! The running service's shared state: the resolved config, the storage
-//! (SQLite's writer and read pool, or PostgreSQL's claimers and pool),
-//! the metrics, plus the few operations the HTTP layer asks of them
-//! (`read` and `write` give the admin API a `store::db::Db` on either
-//! backend). Built once by `serve` and shared by reference.
+//! (a `store::backend::Backend`, SQLite or PostgreSQL, chosen once by
+//! `serve` as the type `B`), the metrics, plus the few operations the HTTP
+//! layer asks of them (`read` and `write` give the admin API a
+//! `store::db::Db`). Built once by `serve` and shared by reference.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use crate::config::{Config, Source};
-use crate::ingest::{self, Claim, Outcome};
-use crate::metrics::{JobGauges, Metrics, StorageGauges};
+use crate::ingest::{Claim, DeliveryClaims, Outcome};
+use crate::metrics::{JobGauges, Metrics};
 use crate::state::{AttemptOutcome, Delivery};
+use crate::store::StoreError;
+use crate::store::backend::{Backend, Refusal};
 use crate::store::db::{Db, TxError};
-use crate::store::postgres::claimers::PgStore;
-use crate::store::{Guard, StoreError, Writer};
 
-pub use crate::store::ReadPool;
-
-pub struct App {
+pub struct App<B: Backend> {
     pub config: Arc<Config>,
-    pub storage: Storage,
+    pub backend: Arc<B>,
     pub metrics: Arc<Metrics>,
     /// Wakes the forward workers when new jobs were committed.
     pub wake_outbox: Box<dyn Fn() + Send + Sync>,
@@ -31,55 +28,26 @@ pub struct App {
     pub overview_cache: crate::ops::inspector::OverviewCache,
 }
 
-/// Where the service stores events, chosen once at start by `database`.
-pub enum Storage {
-    /// One SQLite file: the one writer and a read pool.
-    Sqlite { writer: Writer, readers: ReadPool },
-    /// One PostgreSQL database shared by any number of instances.
-    Postgres(Arc<PgStore>),
-}
-
-impl App {
-    /// Runs `f` on a connection for reading: one of the SQLite read pool
-    /// (read-only), or a pooled PostgreSQL connection (in one read-only
-    /// snapshot). A connection that cannot be had is a storage error (the
-    /// API answers 503).
+impl<B: Backend> App<B> {
+    /// Runs `f` on a connection for reading (`Backend::read`); a
+    /// connection that cannot be had is a storage error (the API answers
+    /// 503).
     pub fn read<T, E: TxError>(&self, f: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
-        match &self.storage {
-            Storage::Sqlite { readers, .. } => {
-                let conn = readers
-                    .get()
-                    .map_err(|e| StoreError::other(format!("no read connection: {e}")))?;
-                f(&Db::sqlite(&conn))
-            }
-            Storage::Postgres(pg) => {
-                pg.with_client(|client| Ok(crate::store::db::pg_read(client, f)))?
-            }
-        }
+        self.backend.read(f)
     }
 
-    /// Runs `f` as one write: on SQLite through the one writer, in a
-    /// savepoint of its own; on PostgreSQL in a transaction of its own on
-    /// a pooled connection (`store::db::pg_write`: run again after a
-    /// deadlock or serialization failure, so `f` may run more than once).
-    /// Either way an error of `f` undoes what it wrote: a refusal comes
-    /// back as itself, a storage failure fails the call.
+    /// Runs `f` as one write (`Backend::write`: on PostgreSQL it may run
+    /// more than once). An error of `f` undoes what it wrote: a refusal
+    /// comes back as itself, a storage failure fails the call.
     pub fn write<T, E>(
         &self,
-        mut f: impl FnMut(&Db<'_>) -> Result<T, E> + Send + 'static,
+        f: impl FnMut(&Db<'_>) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E>
     where
         T: Send + 'static,
         E: TxError + Send + 'static,
     {
-        match &self.storage {
-            Storage::Sqlite { writer, .. } => {
-                writer.call(move |conn| crate::store::db::sqlite_savepoint(conn, &mut f))?
-            }
-            Storage::Postgres(pg) => {
-                pg.with_client(|client| Ok(crate::store::db::pg_write(client, &mut f)))?
-            }
-        }
+        self.backend.write(f)
     }
 
     /// Gives the sources whose provider hands its secret over in a
@@ -126,7 +94,7 @@ impl App {
             .find(|(_, s)| s.name == name)
     }
 
-    /// Claims an event through the writer; returns once it is committed.
+    /// Claims an event; returns once it is committed.
     pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Outcome, StoreError> {
         self.claim_batch(source_index, vec![claim])
             .and_then(|mut outcomes| {
@@ -143,31 +111,25 @@ impl App {
         source_index: usize,
         claims: Vec<Claim>,
     ) -> Result<Vec<Outcome>, StoreError> {
-        let claims: Vec<Arc<Claim>> = claims.into_iter().map(Arc::new).collect();
-        let outcomes = match &self.storage {
-            Storage::Sqlite { writer, .. } => {
-                writer.call_with(Guard::Group, self.claim_op(source_index, claims.clone()))
-            }
-            Storage::Postgres(pg) => {
-                let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                pg.claim_then(
-                    source_index,
-                    claims.clone(),
-                    Box::new(move |outcome| {
-                        let _ = tx.send(outcome);
-                    }),
-                );
-                rx.recv().unwrap_or_else(|_| Err(StoreError::closed()))
-            }
-        };
-        drop(claims);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.backend.claim_then(
+            Arc::new(DeliveryClaims::new(
+                self.config.clone(),
+                source_index,
+                claims,
+            )),
+            move |outcomes| {
+                let _ = tx.send(outcomes);
+            },
+        );
+        let outcomes = rx.recv().unwrap_or_else(|_| Err(StoreError::closed()));
         self.claimed(source_index, &outcomes);
         outcomes
     }
 
     /// Like [`App::claim`] but returns at once; `then` gets the outcome on
-    /// the answer thread after the commit (see `Writer::call_then`; it is
-    /// dropped uncalled if the writer is gone).
+    /// another thread after the commit (it is dropped uncalled if the
+    /// storage has stopped).
     pub fn claim_then(
         self: &Arc<Self>,
         source_index: usize,
@@ -186,52 +148,18 @@ impl App {
         claims: Vec<Claim>,
         then: impl FnOnce(Result<Vec<Outcome>, StoreError>) + Send + 'static,
     ) {
-        let claims: Vec<Arc<Claim>> = claims.into_iter().map(Arc::new).collect();
         let app = self.clone();
-        match &self.storage {
-            Storage::Sqlite { writer, .. } => {
-                let op = self.claim_op(source_index, claims.clone());
-                writer.call_then(Guard::Group, op, move |outcomes| {
-                    drop(claims);
-                    app.claimed(source_index, &outcomes);
-                    then(outcomes);
-                });
-            }
-            Storage::Postgres(pg) => pg.claim_then(
+        self.backend.claim_then(
+            Arc::new(DeliveryClaims::new(
+                self.config.clone(),
                 source_index,
                 claims,
-                Box::new(move |outcomes| {
-                    app.claimed(source_index, &outcomes);
-                    then(outcomes);
-                }),
-            ),
-        }
-    }
-
-    /// The claims as the writer runs them, in the group's transaction. No
-    /// savepoint of their own: a claim fails only when storage does (its
-    /// SQL actions have savepoints of their own inside it), and then the
-    /// group, a batch's every event with it, is rolled back. The claims
-    /// (bodies, parsed JSON, headers) are shared so that they are freed off
-    /// the one writer thread: by the caller, or by the continuation on the
-    /// answer thread.
-    fn claim_op(
-        &self,
-        source_index: usize,
-        claims: Vec<Arc<Claim>>,
-    ) -> impl FnOnce(&rusqlite::Connection) -> Result<Vec<Outcome>, StoreError> + Send + 'static
-    {
-        let config = self.config.clone();
-        move |conn| {
-            let source = config
-                .sources
-                .get(source_index)
-                .ok_or_else(|| StoreError::other("source index out of range"))?;
-            claims
-                .iter()
-                .map(|c| ingest::claim(conn, source, c))
-                .collect()
-        }
+            )),
+            move |outcomes| {
+                app.claimed(source_index, &outcomes);
+                then(outcomes);
+            },
+        );
     }
 
     /// After a claim's commit: counts the SQL actions' attempts and wakes
@@ -280,105 +208,36 @@ impl App {
         detail: &str,
         at: i64,
     ) {
-        let writer = match &self.storage {
-            Storage::Sqlite { writer, .. } => writer,
-            Storage::Postgres(pg) => {
-                pg.record_refusal(source, outcome, remote, detail, at);
-                return;
-            }
-        };
-        let (source, remote, detail) = (source.to_string(), remote.to_string(), detail.to_string());
-        let queued = writer.submit(move |conn| {
-            ingest::record_delivery(conn, &source, None, at, outcome, &remote, Some(&detail))
+        let queued = self.backend.record_refusal(Refusal {
+            source: source.to_string(),
+            outcome,
+            remote: remote.to_string(),
+            detail: detail.to_string(),
+            at,
         });
         if !queued {
             self.metrics.dropped_records.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Ready when the database takes a write, as a probe made for this
-    /// call shows (it rides with the next group commit, which starts after
-    /// the call: a commit that started before never answers for it). Not
-    /// ready while a commit failed in the last 2 s either: with the disk
-    /// nearly full, a small probe can pass while the groups that carry
-    /// events fail.
+    /// Ready when the database takes a write now (`Backend::ready`).
     pub fn ready(&self) -> Result<(), StoreError> {
-        let writer = match &self.storage {
-            Storage::Sqlite { writer, .. } => writer,
-            Storage::Postgres(pg) => return pg.ready(),
-        };
-        if let Some(e) = writer.recent_failure(Duration::from_secs(2)) {
-            return Err(e);
-        }
-        writer.probe()
+        self.backend.ready()
     }
 
     pub fn render_metrics(&self) -> String {
-        let (writer, readers) = match &self.storage {
-            Storage::Sqlite { writer, readers } => (writer, readers),
-            Storage::Postgres(pg) => return self.render_metrics_postgres(pg),
-        };
-        let jobs = load_job_gauges(readers).ok();
-        let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-        let db = self.config.database.sqlite_path();
-        let wal = db.map(|db| {
-            let mut wal = db.as_os_str().to_owned();
-            wal.push("-wal");
-            std::path::PathBuf::from(wal)
-        });
-        let (commits, grouped) = writer.group_stats();
-        let storage = StorageGauges {
-            database_bytes: db.map(size),
-            wal_bytes: wal.as_deref().map(size),
-            writer_commits: commits,
-            writer_grouped: grouped,
-            writer_queue: writer.queued(),
-        };
-        self.metrics.render(jobs.as_ref(), &storage)
-    }
-
-    /// The same metrics on PostgreSQL: no file sizes (the server owns its
-    /// storage); the commit groups are the claimers'.
-    fn render_metrics_postgres(&self, pg: &PgStore) -> String {
-        let jobs = pg.job_counts().ok().map(|(counts, oldest)| {
+        let (jobs, storage) = self.backend.gauges();
+        let jobs = jobs.ok().map(|counts| {
             let mut g = JobGauges::default();
-            for (status, n) in counts {
-                g.set(&status, n);
+            for (status, n) in counts.by_status {
+                g.set(status, n);
             }
-            g.oldest_pending_age_secs = oldest
+            g.oldest_pending_age_secs = counts
+                .oldest_pending
                 .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
                 .unwrap_or(0.0);
             g
         });
-        let storage = StorageGauges {
-            database_bytes: None,
-            wal_bytes: None,
-            writer_commits: pg.commits.load(Ordering::Relaxed),
-            writer_grouped: pg.grouped.load(Ordering::Relaxed),
-            writer_queue: pg.queued(),
-        };
         self.metrics.render(jobs.as_ref(), &storage)
     }
-}
-
-fn load_job_gauges(readers: &ReadPool) -> Result<JobGauges, StoreError> {
-    {
-        let conn = readers
-            .get()
-            .map_err(|e| StoreError::other(e.to_string()))?;
-        let mut g = JobGauges::default();
-        let (counts, oldest) = crate::store::jobs::sqlite_gauges(&conn)?;
-        for (status, n) in counts {
-            g.set(status.as_str(), n);
-        }
-        g.oldest_pending_age_secs = oldest
-            .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
-            .unwrap_or(0.0);
-        Ok(g)
-    }
-}
-
-/// A pool of read-only connections for the admin API and metrics.
-pub fn read_pool(config: &Config, path: &std::path::Path) -> Result<ReadPool, StoreError> {
-    crate::store::read_pool(path, config.busy_timeout)
 }

@@ -10,16 +10,20 @@
 //! or records a mismatch incident. Every delivery gets a row.
 //!
 //! These are the decisions; the SQL of each step is the backend's, behind
-//! `store::Tx`. [`claim_in`] is generic over it; [`claim`] is SQLite's, on
-//! the writer thread inside the group transaction. It does no IO besides
+//! `store::Tx`. [`claim_in`] is generic over it; [`DeliveryClaims`] is how
+//! a delivery's claims reach the storage, which runs them inside its group
+//! transaction. It does no IO besides
 //! SQL and never commits.
 
 use rusqlite::Connection;
 use serde_json::Value;
 
-use crate::config::{Action, ActionKind, Source};
+use std::sync::Arc;
+
+use crate::config::{Action, ActionKind, Config, Source};
 use crate::key::{Input, Part};
 use crate::state::{AttemptOutcome, Delivery, EventState, JobKind, JobStatus};
+use crate::store::backend::Claims;
 use crate::store::sqlite::SqliteTx;
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
@@ -75,10 +79,73 @@ impl Outcome {
     }
 }
 
-/// Claims the event for `source` on SQLite. Runs inside the caller's
-/// transaction.
-pub fn claim(conn: &Connection, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
-    claim_in(&mut SqliteTx::new(conn), source, c)
+/// One delivery's claims (one event, or each event of a batch) for the
+/// source at `source_index`, as the storage runs them
+/// (`store::backend::Claims`): in one transaction, in order.
+pub struct DeliveryClaims {
+    config: Arc<Config>,
+    source_index: usize,
+    claims: Vec<Claim>,
+}
+
+impl DeliveryClaims {
+    pub fn new(config: Arc<Config>, source_index: usize, claims: Vec<Claim>) -> DeliveryClaims {
+        DeliveryClaims {
+            config,
+            source_index,
+            claims,
+        }
+    }
+
+    fn the_source(&self) -> Option<&Source> {
+        self.config.sources.get(self.source_index)
+    }
+}
+
+impl Claims for DeliveryClaims {
+    type Outcome = Outcome;
+
+    fn source(&self) -> &str {
+        self.the_source().map_or("", |s| s.name.as_str())
+    }
+
+    fn len(&self) -> usize {
+        self.claims.len()
+    }
+
+    fn event_id(&self, i: usize) -> &str {
+        self.claims.get(i).map_or("", |c| c.event_id.as_str())
+    }
+
+    fn savepoints(&self) -> usize {
+        let Some(source) = self.the_source() else {
+            return 0;
+        };
+        self.claims
+            .iter()
+            .map(|claim| {
+                source
+                    .actions
+                    .iter()
+                    .filter(|a| {
+                        matches!(a.kind, ActionKind::Sql { .. })
+                            && a.takes(claim.event_type.as_deref())
+                    })
+                    .count()
+            })
+            .sum()
+    }
+
+    fn claim<T: Tx>(&self, i: usize, tx: &mut T) -> Result<Outcome, StoreError> {
+        let source = self
+            .the_source()
+            .ok_or_else(|| StoreError::other("source index out of range"))?;
+        let claim = self
+            .claims
+            .get(i)
+            .ok_or_else(|| StoreError::other("claim index out of range"))?;
+        claim_in(tx, source, claim)
+    }
 }
 
 /// Claims the event for `source` in the open transaction `tx`.
@@ -171,27 +238,6 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome
 
 fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
-}
-
-/// Records one delivery on SQLite. `event_id` is None when the request was
-/// refused before its key was known.
-pub fn record_delivery(
-    conn: &Connection,
-    source: &str,
-    event_id: Option<&str>,
-    received_at: i64,
-    outcome: Delivery,
-    remote: &str,
-    detail: Option<&str>,
-) -> Result<(), StoreError> {
-    SqliteTx::new(conn).insert_delivery(
-        source,
-        event_id,
-        received_at,
-        outcome.as_str(),
-        remote,
-        detail,
-    )
 }
 
 /// Runs one SQL action in a savepoint, then writes its job row. A failing
@@ -563,7 +609,9 @@ params = { amount = "json:/amount" }
         assert_eq!(indexes, ["deliveries_event_other", "deliveries_received"]);
 
         let put = |source: &str, id: Option<&str>, at: i64, outcome: Delivery| {
-            record_delivery(&conn, source, id, at, outcome, "test", None).unwrap();
+            SqliteTx::new(&conn)
+                .insert_delivery(source, id, at, outcome.as_str(), "test", None)
+                .unwrap();
         };
         put("pay", Some("e1"), 1_000, Delivery::Accepted);
         put("pay", Some("e2"), 1_000, Delivery::Accepted);
@@ -619,7 +667,13 @@ params = { amount = "json:/amount" }
             .map(|(id, amount)| {
                 let (w, config) = (writer.clone(), config.clone());
                 std::thread::spawn(move || {
-                    w.call(move |conn| claim(conn, &config.sources[0], &claim_for(id, amount)))
+                    w.call(move |conn| {
+                        claim_in(
+                            &mut SqliteTx::new(conn),
+                            &config.sources[0],
+                            &claim_for(id, amount),
+                        )
+                    })
                 })
             })
             .collect();

@@ -82,31 +82,21 @@ pub struct JobGauges {
 }
 
 impl JobGauges {
-    /// Sets the count of the status named `status` (an unknown one is left out).
-    pub fn set(&mut self, status: &str, n: i64) {
-        match status {
-            "pending" => self.pending = n,
-            "processing" => self.processing = n,
-            "done" => self.done = n,
-            "failed" => self.failed = n,
-            "paused" => self.paused = n,
-            "superseded" => self.superseded = n,
-            _ => {}
-        }
+    /// Sets the count of jobs in `status`.
+    pub fn set(&mut self, status: JobStatus, n: i64) {
+        let gauge = match status {
+            JobStatus::Pending => &mut self.pending,
+            JobStatus::Processing => &mut self.processing,
+            JobStatus::Done => &mut self.done,
+            JobStatus::Failed => &mut self.failed,
+            JobStatus::Paused => &mut self.paused,
+            JobStatus::Superseded => &mut self.superseded,
+        };
+        *gauge = n;
     }
 }
 
-/// Sizes of the database files, in bytes.
-#[derive(Debug, Default, Clone)]
-pub struct StorageGauges {
-    /// The SQLite file's and its WAL's sizes; None on PostgreSQL, where
-    /// the server owns its storage.
-    pub database_bytes: Option<u64>,
-    pub wal_bytes: Option<u64>,
-    pub writer_commits: u64,
-    pub writer_grouped: u64,
-    pub writer_queue: usize,
-}
+pub use crate::store::backend::StorageGauges;
 
 pub struct Metrics {
     started: Instant,

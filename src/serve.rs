@@ -10,25 +10,55 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result, anyhow, bail};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::app::{self, App};
-use crate::config::database_url::DatabaseUrl;
+use crate::app::App;
+use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 use crate::config::{ActionKind, Config, format_duration};
 use crate::http::HttpServer;
 use crate::metrics::Metrics;
-use crate::store::{self, Writer};
+use crate::store::backend::Backend;
+use crate::store::postgres::Settings;
+use crate::store::postgres::claimers::{self, Migrator, Postgres};
+use crate::store::sqlite::Sqlite;
+use crate::store::{self};
 use crate::time::now_ms;
 
 /// `idemhook serve`: on the configured backend until SIGTERM or SIGINT.
+/// The one place the backend is chosen: the storage opened and made ready
+/// as its type, then [`launch`] runs it.
 pub fn run(mut config: Config) -> Result<()> {
     // Info lines in batches while serving; dropped last, so every line is
     // out before run returns.
     let _log = crate::log::buffer_lines();
     let dev_default = config.file.is_none();
     let run_token = run_token(&mut config, dev_default);
+    let start = Start {
+        run_token: run_token.as_deref(),
+        dev_default,
+    };
     match config.database.clone() {
-        DatabaseUrl::Postgres(url) => run_postgres(config, &url, run_token.as_deref(), dev_default),
-        DatabaseUrl::Sqlite(path) => run_sqlite(config, &path, run_token.as_deref(), dev_default),
+        DatabaseUrl::Sqlite(path) => {
+            // Held while serving, so `migrate` refuses to copy under us.
+            let (conn, _serving) = open_sqlite(&config, &path)?;
+            let sqlite = Sqlite::start(conn, &path, config.durability, config.busy_timeout)
+                .context("cannot start the writer")?;
+            launch(Arc::new(config), sqlite, start)
+        }
+        DatabaseUrl::Postgres(url) => {
+            let config = Arc::new(config);
+            let (settings, migrator) = prepare_postgres(&config, &url)?;
+            let migrating = migrator.is_some();
+            let postgres = Postgres::start(config.clone(), &url, settings, migrator)
+                .context("cannot start the claimers")?;
+            launch_with(config, postgres, start, migrating)
+        }
     }
+}
+
+/// What the start line and the stdout lines need beside the storage.
+#[derive(Clone, Copy)]
+struct Start<'a> {
+    run_token: Option<&'a str>,
+    dev_default: bool,
 }
 
 /// The development default on loopback gets an admin token for this run
@@ -44,66 +74,6 @@ fn run_token(config: &mut Config, dev_default: bool) -> Option<String> {
         config.admin_token = Some(crate::verify::Secret::new(token.clone()));
     }
     token
-}
-
-/// `serve` on SQLite: the file opened and made ready, the writer, then
-/// what both backends run; the stop waits for the attempts in flight and
-/// the writer's last commits.
-fn run_sqlite(
-    config: Config,
-    path: &Path,
-    run_token: Option<&str>,
-    dev_default: bool,
-) -> Result<()> {
-    let (conn, _serving) = open_sqlite(&config, path)?;
-    let config = Arc::new(config);
-    let (writer, writer_threads) = Writer::start(
-        conn,
-        path.to_path_buf(),
-        config.durability,
-        config.busy_timeout,
-    )
-    .context("cannot start the writer")?;
-    let metrics = Arc::new(Metrics::new(&config));
-    let outbox = start_outbox(
-        &config,
-        crate::outbox::Jobs::Sqlite(writer.clone()),
-        metrics.clone(),
-    )?;
-    let storage = app::Storage::Sqlite {
-        writer: writer.clone(),
-        readers: app::read_pool(&config, path)?,
-    };
-    let app = new_app(&config, storage, metrics, &outbox);
-    app.learn_handshake_secrets()
-        .context("cannot read the secrets kept from handshakes")?;
-    let (http, pruner) = serve_until_signal(
-        &app,
-        crate::ops::prune::Storage::Sqlite(writer.clone()),
-        &outbox,
-        &path.display(),
-        run_token,
-        dev_default,
-    )?;
-    let longest = longest_forward_timeout(&config);
-    http.stop();
-    pruner.stop();
-    let in_flight = outbox.in_flight();
-    if in_flight > 0 {
-        crate::log::info(
-            "waiting for forward attempts in flight",
-            &[
-                ("forward_in_flight", &in_flight),
-                ("up_to", &longest.map_or("-".into(), format_duration)),
-            ],
-        );
-    }
-    outbox.stop();
-    drop(app);
-    drop(writer);
-    writer_threads.stop();
-    crate::log::info("stopped", &[]);
-    Ok(())
 }
 
 /// The SQLite file ready to serve: opened (created when new, said
@@ -136,148 +106,124 @@ fn open_sqlite(config: &Config, path: &Path) -> Result<(Connection, std::fs::Fil
     Ok((conn, serving))
 }
 
-/// The forward workers, on either backend's jobs.
-fn start_outbox(
-    config: &Arc<Config>,
-    jobs: crate::outbox::Jobs,
-    metrics: Arc<Metrics>,
-) -> Result<crate::outbox::Outbox> {
-    crate::outbox::Outbox::start(config.clone(), jobs, metrics)
-        .context("cannot start the forward workers")
+/// [`launch_with`] where the handshake secrets must be readable at start.
+fn launch<B: Backend>(config: Arc<Config>, backend: B, start: Start<'_>) -> Result<()> {
+    launch_with(config, backend, start, false)
 }
 
-/// The `App` the HTTP server answers with, on `storage`, waking `outbox`
-/// after a commit that made jobs.
-fn new_app(
-    config: &Arc<Config>,
-    storage: app::Storage,
-    metrics: Arc<Metrics>,
-    outbox: &crate::outbox::Outbox,
-) -> Arc<App> {
+/// What every backend runs alike: the forward workers, the `App`, the
+/// pruner and the HTTP server started, the start announced; on SIGTERM or
+/// SIGINT the `stopping` line, then the stop in order (HTTP, pruner,
+/// forward attempts in flight, the storage). `migrating`: the database
+/// refused writes at start, so what it keeps may not be there yet.
+fn launch_with<B: Backend>(
+    config: Arc<Config>,
+    backend: B,
+    start: Start<'_>,
+    migrating: bool,
+) -> Result<()> {
+    let backend = Arc::new(backend);
+    let metrics = Arc::new(Metrics::new(&config));
+    let outbox = crate::outbox::Outbox::start(config.clone(), backend.clone(), metrics.clone())
+        .context("cannot start the forward workers")?;
+    {
+        let waker = outbox.waker();
+        backend.listen(move || waker.wake());
+    }
     let waker = outbox.waker();
-    Arc::new(App {
+    let app = Arc::new(App {
         config: config.clone(),
-        storage,
+        backend: backend.clone(),
         metrics,
         wake_outbox: Box::new(move || waker.wake()),
         admin_limiter: Default::default(),
         ui_sessions: Default::default(),
         overview_cache: Default::default(),
-    })
-}
-
-/// What both backends run alike once storage and workers are up: the
-/// pruner and the HTTP server started, the start announced; returns when
-/// SIGTERM or SIGINT arrives, the `stopping` line said, with the server
-/// and the pruner for the caller to stop in its order.
-fn serve_until_signal(
-    app: &Arc<App>,
-    prune_storage: crate::ops::prune::Storage,
-    outbox: &crate::outbox::Outbox,
-    database: &dyn std::fmt::Display,
-    run_token: Option<&str>,
-    dev_default: bool,
-) -> Result<(HttpServer, crate::ops::prune::Background)> {
-    let config = &app.config;
-    let pruner = crate::ops::prune::Background::start(config.clone(), prune_storage);
-    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
-    let mut signals = stop_signals()?;
-    announce_start(config, &http, database, run_token, dev_default);
-    let _ = signals.forever().next();
-    announce_stopping(config, outbox);
-    Ok((http, pruner))
-}
-
-/// `serve` on PostgreSQL: migrate (under the advisory lock), `setup_sql`,
-/// the SQL actions checked, the claimers, then what both backends run; a
-/// bounded stop. The forward workers share the jobs with every other
-/// instance, woken by LISTEN/NOTIFY. Each instance records the key rules
-/// (warning when one changed) and prunes by retention on its own
-/// connection.
-fn run_postgres(
-    config: Config,
-    url: &crate::config::database_url::PostgresUrl,
-    run_token: Option<&str>,
-    dev_default: bool,
-) -> Result<()> {
-    use crate::store::postgres::claimers::PgStore;
-    let waiting_for_writes = Arc::new(AtomicBool::new(false));
-    let settings = prepare_postgres(&config, url, &waiting_for_writes)?;
-    let config = Arc::new(config);
-    let migrator = waiting_for_writes
-        .load(Ordering::SeqCst)
-        .then(|| migrate_when_writable(config.clone(), url.clone(), waiting_for_writes.clone()));
-    let store =
-        Arc::new(PgStore::start(config.clone(), settings).context("cannot start the claimers")?);
-    let metrics = Arc::new(Metrics::new(&config));
-    let outbox = start_outbox(
-        &config,
-        crate::outbox::Jobs::Postgres(Arc::new(store.settings().clone())),
-        metrics.clone(),
-    )?;
-    let listening = Arc::new(AtomicBool::new(false));
-    let listener = {
-        let waker = outbox.waker();
-        crate::store::postgres::claimers::listen(
-            store.settings().clone(),
-            move || waker.wake(),
-            listening.clone(),
-        )
-    };
-    let app = new_app(
-        &config,
-        app::Storage::Postgres(store.clone()),
-        metrics,
-        &outbox,
-    );
-    // (Before the migrations, there may be nothing to read yet.)
+    });
     if let Err(e) = app.learn_handshake_secrets()
-        && migrator.is_none()
+        && !migrating
     {
         return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
     }
-    let (http, pruner) = serve_until_signal(
-        &app,
-        crate::ops::prune::Storage::Postgres(Box::new(store.settings().clone())),
-        &outbox,
-        url,
-        run_token,
-        dev_default,
-    )?;
-    waiting_for_writes.store(false, Ordering::SeqCst);
-    stop_postgres(
-        &config,
-        PgRunning {
-            http,
-            pruner,
-            outbox,
-            migrator,
-            listening,
-            listener,
-            app,
-            store,
-        },
-    );
+    let pruner = crate::ops::prune::Background::start(config.clone(), backend.clone());
+    let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
+    let mut signals = stop_signals()?;
+    announce_start(&config, &http, &backend.describe(), start);
+    let _ = signals.forever().next();
+    announce_stopping(&config, &outbox);
+    stop(&config, http, pruner, outbox, app, backend);
     Ok(())
 }
 
-/// The database made ready (`pg_serve::prepare`: migrations, `setup_sql`,
-/// the SQL actions) and the key rules recorded. A host that answers but
-/// refuses writes (a standby, a failover under way) does not stop serve:
-/// it sets `waiting_for_writes` and serve starts, answers 503 until a
-/// writable host answers, and migrates then.
-fn prepare_postgres(
+/// Stops a `serve` in order: the HTTP server (requests under way get
+/// their grace), the pruner after its batch, the forward attempts in
+/// flight (each up to its timeout), then the storage after its last
+/// commits. On a server that can hang (PostgreSQL: stopped processes, or
+/// a peer whose kernel still acknowledges) a claimer, a worker or the
+/// listener can sit inside a call no timeout of ours ends; the stop then
+/// waits only as long as a live server could need (`Backend::stop_bound`)
+/// and exits as a crash would: nothing uncommitted was answered 2xx, and a
+/// cut-short attempt is taken over after its lease.
+fn stop<B: Backend>(
     config: &Config,
-    url: &crate::config::database_url::PostgresUrl,
-    waiting_for_writes: &AtomicBool,
-) -> Result<crate::store::postgres::Settings> {
-    match crate::store::postgres::claimers::prepare(config, url) {
+    http: HttpServer,
+    pruner: crate::ops::prune::Background,
+    outbox: crate::outbox::Outbox,
+    app: Arc<App<B>>,
+    backend: Arc<B>,
+) {
+    let longest = longest_forward_timeout(config);
+    let bound = backend
+        .stop_bound()
+        .map(|b| crate::http::STOP_GRACE + longest.unwrap_or_default() + b);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        http.stop();
+        pruner.stop();
+        let in_flight = outbox.in_flight();
+        if in_flight > 0 {
+            crate::log::info(
+                "waiting for forward attempts in flight",
+                &[
+                    ("forward_in_flight", &in_flight),
+                    ("up_to", &longest.map_or("-".into(), format_duration)),
+                ],
+            );
+        }
+        outbox.stop();
+        drop(app);
+        backend.stop();
+        let _ = done_tx.send(());
+    });
+    let stopped = match bound {
+        Some(bound) => done_rx.recv_timeout(bound).map_err(|_| bound),
+        None => done_rx.recv().map_err(|_| std::time::Duration::ZERO),
+    };
+    match stopped {
+        Ok(()) => crate::log::info("stopped", &[]),
+        Err(waited) => crate::log::warn(
+            "stopped without waiting for PostgreSQL",
+            &[("waited", &format_duration(waited))],
+        ),
+    }
+}
+
+/// The PostgreSQL database made ready (`claimers::prepare`: migrations,
+/// `setup_sql`, the SQL actions) and the key rules recorded. A host that
+/// answers but refuses writes (a standby, a failover under way) does not
+/// stop serve: serve starts with a migrator that tries again every 2 s,
+/// answers 503 until a writable host answers, and migrates then.
+fn prepare_postgres(
+    config: &Arc<Config>,
+    url: &PostgresUrl,
+) -> Result<(Settings, Option<Migrator>)> {
+    match claimers::prepare(config, url) {
         Ok((settings, created)) => {
             if created {
                 new_database_notice(&format!("{url} (schema {})", url.schema()));
             }
             record_key_rules_postgres(&settings, config)?;
-            Ok(settings)
+            Ok((settings, None))
         }
         Err(e)
             if e.contains("(25006)")
@@ -294,71 +240,12 @@ fn prepare_postgres(
                     ),
                 ],
             );
-            waiting_for_writes.store(true, Ordering::SeqCst);
-            crate::store::postgres::Settings::from_url(url, config.durability, config.busy_timeout)
-                .map_err(|e| anyhow!(e))
+            let settings = Settings::from_url(url, config.durability, config.busy_timeout)
+                .map_err(|e| anyhow!(e))?;
+            Ok((settings, Some(migrate_when_writable(config, url.clone()))))
         }
         Err(e) => Err(anyhow!(e)),
     }
-}
-
-/// What a PostgreSQL `serve` stops, in the order it stops them.
-struct PgRunning {
-    http: HttpServer,
-    pruner: crate::ops::prune::Background,
-    outbox: crate::outbox::Outbox,
-    migrator: Option<std::thread::JoinHandle<()>>,
-    /// Set to stop the listen thread.
-    listening: Arc<AtomicBool>,
-    listener: std::thread::JoinHandle<()>,
-    app: Arc<App>,
-    store: Arc<crate::store::postgres::claimers::PgStore>,
-}
-
-/// Stops a PostgreSQL `serve`. A hung server (stopped processes, or a peer
-/// whose kernel still acknowledges) can hold a claimer, a worker or the
-/// listener inside a call that no timeout of ours ends (statement timeouts
-/// are the server's; connect_timeout covers the socket, not the
-/// handshake). The stop waits for them only as long as a live server could
-/// need, then exits as a crash would: nothing uncommitted was answered
-/// 2xx, and a cut-short attempt is taken over after its lease.
-fn stop_postgres(config: &Config, running: PgRunning) {
-    let bound = crate::http::STOP_GRACE
-        + longest_forward_timeout(config).unwrap_or_default()
-        + config.busy_timeout
-        + std::time::Duration::from_secs(5);
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let PgRunning {
-            http,
-            pruner,
-            outbox,
-            migrator,
-            listening,
-            listener,
-            app,
-            store,
-        } = running;
-        http.stop();
-        pruner.stop();
-        outbox.stop();
-        if let Some(m) = migrator {
-            let _ = m.join();
-        }
-        listening.store(true, Ordering::SeqCst);
-        let _ = listener.join();
-        drop(app);
-        store.stop();
-        let _ = done_tx.send(());
-    });
-    if done_rx.recv_timeout(bound).is_err() {
-        crate::log::warn(
-            "stopped without waiting for PostgreSQL",
-            &[("waited", &format_duration(bound))],
-        );
-        return;
-    }
-    crate::log::info("stopped", &[]);
 }
 
 /// Loud: a mistyped `database` starts an empty database, and every event
@@ -367,7 +254,7 @@ fn new_database_notice(database: &dyn std::fmt::Display) {
     crate::log::warn(
         "NEW DATABASE created",
         &[
-            ("database", database),
+            ("database", &database),
             (
                 "note",
                 &"no event is stored yet, so none is recognised as a duplicate: if this installation has history, stop and correct `database`",
@@ -381,13 +268,11 @@ fn new_database_notice(database: &dyn std::fmt::Display) {
 /// log line; then on stdout the admin address, the inspector's, and
 /// "listening on" last (written without print!: a closed stdout must not
 /// stop a running server).
-fn announce_start(
-    config: &Config,
-    http: &HttpServer,
-    database: &dyn std::fmt::Display,
-    run_token: Option<&str>,
-    dev_default: bool,
-) {
+fn announce_start(config: &Config, http: &HttpServer, database: &str, start: Start<'_>) {
+    let Start {
+        run_token,
+        dev_default,
+    } = start;
     for warning in &config.warnings {
         crate::log::warn("config", &[("warning", warning)]);
     }
@@ -408,7 +293,7 @@ fn announce_start(
         "started",
         &[
             ("listen", &http.addr),
-            ("database", database),
+            ("database", &database),
             ("durability", &mode),
             ("sources", &config.sources.len()),
         ],
@@ -475,23 +360,20 @@ fn announce_stopping(config: &Config, outbox: &crate::outbox::Outbox) {
 /// Serve started on a database that refused writes: every 2 s, the
 /// migrations and the key-rule record again, until they go through (a
 /// writable host answered) or serve stops (`waiting` cleared).
-fn migrate_when_writable(
-    config: Arc<Config>,
-    url: crate::config::database_url::PostgresUrl,
-    waiting: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        while waiting.load(Ordering::SeqCst) {
+fn migrate_when_writable(config: &Arc<Config>, url: PostgresUrl) -> Migrator {
+    let waiting = Arc::new(AtomicBool::new(true));
+    let config = config.clone();
+    let flag = waiting.clone();
+    let thread = std::thread::spawn(move || {
+        while flag.load(Ordering::SeqCst) {
             let slept = std::time::Instant::now();
             while slept.elapsed() < std::time::Duration::from_secs(2) {
-                if !waiting.load(Ordering::SeqCst) {
+                if !flag.load(Ordering::SeqCst) {
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            if let Ok((settings, created)) =
-                crate::store::postgres::claimers::prepare(&config, &url)
-            {
+            if let Ok((settings, created)) = claimers::prepare(&config, &url) {
                 if created {
                     new_database_notice(&format!("{url} (schema {})", url.schema()));
                 }
@@ -500,11 +382,12 @@ fn migrate_when_writable(
                     "database accepts writes",
                     &[("effect", &"migrated; deliveries are accepted")],
                 );
-                waiting.store(false, Ordering::SeqCst);
+                flag.store(false, Ordering::SeqCst);
                 return;
             }
         }
-    })
+    });
+    Migrator { waiting, thread }
 }
 
 /// The longest `timeout` of any forward action: how long the stop may wait

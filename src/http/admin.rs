@@ -23,6 +23,7 @@ use crate::ops::inspector;
 use crate::ops::{pause, reconcile, replay, resolve};
 use crate::state::AttemptOutcome;
 use crate::store::StoreError;
+use crate::store::backend::Backend;
 use crate::store::db::Db;
 use crate::time::now_ms;
 
@@ -31,7 +32,11 @@ const MAX_ADMIN_BODY: usize = 64 * 1024;
 /// The most events one list answers.
 const MAX_LIST: u32 = 10_000;
 
-pub fn handle(app: &App, rq: &mut Incoming<'_>, listener: &super::ui::Listener) -> Reply {
+pub fn handle<B: Backend>(
+    app: &App<B>,
+    rq: &mut Incoming<'_>,
+    listener: &super::ui::Listener,
+) -> Reply {
     let Some(token) = &app.config.admin_token else {
         return Reply::error(404, "the admin API is off: set admin_token to enable it");
     };
@@ -53,7 +58,7 @@ pub fn handle(app: &App, rq: &mut Incoming<'_>, listener: &super::ui::Listener) 
     super::ui::secure(reply.with_header("Cache-Control", "no-store"))
 }
 
-fn route(app: &App, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Reply {
+fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, token: &str, by_cookie: bool) -> Reply {
     if !by_cookie && let Err(refused) = check_token(app, rq, token) {
         return refused;
     }
@@ -114,7 +119,7 @@ fn only(
 /// timing.
 /// The bearer token, with the throttle on wrong ones: `Err` is the answer
 /// (401, or 429 while the address is throttled).
-fn check_token(app: &App, rq: &Incoming<'_>, token: &str) -> Result<(), Reply> {
+fn check_token<B: Backend>(app: &App<B>, rq: &Incoming<'_>, token: &str) -> Result<(), Reply> {
     let ip = rq
         .remote
         .rsplit_once(':')
@@ -157,7 +162,7 @@ fn check_token(app: &App, rq: &Incoming<'_>, token: &str) -> Result<(), Reply> {
 /// Whether `/metrics` may be answered on the main listener when there is
 /// no `admin_listen`: always without an admin token, else only with it
 /// (under the same throttle as the admin API). `Err` is the answer.
-pub fn metrics_gate(app: &App, rq: &Incoming<'_>) -> Result<(), Reply> {
+pub fn metrics_gate<B: Backend>(app: &App<B>, rq: &Incoming<'_>) -> Result<(), Reply> {
     match &app.config.admin_token {
         // The development default (no config file) has a token only for
         // this run's inspector sign-in, on a loopback listener: its metrics
@@ -250,7 +255,10 @@ fn store_error(e: &StoreError) -> Reply {
 }
 
 /// Runs `f` on a connection for reading (either backend: `App::read`).
-fn read<T>(app: &App, f: impl FnOnce(&Db<'_>) -> Result<T, OpError>) -> Result<T, OpError> {
+fn read<T, B: Backend>(
+    app: &App<B>,
+    f: impl FnOnce(&Db<'_>) -> Result<T, OpError>,
+) -> Result<T, OpError> {
     app.read(f)
 }
 
@@ -258,8 +266,8 @@ fn read<T>(app: &App, f: impl FnOnce(&Db<'_>) -> Result<T, OpError>) -> Result<T
 /// found, invalid) rolls back whatever `f` wrote and comes back as
 /// itself; a storage failure fails the call. On PostgreSQL `f` may run
 /// again after a deadlock.
-fn write<T: Send + 'static>(
-    app: &App,
+fn write<T: Send + 'static, B: Backend>(
+    app: &App<B>,
     f: impl FnMut(&Db<'_>) -> Result<T, OpError> + Send + 'static,
 ) -> Result<T, OpError> {
     app.write(f)
@@ -267,8 +275,8 @@ fn write<T: Send + 'static>(
 
 /// The request's JSON body as `T`; an empty body is `T::default()`. (A
 /// body over `max_body_bytes` never reaches here: the server answers 413.)
-fn body<T: for<'de> Deserialize<'de> + Default>(
-    app: &App,
+fn body<T: for<'de> Deserialize<'de> + Default, B: Backend>(
+    app: &App<B>,
     rq: &mut Incoming<'_>,
 ) -> Result<T, Reply> {
     let bytes = &rq.body;
@@ -281,7 +289,7 @@ fn body<T: for<'de> Deserialize<'de> + Default>(
     serde_json::from_slice(bytes).map_err(|e| Reply::error(400, &format!("invalid JSON body: {e}")))
 }
 
-fn list(app: &App, rq: &Incoming<'_>) -> Reply {
+fn list<B: Backend>(app: &App<B>, rq: &Incoming<'_>) -> Reply {
     let pairs = match query_pairs(rq.query) {
         Ok(p) => p,
         Err(m) => return Reply::error(400, &m),
@@ -391,7 +399,7 @@ fn wants_details(pairs: &[(String, String)]) -> Result<bool, Reply> {
     }
 }
 
-fn show(app: &App, rq: &Incoming<'_>, source: &str, event_id: &str) -> Reply {
+fn show<B: Backend>(app: &App<B>, rq: &Incoming<'_>, source: &str, event_id: &str) -> Reply {
     let details = match query_pairs(rq.query).map_err(|m| Reply::error(400, &m)) {
         Ok(pairs) if pairs.iter().any(|(k, _)| k != "details") => {
             return Reply::error(400, "unknown query parameter: use details=true");
@@ -438,7 +446,12 @@ struct EventReplayBody {
     dry_run: bool,
 }
 
-fn replay_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) -> Reply {
+fn replay_event<B: Backend>(
+    app: &App<B>,
+    rq: &mut Incoming<'_>,
+    source: &str,
+    event_id: &str,
+) -> Reply {
     let b: EventReplayBody = match body(app, rq) {
         Ok(b) => b,
         Err(reply) => return reply,
@@ -484,7 +497,7 @@ struct BatchReplayBody {
     dry_run: bool,
 }
 
-fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
+fn replay_batch<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
     let b: BatchReplayBody = match body(app, rq) {
         Ok(b) => b,
         Err(reply) => return reply,
@@ -517,7 +530,7 @@ fn replay_batch(app: &App, rq: &mut Incoming<'_>) -> Reply {
 
 /// After a replay's commit: SQL jobs ran again now, and are counted as
 /// attempts; re-opened forward jobs wake the outbox.
-fn replayed(app: &App, done: &[replay::Done]) {
+fn replayed<B: Backend>(app: &App<B>, done: &[replay::Done]) {
     for d in done.iter().filter(|d| d.kind == "sql") {
         let outcome = match d.result.as_str() {
             "ok" => AttemptOutcome::Ok,
@@ -544,7 +557,12 @@ struct ResolveBody {
 
 /// Closes a failed job by hand (`idemhook resolve`): 409 when the job is
 /// not failed, 400 without an action or a note.
-fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str) -> Reply {
+fn resolve_event<B: Backend>(
+    app: &App<B>,
+    rq: &mut Incoming<'_>,
+    source: &str,
+    event_id: &str,
+) -> Reply {
     let b: ResolveBody = match body(app, rq) {
         Ok(b) => b,
         Err(reply) => return reply,
@@ -590,7 +608,7 @@ fn resolve_event(app: &App, rq: &mut Incoming<'_>, source: &str, event_id: &str)
     }
 }
 
-fn pause_or_resume(app: &App, source: &str, action: &str, pausing: bool) -> Reply {
+fn pause_or_resume<B: Backend>(app: &App<B>, source: &str, action: &str, pausing: bool) -> Reply {
     let config = app.config.clone();
     let (source, action) = (source.to_string(), action.to_string());
     let result = write(app, move |db| {
@@ -611,14 +629,14 @@ fn pause_or_resume(app: &App, source: &str, action: &str, pausing: bool) -> Repl
     }
 }
 
-fn actions_route(app: &App) -> Reply {
+fn actions_route<B: Backend>(app: &App<B>) -> Reply {
     match read(app, |db| inspector::actions(db, &app.config)) {
         Ok(v) => Reply::json(200, &v),
         Err(e) => op_error(e),
     }
 }
 
-fn overview_route(app: &App) -> Reply {
+fn overview_route<B: Backend>(app: &App<B>) -> Reply {
     match read(app, |db| {
         inspector::overview(db, &app.overview_cache, now_ms(), 60)
     }) {
@@ -629,7 +647,7 @@ fn overview_route(app: &App) -> Reply {
 
 /// `GET /api/reconcile`, and with `?check=1` what the downstream says
 /// about each stuck and failed job with a check (nothing is changed).
-fn reconcile_route(app: &App, rq: &Incoming<'_>) -> Reply {
+fn reconcile_route<B: Backend>(app: &App<B>, rq: &Incoming<'_>) -> Reply {
     let mut check = false;
     match query_pairs(rq.query) {
         Ok(pairs) => {
@@ -680,7 +698,7 @@ struct ReconcileBody {
 /// `POST /api/reconcile` with `{"check": true}`: asks the downstream like
 /// `?check=1`, then marks done the jobs it has done (`reconcile --check
 /// --yes`), and answers the report after.
-fn reconcile_apply(app: &App, rq: &mut Incoming<'_>) -> Reply {
+fn reconcile_apply<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
     let b: ReconcileBody = match body(app, rq) {
         Ok(b) => b,
         Err(reply) => return reply,
@@ -727,7 +745,7 @@ fn reconcile_apply(app: &App, rq: &mut Incoming<'_>) -> Reply {
     }
 }
 
-fn count_checks(app: &App, checked: &[reconcile::Checked]) {
+fn count_checks<B: Backend>(app: &App<B>, checked: &[reconcile::Checked]) {
     for c in checked {
         app.metrics
             .downstream_check(&c.source, &c.action, c.asked.answer);

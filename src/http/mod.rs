@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::app::App;
+use crate::store::backend::Backend;
 use reply::Reply;
 
 /// A request as the handlers see it. The body has already been read whole
@@ -66,7 +67,7 @@ pub struct HttpServer {
 
 impl HttpServer {
     /// Binds `listen` (and `admin_listen`, if set) and starts serving.
-    pub fn start(app: Arc<App>) -> Result<HttpServer, String> {
+    pub fn start<B: Backend>(app: Arc<App<B>>) -> Result<HttpServer, String> {
         let config = &app.config;
         let tls = match &config.tls {
             Some(files) => Some(tls_config(files)?),
@@ -156,8 +157,8 @@ fn tls_config(files: &crate::config::TlsFiles) -> Result<Arc<rustls::ServerConfi
     Ok(Arc::new(config))
 }
 
-fn handle(
-    app: &Arc<App>,
+fn handle<B: Backend>(
+    app: &Arc<App<B>>,
     rq: &mut server::Request,
     surface: Surface,
     listener: &ui::Listener,
@@ -180,8 +181,8 @@ fn handle(
 
 /// A request the server refused while reading its head: a delivery to a
 /// hook route is counted and recorded like any refused delivery.
-fn refused_head(
-    app: &App,
+fn refused_head<B: Backend>(
+    app: &App<B>,
     surface: Surface,
     target: &str,
     remote: SocketAddr,
@@ -196,8 +197,8 @@ fn refused_head(
     }
 }
 
-fn route(
-    app: &Arc<App>,
+fn route<B: Backend>(
+    app: &Arc<App<B>>,
     rq: &mut Incoming<'_>,
     surface: Surface,
     listener: &ui::Listener,

@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
+use crate::store::backend::Backend;
 use crate::time::now_ms;
 
 /// The session cookie's name.
@@ -200,7 +201,7 @@ pub enum CookieAuth {
 /// whether it may proceed: its `Host` must be one this listener answers
 /// as, and a request that changes something must say (by `Origin` or
 /// `Sec-Fetch-Site`) that it came from the inspector's own origin.
-pub fn cookie_auth(app: &App, rq: &Incoming<'_>, listener: &Listener) -> CookieAuth {
+pub fn cookie_auth<B: Backend>(app: &App<B>, rq: &Incoming<'_>, listener: &Listener) -> CookieAuth {
     let Some(value) = session_cookie(rq) else {
         return CookieAuth::None;
     };
@@ -272,7 +273,7 @@ fn cross_origin(rq: &Incoming<'_>, listener: &Listener) -> bool {
 // Routes
 
 /// `/ui` and everything under it.
-pub fn handle(app: &App, rq: &mut Incoming<'_>, listener: &Listener) -> Reply {
+pub fn handle<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, listener: &Listener) -> Reply {
     let reply = route(app, rq, listener);
     secure(reply)
 }
@@ -287,7 +288,7 @@ pub fn secure(reply: Reply) -> Reply {
         .with_header("Cross-Origin-Resource-Policy", "same-origin")
 }
 
-fn route(app: &App, rq: &mut Incoming<'_>, listener: &Listener) -> Reply {
+fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, listener: &Listener) -> Reply {
     let Some(token) = &app.config.admin_token else {
         return Reply::error(404, "the inspector is off: set admin_token to enable it");
     };
@@ -342,7 +343,12 @@ struct SignIn {
 
 /// `POST /ui/session` signs in with the admin token; `DELETE` signs out;
 /// `GET` answers `{"signed_in": true|false}`.
-fn session(app: &App, rq: &mut Incoming<'_>, listener: &Listener, token: &str) -> Reply {
+fn session<B: Backend>(
+    app: &App<B>,
+    rq: &mut Incoming<'_>,
+    listener: &Listener,
+    token: &str,
+) -> Reply {
     match rq.method {
         "GET" | "HEAD" => {
             let signed_in =

@@ -22,10 +22,11 @@ use super::command::{CommandError, Outcome};
 use super::open::{open_db_read, open_db_write, open_write};
 use super::text::stdout;
 use crate::config::{Config, format_duration};
+use crate::store::StoreError;
+use crate::store::backend::Backend;
 use crate::store::db::Db;
-use crate::store::prune::{self, VacuumOp};
+use crate::store::prune;
 pub use crate::store::prune::{BATCH, Batch, Counts};
-use crate::store::{StoreError, Writer};
 use crate::time::now_ms;
 
 /// Refused deliveries of a source no longer in the config are kept this
@@ -180,12 +181,12 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
     print_counts(&mut out, config, &all, false)?;
     // Each step is its own short transaction (autocommit).
     let mut first = true;
-    let given = give_back(&|| false, &mut |op| {
+    let given = give_back(&|| false, &mut || {
         if !first {
             std::thread::sleep(Duration::from_millis(5));
         }
         first = false;
-        op(&conn)
+        prune::vacuum_once(&conn)
     });
     match given.map_err(CommandError::Storage)? {
         Some((pages, left)) => writeln!(
@@ -243,14 +244,14 @@ fn cmd_postgres(
 /// default).
 fn give_back(
     stop: &dyn Fn() -> bool,
-    step: &mut dyn FnMut(VacuumOp) -> Result<(i64, i64), StoreError>,
+    step: &mut dyn FnMut() -> Result<(i64, i64), StoreError>,
 ) -> Result<Option<(i64, i64)>, StoreError> {
     let mut given = 0;
     loop {
         if stop() {
             return Ok(Some((given, -1)));
         }
-        let (before, left) = step(Box::new(prune::vacuum_once))?;
+        let (before, left) = step()?;
         if before < 0 {
             return Ok(None);
         }
@@ -300,15 +301,9 @@ pub struct Background {
 /// Set true (under the mutex) to stop the pruner; the condvar wakes it.
 type StopSignal = (Mutex<bool>, Condvar);
 
-/// Where the pruner's batches run.
-pub enum Storage {
-    Sqlite(Writer),
-    Postgres(Box<crate::store::postgres::Settings>),
-}
-
 impl Background {
     /// Starts the pruner; an interval of zero disables it.
-    pub fn start(config: Arc<Config>, storage: Storage) -> Background {
+    pub fn start<B: Backend>(config: Arc<Config>, backend: Arc<B>) -> Background {
         if config.prune_interval.is_zero() {
             return Background { inner: None };
         }
@@ -316,7 +311,7 @@ impl Background {
         let thread_signal = signal.clone();
         let spawned = std::thread::Builder::new()
             .name("idemhook-prune".into())
-            .spawn(move || run(&config, storage, &thread_signal));
+            .spawn(move || run(&config, &*backend, &thread_signal));
         match spawned {
             Ok(handle) => Background {
                 inner: Some((signal, handle)),
@@ -346,34 +341,29 @@ impl Background {
     }
 }
 
-fn run(config: &Config, storage: Storage, signal: &StopSignal) {
+fn run<B: Backend>(config: &Config, backend: &B, signal: &StopSignal) {
     let stopping = || signal.0.lock().map(|s| *s).unwrap_or(true);
-    let (writer, mut session) = match storage {
-        Storage::Sqlite(writer) => (Some(writer), None),
-        Storage::Postgres(settings) => (
-            None,
-            Some(crate::store::postgres::tx::Session::new(*settings)),
-        ),
-    };
+    let mut session = backend.session();
     loop {
         if stopping() {
             return;
         }
-        let pruned = match (&writer, &mut session) {
-            (Some(writer), _) => prune_all(config, now_ms(), &stopping, &mut |op: Batch| {
-                writer.call(move |conn| op.run_sqlite(conn))
-            }),
-            (None, Some(session)) => prune_all(config, now_ms(), &stopping, &mut |op: Batch| {
-                session.transaction(|tx| op.run_postgres(tx.client()))
-            }),
-            (None, None) => return,
-        };
+        let pruned = prune_all(config, now_ms(), &stopping, &mut |op: Batch| {
+            backend.prune(&mut session, op)
+        });
         match pruned {
             Ok(all) => {
-                if let Some(writer) = &writer
-                    && all.iter().any(|c| c.events + c.bodies + c.deliveries > 0)
+                if all.iter().any(|c| c.events + c.bodies + c.deliveries > 0)
+                    && let Some(first) = backend.vacuum_step()
                 {
-                    let mut step = |op: VacuumOp| writer.call(op);
+                    // The first step is taken already; the rest as asked.
+                    let mut first = Some(first);
+                    let mut step = || {
+                        first
+                            .take()
+                            .or_else(|| backend.vacuum_step())
+                            .unwrap_or(Ok((-1, 0)))
+                    };
                     if let Err(e) = give_back(&stopping, &mut step) {
                         crate::log::warn(
                             "giving space back failed",

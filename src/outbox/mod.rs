@@ -32,8 +32,9 @@
 //!   pending (after: a named job not done) --take--> parked (pending, no
 //!   due time) --any job of the event done (trigger)--> pending, due now
 //! ```
-//! Takes and completions go through the one writer; the HTTP call happens
-//! outside any transaction.
+//! Takes and completions go through the storage (`store::backend`: on
+//! SQLite the one writer, on PostgreSQL each worker's own connection); the
+//! HTTP call happens outside any transaction.
 //!
 //! This file starts and stops the workers and holds what they share;
 //! `worker.rs` is one worker's loop (take, check, call, record) and
@@ -50,10 +51,7 @@ use anyhow::{Context, Result};
 use crate::config::{ActionKind, Config};
 use crate::metrics::Metrics;
 use crate::retry::Verdict;
-use crate::store::Writer;
-use crate::store::postgres::Settings;
-use crate::store::postgres::tx::Session;
-use crate::store::sqlite::SqliteTx;
+use crate::store::backend::{Backend, Guard};
 use crate::store::tx::OutboxTx;
 use crate::time::now_ms;
 use crate::verify::{Scheme, Verifier};
@@ -124,7 +122,11 @@ pub struct Outbox {
 
 impl Outbox {
     /// Starts `forward_workers` threads (none when no source forwards).
-    pub fn start(config: Arc<Config>, jobs: Jobs, metrics: Arc<Metrics>) -> Result<Outbox> {
+    pub fn start<B: Backend>(
+        config: Arc<Config>,
+        backend: Arc<B>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Outbox> {
         let waker = Waker::new();
         let stop = Arc::new(AtomicBool::new(false));
         let in_flight = Arc::new(AtomicUsize::new(0));
@@ -145,15 +147,11 @@ impl Outbox {
             // trigger when that action's job is done; one parked under a
             // config that has since changed is looked at again here.
             let now = now_ms();
-            match &jobs {
-                Jobs::Sqlite(writer) => {
-                    writer.call(move |conn| SqliteTx::new(conn).release_parked(now))
-                }
-                Jobs::Postgres(settings) => {
-                    Session::new((**settings).clone()).transaction(|tx| tx.release_parked(now))
-                }
-            }
-            .context("cannot release the jobs waiting for other actions")?;
+            backend
+                .jobs(&mut backend.session(), Guard::Savepoint, move |tx| {
+                    tx.release_parked(now)
+                })
+                .context("cannot release the jobs waiting for other actions")?;
         }
         let nonce = fastrand::u32(..);
         let mut workers = Vec::with_capacity(n);
@@ -161,8 +159,8 @@ impl Outbox {
             let worker = Worker {
                 owner: format!("{}-{nonce:08x}-w{i}", std::process::id()),
                 config: config.clone(),
-                jobs: jobs.clone(),
-                session: Mutex::new(None),
+                session: Mutex::new(backend.session()),
+                backend: backend.clone(),
                 metrics: metrics.clone(),
                 agent: agent.clone(),
                 signers: signers.clone(),
@@ -280,21 +278,11 @@ struct Attempt {
     verdict: Verdict,
 }
 
-/// Where the workers take and record jobs.
-#[derive(Clone)]
-pub enum Jobs {
-    /// Through SQLite's one writer, grouped with the claims.
-    Sqlite(Writer),
-    /// On PostgreSQL, each worker on a connection of its own: rows are
-    /// taken with SKIP LOCKED, so the workers of every instance share the
-    /// jobs, each under its lease.
-    Postgres(Arc<Settings>),
-}
-
 #[cfg(test)]
 mod tests {
     use super::steps::take;
     use super::*;
+    use crate::store::sqlite::SqliteTx;
     use crate::store::tx::TAKE_BATCH;
     use rusqlite::StatementStatus;
 

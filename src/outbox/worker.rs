@@ -11,16 +11,15 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::steps::{complete, give_back, record_check_in, take};
-use super::{Attempt, Jobs, Leased, Waker};
+use super::{Attempt, Leased, Waker};
 use crate::check::{self, Asked};
 use crate::config::{ActionKind, Config, Forward};
 use crate::metrics::Metrics;
 use crate::retry::{self, Verdict};
 use crate::state::{Answer, AttemptOutcome};
-use crate::store::postgres::tx::{PgTx, Session};
-use crate::store::sqlite::SqliteTx;
+use crate::store::StoreError;
+use crate::store::backend::{Backend, Guard};
 use crate::store::tx::TAKE_BATCH;
-use crate::store::{Guard, StoreError};
 use crate::time::now_ms;
 use crate::verify::Verifier;
 
@@ -28,12 +27,13 @@ use crate::verify::Verifier;
 /// came due, jobs re-queued by the CLI, leases that expired).
 const MAX_IDLE: Duration = Duration::from_millis(500);
 
-pub(super) struct Worker {
+pub(super) struct Worker<B: Backend> {
     pub(super) owner: String,
     pub(super) config: Arc<Config>,
-    pub(super) jobs: Jobs,
-    /// The worker's PostgreSQL connection (unused on SQLite).
-    pub(super) session: Mutex<Option<Session>>,
+    pub(super) backend: Arc<B>,
+    /// The worker's own session of the storage (its PostgreSQL
+    /// connection; nothing on SQLite).
+    pub(super) session: Mutex<B::Session>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) agent: ureq::Agent,
     pub(super) signers: Arc<HashMap<(String, String), Verifier>>,
@@ -70,7 +70,7 @@ fn storage_back() {
     }
 }
 
-impl Worker {
+impl<B: Backend> Worker<B> {
     pub(super) fn run(self) {
         while !self.stop.load(Ordering::Relaxed) {
             let seen = self.waker.generation();
@@ -85,14 +85,7 @@ impl Worker {
             let batch = (TAKE_BATCH / (1 + free_others)).max(1);
             // Leases and completions fail only when storage does: no
             // savepoint of their own (Guard::Group).
-            let taken = match &self.jobs {
-                Jobs::Sqlite(writer) => writer.call_with(Guard::Group, move |conn| {
-                    take(&mut SqliteTx::new(conn), &config, &owner, now_ms(), batch)
-                }),
-                Jobs::Postgres(_) => {
-                    self.on_postgres(|tx| take(tx, &config, &owner, now_ms(), batch))
-                }
-            };
+            let taken = self.jobs(move |tx| take(tx, &config, &owner, now_ms(), batch));
             let (jobs, next_due) = match taken {
                 Ok(t) => {
                     storage_back();
@@ -240,41 +233,20 @@ impl Worker {
     ) {
         let owner = self.owner.clone();
         let config = self.config.clone();
-        let recorded = match &self.jobs {
-            Jobs::Sqlite(writer) => writer
-                .send_with(Guard::Group, move |conn| {
-                    let mut tx = SqliteTx::new(conn);
-                    if let Some(asked) = &asked {
-                        record_check_in(&mut tx, job.job_id, job.n, &owner, asked)?;
-                    }
-                    complete(
-                        &mut tx,
-                        &config,
-                        &job,
-                        &owner,
-                        outcome,
-                        next_attempt_at,
-                        &attempt,
-                    )
-                })
-                .map_err(|_| ()),
-            Jobs::Postgres(_) => self
-                .on_postgres(|tx| {
-                    if let Some(asked) = &asked {
-                        record_check_in(tx, job.job_id, job.n, &owner, asked)?;
-                    }
-                    complete(
-                        tx,
-                        &config,
-                        &job,
-                        &owner,
-                        outcome,
-                        next_attempt_at,
-                        &attempt,
-                    )
-                })
-                .map_err(|_| ()),
-        };
+        let recorded = self.jobs_queued(Guard::Group, move |tx| {
+            if let Some(asked) = &asked {
+                record_check_in(tx, job.job_id, job.n, &owner, asked)?;
+            }
+            complete(
+                tx,
+                &config,
+                &job,
+                &owner,
+                outcome,
+                next_attempt_at,
+                &attempt,
+            )
+        });
         if recorded.is_err() {
             // The writer is gone (shutdown): the job stays leased and is
             // retried after its lease, with the same Idempotency-Key.
@@ -363,39 +335,31 @@ impl Worker {
     pub(super) fn release(&self, job: &Leased, asked: Option<Asked>) {
         let (id, n, owner) = (job.job_id, job.n, self.owner.clone());
         let (source, action) = (job.source.clone(), job.action.clone());
-        match &self.jobs {
-            Jobs::Sqlite(writer) => {
-                let _ = writer.send(move |conn| {
-                    give_back(
-                        &mut SqliteTx::new(conn),
-                        (id, n),
-                        &owner,
-                        &source,
-                        &action,
-                        asked.as_ref(),
-                    )
-                });
-            }
-            Jobs::Postgres(_) => {
-                let _ = self.on_postgres(|tx| {
-                    give_back(tx, (id, n), &owner, &source, &action, asked.as_ref())
-                });
-            }
-        }
+        let _ = self.jobs_queued(Guard::Savepoint, move |tx| {
+            give_back(tx, (id, n), &owner, &source, &action, asked.as_ref())
+        });
     }
 
-    /// Runs `body` in a transaction on this worker's PostgreSQL connection.
-    fn on_postgres<T>(
+    /// Runs `body` as one outbox transaction on this worker's session and
+    /// waits for its commit. No savepoint of its own (`Guard::Group`):
+    /// leases and completions fail only when storage does.
+    fn jobs<T: Send + 'static>(
         &self,
-        body: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
+        body: impl for<'t> FnMut(&mut B::Tx<'t>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let Jobs::Postgres(settings) = &self.jobs else {
-            return Err(StoreError::other("not on PostgreSQL"));
-        };
         let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        session
-            .get_or_insert_with(|| Session::new((**settings).clone()))
-            .transaction(body)
+        self.backend.jobs(&mut session, Guard::Group, body)
+    }
+
+    /// Like [`Worker::jobs`] under `guard`, without waiting for the commit
+    /// where the storage can avoid it (`Backend::jobs_queued`).
+    fn jobs_queued(
+        &self,
+        guard: Guard,
+        body: impl for<'t> FnMut(&mut B::Tx<'t>) -> Result<(), StoreError> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        self.backend.jobs_queued(&mut session, guard, body)
     }
 }
 

@@ -40,6 +40,11 @@ pub trait Claims: Send + Sync + 'static {
     /// Runs claim `i` in the open transaction `tx`.
     fn claim<T: Tx>(&self, i: usize, tx: &mut T) -> Result<Self::Outcome, StoreError>;
 
+    /// No claims (the readiness probe's).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Runs every claim in order.
     fn claim_all<T: Tx>(&self, tx: &mut T) -> Result<Vec<Self::Outcome>, StoreError> {
         (0..self.len()).map(|i| self.claim(i, tx)).collect()

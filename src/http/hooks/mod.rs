@@ -19,6 +19,7 @@ use crate::config::{Kind, OnMismatch, Source};
 use crate::ingest::{Claim, Outcome};
 use crate::key::{Input, Json, RawDoc, payload_hash, payload_hash_without};
 use crate::state::Delivery;
+use crate::store::backend::Backend;
 use crate::time::now_ms;
 use crate::verify::Request;
 
@@ -50,7 +51,7 @@ impl Refused {
     }
 }
 
-pub fn receive(app: &Arc<App>, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
+pub fn receive<B: Backend>(app: &Arc<App<B>>, source_name: &str, rq: &mut Incoming<'_>) -> Reply {
     let received_at = now_ms();
     let started = Instant::now();
     let found = app.source(source_name);
@@ -77,8 +78,8 @@ pub fn receive(app: &Arc<App>, source_name: &str, rq: &mut Incoming<'_>) -> Repl
 }
 
 /// The pipeline for a known source: everything before the claim may refuse.
-fn accept(
-    app: &Arc<App>,
+fn accept<B: Backend>(
+    app: &Arc<App<B>>,
     index: usize,
     source: &Source,
     rq: &mut Incoming<'_>,
@@ -226,8 +227,8 @@ fn form_of(
 /// one transaction, answered once it committed. An event without an id
 /// refuses the whole batch (nothing stored).
 #[allow(clippy::too_many_arguments)]
-fn accept_batch(
-    app: &Arc<App>,
+fn accept_batch<B: Backend>(
+    app: &Arc<App<B>>,
     index: usize,
     source: &Source,
     rq: &mut Incoming<'_>,
@@ -311,8 +312,8 @@ fn accept_batch(
 /// What a claim's commit gave, with its source; or, when it failed, the
 /// 503 (counted and logged; not a refusal: nothing can be recorded while
 /// storage is down). `what` names the delivery in the log line.
-fn committed<'a, T>(
-    app: &'a App,
+fn committed<'a, T, B: Backend>(
+    app: &'a App<B>,
     index: usize,
     result: Result<T, crate::store::StoreError>,
     claim_started: Instant,
@@ -348,8 +349,8 @@ fn committed<'a, T>(
 }
 
 /// The answer to a committed (or failed) batch: counted and logged per event.
-fn batch_reply(
-    app: &App,
+fn batch_reply<B: Backend>(
+    app: &App<B>,
     index: usize,
     ids: &[String],
     result: Result<Vec<Outcome>, crate::store::StoreError>,
@@ -455,8 +456,8 @@ fn event_type_of(
 /// permit goes back first so more claims can join the group. With a
 /// [`super::server::Later`], the connection thread goes back to reading and
 /// the answer thread answers after the commit; without, this thread waits.
-fn hand_over(
-    app: &Arc<App>,
+fn hand_over<B: Backend>(
+    app: &Arc<App<B>>,
     rq: &mut Incoming<'_>,
     index: usize,
     claim: Claim,
@@ -498,7 +499,11 @@ struct Claimed {
 
 impl Claimed {
     /// The answer to a claim once its commit is known: counted, logged.
-    fn reply(self, app: &App, result: Result<Outcome, crate::store::StoreError>) -> Reply {
+    fn reply<B: Backend>(
+        self,
+        app: &App<B>,
+        result: Result<Outcome, crate::store::StoreError>,
+    ) -> Reply {
         let Claimed {
             index,
             event_id,
@@ -616,8 +621,8 @@ fn take_body(rq: &mut Incoming<'_>, limit: usize) -> Result<Vec<u8>, Refused> {
 
 /// Answers a refused delivery: counts it, records it (without the body,
 /// and without waiting for the disk), logs it.
-fn refuse(
-    app: &App,
+fn refuse<B: Backend>(
+    app: &App<B>,
     index: Option<usize>,
     source_name: &str,
     remote: &str,
@@ -647,7 +652,13 @@ fn refuse(
 /// A delivery the server refused while reading its head (malformed
 /// framing, a head over a limit): counted, recorded and logged like any
 /// refused delivery when its source is known. The server answers it.
-pub fn refused_head(app: &App, source_name: &str, remote: &str, status: u16, message: &str) {
+pub fn refused_head<B: Backend>(
+    app: &App<B>,
+    source_name: &str,
+    remote: &str,
+    status: u16,
+    message: &str,
+) {
     let Some((index, _)) = app.source(source_name) else {
         return;
     };

@@ -21,6 +21,7 @@ use crate::http::reply::Reply;
 use crate::ingest::Outcome;
 use crate::key::Input;
 use crate::state::Delivery;
+use crate::store::backend::Backend;
 use crate::verify::{Request, Secret, VerifyError};
 
 /// Longest challenge echoed back (they are short tokens).
@@ -64,8 +65,8 @@ fn bad_token(what: &str) -> Refused {
 
 /// The handshakes that come before (or without) a signature, and
 /// requests other than POST: answered here, or None for the usual path.
-pub(super) fn unsigned(
-    app: &Arc<App>,
+pub(super) fn unsigned<B: Backend>(
+    app: &Arc<App<B>>,
     source: &Source,
     rq: &Incoming<'_>,
     now: i64,
@@ -166,7 +167,7 @@ static REREAD: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::
 /// After a verification failed for a source whose secret comes from a
 /// handshake: whether another instance has kept one since (read again
 /// at most once a second); true when a new secret was learned.
-pub(super) fn reread_handed_over(app: &App, source: &Source) -> bool {
+pub(super) fn reread_handed_over<B: Backend>(app: &App<B>, source: &Source) -> bool {
     if source.secret_count > 0
         || !matches!(
             source.kind.preset().map(|p| p.handshake),
@@ -189,8 +190,8 @@ pub(super) fn reread_handed_over(app: &App, source: &Source) -> bool {
 /// database and verified with from then on, while the source has none
 /// yet; a known one is accepted again; another is refused (a stranger
 /// must not replace the secret that verifies the source's events).
-fn hand_over_secret(
-    app: &Arc<App>,
+fn hand_over_secret<B: Backend>(
+    app: &Arc<App<B>>,
     source: &Source,
     secret: &str,
     what: &str,

@@ -21,12 +21,14 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 
 use crate::config::database_url::PostgresUrl;
-use crate::config::{ActionKind, Config, Source};
-use crate::ingest::{Claim, Outcome, claim_in};
-use crate::state::Delivery;
+use crate::config::{ActionKind, Config};
+use crate::state::JobStatus;
+use crate::store::backend::{Backend, Claims, Guard, JobCounts, Refusal, StorageGauges};
+use crate::store::db::{Db, TxError};
 use crate::store::postgres::group::{Op, run_group};
-use crate::store::postgres::tx::{EventRow, PgTx, Statements};
+use crate::store::postgres::tx::{EventRow, PgTx, Session, Statements};
 use crate::store::postgres::{Settings, Tls};
+use crate::store::prune::Batch;
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -35,26 +37,80 @@ const CLAIMERS: usize = 2;
 /// Claims in one group at most.
 const MAX_GROUP: usize = 256;
 
-/// A caller's continuation: the outcome of each claim it queued, in order.
-type Then = Box<dyn FnOnce(Result<Vec<Outcome>, StoreError>) + Send>;
+/// A claim's key: (source, event id).
+type Key = (String, String);
 
-/// Jobs per status, and when the oldest pending job was created.
-pub type JobCounts = (Vec<(String, i64)>, Option<i64>);
+/// A delivery's claims waiting for a claimer, with its caller's
+/// continuation, as one type for the queue (the claims' own type is the
+/// caller's). Answered once: by the claimer after the commit, or by the
+/// reaper with a 503 once `busy_timeout` has passed (a hung server). A 503
+/// for a claim that then commits is safe: the provider delivers again and
+/// gets "duplicate".
+trait Waiting: Send + Sync {
+    /// The keys the claims insert.
+    fn keys(&self) -> Vec<Key>;
+    /// What the group needs to know of the claims before they run.
+    fn op_shape(&self) -> (Key, usize, Vec<EventRow>);
+    /// Runs the claims in `tx`, keeping their outcomes for the answer (a
+    /// group run again after a serialization failure runs them again).
+    fn run(&self, tx: &mut PgTx<'_>) -> Result<(), StoreError>;
+    /// Answers the caller: the kept outcomes after `Ok` (the commit), or
+    /// the error; nothing when answered already.
+    fn answer(&self, result: Result<(), StoreError>);
+    fn answered(&self) -> bool;
+    fn deadline(&self) -> Instant;
+}
 
-/// A caller waiting for its claim: answered once, by the claimer after
-/// the commit, or by the reaper with a 503 once `busy_timeout` has passed
-/// (a hung server). A 503 for a claim that then commits is safe: the
-/// provider delivers again and gets "duplicate".
-struct Pending {
-    then: Mutex<Option<Then>>,
+/// The [`Waiting`] of claims of type `C` and a continuation `F`.
+struct Queued<C: Claims, F> {
+    claims: Arc<C>,
+    outcomes: Mutex<Option<Vec<C::Outcome>>>,
+    then: Mutex<Option<F>>,
     deadline: Instant,
 }
 
-impl Pending {
-    fn answer(&self, result: Result<Vec<Outcome>, StoreError>) {
+impl<C, F> Waiting for Queued<C, F>
+where
+    C: Claims,
+    F: FnOnce(Result<Vec<C::Outcome>, StoreError>) + Send,
+{
+    fn keys(&self) -> Vec<Key> {
+        let source = self.claims.source();
+        (0..self.claims.len())
+            .map(|i| (source.to_string(), self.claims.event_id(i).to_string()))
+            .collect()
+    }
+
+    fn op_shape(&self) -> (Key, usize, Vec<EventRow>) {
+        let c = &*self.claims;
+        let first = (0..c.len()).map(|i| c.event_id(i)).min().unwrap_or("");
+        let rows = (0..c.len()).filter_map(|i| event_row(c, i)).collect();
+        (
+            (c.source().to_string(), first.to_string()),
+            c.savepoints(),
+            rows,
+        )
+    }
+
+    fn run(&self, tx: &mut PgTx<'_>) -> Result<(), StoreError> {
+        if self.claims.is_empty() {
+            // The readiness probe: a write through a claimer, in its group.
+            return tx.probe(crate::time::now_ms());
+        }
+        let outcomes = self.claims.claim_all(tx)?;
+        *self.outcomes.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcomes);
+        Ok(())
+    }
+
+    fn answer(&self, result: Result<(), StoreError>) {
         let then = self.then.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(then) = then {
-            then(result);
+            let outcomes = self
+                .outcomes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            then(result.map(|()| outcomes.unwrap_or_default()));
         }
     }
 
@@ -63,6 +119,32 @@ impl Pending {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_none()
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+/// No claims: what the readiness probe queues.
+struct Probe;
+
+impl Claims for Probe {
+    type Outcome = ();
+    fn source(&self) -> &str {
+        ""
+    }
+    fn len(&self) -> usize {
+        0
+    }
+    fn event_id(&self, _: usize) -> &str {
+        ""
+    }
+    fn savepoints(&self) -> usize {
+        0
+    }
+    fn claim<T: Tx>(&self, _: usize, _: &mut T) -> Result<(), StoreError> {
+        Ok(())
     }
 }
 
@@ -76,18 +158,8 @@ fn timed_out() -> StoreError {
 enum Job {
     /// One delivery's claims: one event, or every event of a batch (they
     /// commit in one transaction, or fail together).
-    Claim {
-        source_index: usize,
-        claims: Vec<Arc<Claim>>,
-        pending: Arc<Pending>,
-    },
-    Refusal {
-        source: String,
-        outcome: Delivery,
-        remote: String,
-        detail: String,
-        at: i64,
-    },
+    Claim(Arc<dyn Waiting>),
+    Refusal(Refusal),
 }
 
 /// The claims (and refusal records) waiting for a claimer, and the keys
@@ -98,50 +170,15 @@ enum Job {
 #[derive(Default)]
 struct Lined {
     jobs: VecDeque<Job>,
-    in_flight: HashSet<(usize, String)>,
+    in_flight: HashSet<Key>,
 }
 
 impl Job {
-    fn keys(&self) -> Vec<(usize, String)> {
+    fn keys(&self) -> Vec<Key> {
         match self {
-            Job::Claim {
-                source_index,
-                claims,
-                ..
-            } => claims
-                .iter()
-                .map(|c| (*source_index, c.event_id.clone()))
-                .collect(),
-            Job::Refusal { .. } => Vec::new(),
+            Job::Claim(waiting) => waiting.keys(),
+            Job::Refusal(_) => Vec::new(),
         }
-    }
-
-    /// The savepoints the job's SQL actions may open.
-    fn savepoints(&self, config: &Config) -> usize {
-        let Job::Claim {
-            source_index,
-            claims,
-            ..
-        } = self
-        else {
-            return 0;
-        };
-        let Some(source) = config.sources.get(*source_index) else {
-            return 0;
-        };
-        claims
-            .iter()
-            .map(|claim| {
-                source
-                    .actions
-                    .iter()
-                    .filter(|a| {
-                        matches!(a.kind, ActionKind::Sql { .. })
-                            && a.takes(claim.event_type.as_deref())
-                    })
-                    .count()
-            })
-            .sum()
     }
 }
 
@@ -179,7 +216,7 @@ impl Lined {
 /// or failed); then a claimer that held claims back for them is woken.
 struct Done<'q> {
     queue: &'q Queue,
-    keys: Vec<(usize, String)>,
+    keys: Vec<Key>,
 }
 
 impl Drop for Done<'_> {
@@ -201,18 +238,33 @@ struct Queue {
     ready: Condvar,
     stop: AtomicBool,
     /// Claims not answered yet, for the reaper.
-    waiting: Mutex<Vec<Arc<Pending>>>,
+    waiting: Mutex<Vec<Arc<dyn Waiting>>>,
 }
 
-/// The PostgreSQL storage of a running `serve`.
-pub struct PgStore {
+/// `serve` on PostgreSQL: the claimers, a small pool for reads and the
+/// admin API's writes, the LISTEN thread, and (when serve started on a
+/// host that refused writes) the migrator waiting for a writable one.
+pub struct Postgres {
+    /// The URL as the start line names it (no password).
+    database: String,
     settings: Settings,
     queue: Arc<Queue>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     pool: Arc<Pool>,
     busy_timeout: Duration,
-    pub commits: Arc<AtomicU64>,
-    pub grouped: Arc<AtomicU64>,
+    commits: Arc<AtomicU64>,
+    grouped: Arc<AtomicU64>,
+    /// The LISTEN thread and the flag that stops it.
+    listener: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
+    migrator: Mutex<Option<Migrator>>,
+}
+
+/// The thread that migrates once a writable host answers (serve started
+/// on a standby or mid-failover), and its flag: set while it waits,
+/// cleared to stop it.
+pub struct Migrator {
+    pub waiting: Arc<AtomicBool>,
+    pub thread: JoinHandle<()>,
 }
 
 /// Pooled connections, with or without TLS (two driver types).
@@ -370,8 +422,15 @@ fn check_actions(client: &mut postgres::Transaction<'_>, config: &Config) -> Res
     Ok(())
 }
 
-impl PgStore {
-    pub fn start(config: Arc<Config>, settings: Settings) -> Result<PgStore, StoreError> {
+impl Postgres {
+    /// Starts the claimers, the reaper and the pool; `migrator` is stopped
+    /// with them.
+    pub fn start(
+        config: Arc<Config>,
+        url: &PostgresUrl,
+        settings: Settings,
+        migrator: Option<Migrator>,
+    ) -> Result<Postgres, StoreError> {
         let queue = Arc::new(Queue {
             jobs: Mutex::new(Lined::default()),
             ready: Condvar::new(),
@@ -401,7 +460,8 @@ impl PgStore {
             );
         }
         let pool = Arc::new(Pool::new(&settings, config.busy_timeout)?);
-        Ok(PgStore {
+        Ok(Postgres {
+            database: url.to_string(),
             settings,
             queue,
             threads: Mutex::new(threads),
@@ -409,45 +469,9 @@ impl PgStore {
             busy_timeout: config.busy_timeout,
             commits,
             grouped,
+            listener: Mutex::new(None),
+            migrator: Mutex::new(migrator),
         })
-    }
-
-    /// Queues a claim; `then` gets its outcome after the commit.
-    /// Queues a delivery's claims (one event, or a batch's, which commit
-    /// together); `then` gets their outcomes after the commit.
-    pub fn claim_then(&self, source_index: usize, claims: Vec<Arc<Claim>>, then: Then) {
-        let pending = Arc::new(Pending {
-            then: Mutex::new(Some(then)),
-            deadline: Instant::now() + self.busy_timeout,
-        });
-        self.queue
-            .waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(pending.clone());
-        self.push(Job::Claim {
-            source_index,
-            claims,
-            pending,
-        });
-    }
-
-    /// Queues the record of a refused delivery; nobody waits for it.
-    pub fn record_refusal(
-        &self,
-        source: &str,
-        outcome: Delivery,
-        remote: &str,
-        detail: &str,
-        at: i64,
-    ) {
-        self.push(Job::Refusal {
-            source: source.to_string(),
-            outcome,
-            remote: remote.to_string(),
-            detail: detail.to_string(),
-            at,
-        });
     }
 
     fn push(&self, job: Job) {
@@ -457,7 +481,7 @@ impl PgStore {
         self.queue.ready.notify_one();
     }
 
-    pub fn queued(&self) -> usize {
+    fn queued(&self) -> usize {
         self.queue
             .jobs
             .lock()
@@ -466,37 +490,29 @@ impl PgStore {
             .len()
     }
 
-    /// Ready when the database takes a write now through the claim path: a
-    /// probe row written and committed by a claimer, in its next group. A
-    /// refused connection answers at once (the claimer cannot connect); a
-    /// hung server after `busy_timeout` (the reaper).
-    pub fn ready(&self) -> Result<(), StoreError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.claim_then(
-            usize::MAX,
-            Vec::new(),
-            Box::new(move |result| {
-                let _ = tx.send(result.map(|_| ()));
-            }),
-        );
-        rx.recv_timeout(self.busy_timeout + Duration::from_secs(1))
-            .unwrap_or_else(|_| Err(timed_out()))
-    }
-
     /// Jobs per status (from the counters the job triggers keep, never a
     /// count over `jobs`) and the oldest pending job's creation (the first
     /// entry of an index), for the gauges.
-    pub fn job_counts(&self) -> Result<JobCounts, StoreError> {
+    fn job_counts(&self) -> Result<JobCounts, StoreError> {
         self.pool.with(|c| {
             let rows = c.query("SELECT status, n FROM job_counts", &[])?;
-            let counts = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-            let oldest: Option<i64> = c
+            let by_status = rows
+                .iter()
+                .filter_map(|r| {
+                    let status: String = r.get(0);
+                    Some((status.parse::<JobStatus>().ok()?, r.get(1)))
+                })
+                .collect();
+            let oldest_pending: Option<i64> = c
                 .query_one(
                     "SELECT min(created_at) FROM jobs WHERE status = 'pending'",
                     &[],
                 )?
                 .get(0);
-            Ok((counts, oldest))
+            Ok(JobCounts {
+                by_status,
+                oldest_pending,
+            })
         })
     }
 
@@ -504,16 +520,27 @@ impl PgStore {
         &self.settings
     }
 
-    /// Runs `f` on a pooled connection (the admin API's reads and writes).
-    pub fn with_client<T>(
-        &self,
-        f: impl FnOnce(&mut Client) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.pool.with(f)
-    }
-
-    /// Stops the claimers once the queue is empty.
-    pub fn stop(&self) {
+    /// Stops the migrator, the listener, then the claimers once the queue
+    /// is empty.
+    fn stop_threads(&self) {
+        let migrator = self
+            .migrator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(m) = migrator {
+            m.waiting.store(false, Ordering::SeqCst);
+            let _ = m.thread.join();
+        }
+        let listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((stop, thread)) = listener {
+            stop.store(true, Ordering::SeqCst);
+            let _ = thread.join();
+        }
         self.queue.stop.store(true, Ordering::SeqCst);
         self.queue.ready.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
@@ -523,9 +550,129 @@ impl PgStore {
     }
 }
 
-impl Drop for PgStore {
+impl Drop for Postgres {
     fn drop(&mut self) {
-        self.stop();
+        self.stop_threads();
+    }
+}
+
+impl Backend for Postgres {
+    type Tx<'t> = PgTx<'t>;
+    type Session = Session;
+
+    fn describe(&self) -> String {
+        self.database.clone()
+    }
+
+    fn session(&self) -> Session {
+        Session::new(self.settings.clone())
+    }
+
+    fn read<T, E: TxError>(&self, f: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
+        self.pool
+            .with(|client| Ok(crate::store::db::pg_read(client, f)))?
+    }
+
+    fn write<T, E>(
+        &self,
+        mut f: impl FnMut(&Db<'_>) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: TxError + Send + 'static,
+    {
+        self.pool
+            .with(|client| Ok(crate::store::db::pg_write(client, &mut f)))?
+    }
+
+    fn claim_then<C: Claims>(
+        &self,
+        claims: Arc<C>,
+        then: impl FnOnce(Result<Vec<C::Outcome>, StoreError>) + Send + 'static,
+    ) {
+        let waiting: Arc<dyn Waiting> = Arc::new(Queued {
+            claims,
+            outcomes: Mutex::new(None),
+            then: Mutex::new(Some(then)),
+            deadline: Instant::now() + self.busy_timeout,
+        });
+        self.queue
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(waiting.clone());
+        self.push(Job::Claim(waiting));
+    }
+
+    fn record_refusal(&self, refusal: Refusal) -> bool {
+        self.push(Job::Refusal(refusal));
+        true
+    }
+
+    /// Ready when the database takes a write now through the claim path: a
+    /// probe row written and committed by a claimer, in its next group. A
+    /// refused connection answers at once (the claimer cannot connect); a
+    /// hung server after `busy_timeout` (the reaper).
+    fn ready(&self) -> Result<(), StoreError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.claim_then(Arc::new(Probe), move |result| {
+            let _ = tx.send(result.map(|_| ()));
+        });
+        rx.recv_timeout(self.busy_timeout + Duration::from_secs(1))
+            .unwrap_or_else(|_| Err(timed_out()))
+    }
+
+    /// No file sizes (the server owns its storage); the commit groups are
+    /// the claimers'.
+    fn gauges(&self) -> (Result<JobCounts, StoreError>, StorageGauges) {
+        let storage = StorageGauges {
+            database_bytes: None,
+            wal_bytes: None,
+            writer_commits: self.commits.load(Ordering::Relaxed),
+            writer_grouped: self.grouped.load(Ordering::Relaxed),
+            writer_queue: self.queued(),
+        };
+        (self.job_counts(), storage)
+    }
+
+    fn jobs<T: Send + 'static>(
+        &self,
+        session: &mut Session,
+        _: Guard,
+        body: impl for<'t> FnMut(&mut PgTx<'t>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        session.transaction(body)
+    }
+
+    fn jobs_queued(
+        &self,
+        session: &mut Session,
+        _: Guard,
+        body: impl for<'t> FnMut(&mut PgTx<'t>) -> Result<(), StoreError> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        session.transaction(body)
+    }
+
+    fn prune(&self, session: &mut Session, batch: Batch) -> Result<(u64, u64), StoreError> {
+        session.transaction(|tx| batch.run_postgres(tx.client()))
+    }
+
+    fn vacuum_step(&self) -> Option<Result<(i64, i64), StoreError>> {
+        None
+    }
+
+    fn listen(&self, wake: impl Fn() + Send + 'static) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = listen(self.settings.clone(), wake, stop.clone());
+        *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some((stop, thread));
+    }
+
+    fn stop_bound(&self) -> Option<Duration> {
+        Some(self.busy_timeout + Duration::from_secs(5))
+    }
+
+    fn stop(&self) {
+        self.stop_threads();
     }
 }
 
@@ -542,7 +689,7 @@ fn claimer(
     let mut client: Option<Client> = None;
     let mut statements = Statements::default();
     while let Some(batch) = next_group(queue) {
-        let keys: Vec<(usize, String)> = batch.iter().flat_map(Job::keys).collect();
+        let keys: Vec<Key> = batch.iter().flat_map(Job::keys).collect();
         // Held until the group is answered: its keys are free again then.
         let _done = Done { queue, keys };
         // Claims already answered 503 (they waited past busy_timeout) are
@@ -550,8 +697,8 @@ fn claimer(
         let live: Vec<Job> = batch
             .into_iter()
             .filter(|job| match job {
-                Job::Claim { pending, .. } => !pending.answered(),
-                Job::Refusal { .. } => true,
+                Job::Claim(waiting) => !waiting.answered(),
+                Job::Refusal(_) => true,
             })
             .collect();
         if live.is_empty() {
@@ -609,7 +756,7 @@ fn next_group(queue: &Queue) -> Option<Vec<Job>> {
 }
 
 /// The outcome of a group, or the panic that ended it.
-type GroupRun = std::thread::Result<Vec<Result<Vec<Outcome>, StoreError>>>;
+type GroupRun = std::thread::Result<Vec<Result<(), StoreError>>>;
 
 /// Runs the group on the claimer's connection (None when there is none).
 /// A panic in a group (a bug) must not end the claimer, or each one would
@@ -628,7 +775,7 @@ fn run_group_once_more_if_unbegun(
 ) -> Option<GroupRun> {
     let c = client.as_mut()?;
     let mut ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_batch(c, statements, config, live)
+        run_batch(c, statements, live)
     }));
     if ran
         .as_ref()
@@ -638,7 +785,7 @@ fn run_group_once_more_if_unbegun(
         *client = connect_claimer(settings, config).ok();
         if let Some(fresh) = client.as_mut() {
             ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run_batch(fresh, statements, config, live)
+                run_batch(fresh, statements, live)
             }));
         }
     }
@@ -648,7 +795,7 @@ fn run_group_once_more_if_unbegun(
 /// Answers each claim of the group its result, after the COMMIT. True when
 /// a result failed other than by an SQL error: the connection is not to be
 /// trusted and is made again.
-fn answer_all(live: Vec<Job>, results: Vec<Result<Vec<Outcome>, StoreError>>) -> bool {
+fn answer_all(live: Vec<Job>, results: Vec<Result<(), StoreError>>) -> bool {
     let mut broken = false;
     for (job, result) in live.into_iter().zip(results) {
         if let Err(e) = &result
@@ -656,8 +803,8 @@ fn answer_all(live: Vec<Job>, results: Vec<Result<Vec<Outcome>, StoreError>>) ->
         {
             broken = true;
         }
-        if let Job::Claim { pending, .. } = job {
-            pending.answer(result);
+        if let Job::Claim(waiting) = job {
+            waiting.answer(result);
         }
     }
     broken
@@ -678,8 +825,8 @@ fn connect_claimer(settings: &Settings, config: &Config) -> Result<Client, Store
 
 fn fail_all(jobs: Vec<Job>, e: &StoreError) {
     for job in jobs {
-        if let Job::Claim { pending, .. } = job {
-            pending.answer(Err(e.clone()));
+        if let Job::Claim(waiting) = job {
+            waiting.answer(Err(e.clone()));
         }
     }
 }
@@ -690,12 +837,12 @@ fn reaper(queue: &Queue) {
     while !queue.stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
         let now = Instant::now();
-        let expired: Vec<Arc<Pending>> = {
+        let expired: Vec<Arc<dyn Waiting>> = {
             let mut waiting = queue.waiting.lock().unwrap_or_else(|p| p.into_inner());
             waiting.retain(|p| !p.answered());
             waiting
                 .iter()
-                .filter(|p| p.deadline <= now)
+                .filter(|p| p.deadline() <= now)
                 .cloned()
                 .collect()
         };
@@ -709,66 +856,33 @@ fn reaper(queue: &Queue) {
 fn run_batch(
     client: &mut Client,
     statements: &mut Statements,
-    config: &Config,
     jobs: &[Job],
-) -> Vec<Result<Vec<Outcome>, StoreError>> {
-    let mut ops: Vec<Op<'_, Vec<Outcome>>> = jobs
+) -> Vec<Result<(), StoreError>> {
+    let mut ops: Vec<Op<'_, ()>> = jobs
         .iter()
         .map(|job| match job {
-            // The readiness probe: a write through a claimer, in its group.
-            Job::Claim { claims, .. } if claims.is_empty() => Op {
-                key: (String::new(), String::new()),
-                savepoints: 0,
-                events: Vec::new(),
-                run: Box::new(|tx: &mut PgTx<'_>| {
-                    tx.probe(crate::time::now_ms())?;
-                    Ok(Vec::new())
-                }),
-            },
-            Job::Claim {
-                source_index,
-                claims,
-                ..
-            } => {
-                let source = config.sources.get(*source_index);
-                let first = claims
-                    .iter()
-                    .map(|c| c.event_id.as_str())
-                    .min()
-                    .unwrap_or("");
+            Job::Claim(waiting) => {
+                let (key, savepoints, events) = waiting.op_shape();
                 Op {
-                    key: (
-                        source.map_or(String::new(), |s| s.name.clone()),
-                        first.to_string(),
-                    ),
-                    savepoints: job.savepoints(config),
-                    events: source.map_or_else(Vec::new, |s| {
-                        claims.iter().filter_map(|c| event_row(s, c)).collect()
-                    }),
-                    run: Box::new(move |tx: &mut PgTx<'_>| {
-                        let source =
-                            source.ok_or_else(|| StoreError::other("source index out of range"))?;
-                        claims
-                            .iter()
-                            .map(|claim| claim_in(tx, source, claim))
-                            .collect()
-                    }),
+                    key,
+                    savepoints,
+                    events,
+                    run: Box::new(move |tx: &mut PgTx<'_>| waiting.run(tx)),
                 }
             }
-            Job::Refusal {
-                source,
-                outcome,
-                remote,
-                detail,
-                at,
-            } => Op {
-                key: (source.clone(), String::new()),
+            Job::Refusal(r) => Op {
+                key: (r.source.clone(), String::new()),
                 savepoints: 0,
                 events: Vec::new(),
                 run: Box::new(move |tx: &mut PgTx<'_>| {
-                    tx.insert_delivery(source, None, *at, outcome.as_str(), remote, Some(detail))?;
-                    // Not a claim: nobody reads its outcome.
-                    Ok(Vec::new())
+                    tx.insert_delivery(
+                        &r.source,
+                        None,
+                        r.at,
+                        r.outcome.as_str(),
+                        &r.remote,
+                        Some(&r.detail),
+                    )
                 }),
             },
         })
@@ -780,20 +894,25 @@ fn run_batch(
 /// the NOTIFY of the commit that wrote them, `PgTx::commit`).
 pub use crate::store::postgres::tx::JOBS_CHANNEL;
 
-/// The event row the claim of `c` inserts, as `claim_in` itself makes it:
-/// asked of the claim with a transaction that records its first step
+/// The event row claim `i` of `claims` inserts, as the claim itself makes
+/// it: asked of the claim with a transaction that records its first step
 /// (always the insert: the claim never reads first) and stops it there.
 /// The group inserts every claim's row with one statement before the
 /// claims run.
-pub fn event_row(source: &Source, c: &Claim) -> Option<EventRow> {
+pub fn event_row<C: Claims>(claims: &C, i: usize) -> Option<EventRow> {
+    event_row_of(|tx| claims.claim(i, tx))
+}
+
+/// The event row `claim` inserts first, when given a [`FirstStep`].
+pub fn event_row_of<R>(claim: impl FnOnce(&mut FirstStep) -> R) -> Option<EventRow> {
     let mut first = FirstStep(None);
-    let _ = claim_in(&mut first, source, c);
+    let _ = claim(&mut first);
     first.0
 }
 
 /// A [`Tx`] that records the event a claim inserts and fails every step,
 /// so the claim stops at its first.
-struct FirstStep(Option<EventRow>);
+pub struct FirstStep(Option<EventRow>);
 
 fn stopped() -> StoreError {
     StoreError::other("stopped after the claim's first step")

@@ -196,7 +196,7 @@ mod tests {
     use crate::config::{Config, Durability};
     use crate::ingest::{Claim, Outcome, claim_in};
     use crate::store::pg_cluster;
-    use crate::store::postgres::claimers::event_row;
+    use crate::store::postgres::claimers::event_row_of;
     use crate::store::postgres::{Settings, migrate};
     use crate::time::now_ms;
 
@@ -278,7 +278,9 @@ params = { instance = "header:x-instance" }
                             .map(|c| Op {
                                 key: (source.name.clone(), c.event_id.clone()),
                                 savepoints: 1,
-                                events: event_row(source, c).into_iter().collect(),
+                                events: event_row_of(|tx| claim_in(tx, source, c))
+                                    .into_iter()
+                                    .collect(),
                                 run: Box::new(move |tx: &mut PgTx<'_>| claim_in(tx, source, c)),
                             })
                             .collect();
@@ -339,7 +341,9 @@ params = { instance = "header:x-instance" }
         let mut first = vec![Op {
             key: (source.name.clone(), "e0".to_string()),
             savepoints: 1,
-            events: event_row(source, &stored).into_iter().collect(),
+            events: event_row_of(|tx| claim_in(tx, source, &stored))
+                .into_iter()
+                .collect(),
             run: Box::new(|tx: &mut PgTx<'_>| claim_in(tx, source, &stored)),
         }];
         let r = run_group(&mut client, &mut statements, &mut first);
@@ -364,7 +368,7 @@ params = { instance = "header:x-instance" }
                 savepoints: 1,
                 // e3 has no row: its claim inserts it on its own.
                 events: (i != 5)
-                    .then(|| event_row(source, c))
+                    .then(|| event_row_of(|tx| claim_in(tx, source, c)))
                     .flatten()
                     .into_iter()
                     .collect(),

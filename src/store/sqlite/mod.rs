@@ -6,3 +6,199 @@ mod tx;
 pub mod writer;
 
 pub use tx::{DUE_JOBS, EXPIRED_JOBS, SqliteTx, to_sql_value};
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::config::Durability;
+use crate::store::backend::{Backend, Claims, Guard, JobCounts, Refusal, StorageGauges};
+use crate::store::db::{Db, TxError};
+use crate::store::prune::Batch;
+use crate::store::{ReadPool, StoreError};
+use writer::{Writer, WriterThreads};
+
+/// `serve` on one SQLite file: every write through the one writer (claims,
+/// refusals, the outbox's steps, the pruner's batches, grouped into shared
+/// commits), every read on a pool of read-only connections.
+pub struct Sqlite {
+    path: PathBuf,
+    writer: Writer,
+    threads: Mutex<Option<WriterThreads>>,
+    readers: ReadPool,
+}
+
+impl Sqlite {
+    /// Starts the writer on `conn` (opened and migrated) and the read pool
+    /// on the same file.
+    pub fn start(
+        conn: Connection,
+        path: &Path,
+        durability: Durability,
+        busy_timeout: Duration,
+    ) -> Result<Sqlite, StoreError> {
+        let (writer, threads) = Writer::start(conn, path.to_path_buf(), durability, busy_timeout)?;
+        Ok(Sqlite {
+            path: path.to_path_buf(),
+            writer,
+            threads: Mutex::new(Some(threads)),
+            readers: crate::store::read_pool(path, busy_timeout)?,
+        })
+    }
+
+    fn job_counts(&self) -> Result<JobCounts, StoreError> {
+        let conn = self
+            .readers
+            .get()
+            .map_err(|e| StoreError::other(format!("no read connection: {e}")))?;
+        let (by_status, oldest_pending) = crate::store::jobs::sqlite_gauges(&conn)?;
+        Ok(JobCounts {
+            by_status,
+            oldest_pending,
+        })
+    }
+}
+
+/// The size of a file, 0 when it is not there.
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+impl Backend for Sqlite {
+    type Tx<'t> = SqliteTx<'t>;
+    type Session = ();
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn session(&self) {}
+
+    fn read<T, E: TxError>(&self, f: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
+        let conn = self
+            .readers
+            .get()
+            .map_err(|e| StoreError::other(format!("no read connection: {e}")))?;
+        f(&Db::sqlite(&conn))
+    }
+
+    fn write<T, E>(
+        &self,
+        mut f: impl FnMut(&Db<'_>) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: TxError + Send + 'static,
+    {
+        self.writer
+            .call(move |conn| crate::store::db::sqlite_savepoint(conn, &mut f))?
+    }
+
+    /// No savepoint of their own: a claim fails only when storage does (its
+    /// SQL actions have savepoints of their own inside it), and then the
+    /// group, a batch's every event with it, is rolled back. The claims are
+    /// shared so that they are freed off the one writer thread, by the
+    /// continuation on the answer thread.
+    fn claim_then<C: Claims>(
+        &self,
+        claims: Arc<C>,
+        then: impl FnOnce(Result<Vec<C::Outcome>, StoreError>) + Send + 'static,
+    ) {
+        let op = {
+            let claims = claims.clone();
+            move |conn: &Connection| claims.claim_all(&mut SqliteTx::new(conn))
+        };
+        self.writer.call_then(Guard::Group, op, move |outcomes| {
+            drop(claims);
+            then(outcomes);
+        });
+    }
+
+    fn record_refusal(&self, r: Refusal) -> bool {
+        self.writer.submit(move |conn| {
+            use crate::store::tx::Tx as _;
+            SqliteTx::new(conn).insert_delivery(
+                &r.source,
+                None,
+                r.at,
+                r.outcome.as_str(),
+                &r.remote,
+                Some(&r.detail),
+            )
+        })
+    }
+
+    /// Ready when a probe made for this call commits (it rides with the
+    /// next group commit, which starts after the call: a commit that
+    /// started before never answers for it). Not ready while a commit
+    /// failed in the last 2 s either: with the disk nearly full, a small
+    /// probe can pass while the groups that carry events fail.
+    fn ready(&self) -> Result<(), StoreError> {
+        if let Some(e) = self.writer.recent_failure(Duration::from_secs(2)) {
+            return Err(e);
+        }
+        self.writer.probe()
+    }
+
+    fn gauges(&self) -> (Result<JobCounts, StoreError>, StorageGauges) {
+        let mut wal = self.path.as_os_str().to_owned();
+        wal.push("-wal");
+        let (commits, grouped) = self.writer.group_stats();
+        let storage = StorageGauges {
+            database_bytes: Some(file_size(&self.path)),
+            wal_bytes: Some(file_size(Path::new(&wal))),
+            writer_commits: commits,
+            writer_grouped: grouped,
+            writer_queue: self.writer.queued(),
+        };
+        (self.job_counts(), storage)
+    }
+
+    fn jobs<T: Send + 'static>(
+        &self,
+        _: &mut (),
+        guard: Guard,
+        mut body: impl for<'t> FnMut(&mut SqliteTx<'t>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.writer
+            .call_with(guard, move |conn| body(&mut SqliteTx::new(conn)))
+    }
+
+    fn jobs_queued(
+        &self,
+        _: &mut (),
+        guard: Guard,
+        mut body: impl for<'t> FnMut(&mut SqliteTx<'t>) -> Result<(), StoreError> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        self.writer
+            .send_with(guard, move |conn| body(&mut SqliteTx::new(conn)))
+    }
+
+    fn prune(&self, _: &mut (), batch: Batch) -> Result<(u64, u64), StoreError> {
+        self.writer.call(move |conn| batch.run_sqlite(conn))
+    }
+
+    fn vacuum_step(&self) -> Option<Result<(i64, i64), StoreError>> {
+        Some(self.writer.call(crate::store::prune::vacuum_once))
+    }
+
+    fn listen(&self, _: impl Fn() + Send + 'static) {}
+
+    fn stop_bound(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Lets the writer finish what is queued, then stops its threads.
+    fn stop(&self) {
+        let threads = self
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(threads) = threads {
+            threads.stop();
+        }
+    }
+}
