@@ -15,7 +15,6 @@
 //! transaction. It does no IO besides
 //! SQL and never commits.
 
-use rusqlite::Connection;
 use serde_json::Value;
 
 use std::sync::Arc;
@@ -24,7 +23,6 @@ use crate::config::{Action, ActionKind, Config, Source};
 use crate::key::{Input, Part};
 use crate::state::{AttemptOutcome, Delivery, EventState, JobKind, JobStatus};
 use crate::store::backend::Claims;
-use crate::store::sqlite::SqliteTx;
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -430,17 +428,6 @@ fn insert_forward_job<T: Tx>(
     Ok(())
 }
 
-/// Sets an event's state from its jobs on SQLite (see
-/// [`refresh_event_state_in`]).
-pub fn refresh_event_state(
-    conn: &Connection,
-    source: &str,
-    event_id: &str,
-    now: i64,
-) -> Result<String, StoreError> {
-    refresh_event_state_in(&mut SqliteTx::new(conn), source, event_id, now)
-}
-
 /// Sets an event's state from its jobs: failed when one has failed,
 /// completed when all are done, processing once any attempt has started,
 /// accepted before that. Returns the new state.
@@ -468,57 +455,12 @@ pub fn event_state(t: JobTallies) -> EventState {
     }
 }
 
-/// Checks at start that every SQL action prepares against the database (its
-/// tables exist after `setup_sql`) and names only known parameters.
-pub fn validate_sql_actions(conn: &Connection, sources: &[Source]) -> Result<(), String> {
-    for source in sources {
-        for action in &source.actions {
-            let ActionKind::Sql { sql, params } = &action.kind else {
-                continue;
-            };
-            let where_ = format!("sources.{}.actions ({})", source.name, action.name);
-            let stmt = conn
-                .prepare(sql)
-                .map_err(|e| format!("{where_}.sql: {e}"))?;
-            for i in 1..=stmt.parameter_count() {
-                let Some(name) = stmt.parameter_name(i) else {
-                    return Err(format!(
-                        "{where_}.sql: parameter {i} has no name; use :name parameters"
-                    ));
-                };
-                let bare = name.trim_start_matches([':', '@', '$']);
-                let known = params.iter().any(|(n, _)| n == bare)
-                    || crate::config::BUILTIN_PARAMS.contains(&bare);
-                if !known {
-                    return Err(format!(
-                        "{where_}.sql: parameter {name} is neither in params nor built in ({})",
-                        crate::config::BUILTIN_PARAMS
-                            .map(|p| format!(":{p}"))
-                            .join(", ")
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Runs an SQL action's statement again on a stored event, for an
 /// operator's replay: in its own savepoint of the caller's transaction,
 /// with the parameters bound exactly as the claim binds them (`c` rebuilt
 /// from the stored body and headers). `Ok(Err(message))` when the statement
 /// failed (only its own writes are rolled back); `Err` when storage failed.
 /// The job and attempt rows are the caller's to write.
-pub fn rerun_sql_action(
-    conn: &Connection,
-    source: &Source,
-    action: &Action,
-    c: &Claim,
-) -> Result<Result<(), String>, StoreError> {
-    rerun_sql_action_in(&mut SqliteTx::new(conn), source, action, c)
-}
-
-/// [`rerun_sql_action`] in the open transaction `tx` of any backend.
 pub fn rerun_sql_action_in<T: Tx>(
     tx: &mut T,
     source: &Source,
@@ -539,6 +481,7 @@ pub fn rerun_sql_action_in<T: Tx>(
 
 #[cfg(test)]
 mod tests {
+    use crate::store::sqlite::SqliteTx;
     use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
-use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::app::App;
 use crate::config::database_url::{DatabaseUrl, PostgresUrl};
@@ -18,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::store::backend::Backend;
 use crate::store::postgres::Settings;
 use crate::store::postgres::claimers::{self, Migrator, Postgres};
-use crate::store::sqlite::Sqlite;
+use crate::store::sqlite::{Opened, Sqlite};
 use crate::store::{self};
 use crate::time::now_ms;
 
@@ -38,8 +37,8 @@ pub fn run(mut config: Config) -> Result<()> {
     match config.database.clone() {
         DatabaseUrl::Sqlite(path) => {
             // Held while serving, so `migrate` refuses to copy under us.
-            let (conn, _serving) = open_sqlite(&config, &path)?;
-            let sqlite = Sqlite::start(conn, &path, config.durability, config.busy_timeout)
+            let (opened, _serving) = open_sqlite(&config, &path)?;
+            let sqlite = Sqlite::start(opened, &path, config.durability, config.busy_timeout)
                 .context("cannot start the writer")?;
             launch(Arc::new(config), sqlite, start)
         }
@@ -81,12 +80,12 @@ fn run_token(config: &mut Config, dev_default: bool) -> Option<String> {
 /// shared lock taken (returned: held while serving, so `migrate` refuses
 /// to copy under a running serve), `setup_sql` run, the SQL actions
 /// prepared and the key rules recorded.
-fn open_sqlite(config: &Config, path: &Path) -> Result<(Connection, std::fs::File)> {
+fn open_sqlite(config: &Config, path: &Path) -> Result<(Opened, std::fs::File)> {
     let new_database = !path.exists();
-    let mut conn = store::open(path, config.durability, config.busy_timeout)
+    let mut opened = Opened::open(path, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", path.display()))?;
-    store::migrate(&mut conn).context("cannot apply schema.sql")?;
-    if let Some(to) = store::meta::moved_to(&store::db::Db::sqlite(&conn))? {
+    opened.migrate().context("cannot apply schema.sql")?;
+    if let Some(to) = store::meta::moved_to(&opened.db())? {
         bail!(
             "{}: migrate moved this installation to {to}: set database to that URL. (To serve this file anyway, which reopens the duplicate window for every event received there since: sqlite3 {} \"DELETE FROM meta WHERE key = 'moved_to'\")",
             path.display(),
@@ -99,11 +98,11 @@ fn open_sqlite(config: &Config, path: &Path) -> Result<(Connection, std::fs::Fil
         new_database_notice(&path.display());
     }
     if let Some(sql) = &config.setup_sql {
-        conn.execute_batch(sql).context("setup_sql failed")?;
+        opened.run(sql).context("setup_sql failed")?;
     }
-    crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|e| anyhow!(e))?;
-    record_key_rules(&conn, config)?;
-    Ok((conn, serving))
+    crate::store::sqlite::check_actions(&opened, &config.sources).map_err(|e| anyhow!(e))?;
+    record_key_rules(&opened.db(), config)?;
+    Ok((opened, serving))
 }
 
 /// [`launch_with`] where the handshake secrets must be readable at start.
@@ -423,76 +422,23 @@ fn stop_signals() -> Result<signal_hook::iterator::Signals> {
     signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).context("cannot install signal handlers")
 }
 
-/// Records each source's key rule in SQLite (see [`record_key_rules_with`]).
-fn record_key_rules(conn: &Connection, config: &Config) -> Result<()> {
-    record_key_rules_with(
-        config,
-        |source| {
-            let stored: Option<(String, String)> = conn
-                .query_row(
-                    "SELECT key_rule, hash_rule FROM source_rules WHERE source = ?1",
-                    [source],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            let Some((key_rule, hash_rule)) = stored else {
-                return Ok(None);
-            };
-            let has_events: bool = conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM events WHERE source = ?1)",
-                [source],
-                |r| r.get(0),
-            )?;
-            Ok(Some((key_rule, hash_rule, has_events)))
-        },
-        |source, rule, hash_rule| {
-            conn.execute(
-                "INSERT INTO source_rules (source, key_rule, hash_rule, updated_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT(source) DO UPDATE SET key_rule = excluded.key_rule,
-                     hash_rule = excluded.hash_rule, updated_at = excluded.updated_at",
-                params![source, rule, hash_rule, now_ms()],
-            )?;
-            Ok(())
-        },
-    )
+/// Records each source's key rule in PostgreSQL (see [`record_key_rules`]).
+fn record_key_rules_postgres(settings: &Settings, config: &Config) -> Result<()> {
+    let mut client = settings
+        .connect()
+        .context("cannot connect to record the key rules")?;
+    record_key_rules(&store::db::Db::postgres(&mut client), config)
 }
 
-/// Records each source's key rule in PostgreSQL (see
-/// [`record_key_rules_with`]; the SQL is `store::postgres::maint`'s).
-fn record_key_rules_postgres(
-    settings: &crate::store::postgres::Settings,
-    config: &Config,
-) -> Result<()> {
-    use crate::store::postgres::maint;
-    let client = std::cell::RefCell::new(
-        settings
-            .connect()
-            .context("cannot connect to record the key rules")?,
-    );
-    record_key_rules_with(
-        config,
-        |source| Ok(maint::recorded_rule(&mut client.borrow_mut(), source)?),
-        |source, rule, hash_rule| {
-            maint::record_rule(&mut client.borrow_mut(), source, rule, hash_rule, now_ms())?;
-            Ok(())
-        },
-    )
-}
-
-/// Records each source's key rule (`stored` reads the recorded key rule,
-/// hash rule and whether the source has events; `put` writes one). A
-/// changed rule for a source that already has events is warned about
-/// loudly: events stored under the old rule will not be recognised as
-/// duplicates of deliveries keyed by the new one.
-fn record_key_rules_with(
-    config: &Config,
-    mut stored: impl FnMut(&str) -> Result<Option<(String, String, bool)>>,
-    mut put: impl FnMut(&str, &str, &str) -> Result<()>,
-) -> Result<()> {
+/// Records each source's key rule and hash rule. A changed rule for a
+/// source that already has events is warned about loudly: events stored
+/// under the old rule will not be recognised as duplicates of deliveries
+/// keyed by the new one.
+fn record_key_rules(db: &store::db::Db<'_>, config: &Config) -> Result<()> {
     for source in &config.sources {
         let rule = source.key.to_string();
         let hash_rule = source.hash_rule();
-        let recorded = stored(&source.name)?;
+        let recorded = store::rules::recorded(db, &source.name)?;
         if let Some((old_rule, old_hash, has_events)) = &recorded {
             if old_rule != &rule && *has_events {
                 crate::log::warn(
@@ -527,7 +473,7 @@ fn record_key_rules_with(
             .as_ref()
             .is_some_and(|(k, h, _)| k == &rule && h == &hash_rule);
         if !unchanged {
-            put(&source.name, &rule, &hash_rule)?;
+            store::rules::record(db, &source.name, &rule, &hash_rule, now_ms())?;
         }
     }
     Ok(())
@@ -558,23 +504,7 @@ pub fn check_sql_actions(config: &Config) -> Result<(), String> {
     if !has_sql {
         return Ok(());
     }
-    let fresh = (|| {
-        let mut conn = Connection::open_in_memory().map_err(|e| e.to_string())?;
-        store::migrate(&mut conn).map_err(|e| e.to_string())?;
-        if let Some(sql) = &config.setup_sql {
-            conn.execute_batch(sql)
-                .map_err(|e| format!("setup_sql: {e}"))?;
-        }
-        crate::ingest::validate_sql_actions(&conn, &config.sources)
-    })();
-    match fresh {
-        Err(e) if path.exists() => {
-            let conn =
-                store::open_read(path, std::time::Duration::from_secs(5)).map_err(|_| e.clone())?;
-            crate::ingest::validate_sql_actions(&conn, &config.sources).map_err(|_| e)
-        }
-        other => other,
-    }
+    crate::store::sqlite::check_sql_actions(config, path)
 }
 
 /// What the configured database holds, for `check`: whether it exists,
@@ -603,36 +533,15 @@ fn database_report(config: &Config) -> DatabaseReport {
     let read = || -> Result<DatabaseReport, String> {
         let conn =
             store::open_read(path, std::time::Duration::from_secs(5)).map_err(|e| e.to_string())?;
-        let has_events: bool = conn
-            .query_row(
-                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'events'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|e| e.to_string())?;
-        if !has_events {
+        let db = store::db::Db::sqlite(&conn);
+        let Some((events, rules)) = store::rules::report(&db).map_err(|e| e.to_string())? else {
             return Ok(DatabaseReport {
                 summary: "exists, but is not an idemhook database yet (no events table)"
                     .to_string(),
                 ..DatabaseReport::default()
             });
-        }
-        let events: i64 = conn
-            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
-            .map_err(|e| e.to_string())?;
-        let mut stmt = conn
-            .prepare(
-                "SELECT r.source, r.key_rule, r.hash_rule,
-                        (SELECT count(*) FROM events e WHERE e.source = r.source)
-                 FROM source_rules r ORDER BY r.source",
-            )
-            .map_err(|e| e.to_string())?;
-        let rules = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| e.to_string())?;
-        let kept = store::meta::all_handed_over(&store::db::Db::sqlite(&conn))
-            .map_err(|e| e.to_string())?;
+        };
+        let kept = store::meta::all_handed_over(&db).map_err(|e| e.to_string())?;
         Ok(DatabaseReport {
             summary: format!(
                 "exists, {events} event{} stored",
@@ -678,8 +587,8 @@ fn database_report_postgres(
                 )
             })
             .unwrap_or_default();
-        let report =
-            crate::store::postgres::maint::rules_report(&mut client).map_err(|e| e.to_string())?;
+        let report = store::rules::report(&store::db::Db::postgres(&mut client))
+            .map_err(|e| e.to_string())?;
         Ok(match report {
             None => DatabaseReport {
                 summary: format!(

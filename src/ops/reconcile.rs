@@ -406,16 +406,10 @@ fn confirm(
             "job {job_id} changed while it was being marked done"
         )));
     }
-    db.steps(
-        |tx| {
-            crate::outbox::record_check(tx.conn, job_id, n, worker, a)?;
-            crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
-        },
-        |tx| {
-            crate::outbox::record_check_in(tx, job_id, n, worker, a)?;
-            crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
-        },
-    )?;
+    crate::with_tx!(db, |tx| {
+        crate::outbox::record_check_in(tx, job_id, n, worker, a)?;
+        crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
+    })?;
     Ok(n)
 }
 

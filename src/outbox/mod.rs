@@ -60,7 +60,7 @@ mod control;
 mod steps;
 mod worker;
 
-pub(crate) use steps::{record_check, record_check_in};
+pub(crate) use steps::record_check_in;
 use worker::Worker;
 
 /// Wakes idle workers when jobs are committed.

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use rusqlite::Connection;
 
 use super::control::{self, Slot};
 use super::{Attempt, Leased};
@@ -15,23 +14,11 @@ use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state_in;
 use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::StoreError;
-use crate::store::sqlite::SqliteTx;
 use crate::store::tx::TAKE_BATCH;
 use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
 
 /// Records one check (whatever it answered) in `checks`, for attempt `n`,
-/// on SQLite.
-pub(crate) fn record_check(
-    conn: &Connection,
-    job_id: i64,
-    n: i64,
-    worker: &str,
-    asked: &Asked,
-) -> Result<(), StoreError> {
-    record_check_in(&mut SqliteTx::new(conn), job_id, n, worker, asked)
-}
-
-/// Records one check in the open transaction `tx` of any backend.
+/// in the open transaction `tx` of any backend.
 pub(crate) fn record_check_in<T: OutboxTx>(
     tx: &mut T,
     job_id: i64,

@@ -197,45 +197,6 @@ pub fn delete_unknown_refused_batch(
     )?)
 }
 
-/// The key and hash rule recorded for `source`, and whether it has
-/// events.
-pub fn recorded_rule(
-    client: &mut Client,
-    source: &str,
-) -> Result<Option<(String, String, bool)>, StoreError> {
-    let row = client.query_opt(
-        "SELECT key_rule, hash_rule,
-                EXISTS (SELECT 1 FROM events WHERE source = $1)
-         FROM source_rules WHERE source = $1",
-        &[&source],
-    )?;
-    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
-}
-
-/// Records `source`'s key and hash rule (another instance starting at
-/// the same time writes the same row: the last one stays).
-pub fn record_rule(
-    client: &mut Client,
-    source: &str,
-    key_rule: &str,
-    hash_rule: &str,
-    now: i64,
-) -> Result<(), StoreError> {
-    client.execute(
-        "INSERT INTO source_rules (source, key_rule, hash_rule, updated_at) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (source) DO UPDATE SET key_rule = EXCLUDED.key_rule,
-             hash_rule = EXCLUDED.hash_rule, updated_at = EXCLUDED.updated_at",
-        &[&source, &key_rule, &hash_rule, &now],
-    )?;
-    Ok(())
-}
-
-/// What `check` reports of a PostgreSQL database, read without changing
-/// it: None when it holds no idemhook tables yet, else the events stored
-/// and (source, key rule, hash rule, events of the source) per recorded
-/// source.
-pub type RulesReport = Option<(i64, Vec<(String, String, String, i64)>)>;
-
 /// The server a connection reached, for `check`: its address (or "a unix
 /// socket"), its port (0 for a socket) and whether it refuses writes.
 pub fn reached(client: &mut Client) -> Result<(String, i32, bool), StoreError> {
@@ -246,28 +207,4 @@ pub fn reached(client: &mut Client) -> Result<(String, i32, bool), StoreError> {
         &[],
     )?;
     Ok((r.get(0), r.get(1), r.get(2)))
-}
-
-pub fn rules_report(client: &mut Client) -> Result<RulesReport, StoreError> {
-    let present: bool = client
-        .query_one(
-            "SELECT to_regclass('events') IS NOT NULL AND to_regclass('source_rules') IS NOT NULL",
-            &[],
-        )?
-        .get(0);
-    if !present {
-        return Ok(None);
-    }
-    let events: i64 = client.query_one("SELECT count(*) FROM events", &[])?.get(0);
-    let rules = client
-        .query(
-            "SELECT r.source, r.key_rule, r.hash_rule,
-                    (SELECT count(*) FROM events e WHERE e.source = r.source)
-             FROM source_rules r ORDER BY r.source",
-            &[],
-        )?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect();
-    Ok(Some((events, rules)))
 }

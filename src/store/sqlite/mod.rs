@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::config::Durability;
+use crate::config::{ActionKind, Config, Durability, Source};
 use crate::store::backend::{Backend, Claims, Guard, JobCounts, Refusal, StorageGauges};
 use crate::store::db::{Db, TxError};
 use crate::store::prune::Batch;
@@ -30,11 +30,66 @@ pub struct Sqlite {
     readers: ReadPool,
 }
 
+/// The file opened for `serve`, before its writer starts: migrated, and
+/// `setup_sql` run on it.
+pub struct Opened(Connection);
+
+impl Opened {
+    pub fn open(path: &Path, durability: Durability, busy: Duration) -> Result<Opened, StoreError> {
+        crate::store::open(path, durability, busy).map(Opened)
+    }
+
+    /// `schema.sql` applied.
+    pub fn migrate(&mut self) -> Result<(), StoreError> {
+        crate::store::migrate(&mut self.0)
+    }
+
+    /// Runs `sql` (`setup_sql`) as it is.
+    pub fn run(&self, sql: &str) -> Result<(), StoreError> {
+        Ok(self.0.execute_batch(sql)?)
+    }
+
+    pub fn db(&self) -> Db<'_> {
+        Db::sqlite(&self.0)
+    }
+}
+
+impl std::ops::Deref for Opened {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.0
+    }
+}
+
+/// `check`'s test of the SQL actions on SQLite, as `serve` prepares them:
+/// against an empty database with idemhook's schema and `setup_sql`, and,
+/// if that fails, against the configured database as it is (read-only; its
+/// tables may come from elsewhere). Changes nothing on disk.
+pub fn check_sql_actions(config: &Config, path: &Path) -> Result<(), String> {
+    let fresh = (|| {
+        let mut conn = Connection::open_in_memory().map_err(|e| e.to_string())?;
+        crate::store::migrate(&mut conn).map_err(|e| e.to_string())?;
+        if let Some(sql) = &config.setup_sql {
+            conn.execute_batch(sql)
+                .map_err(|e| format!("setup_sql: {e}"))?;
+        }
+        check_actions(&conn, &config.sources)
+    })();
+    match fresh {
+        Err(e) if path.exists() => {
+            let conn =
+                crate::store::open_read(path, Duration::from_secs(5)).map_err(|_| e.clone())?;
+            check_actions(&conn, &config.sources).map_err(|_| e)
+        }
+        other => other,
+    }
+}
+
 impl Sqlite {
-    /// Starts the writer on `conn` (opened and migrated) and the read pool
-    /// on the same file.
+    /// Starts the writer on the opened file and the read pool on the same
+    /// file.
     pub fn start(
-        conn: Connection,
+        Opened(conn): Opened,
         path: &Path,
         durability: Durability,
         busy_timeout: Duration,
@@ -201,4 +256,39 @@ impl Backend for Sqlite {
             threads.stop();
         }
     }
+}
+
+/// Checks at start that every SQL action prepares against the database (its
+/// tables exist after `setup_sql`) and names only known parameters.
+pub fn check_actions(conn: &Connection, sources: &[Source]) -> Result<(), String> {
+    for source in sources {
+        for action in &source.actions {
+            let ActionKind::Sql { sql, params } = &action.kind else {
+                continue;
+            };
+            let where_ = format!("sources.{}.actions ({})", source.name, action.name);
+            let stmt = conn
+                .prepare(sql)
+                .map_err(|e| format!("{where_}.sql: {e}"))?;
+            for i in 1..=stmt.parameter_count() {
+                let Some(name) = stmt.parameter_name(i) else {
+                    return Err(format!(
+                        "{where_}.sql: parameter {i} has no name; use :name parameters"
+                    ));
+                };
+                let bare = name.trim_start_matches([':', '@', '$']);
+                let known = params.iter().any(|(n, _)| n == bare)
+                    || crate::config::BUILTIN_PARAMS.contains(&bare);
+                if !known {
+                    return Err(format!(
+                        "{where_}.sql: parameter {name} is neither in params nor built in ({})",
+                        crate::config::BUILTIN_PARAMS
+                            .map(|p| format!(":{p}"))
+                            .join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
