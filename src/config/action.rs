@@ -77,22 +77,24 @@ fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
     Ok(ActionKind::Sql { sql, params })
 }
 
+/// Words that start a statement of transaction control.
+const CONTROL: [&str; 9] = [
+    "BEGIN",
+    "COMMIT",
+    "ROLLBACK",
+    "END",
+    "START",
+    "ABORT",
+    "SAVEPOINT",
+    "RELEASE",
+    "PREPARE",
+];
+
 /// The transaction control a statement of `sql` starts with, if any
 /// (`BEGIN`, `COMMIT`, `ROLLBACK`, ...): the first word of each statement,
 /// string literals, quoted names, dollar-quoted bodies and comments
 /// skipped, so a `;` or a word inside them does not count.
 fn ends_transaction(sql: &str) -> Option<String> {
-    const CONTROL: [&str; 9] = [
-        "BEGIN",
-        "COMMIT",
-        "ROLLBACK",
-        "END",
-        "START",
-        "ABORT",
-        "SAVEPOINT",
-        "RELEASE",
-        "PREPARE",
-    ];
     let b = sql.as_bytes();
     let mut i = 0;
     let mut at_start = true;
@@ -120,21 +122,7 @@ fn ends_transaction(sql: &str) -> Option<String> {
                 i += 2;
             }
             b'$' => {
-                // $tag$ ... $tag$ (PostgreSQL)
-                let tag_end = sql[i + 1..].find('$').map(|e| i + 1 + e);
-                match tag_end {
-                    Some(e)
-                        if sql[i + 1..e]
-                            .bytes()
-                            .all(|t| t.is_ascii_alphanumeric() || t == b'_') =>
-                    {
-                        let tag = &sql[i..=e];
-                        i = sql[e + 1..]
-                            .find(tag)
-                            .map_or(b.len(), |f| e + 1 + f + tag.len());
-                    }
-                    _ => i += 1,
-                }
+                i = past_dollar(sql, i);
                 at_start = false;
             }
             b';' => {
@@ -146,14 +134,8 @@ fn ends_transaction(sql: &str) -> Option<String> {
                 let end = sql[i..]
                     .find(|ch: char| !ch.is_ascii_alphabetic())
                     .map_or(sql.len(), |e| i + e);
-                let word = sql[i..end].to_ascii_uppercase();
-                if CONTROL.contains(&word.as_str()) {
-                    // PREPARE name AS ... is a prepared statement; PREPARE
-                    // TRANSACTION ends the transaction.
-                    let next = sql[end..].trim_start().to_ascii_uppercase();
-                    if word != "PREPARE" || next.starts_with("TRANSACTION") {
-                        return Some(word);
-                    }
+                if let Some(word) = control_word(sql, i, end) {
+                    return Some(word);
                 }
                 at_start = false;
                 i = end;
@@ -165,6 +147,38 @@ fn ends_transaction(sql: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// The index just past what a `$` at `i` starts: a `$tag$ ... $tag$`
+/// body (PostgreSQL; to the end when it is not closed), or the `$` alone.
+fn past_dollar(sql: &str, i: usize) -> usize {
+    let tag_end = sql[i + 1..].find('$').map(|e| i + 1 + e);
+    match tag_end {
+        Some(e)
+            if sql[i + 1..e]
+                .bytes()
+                .all(|t| t.is_ascii_alphanumeric() || t == b'_') =>
+        {
+            let tag = &sql[i..=e];
+            sql[e + 1..]
+                .find(tag)
+                .map_or(sql.len(), |f| e + 1 + f + tag.len())
+        }
+        _ => i + 1,
+    }
+}
+
+/// The statement's first word, `sql[start..end]`, in capitals, when it is
+/// transaction control.
+fn control_word(sql: &str, start: usize, end: usize) -> Option<String> {
+    let word = sql[start..end].to_ascii_uppercase();
+    if !CONTROL.contains(&word.as_str()) {
+        return None;
+    }
+    // PREPARE name AS ... is a prepared statement; PREPARE
+    // TRANSACTION ends the transaction.
+    let next = sql[end..].trim_start().to_ascii_uppercase();
+    (word != "PREPARE" || next.starts_with("TRANSACTION")).then_some(word)
 }
 
 /// A forward action: its URL, timeout and lease (the lease outlasts an

@@ -93,92 +93,42 @@ fn take_one<T: OutboxTx>(
     now: i64,
     candidate: Candidate,
 ) -> Result<Option<Leased>, StoreError> {
+    let Some(fwd) = forward_action(config, &candidate.source, &candidate.action) else {
+        // An action no longer in the config: left for the operator
+        // (reconcile lists it as overdue).
+        return Ok(None);
+    };
+    if held_back(tx, fwd, &candidate, now)? {
+        return Ok(None);
+    }
+    let Some(lease_ends) = lease_job(tx, fwd, &candidate, owner, now)? else {
+        return Ok(None);
+    };
+    let Some(budget_base) = budget_after_takeover(tx, fwd, &candidate, now)? else {
+        return Ok(None);
+    };
     let Candidate {
         job_id,
         source,
         event_id,
         action,
         n_before,
-        leased_at,
-        previous_owner,
-        pending,
+        ..
     } = candidate;
-    let Some(fwd) = forward_action(config, &source, &action) else {
-        // An action no longer in the config: left for the operator
-        // (reconcile lists it as overdue).
-        return Ok(None);
-    };
-    // A job with `after` is not due while a named job of its event is
-    // not done: it is parked (no due time) until a trigger releases it
-    // (schema.sql, jobs_release_waiting). A job taken over after its
-    // lease was let through once already.
-    if pending && !fwd.after.is_empty() {
-        let waiting = waiting_for(tx, &source, &event_id, &fwd.after)?;
-        if !waiting.is_empty() {
-            park(tx, job_id, n_before, &waiting, now)?;
-            return Ok(None);
-        }
-    }
-    // Delivery control: an earlier job of its order key first, then a
-    // slot of the action's concurrency and rate. Waiting is no attempt.
-    if pending && fwd.control.order.is_some() && control::behind_in_order(tx, job_id)? {
-        control::wait(tx, job_id, n_before, "order", None, now)?;
-        return Ok(None);
-    }
-    if fwd.control.limited() {
-        match control::take_slot(tx, &source, &action, &fwd.control, now)? {
-            Slot::Go => {}
-            Slot::Wait { reason, until } => {
-                if pending {
-                    control::wait(tx, job_id, n_before, reason, Some(until), now)?;
-                }
-                return Ok(None);
-            }
-        }
-    }
-    let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
-    let lease_until = lease_ends
-        .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
-    // The barrier: one conditional UPDATE, decided by the rows it changed.
-    if !tx.lease(job_id, owner, lease_until, now, n_before)? {
-        return Ok(None);
-    }
-    // A job's first lease (the common case) has no attempts behind it:
-    // no replay budget to look up and no cut-short attempt to record.
-    let budget_base: i64 = if n_before == 0 {
-        0
-    } else {
-        tx.replay_budget_base(job_id)?
-    };
-    let took_over = n_before > 0 && !tx.attempt_exists(job_id, n_before)?;
-    if took_over {
-        // The previous owner's attempt never recorded an end: its lease
-        // ran out (crash, or a hang past the lease).
-        tx.record_cut_short(job_id, n_before, leased_at, now, previous_owner.as_deref())?;
-        if n_before - budget_base >= i64::from(fwd.max_attempts) {
-            fail_job(
-                tx,
-                job_id,
-                now,
-                "max_attempts reached (the last attempt was cut short)",
-            )?;
-            refresh_event_state_in(tx, &source, &event_id, now)?;
-            return Ok(None);
-        }
-    }
     let Some(ForwardEvent {
         event_type,
         body: Some(body),
         content_type,
     }) = tx.forward_event(&source, &event_id)?
     else {
-        fail_job(
+        fail_and_refresh(
             tx,
             job_id,
+            &source,
+            &event_id,
             now,
             "the stored body was erased or pruned; nothing to forward",
         )?;
-        refresh_event_state_in(tx, &source, &event_id, now)?;
         return Ok(None);
     };
     if control::supersede_if_older(tx, fwd, job_id, n_before, &body, now)? {
@@ -204,6 +154,116 @@ fn take_one<T: OutboxTx>(
         content_type,
         needs_check,
     }))
+}
+
+/// Whether a candidate is not to be taken now: parked for its `after`,
+/// or waiting for its turn in order or for a delivery slot.
+fn held_back<T: OutboxTx>(
+    tx: &mut T,
+    fwd: &Forward,
+    candidate: &Candidate,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let (job_id, n_before, pending) = (candidate.job_id, candidate.n_before, candidate.pending);
+    let (source, action) = (&candidate.source, &candidate.action);
+    // A job with `after` is not due while a named job of its event is
+    // not done: it is parked (no due time) until a trigger releases it
+    // (schema.sql, jobs_release_waiting). A job taken over after its
+    // lease was let through once already.
+    if pending && !fwd.after.is_empty() {
+        let waiting = waiting_for(tx, source, &candidate.event_id, &fwd.after)?;
+        if !waiting.is_empty() {
+            park(tx, job_id, n_before, &waiting, now)?;
+            return Ok(true);
+        }
+    }
+    // Delivery control: an earlier job of its order key first, then a
+    // slot of the action's concurrency and rate. Waiting is no attempt.
+    if pending && fwd.control.order.is_some() && control::behind_in_order(tx, job_id)? {
+        control::wait(tx, job_id, n_before, "order", None, now)?;
+        return Ok(true);
+    }
+    if fwd.control.limited() {
+        match control::take_slot(tx, source, action, &fwd.control, now)? {
+            Slot::Go => {}
+            Slot::Wait { reason, until } => {
+                if pending {
+                    control::wait(tx, job_id, n_before, reason, Some(until), now)?;
+                }
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Leases the job to `owner` from `now`: when the lease ends for the
+/// worker, or None when another worker leased it first.
+fn lease_job<T: OutboxTx>(
+    tx: &mut T,
+    fwd: &Forward,
+    candidate: &Candidate,
+    owner: &str,
+    now: i64,
+) -> Result<Option<i64>, StoreError> {
+    let lease_ends = now + i64::try_from(fwd.lease.as_millis()).unwrap_or(i64::MAX / 2);
+    let lease_until = lease_ends
+        .saturating_add(i64::try_from(takeover_grace(fwd.lease).as_millis()).unwrap_or(0));
+    // The barrier: one conditional UPDATE, decided by the rows it changed.
+    let (job_id, n_before) = (candidate.job_id, candidate.n_before);
+    let leased = tx.lease(job_id, owner, lease_until, now, n_before)?;
+    Ok(leased.then_some(lease_ends))
+}
+
+/// The job's replay budget base, once a lapsed lease's attempt is recorded
+/// as cut short; None when that used up its attempts (the job failed).
+fn budget_after_takeover<T: OutboxTx>(
+    tx: &mut T,
+    fwd: &Forward,
+    candidate: &Candidate,
+    now: i64,
+) -> Result<Option<i64>, StoreError> {
+    let (job_id, n_before) = (candidate.job_id, candidate.n_before);
+    // A job's first lease (the common case) has no attempts behind it:
+    // no replay budget to look up and no cut-short attempt to record.
+    let budget_base: i64 = if n_before == 0 {
+        0
+    } else {
+        tx.replay_budget_base(job_id)?
+    };
+    let took_over = n_before > 0 && !tx.attempt_exists(job_id, n_before)?;
+    if took_over {
+        // The previous owner's attempt never recorded an end: its lease
+        // ran out (crash, or a hang past the lease).
+        let previous_owner = candidate.previous_owner.as_deref();
+        tx.record_cut_short(job_id, n_before, candidate.leased_at, now, previous_owner)?;
+        if n_before - budget_base >= i64::from(fwd.max_attempts) {
+            fail_and_refresh(
+                tx,
+                job_id,
+                &candidate.source,
+                &candidate.event_id,
+                now,
+                "max_attempts reached (the last attempt was cut short)",
+            )?;
+            return Ok(None);
+        }
+    }
+    Ok(Some(budget_base))
+}
+
+/// Fails a job with `error` and brings its event's state up to date.
+fn fail_and_refresh<T: OutboxTx>(
+    tx: &mut T,
+    job_id: i64,
+    source: &str,
+    event_id: &str,
+    now: i64,
+    error: &str,
+) -> Result<(), StoreError> {
+    fail_job(tx, job_id, now, error)?;
+    refresh_event_state_in(tx, source, event_id, now)?;
+    Ok(())
 }
 
 /// The forward action a job belongs to, if the config still has it.

@@ -49,42 +49,14 @@ pub fn to_positional(sql: &str) -> Result<Positional, String> {
                 i = end_of_block_comment(bytes, i)
                     .ok_or_else(|| format!("unterminated /* comment at byte {i}"))?;
             }
-            b'$' => {
-                if bytes.get(i + 1).is_some_and(u8::is_ascii_digit) {
-                    return Err(format!(
-                        "positional parameter at byte {i}: write :name parameters, not $n"
-                    ));
-                }
-                match dollar_tag(bytes, i) {
-                    Some(tag_len) => {
-                        let tag = &sql[i..i + tag_len];
-                        let body = i + tag_len;
-                        i = sql[body..]
-                            .find(tag)
-                            .map(|n| body + n + tag_len)
-                            .ok_or_else(|| format!("unterminated {tag} string at byte {i}"))?;
-                    }
-                    None => i += 1,
-                }
-            }
+            b'$' => i = end_of_dollar(sql, i)?,
             b':' if bytes.get(i + 1) == Some(&b':') => {
                 // A cast: skip both colons so the type is not a name.
                 i += 2;
             }
             b':' if bytes.get(i + 1).is_some_and(|&c| is_ident_start(c)) => {
-                let start = i + 1;
-                let mut end = start;
-                while end < bytes.len() && is_ident_byte(bytes[end]) {
-                    end += 1;
-                }
-                let name = &sql[start..end];
-                let n = match names.iter().position(|x| x == name) {
-                    Some(p) => p + 1,
-                    None => {
-                        names.push(name.to_string());
-                        names.len()
-                    }
-                };
+                let end = end_of_name(bytes, i + 1);
+                let n = number_of(&mut names, &sql[i + 1..end]);
                 out.push_str(&sql[copied..i]);
                 out.push('$');
                 out.push_str(&n.to_string());
@@ -95,17 +67,66 @@ pub fn to_positional(sql: &str) -> Result<Positional, String> {
                 // Skip a whole word, so a `$` inside an identifier
                 // (PostgreSQL allows one after the first character) is not
                 // read as a dollar quote; the quote arm looks back for E.
-                let mut end = i + 1;
-                while end < bytes.len() && (is_ident_byte(bytes[end]) || bytes[end] == b'$') {
-                    end += 1;
-                }
-                i = end;
+                i = end_of_word(bytes, i);
             }
             _ => i += 1,
         }
     }
     out.push_str(&sql[copied..]);
     Ok(Positional { sql: out, names })
+}
+
+/// The index just past what a `$` at `i` starts: a dollar-quoted string
+/// (`$$...$$`, `$tag$...$tag$`), or the `$` alone. A `$n` placeholder is
+/// refused.
+fn end_of_dollar(sql: &str, i: usize) -> Result<usize, String> {
+    let bytes = sql.as_bytes();
+    if bytes.get(i + 1).is_some_and(u8::is_ascii_digit) {
+        return Err(format!(
+            "positional parameter at byte {i}: write :name parameters, not $n"
+        ));
+    }
+    match dollar_tag(bytes, i) {
+        Some(tag_len) => {
+            let tag = &sql[i..i + tag_len];
+            let body = i + tag_len;
+            sql[body..]
+                .find(tag)
+                .map(|n| body + n + tag_len)
+                .ok_or_else(|| format!("unterminated {tag} string at byte {i}"))
+        }
+        None => Ok(i + 1),
+    }
+}
+
+/// The index just past the parameter name that starts at `start`.
+fn end_of_name(bytes: &[u8], start: usize) -> usize {
+    let mut end = start;
+    while end < bytes.len() && is_ident_byte(bytes[end]) {
+        end += 1;
+    }
+    end
+}
+
+/// The number `name` stands as (1-based): its first use's, or the next.
+fn number_of(names: &mut Vec<String>, name: &str) -> usize {
+    match names.iter().position(|x| x == name) {
+        Some(p) => p + 1,
+        None => {
+            names.push(name.to_string());
+            names.len()
+        }
+    }
+}
+
+/// The index just past the word (identifier bytes and `$`) that starts
+/// at `start`.
+fn end_of_word(bytes: &[u8], start: usize) -> usize {
+    let mut end = start + 1;
+    while end < bytes.len() && (is_ident_byte(bytes[end]) || bytes[end] == b'$') {
+        end += 1;
+    }
+    end
 }
 
 fn is_ident_start(b: u8) -> bool {

@@ -286,15 +286,7 @@ pub(super) fn verify(
         bytes: rq.body,
         json: None,
     };
-    for (name, expected) in &rule.require {
-        let value = super::required_header(rq.headers, name)?;
-        if !value.eq_ignore_ascii_case(expected) {
-            return Err(malformed(
-                name,
-                MalformedReason::Unsupported(expected.clone()),
-            ));
-        }
-    }
+    check_required(rule, rq)?;
     let groups = read_carrier(rule, rq, &mut body)?;
     let url = if rule.covers(&Piece::Url) {
         Some(verifier.url_of(rq.query))
@@ -302,57 +294,9 @@ pub(super) fn verify(
         None
     };
     for g in &groups {
-        let timestamp = match &rule.timestamp {
-            None => None,
-            Some(t) => Some(match &t.from {
-                TimeFrom::Header(name) => super::required_header(rq.headers, name)?.to_owned(),
-                TimeFrom::Carrier => g
-                    .timestamp
-                    .clone()
-                    .ok_or_else(|| malformed(rule.carrier.name(), MalformedReason::NoTimestamp))?,
-                TimeFrom::Json(pointer) => body.text_at(pointer)?,
-            }),
-        };
-        let mut parts: Vec<Vec<u8>> = Vec::with_capacity(rule.message.len());
-        for piece in &rule.message {
-            parts.push(match piece {
-                Piece::Body => Vec::new(), // placeholder: the body is borrowed below
-                Piece::Timestamp => timestamp.clone().unwrap_or_default().into_bytes(),
-                Piece::Url => url.clone().unwrap_or_default().into_bytes(),
-                Piece::Method => rq.method.as_bytes().to_vec(),
-                Piece::Header(name) => super::required_header(rq.headers, name)?
-                    .as_bytes()
-                    .to_vec(),
-                Piece::Text(text) => text.as_bytes().to_vec(),
-                Piece::Json(pointer) => body.text_at(pointer)?.into_bytes(),
-            });
-        }
-        let message: Vec<&[u8]> = rule
-            .message
-            .iter()
-            .zip(&parts)
-            .map(|(piece, part)| match piece {
-                Piece::Body => rq.body,
-                _ => part.as_slice(),
-            })
-            .collect();
-        let mut matched = match_keys(verifier, rule, &message, &g.signatures);
-        if matched.is_none() && rule.escaped_body {
-            let escaped = escape_unicode(rq.body);
-            if escaped.as_bytes() != rq.body {
-                let message: Vec<&[u8]> = rule
-                    .message
-                    .iter()
-                    .zip(&parts)
-                    .map(|(piece, part)| match piece {
-                        Piece::Body => escaped.as_bytes(),
-                        _ => part.as_slice(),
-                    })
-                    .collect();
-                matched = match_keys(verifier, rule, &message, &g.signatures);
-            }
-        }
-        let Some(index) = matched else {
+        let timestamp = group_timestamp(rule, rq, g, &mut body)?;
+        let parts = message_parts(rule, rq, timestamp.as_deref(), url.as_deref(), &mut body)?;
+        let Some(index) = match_group(verifier, rule, rq.body, &parts, &g.signatures) else {
             continue;
         };
         let signed_at = match (&rule.timestamp, &timestamp) {
@@ -373,6 +317,99 @@ pub(super) fn verify(
     } else {
         Err(VerifyError::NoSignatureMatched)
     }
+}
+
+/// Checks that the headers the rule requires carry their values.
+fn check_required(rule: &SignedRule, rq: &Request<'_>) -> Result<(), VerifyError> {
+    for (name, expected) in &rule.require {
+        let value = super::required_header(rq.headers, name)?;
+        if !value.eq_ignore_ascii_case(expected) {
+            return Err(malformed(
+                name,
+                MalformedReason::Unsupported(expected.clone()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The timestamp signed with a group's signatures, as sent, when the rule
+/// has one: from its header, the carrier or the body.
+fn group_timestamp(
+    rule: &SignedRule,
+    rq: &Request<'_>,
+    g: &Group,
+    body: &mut Body<'_>,
+) -> Result<Option<String>, VerifyError> {
+    let Some(t) = &rule.timestamp else {
+        return Ok(None);
+    };
+    Ok(Some(match &t.from {
+        TimeFrom::Header(name) => super::required_header(rq.headers, name)?.to_owned(),
+        TimeFrom::Carrier => g
+            .timestamp
+            .clone()
+            .ok_or_else(|| malformed(rule.carrier.name(), MalformedReason::NoTimestamp))?,
+        TimeFrom::Json(pointer) => body.text_at(pointer)?,
+    }))
+}
+
+/// The signed content's pieces, in order; the body's piece is left empty
+/// (it is borrowed, as sent or escaped, by [`with_body`]).
+fn message_parts(
+    rule: &SignedRule,
+    rq: &Request<'_>,
+    timestamp: Option<&str>,
+    url: Option<&str>,
+    body: &mut Body<'_>,
+) -> Result<Vec<Vec<u8>>, VerifyError> {
+    let mut parts: Vec<Vec<u8>> = Vec::with_capacity(rule.message.len());
+    for piece in &rule.message {
+        parts.push(match piece {
+            Piece::Body => Vec::new(), // placeholder: `with_body` borrows the body
+            Piece::Timestamp => timestamp.unwrap_or_default().as_bytes().to_vec(),
+            Piece::Url => url.unwrap_or_default().as_bytes().to_vec(),
+            Piece::Method => rq.method.as_bytes().to_vec(),
+            Piece::Header(name) => super::required_header(rq.headers, name)?
+                .as_bytes()
+                .to_vec(),
+            Piece::Text(text) => text.as_bytes().to_vec(),
+            Piece::Json(pointer) => body.text_at(pointer)?.into_bytes(),
+        });
+    }
+    Ok(parts)
+}
+
+/// The signed content: `parts` with `body` in the body's place.
+fn with_body<'m>(rule: &SignedRule, parts: &'m [Vec<u8>], body: &'m [u8]) -> Vec<&'m [u8]> {
+    rule.message
+        .iter()
+        .zip(parts)
+        .map(|(piece, part)| match piece {
+            Piece::Body => body,
+            _ => part.as_slice(),
+        })
+        .collect()
+}
+
+/// Index of the first key a signature of the group matches, over the body
+/// as sent or, when the rule also accepts it, escaped.
+fn match_group(
+    verifier: &Verifier,
+    rule: &SignedRule,
+    body: &[u8],
+    parts: &[Vec<u8>],
+    signatures: &[Vec<u8>],
+) -> Option<usize> {
+    let mut matched = match_keys(verifier, rule, &with_body(rule, parts, body), signatures);
+    if matched.is_none() && rule.escaped_body {
+        let escaped = escape_unicode(body);
+        if escaped.as_bytes() != body {
+            let message = with_body(rule, parts, escaped.as_bytes());
+            matched = match_keys(verifier, rule, &message, signatures);
+        }
+    }
+    matched
 }
 
 /// The body as Box's SDKs escape it before their second try: every
@@ -406,117 +443,172 @@ fn read_carrier(
     rq: &Request<'_>,
     body: &mut Body<'_>,
 ) -> Result<Vec<Group>, VerifyError> {
-    let decode = |name: &str, raw: &str| decode(name, raw, rule.encoding);
+    let (headers, encoding) = (rq.headers, rule.encoding);
     let groups = match &rule.carrier {
         Carrier::Header { name, prefix, list } => {
-            let value = super::required_header(rq.headers, name)?;
-            let entries = match list {
-                Some(separator) => super::split_entries(name, value, *separator)?,
-                None => vec![value],
-            };
-            let mut signatures = Vec::new();
-            for entry in entries {
-                let raw = super::strip_prefix_ignore_case(entry, prefix).ok_or_else(|| {
-                    malformed(name, MalformedReason::MissingPrefix(prefix.clone()))
-                })?;
-                signatures.push(decode(name, raw)?);
-            }
-            vec![group(None, signatures)]
+            vec![group(
+                None,
+                header_signatures(headers, name, prefix, *list, encoding)?,
+            )]
         }
         Carrier::AnyHeader(names) => {
-            let mut signatures = Vec::new();
-            for name in names {
-                if let Some(value) = super::optional_header(rq.headers, name)? {
-                    signatures.push(decode(name, value)?);
-                }
-            }
-            if signatures.is_empty() {
-                return Err(VerifyError::MissingHeader(
-                    rule.carrier.name().to_ascii_lowercase(),
-                ));
-            }
-            vec![group(None, signatures)]
+            vec![group(
+                None,
+                any_header_signatures(headers, names, encoding)?,
+            )]
         }
         Carrier::Numbered(prefix) => {
-            let mut signatures = Vec::new();
-            for (name, _) in rq.headers {
-                let numbered = super::strip_prefix_ignore_case(name, prefix)
-                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-                if numbered
-                    && signatures.len() < super::MAX_ENTRIES
-                    && let Some(value) = super::optional_header(rq.headers, name)?
-                {
-                    signatures.push(decode(name, value)?);
-                }
-            }
-            if signatures.is_empty() {
-                return Err(VerifyError::MissingHeader(format!(
-                    "{}1",
-                    prefix.to_ascii_lowercase()
-                )));
-            }
-            vec![group(None, signatures)]
+            vec![group(None, numbered_signatures(headers, prefix, encoding)?)]
         }
         Carrier::Pairs {
             name,
             timestamp_key,
             signature_key,
-        } => {
-            let value = super::required_header(rq.headers, name)?;
-            let mut groups: Vec<Group> = Vec::new();
-            let entries: Vec<&str> = value
-                .split([',', ' ', '\t'])
-                .filter(|e| !e.is_empty())
-                .take(super::MAX_ENTRIES + 1)
-                .collect();
-            if entries.len() > super::MAX_ENTRIES {
-                return Err(malformed(
-                    name,
-                    MalformedReason::TooManyEntries {
-                        max: super::MAX_ENTRIES,
-                    },
-                ));
-            }
-            for entry in entries {
-                let (key, raw) = entry
-                    .split_once('=')
-                    .ok_or_else(|| malformed(name, MalformedReason::BadEntry("key=value")))?;
-                if key == timestamp_key {
-                    groups.push(group(Some(raw.to_owned()), Vec::new()));
-                } else if key == signature_key {
-                    let signature = decode(name, raw)?;
-                    match groups.last_mut() {
-                        Some(g) => g.signatures.push(signature),
-                        None => groups.push(group(None, vec![signature])),
-                    }
-                }
-            }
-            if groups.iter().all(|g| g.timestamp.is_none()) {
-                return Err(malformed(name, MalformedReason::NoTimestamp));
-            }
-            groups
-        }
-        Carrier::Positional(name) => {
-            let value = super::required_header(rq.headers, name)?;
-            let entries = super::split_entries(name, value, ',')?;
-            let (timestamp, rest) = entries
-                .split_first()
-                .ok_or_else(|| malformed(name, MalformedReason::NoTimestamp))?;
-            let signatures = rest
-                .iter()
-                .map(|raw| decode(name, raw))
-                .collect::<Result<Vec<_>, _>>()?;
-            vec![group(Some((*timestamp).to_owned()), signatures)]
-        }
+        } => pair_groups(headers, name, timestamp_key, signature_key, encoding)?,
+        Carrier::Positional(name) => vec![positional_group(headers, name, encoding)?],
         Carrier::Json(pointer) => {
             let raw = body.text_at(pointer)?;
-            vec![group(None, vec![decode(pointer, &raw)?])]
+            vec![group(None, vec![decode(pointer, &raw, encoding)?])]
         }
     };
     if groups.iter().all(|g| g.signatures.is_empty()) {
         return Err(malformed(rule.carrier.name(), MalformedReason::NoSignature));
     }
     Ok(groups)
+}
+
+/// The signatures of a [`Carrier::Header`]: its value, or each entry of
+/// its list, after the prefix.
+fn header_signatures(
+    headers: &[(String, String)],
+    name: &str,
+    prefix: &str,
+    list: Option<char>,
+    encoding: Encoding,
+) -> Result<Vec<Vec<u8>>, VerifyError> {
+    let value = super::required_header(headers, name)?;
+    let entries = match list {
+        Some(separator) => super::split_entries(name, value, separator)?,
+        None => vec![value],
+    };
+    let mut signatures = Vec::new();
+    for entry in entries {
+        let raw = super::strip_prefix_ignore_case(entry, prefix)
+            .ok_or_else(|| malformed(name, MalformedReason::MissingPrefix(prefix.to_owned())))?;
+        signatures.push(decode(name, raw, encoding)?);
+    }
+    Ok(signatures)
+}
+
+/// The signatures of a [`Carrier::AnyHeader`]: one from each of its
+/// headers that is set, at least one.
+fn any_header_signatures(
+    headers: &[(String, String)],
+    names: &[String],
+    encoding: Encoding,
+) -> Result<Vec<Vec<u8>>, VerifyError> {
+    let mut signatures = Vec::new();
+    for name in names {
+        if let Some(value) = super::optional_header(headers, name)? {
+            signatures.push(decode(name, value, encoding)?);
+        }
+    }
+    if signatures.is_empty() {
+        // Named as the carrier is: by its first header.
+        let first = names.first().map_or("", String::as_str);
+        return Err(VerifyError::MissingHeader(first.to_ascii_lowercase()));
+    }
+    Ok(signatures)
+}
+
+/// The signatures of a [`Carrier::Numbered`]: one from each header named
+/// the prefix and a number (at most [`super::MAX_ENTRIES`]), at least one.
+fn numbered_signatures(
+    headers: &[(String, String)],
+    prefix: &str,
+    encoding: Encoding,
+) -> Result<Vec<Vec<u8>>, VerifyError> {
+    let mut signatures = Vec::new();
+    for (name, _) in headers {
+        let numbered = super::strip_prefix_ignore_case(name, prefix)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if numbered
+            && signatures.len() < super::MAX_ENTRIES
+            && let Some(value) = super::optional_header(headers, name)?
+        {
+            signatures.push(decode(name, value, encoding)?);
+        }
+    }
+    if signatures.is_empty() {
+        return Err(VerifyError::MissingHeader(format!(
+            "{}1",
+            prefix.to_ascii_lowercase()
+        )));
+    }
+    Ok(signatures)
+}
+
+/// The groups of a [`Carrier::Pairs`] header: each timestamp key starts
+/// one, the signature keys after it join it; at least one timestamp.
+fn pair_groups(
+    headers: &[(String, String)],
+    name: &str,
+    timestamp_key: &str,
+    signature_key: &str,
+    encoding: Encoding,
+) -> Result<Vec<Group>, VerifyError> {
+    let value = super::required_header(headers, name)?;
+    let mut groups: Vec<Group> = Vec::new();
+    let entries: Vec<&str> = value
+        .split([',', ' ', '\t'])
+        .filter(|e| !e.is_empty())
+        .take(super::MAX_ENTRIES + 1)
+        .collect();
+    if entries.len() > super::MAX_ENTRIES {
+        return Err(malformed(
+            name,
+            MalformedReason::TooManyEntries {
+                max: super::MAX_ENTRIES,
+            },
+        ));
+    }
+    for entry in entries {
+        let (key, raw) = entry
+            .split_once('=')
+            .ok_or_else(|| malformed(name, MalformedReason::BadEntry("key=value")))?;
+        if key == timestamp_key {
+            groups.push(group(Some(raw.to_owned()), Vec::new()));
+        } else if key == signature_key {
+            let signature = decode(name, raw, encoding)?;
+            match groups.last_mut() {
+                Some(g) => g.signatures.push(signature),
+                None => groups.push(group(None, vec![signature])),
+            }
+        }
+    }
+    if groups.iter().all(|g| g.timestamp.is_none()) {
+        return Err(malformed(name, MalformedReason::NoTimestamp));
+    }
+    Ok(groups)
+}
+
+/// The group of a [`Carrier::Positional`] header: the timestamp, then the
+/// signatures.
+fn positional_group(
+    headers: &[(String, String)],
+    name: &str,
+    encoding: Encoding,
+) -> Result<Group, VerifyError> {
+    let value = super::required_header(headers, name)?;
+    let entries = super::split_entries(name, value, ',')?;
+    let (timestamp, rest) = entries
+        .split_first()
+        .ok_or_else(|| malformed(name, MalformedReason::NoTimestamp))?;
+    let signatures = rest
+        .iter()
+        .map(|raw| decode(name, raw, encoding))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(group(Some((*timestamp).to_owned()), signatures))
 }
 
 fn decode(name: &str, raw: &str, encoding: Encoding) -> Result<Vec<u8>, VerifyError> {
@@ -662,15 +754,32 @@ pub(super) fn sign(
     {
         out.push((name.clone(), ts.clone()));
     }
+    let content = content_to_sign(verifier, rule, rq, timestamp.as_deref(), &out)?;
+    let signature = signature_of(verifier, rule.alg, &content, private_key)?;
+    let encoded = match rule.encoding {
+        Encoding::Text => String::from_utf8(signature).map_err(|_| "the secret is not text")?,
+        encoding => super::encode_signature(&signature, encoding),
+    };
+    push_signature(&mut out, &rule.carrier, encoded, timestamp.as_deref())?;
+    Ok(out)
+}
+
+/// The content the rule signs for `rq`, a signed header taken from the
+/// headers about to be sent (`out`) before the request's own.
+fn content_to_sign(
+    verifier: &Verifier,
+    rule: &SignedRule,
+    rq: &Request<'_>,
+    timestamp: Option<&str>,
+    out: &[(String, String)],
+) -> Result<Vec<u8>, String> {
     let url = verifier.url_of(rq.query);
     let body_json: Option<serde_json::Value> = serde_json::from_slice(rq.body).ok();
     let mut content = Vec::new();
     for piece in &rule.message {
         match piece {
             Piece::Body => content.extend_from_slice(rq.body),
-            Piece::Timestamp => {
-                content.extend_from_slice(timestamp.as_deref().unwrap_or("").as_bytes())
-            }
+            Piece::Timestamp => content.extend_from_slice(timestamp.unwrap_or("").as_bytes()),
             Piece::Url => content.extend_from_slice(url.as_bytes()),
             Piece::Method => content.extend_from_slice(rq.method.as_bytes()),
             Piece::Header(name) => {
@@ -693,8 +802,19 @@ pub(super) fn sign(
             }
         }
     }
-    let signature = match rule.alg {
-        Alg::Hmac(alg) => verifier.sign_hmac(alg, &[&content])?,
+    Ok(content)
+}
+
+/// The signature of `content` by `alg`: an HMAC with secret 0, the secret
+/// itself for a token, else made with `private_key`.
+fn signature_of(
+    verifier: &Verifier,
+    alg: Alg,
+    content: &[u8],
+    private_key: Option<&str>,
+) -> Result<Vec<u8>, String> {
+    Ok(match alg {
+        Alg::Hmac(alg) => verifier.sign_hmac(alg, &[content])?,
         Alg::Token => match verifier.keys.first() {
             Some(Key::Hmac(k)) => k.clone(),
             _ => return Err("no secret to send".to_owned()),
@@ -706,7 +826,7 @@ pub(super) fn sign(
                 private_key.ok_or("this kind signs with a private key: pass --private-key FILE")?;
             let key = ed25519_dalek::SigningKey::from_pkcs8_pem(pem)
                 .map_err(|_| "--private-key is not a PKCS#8 PEM Ed25519 private key".to_owned())?;
-            key.sign(&content).to_bytes().to_vec()
+            key.sign(content).to_bytes().to_vec()
         }
         Alg::EcdsaP256 => {
             use p256::ecdsa::signature::Signer as _;
@@ -715,15 +835,21 @@ pub(super) fn sign(
                 private_key.ok_or("this kind signs with a private key: pass --private-key FILE")?;
             let key = p256::ecdsa::SigningKey::from_pkcs8_pem(pem)
                 .map_err(|_| "--private-key is not a PKCS#8 PEM P-256 private key".to_owned())?;
-            let sig: p256::ecdsa::Signature = key.sign(&content);
+            let sig: p256::ecdsa::Signature = key.sign(content);
             sig.to_der().as_bytes().to_vec()
         }
-    };
-    let encoded = match rule.encoding {
-        Encoding::Text => String::from_utf8(signature).map_err(|_| "the secret is not text")?,
-        encoding => super::encode_signature(&signature, encoding),
-    };
-    match &rule.carrier {
+    })
+}
+
+/// Adds the encoded signature to `out` as the carrier sends it (with the
+/// timestamp, for the carriers that hold one).
+fn push_signature(
+    out: &mut Vec<(String, String)>,
+    carrier: &Carrier,
+    encoded: String,
+    timestamp: Option<&str>,
+) -> Result<(), String> {
+    match carrier {
         Carrier::Header { name, prefix, .. } => {
             out.push((name.clone(), format!("{prefix}{encoded}")))
         }
@@ -740,15 +866,15 @@ pub(super) fn sign(
             name.clone(),
             format!(
                 "{timestamp_key}={},{signature_key}={encoded}",
-                timestamp.as_deref().unwrap_or("")
+                timestamp.unwrap_or("")
             ),
         )),
         Carrier::Positional(name) => out.push((
             name.clone(),
-            format!("{},{encoded}", timestamp.as_deref().unwrap_or("")),
+            format!("{},{encoded}", timestamp.unwrap_or("")),
         )),
         // In the body: `sign_into_body` writes it there.
         Carrier::Json(_) => {}
     }
-    Ok(out)
+    Ok(())
 }

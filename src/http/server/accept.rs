@@ -435,22 +435,7 @@ pub(super) fn tarpit_loop(
                 return;
             };
             if !shared.stop.load(Ordering::SeqCst) {
-                // One try per address and round: under a flood from one
-                // address, a round costs one scan of the connections.
-                let mut full = std::collections::HashSet::new();
-                waiting.retain(|h| {
-                    let address = address_key(h.remote.ip());
-                    if full.contains(&address) {
-                        return true;
-                    }
-                    let admitted = admit_held(&shared, h);
-                    if admitted {
-                        unhold(&shared, h.id);
-                    } else {
-                        full.insert(address);
-                    }
-                    !admitted
-                });
+                admit_waiting(&shared, &mut waiting);
             }
         }
         let now = Instant::now();
@@ -463,35 +448,62 @@ pub(super) fn tarpit_loop(
                 continue;
             }
             unhold(&shared, h.id);
-            let bytes = serialize(
-                Reply::error(503, "too many connections from this address, retry later")
-                    .retry_after(),
-                false,
-                true,
-            );
-            if shared.tls.is_none() {
-                use rustix::net::{SendFlags, send};
-                dropped(
-                    Some(h.remote),
-                    "refused: max_connections_per_address reached",
-                    &"held, no room made, answered 503",
-                );
-                let _ = send(
-                    &*h.socket,
-                    &bytes,
-                    SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
-                );
-                let _ = h.socket.shutdown(Shutdown::Write);
-            } else {
-                answer_503(
-                    &shared,
-                    h.socket,
-                    h.remote,
-                    "held past max_connections_per_address",
-                    "too many connections from this address, retry later",
-                );
-            }
+            answer_held_503(&shared, h);
         }
+    }
+}
+
+/// Offers each waiting connection a slot, keeping those still without
+/// room in the tarpit.
+fn admit_waiting(shared: &Arc<Shared>, waiting: &mut std::collections::VecDeque<Held>) {
+    // One try per address and round: under a flood from one
+    // address, a round costs one scan of the connections.
+    let mut full = std::collections::HashSet::new();
+    waiting.retain(|h| {
+        let address = address_key(h.remote.ip());
+        if full.contains(&address) {
+            return true;
+        }
+        let admitted = admit_held(shared, h);
+        if admitted {
+            unhold(shared, h.id);
+        } else {
+            full.insert(address);
+        }
+        !admitted
+    });
+}
+
+/// Answers 503 to a connection held until its time ran out with no room
+/// made: written without waiting on a plain listener, by [`answer_503`]
+/// (in TLS) on a TLS one.
+fn answer_held_503(shared: &Arc<Shared>, h: Held) {
+    let bytes = serialize(
+        Reply::error(503, "too many connections from this address, retry later").retry_after(),
+        false,
+        true,
+    );
+    if shared.tls.is_none() {
+        use rustix::net::{SendFlags, send};
+        dropped(
+            Some(h.remote),
+            "refused: max_connections_per_address reached",
+            &"held, no room made, answered 503",
+        );
+        let _ = send(
+            &*h.socket,
+            &bytes,
+            SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+        );
+        let _ = h.socket.shutdown(Shutdown::Write);
+    } else {
+        answer_503(
+            shared,
+            h.socket,
+            h.remote,
+            "held past max_connections_per_address",
+            "too many connections from this address, retry later",
+        );
     }
 }
 

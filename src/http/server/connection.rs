@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::body::read_body;
-use super::head::{HeadError, read_head};
+use super::head::{Head, HeadError, read_head};
 use super::later::{Later, OutState, Outbound, locked};
 use super::permit::Permit;
 use super::read::{BodyError, Budget, Over, write_out};
@@ -130,22 +130,8 @@ fn serve_requests(
                 return refuse_request(reader, state, shared, target.as_deref(), remote, cut);
             }
         };
-        let declared_too_large = head
-            .content_length
-            .is_some_and(|n| n > limits.max_body_bytes);
-        // Expect: 100-continue (HTTP/1.1 only), unless the answer is known.
-        if head.expect_continue && !declared_too_large {
-            let _ = write_out(reader, b"HTTP/1.1 100 Continue\r\n\r\n");
-        }
-        state.deadlines(limits.body_timeout);
         let mut budget = Budget::new(&shared.bodies, address_key(remote.ip()));
-        let body = if declared_too_large {
-            // Not read at all: the answer is 413, the rest is drained.
-            Err(BodyError::TooLarge)
-        } else {
-            read_body(reader, &head, limits.max_body_bytes, &mut budget)
-        };
-        let body = match body {
+        let body = match receive_body(reader, &head, limits, state, &mut budget) {
             Ok(b) => b,
             Err(e) => {
                 let cut = body_cut(e, state, shared);
@@ -176,16 +162,54 @@ fn serve_requests(
             continue;
         }
         drop(budget);
-        let close = !head.keep_alive || shared.stop.load(Ordering::SeqCst);
         let is_head = request.method == "HEAD";
-        state.write_within(limits.body_timeout);
-        if write_out(reader, &serialize(reply, is_head, close)).is_err() {
-            return End::Dropped("the answer was not taken in time");
-        }
-        if close {
-            return End::Answered;
+        if let Some(end) = write_reply(reader, state, shared, reply, head.keep_alive, is_head) {
+            return end;
         }
     }
+}
+
+/// Reads the request's body, after a 100 Continue when the client waits
+/// for one; a body declared over the limit is refused unread.
+fn receive_body(
+    reader: &mut Conn,
+    head: &Head,
+    limits: &Limits,
+    state: &ConnState,
+    budget: &mut Budget,
+) -> Result<Vec<u8>, BodyError> {
+    let declared_too_large = head
+        .content_length
+        .is_some_and(|n| n > limits.max_body_bytes);
+    // Expect: 100-continue (HTTP/1.1 only), unless the answer is known.
+    if head.expect_continue && !declared_too_large {
+        let _ = write_out(reader, b"HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    state.deadlines(limits.body_timeout);
+    if declared_too_large {
+        // Not read at all: the answer is 413, the rest is drained.
+        Err(BodyError::TooLarge)
+    } else {
+        read_body(reader, head, limits.max_body_bytes, budget)
+    }
+}
+
+/// Writes the handler's reply, closing after it when the request or a
+/// stop says so. `Some` ends the connection.
+fn write_reply(
+    reader: &mut Conn,
+    state: &ConnState,
+    shared: &Shared,
+    reply: Reply,
+    keep_alive: bool,
+    is_head: bool,
+) -> Option<End> {
+    let close = !keep_alive || shared.stop.load(Ordering::SeqCst);
+    state.write_within(shared.limits.body_timeout);
+    if write_out(reader, &serialize(reply, is_head, close)).is_err() {
+        return Some(End::Dropped("the answer was not taken in time"));
+    }
+    close.then_some(End::Answered)
 }
 
 /// Waits, idle, for the next request's first byte (a TLS handshake first,

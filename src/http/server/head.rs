@@ -161,14 +161,59 @@ const KNOWN_METHODS: [&str; 8] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH",
 ];
 
+/// A refusal: the status and the message the head is answered with.
+type Refusal = (u16, String);
+
+/// A 400 with this message.
+fn bad(message: &str) -> Refusal {
+    (400, message.to_string())
+}
+
 /// The head (a request line, field lines and the blank line, as
 /// `read_head` gathered it), or the status and message it is refused with.
 /// `httparse` parses it; our rules on top: one space between the parts of
 /// the request line, HTTP/1.0 or 1.1, a known method, an origin- or
 /// absolute-form target, UTF-8 values, one valid `Host` (required on
 /// HTTP/1.1), and unambiguous framing.
-pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, (u16, String)> {
-    let bad = |m: &str| (400, m.to_string());
+pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Refusal> {
+    let line = request_line(raw, limits)?;
+    let headers = field_lines(raw, &line, limits)?;
+    check_host(&headers, line.http11)?;
+    let content_length = content_length_of(&headers)?;
+    let chunked = is_chunked(&headers)?;
+    if chunked && content_length.is_some() {
+        return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    let keep_alive = keeps_alive(&headers, line.http11, chunked);
+    // No 100 Continue to an HTTP/1.0 client (RFC 9110 10.1.1).
+    let expect_continue = line.http11
+        && field_values(&headers, "expect").any(|v| v.eq_ignore_ascii_case("100-continue"));
+    Ok(Head {
+        method: line.method.to_string(),
+        target: line.origin,
+        content_length,
+        chunked,
+        keep_alive,
+        expect_continue,
+        headers,
+    })
+}
+
+/// A request line, checked.
+struct RequestLine<'a> {
+    method: &'a str,
+    /// The target as sent.
+    target: &'a str,
+    /// The target in origin form (`*` for `OPTIONS *`).
+    origin: String,
+    /// HTTP/1.1, not 1.0.
+    http11: bool,
+}
+
+/// The head's first line: one space between method, target and version,
+/// HTTP/1.0 or 1.1, a known method, and a target within its limit in
+/// origin or absolute form.
+fn request_line<'a>(raw: &'a [u8], limits: &Limits) -> Result<RequestLine<'a>, Refusal> {
     let line_end = raw.iter().position(|&b| b == b'\n').unwrap_or(raw.len());
     let request_line = &raw[..line_end];
     let request_line = request_line.strip_suffix(b"\r").unwrap_or(request_line);
@@ -183,18 +228,7 @@ pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, (u16, Stri
     if method.is_empty() || !method.bytes().all(is_token) {
         return Err(bad("malformed method"));
     }
-    let http11 = match version {
-        "HTTP/1.1" => true,
-        "HTTP/1.0" => false,
-        v if v.strip_prefix("HTTP/").is_some_and(|n| {
-            n.starts_with(|c: char| c.is_ascii_digit())
-                && n.bytes().all(|b| b.is_ascii_digit() || b == b'.')
-        }) =>
-        {
-            return Err((505, "only HTTP/1.0 and HTTP/1.1 are supported".into()));
-        }
-        _ => return Err(bad("malformed request line")),
-    };
+    let http11 = is_http11(version)?;
     if !KNOWN_METHODS.contains(&method) {
         return Err((501, format!("method {method} is not implemented")));
     }
@@ -209,7 +243,39 @@ pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, (u16, Stri
     } else {
         origin_form(target).ok_or_else(|| bad("malformed request target"))?
     };
+    Ok(RequestLine {
+        method,
+        target,
+        origin,
+        http11,
+    })
+}
 
+/// Whether the request line's version is HTTP/1.1 (else 1.0); any other
+/// version is 505, anything not a version 400.
+fn is_http11(version: &str) -> Result<bool, Refusal> {
+    match version {
+        "HTTP/1.1" => Ok(true),
+        "HTTP/1.0" => Ok(false),
+        v if v.strip_prefix("HTTP/").is_some_and(|n| {
+            n.starts_with(|c: char| c.is_ascii_digit())
+                && n.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        }) =>
+        {
+            Err((505, "only HTTP/1.0 and HTTP/1.1 are supported".into()))
+        }
+        _ => Err(bad("malformed request line")),
+    }
+}
+
+/// The head's field lines as `httparse` reads them, within the limit on
+/// their number, the request line agreeing with ours; values UTF-8, their
+/// surrounding blanks trimmed.
+fn field_lines(
+    raw: &[u8],
+    line: &RequestLine<'_>,
+    limits: &Limits,
+) -> Result<Vec<(String, String)>, Refusal> {
     let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut parsed = httparse::Request::new(&mut fields);
     match parsed.parse(raw) {
@@ -231,7 +297,7 @@ pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, (u16, Stri
         Err(httparse::Error::NewLine) => return Err(bad("malformed line ending in the head")),
         Err(e) => return Err(bad(&format!("malformed request head: {e}"))),
     }
-    if parsed.method != Some(method) || parsed.path != Some(target) {
+    if parsed.method != Some(line.method) || parsed.path != Some(line.target) {
         return Err(bad("malformed request line"));
     }
     let mut headers: Vec<(String, String)> = Vec::with_capacity(parsed.headers.len());
@@ -243,69 +309,74 @@ pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, (u16, Stri
             value.trim_matches([' ', '\t']).to_string(),
         ));
     }
-    fn all<'h>(headers: &'h [(String, String)], name: &'h str) -> impl Iterator<Item = &'h str> {
-        headers
-            .iter()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-    let hosts: Vec<&str> = all(&headers, "host").collect();
+    Ok(headers)
+}
+
+/// The values of every field named `name` (ignoring ASCII case), in order.
+fn field_values<'h>(
+    headers: &'h [(String, String)],
+    name: &'h str,
+) -> impl Iterator<Item = &'h str> {
+    headers
+        .iter()
+        .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// One valid `Host`, or none on HTTP/1.0.
+fn check_host(headers: &[(String, String)], http11: bool) -> Result<(), Refusal> {
+    let hosts: Vec<&str> = field_values(headers, "host").collect();
     match hosts.as_slice() {
-        [] if http11 => return Err(bad("missing Host header")),
-        [] => {}
-        [host] if valid_host(host) => {}
-        [_] => return Err(bad("malformed Host header")),
-        _ => return Err(bad("more than one Host header")),
+        [] if http11 => Err(bad("missing Host header")),
+        [] => Ok(()),
+        [host] if valid_host(host) => Ok(()),
+        [_] => Err(bad("malformed Host header")),
+        _ => Err(bad("more than one Host header")),
     }
-    let lengths: Vec<&str> = all(&headers, "content-length").collect();
-    let content_length = match lengths.first() {
-        None => None,
-        Some(v) => {
-            // 1*DIGIT (RFC 9110 8.6): no sign, no spaces, no hex.
-            if v.is_empty() || v.len() > 19 || !v.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad("malformed Content-Length"));
-            }
-            let n: usize = v.parse().map_err(|_| bad("malformed Content-Length"))?;
-            if lengths.iter().any(|other| other != v) {
-                return Err(bad("conflicting Content-Length headers"));
-            }
-            Some(n)
-        }
+}
+
+/// The `Content-Length`, if any: digits only, every copy the same.
+fn content_length_of(headers: &[(String, String)]) -> Result<Option<usize>, Refusal> {
+    let lengths: Vec<&str> = field_values(headers, "content-length").collect();
+    let Some(v) = lengths.first() else {
+        return Ok(None);
     };
-    let te: Vec<&str> = all(&headers, "transfer-encoding").collect();
-    let chunked = match te.as_slice() {
-        [] => false,
-        [one] if one.eq_ignore_ascii_case("chunked") => true,
-        _ => {
-            return Err((501, "only Transfer-Encoding: chunked is supported".into()));
-        }
-    };
-    if chunked && content_length.is_some() {
-        return Err(bad("both Content-Length and Transfer-Encoding"));
+    // 1*DIGIT (RFC 9110 8.6): no sign, no spaces, no hex.
+    if v.is_empty() || v.len() > 19 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad("malformed Content-Length"));
     }
-    let connection = all(&headers, "connection")
+    let n: usize = v.parse().map_err(|_| bad("malformed Content-Length"))?;
+    if lengths.iter().any(|other| other != v) {
+        return Err(bad("conflicting Content-Length headers"));
+    }
+    Ok(Some(n))
+}
+
+/// Whether the body is chunked: `Transfer-Encoding: chunked` alone, any
+/// other transfer coding 501.
+fn is_chunked(headers: &[(String, String)]) -> Result<bool, Refusal> {
+    let te: Vec<&str> = field_values(headers, "transfer-encoding").collect();
+    match te.as_slice() {
+        [] => Ok(false),
+        [one] if one.eq_ignore_ascii_case("chunked") => Ok(true),
+        _ => Err((501, "only Transfer-Encoding: chunked is supported".into())),
+    }
+}
+
+/// Whether the connection stays open after this request, by its version
+/// and `Connection` fields.
+fn keeps_alive(headers: &[(String, String)], http11: bool, chunked: bool) -> bool {
+    let connection = field_values(headers, "connection")
         .collect::<Vec<_>>()
         .join(",")
         .to_ascii_lowercase();
     // An HTTP/1.0 message with Transfer-Encoding has faulty framing: the
     // connection closes after it (RFC 9112 6.1).
-    let keep_alive = if http11 {
+    if http11 {
         !connection.split(',').any(|t| t.trim() == "close")
     } else {
         !chunked && connection.split(',').any(|t| t.trim() == "keep-alive")
-    };
-    // No 100 Continue to an HTTP/1.0 client (RFC 9110 10.1.1).
-    let expect_continue =
-        http11 && all(&headers, "expect").any(|v| v.eq_ignore_ascii_case("100-continue"));
-    Ok(Head {
-        method: method.to_string(),
-        target: origin,
-        content_length,
-        chunked,
-        keep_alive,
-        expect_continue,
-        headers,
-    })
+    }
 }
 
 #[cfg(test)]
