@@ -175,53 +175,9 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome
     })?;
 
     let outcome = if inserted {
-        let (mut forward_jobs, mut sql_runs) = (0, Vec::new());
-        for &(index, action) in &matching {
-            match &action.kind {
-                ActionKind::Sql { sql, params } => {
-                    let ok = run_sql_job(tx, source, action, sql, params, c)?;
-                    sql_runs.push((index, ok));
-                }
-                ActionKind::Forward(_) => {
-                    insert_forward_job(tx, source, action, c)?;
-                    forward_jobs += 1;
-                }
-            }
-        }
-        // Only SQL actions can have finished (or failed) already; with
-        // forward jobs alone the event is as inserted, 'accepted' (or
-        // 'completed' with no action at all), and a recount would only
-        // confirm it.
-        let state = if forward_jobs == matching.len() {
-            initial_state.as_str().to_string()
-        } else {
-            refresh_event_state_in(tx, &source.name, &c.event_id, c.received_at)?
-        };
-        Outcome::Accepted {
-            state,
-            forward_jobs,
-            sql_runs,
-        }
+        run_actions(tx, source, c, &matching, initial_state)?
     } else {
-        let (state, stored_hash) = tx.event_state_and_hash(&source.name, &c.event_id)?;
-        if stored_hash == c.payload_hash {
-            Outcome::Duplicate { state }
-        } else {
-            tx.insert_mismatch(
-                &source.name,
-                &c.event_id,
-                c.received_at,
-                &c.payload_hash,
-                &format!(
-                    "duplicate delivery with a different payload hash (stored {}, received {}) from {}",
-                    short(&stored_hash),
-                    short(&c.payload_hash),
-                    c.remote
-                ),
-                &c.body,
-            )?;
-            Outcome::Mismatch { state }
-        }
+        lost_claim(tx, source, c)?
     };
     tx.insert_delivery(
         &source.name,
@@ -232,6 +188,68 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome
         c.batch.as_deref(),
     )?;
     Ok(outcome)
+}
+
+/// The owner's part of a claim: each matching action's job, in the order
+/// of the config (an SQL action run in its own savepoint; a forward
+/// action's job written pending), then the event's state.
+fn run_actions<T: Tx>(
+    tx: &mut T,
+    source: &Source,
+    c: &Claim,
+    matching: &[(usize, &Action)],
+    initial_state: EventState,
+) -> Result<Outcome, StoreError> {
+    let (mut forward_jobs, mut sql_runs) = (0, Vec::new());
+    for &(index, action) in matching {
+        match &action.kind {
+            ActionKind::Sql { sql, params } => {
+                let ok = run_sql_job(tx, source, action, sql, params, c)?;
+                sql_runs.push((index, ok));
+            }
+            ActionKind::Forward(_) => {
+                insert_forward_job(tx, source, action, c)?;
+                forward_jobs += 1;
+            }
+        }
+    }
+    // Only SQL actions can have finished (or failed) already; with
+    // forward jobs alone the event is as inserted, 'accepted' (or
+    // 'completed' with no action at all), and a recount would only
+    // confirm it.
+    let state = if forward_jobs == matching.len() {
+        initial_state.as_str().to_string()
+    } else {
+        refresh_event_state_in(tx, &source.name, &c.event_id, c.received_at)?
+    };
+    Ok(Outcome::Accepted {
+        state,
+        forward_jobs,
+        sql_runs,
+    })
+}
+
+/// The loser's part: the stored event's state, and a mismatch incident
+/// when the payload hash differs from the stored one.
+fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
+    let (state, stored_hash) = tx.event_state_and_hash(&source.name, &c.event_id)?;
+    if stored_hash == c.payload_hash {
+        return Ok(Outcome::Duplicate { state });
+    }
+    tx.insert_mismatch(
+        &source.name,
+        &c.event_id,
+        c.received_at,
+        &c.payload_hash,
+        &format!(
+            "duplicate delivery with a different payload hash (stored {}, received {}) from {}",
+            short(&stored_hash),
+            short(&c.payload_hash),
+            c.remote
+        ),
+        &c.body,
+    )?;
+    Ok(Outcome::Mismatch { state })
 }
 
 fn short(hash: &str) -> &str {

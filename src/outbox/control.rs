@@ -25,7 +25,7 @@ use crate::config::{Control, Forward};
 use crate::state::AttemptOutcome;
 use crate::store::StoreError;
 use crate::store::control as steps;
-use crate::store::tx::{AttemptRow, OutboxTx};
+use crate::store::tx::{NewAttempt, OutboxTx};
 
 /// What the limits let a take do now.
 pub(super) enum Slot {
@@ -178,7 +178,7 @@ pub(super) fn supersede_if_older<T: OutboxTx>(
     let detail = format!(
         "superseded: its value {value} is lower than {mark} already delivered for its order key"
     );
-    tx.put_attempt(&AttemptRow {
+    tx.put_attempt(&NewAttempt {
         job_id,
         n: n_before + 1,
         started_at: now,
@@ -189,7 +189,7 @@ pub(super) fn supersede_if_older<T: OutboxTx>(
         error_kind: Some("superseded"),
         request_id: None,
         response_head: None,
-        worker: "take",
+        worker: Some("take"),
     })?;
     Ok(true)
 }

@@ -15,7 +15,7 @@ use crate::ingest::refresh_event_state_in;
 use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::StoreError;
 use crate::store::tx::TAKE_BATCH;
-use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
+use crate::store::tx::{Candidate, CheckRow, ForwardEvent, NewAttempt, OutboxTx};
 
 /// Records one check (whatever it answered) in `checks`, for attempt `n`,
 /// in the open transaction `tx` of any backend.
@@ -386,7 +386,7 @@ pub(super) fn complete<T: OutboxTx>(
         );
         return Ok(());
     }
-    tx.put_attempt(&AttemptRow {
+    tx.put_attempt(&NewAttempt {
         job_id: job.job_id,
         n: job.n,
         started_at: a.started_at,
@@ -397,7 +397,7 @@ pub(super) fn complete<T: OutboxTx>(
         error_kind: a.error_kind,
         request_id: a.request_id.as_deref(),
         response_head: a.response_head.as_deref(),
-        worker: owner,
+        worker: Some(owner),
     })?;
     refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
     if let Some(fwd) = forward_action(config, &job.source, &job.action) {

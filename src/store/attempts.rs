@@ -33,13 +33,27 @@ pub struct AttemptRow {
     pub note: Option<String>,
 }
 
-const INSERT: &str = "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome,
+/// The one statement that writes an attempt, on both backends (`?N`;
+/// PostgreSQL's copy is rewritten to `$N` once): a new attempt number is
+/// inserted; one the job has already is replaced when `?13` is true (a
+/// worker's completion over the cut-short record of a takeover) and kept
+/// when it is false (the number is then reported as not written).
+pub const PUT: &str = "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome,
                           http_status, error, error_kind, request_id, response_head, worker, note)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+     ON CONFLICT (job_id, n) DO UPDATE SET
+         started_at = excluded.started_at, finished_at = excluded.finished_at,
+         outcome = excluded.outcome, http_status = excluded.http_status,
+         error = excluded.error, error_kind = excluded.error_kind,
+         request_id = excluded.request_id, response_head = excluded.response_head,
+         worker = excluded.worker, note = excluded.note
+     WHERE ?13";
 
-fn insert_with(db: &Db<'_>, sql: &str, a: &AttemptRow) -> Result<u64, StoreError> {
-    db.execute(
-        sql,
+/// Writes `a` unless the job already has an attempt of its number; true
+/// when written.
+fn put_if_new(db: &Db<'_>, a: &AttemptRow) -> Result<bool, StoreError> {
+    let written = db.execute(
+        PUT,
         args![
             a.job_id,
             a.n,
@@ -53,20 +67,29 @@ fn insert_with(db: &Db<'_>, sql: &str, a: &AttemptRow) -> Result<u64, StoreError
             &a.response_head,
             &a.worker,
             &a.note,
+            false,
         ],
-    )
+    )?;
+    Ok(written == 1)
 }
 
 /// Records `a`. Its number must be new for the job (the caller read the
 /// last one under the job's lock): a repeated one is a storage error.
 pub fn insert(db: &Db<'_>, a: &AttemptRow) -> Result<(), StoreError> {
-    insert_with(db, INSERT, a).map(|_| ())
+    if put_if_new(db, a)? {
+        Ok(())
+    } else {
+        Err(StoreError::other(format!(
+            "job {} already has an attempt {}",
+            a.job_id, a.n
+        )))
+    }
 }
 
 /// Records `a` unless the job already has an attempt of its number (one
 /// a worker recorded meanwhile stays as it is). True when written.
 pub fn insert_if_new(db: &Db<'_>, a: &AttemptRow) -> Result<bool, StoreError> {
-    Ok(insert_with(db, &format!("{INSERT} ON CONFLICT DO NOTHING"), a)? == 1)
+    put_if_new(db, a)
 }
 
 /// The highest attempt number recorded for the job, 0 for none.

@@ -253,8 +253,9 @@ pub struct ForwardEvent {
     pub content_type: Option<String>,
 }
 
-/// One attempt's row, as a worker records it.
-pub struct AttemptRow<'a> {
+/// One attempt's row, as the claim (an SQL action's) or a worker records
+/// it (`store::attempts::PUT`).
+pub struct NewAttempt<'a> {
     pub job_id: i64,
     pub n: i64,
     pub started_at: i64,
@@ -265,7 +266,59 @@ pub struct AttemptRow<'a> {
     pub error_kind: Option<&'a str>,
     pub request_id: Option<&'a str>,
     pub response_head: Option<&'a str>,
-    pub worker: &'a str,
+    pub worker: Option<&'a str>,
+}
+
+impl<'a> NewAttempt<'a> {
+    /// An SQL action's one attempt, run inside the claim: `error` when its
+    /// statement failed (kind `sql`).
+    pub fn of_sql(
+        job_id: i64,
+        started_at: i64,
+        finished_at: i64,
+        outcome: &'a str,
+        error: Option<&'a str>,
+    ) -> NewAttempt<'a> {
+        NewAttempt {
+            job_id,
+            n: 1,
+            started_at,
+            finished_at,
+            outcome,
+            http_status: None,
+            error,
+            error_kind: error.map(|_| "sql"),
+            request_id: None,
+            response_head: None,
+            worker: None,
+        }
+    }
+
+    /// The record of an attempt cut short (its worker crashed or hung), as
+    /// the takeover after its lease writes it.
+    pub fn cut_short(
+        job_id: i64,
+        n: i64,
+        started_at: i64,
+        now: i64,
+        worker: Option<&'a str>,
+    ) -> NewAttempt<'a> {
+        NewAttempt {
+            job_id,
+            n,
+            started_at,
+            finished_at: now,
+            outcome: "retry",
+            http_status: None,
+            error: Some(
+                "the lease expired before the attempt was recorded (worker crashed or hung)",
+            ),
+            error_kind: Some("lease"),
+            request_id: None,
+            response_head: None,
+            worker,
+        }
+    }
 }
 
 /// One question to a `check` URL, as recorded.
@@ -373,7 +426,7 @@ pub trait OutboxTx: Tx {
         now: i64,
     ) -> Result<bool, StoreError>;
     /// Writes (or rewrites) an attempt's row.
-    fn put_attempt(&mut self, a: &AttemptRow<'_>) -> Result<(), StoreError>;
+    fn put_attempt(&mut self, a: &NewAttempt<'_>) -> Result<(), StoreError>;
     /// Records a check.
     fn insert_check(&mut self, c: &CheckRow<'_>) -> Result<(), StoreError>;
     /// Gives a job taken but not sent back, fenced like `finish_job`.

@@ -6,7 +6,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::state::open_job_statuses_sql;
-use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::tx::{ActionError, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// A connection with an open transaction, seen through [`Tx`].
@@ -17,6 +17,29 @@ pub struct SqliteTx<'c> {
 impl<'c> SqliteTx<'c> {
     pub fn new(conn: &'c Connection) -> SqliteTx<'c> {
         SqliteTx { conn }
+    }
+
+    /// Writes `a` (`store::attempts::PUT`): over the job's attempt of the
+    /// same number when `replace`, else not at all if there is one.
+    fn put(&self, a: &NewAttempt<'_>, replace: bool) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(crate::store::attempts::PUT)?
+            .execute(params![
+                a.job_id,
+                a.n,
+                a.started_at,
+                a.finished_at,
+                a.outcome,
+                a.http_status,
+                a.error,
+                a.error_kind,
+                a.request_id,
+                a.response_head,
+                a.worker,
+                None::<&str>,
+                replace,
+            ])?;
+        Ok(())
     }
 }
 
@@ -152,20 +175,10 @@ impl Tx for SqliteTx<'_> {
         outcome: &str,
         error: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
-                 VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                job_id,
-                started_at,
-                finished_at,
-                outcome,
-                error,
-                error.map(|_| "sql"),
-            ])?;
-        Ok(())
+        self.put(
+            &NewAttempt::of_sql(job_id, started_at, finished_at, outcome, error),
+            false,
+        )
     }
 
     fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError> {
@@ -274,7 +287,7 @@ impl Tx for SqliteTx<'_> {
     }
 }
 
-use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
+use crate::store::tx::{Candidate, CheckRow, ForwardEvent, OutboxTx};
 
 fn candidate(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
     Ok(Candidate {
@@ -401,13 +414,10 @@ impl OutboxTx for SqliteTx<'_> {
         now: i64,
         worker: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "INSERT OR IGNORE INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-                 VALUES (?1, ?2, ?3, ?4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', ?5)",
-            )?
-            .execute(params![job_id, n, started_at, now, worker])?;
-        Ok(())
+        self.put(
+            &NewAttempt::cut_short(job_id, n, started_at, now, worker),
+            false,
+        )
     }
 
     fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<String>, StoreError> {
@@ -519,27 +529,8 @@ impl OutboxTx for SqliteTx<'_> {
         Ok(changed == 1)
     }
 
-    fn put_attempt(&mut self, a: &AttemptRow<'_>) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "INSERT OR REPLACE INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
-                                       error, error_kind, request_id, response_head, worker)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            )?
-            .execute(params![
-                a.job_id,
-                a.n,
-                a.started_at,
-                a.finished_at,
-                a.outcome,
-                a.http_status,
-                a.error,
-                a.error_kind,
-                a.request_id,
-                a.response_head,
-                a.worker,
-            ])?;
-        Ok(())
+    fn put_attempt(&mut self, a: &NewAttempt<'_>) -> Result<(), StoreError> {
+        self.put(a, true)
     }
 
     fn insert_check(&mut self, c: &CheckRow<'_>) -> Result<(), StoreError> {

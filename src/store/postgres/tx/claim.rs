@@ -3,7 +3,7 @@
 use postgres::types::ToSql;
 
 use crate::state::open_job_statuses_sql;
-use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::tx::{ActionError, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind, named};
 
 use super::{DeliveryRow, PgParam, PgTx, key};
@@ -187,16 +187,10 @@ impl Tx for PgTx<'_> {
         outcome: &str,
         error: Option<&str>,
     ) -> Result<(), StoreError> {
-        let s = self.prepared(
-            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind)
-             VALUES ($1, 1, $2, $3, $4, $5, $6)",
-        )?;
-        let kind = error.map(|_| "sql");
-        self.client.execute(
-            &s,
-            &[&job_id, &started_at, &finished_at, &outcome, &error, &kind],
-        )?;
-        Ok(())
+        self.put(
+            &NewAttempt::of_sql(job_id, started_at, finished_at, outcome, error),
+            false,
+        )
     }
 
     fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError> {

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use postgres::{Client, Statement};
 
 use crate::store::StoreError;
-use crate::store::tx::NewEvent;
+use crate::store::tx::{NewAttempt, NewEvent};
 
 mod claim;
 mod outbox;
@@ -309,6 +309,35 @@ impl<'a> PgTx<'a> {
 
     pub fn client(&mut self) -> &mut Client {
         self.client
+    }
+
+    /// Writes `a` (`store::attempts::PUT`): over the job's attempt of the
+    /// same number when `replace`, else not at all if there is one.
+    fn put(&mut self, a: &NewAttempt<'_>, replace: bool) -> Result<(), StoreError> {
+        static PUT: std::sync::LazyLock<Result<String, StoreError>> =
+            std::sync::LazyLock::new(|| crate::store::db::to_dollars(crate::store::attempts::PUT));
+        let sql = PUT.as_ref().map_err(Clone::clone)?;
+        let s = self.prepared(sql)?;
+        let note: Option<&str> = None;
+        self.client.execute(
+            &s,
+            &[
+                &a.job_id,
+                &a.n,
+                &a.started_at,
+                &a.finished_at,
+                &a.outcome,
+                &a.http_status,
+                &a.error,
+                &a.error_kind,
+                &a.request_id,
+                &a.response_head,
+                &a.worker,
+                &note,
+                &replace,
+            ],
+        )?;
+        Ok(())
     }
 
     fn prepared(&mut self, sql: &str) -> Result<Statement, postgres::Error> {

@@ -1,7 +1,7 @@
 //! [`PgTx`]'s outbox worker steps ([`OutboxTx`]) in PostgreSQL's dialect.
 
 use crate::store::StoreError;
-use crate::store::tx::{AttemptRow, Candidate, CheckRow, ForwardEvent, OutboxTx};
+use crate::store::tx::{Candidate, CheckRow, ForwardEvent, NewAttempt, OutboxTx};
 
 use super::PgTx;
 
@@ -133,14 +133,10 @@ impl OutboxTx for PgTx<'_> {
         now: i64,
         worker: Option<&str>,
     ) -> Result<(), StoreError> {
-        let s = self.prepared(
-            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, error, error_kind, worker)
-             VALUES ($1, $2, $3, $4, 'retry', 'the lease expired before the attempt was recorded (worker crashed or hung)', 'lease', $5)
-             ON CONFLICT (job_id, n) DO NOTHING",
-        )?;
-        self.client
-            .execute(&s, &[&job_id, &n, &started_at, &now, &worker])?;
-        Ok(())
+        self.put(
+            &NewAttempt::cut_short(job_id, n, started_at, now, worker),
+            false,
+        )
     }
 
     fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<String>, StoreError> {
@@ -241,35 +237,8 @@ impl OutboxTx for PgTx<'_> {
         )? == 1)
     }
 
-    fn put_attempt(&mut self, a: &AttemptRow<'_>) -> Result<(), StoreError> {
-        let s = self.prepared(
-            "INSERT INTO attempts (job_id, n, started_at, finished_at, outcome, http_status,
-                                   error, error_kind, request_id, response_head, worker)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-             ON CONFLICT (job_id, n) DO UPDATE SET
-                 started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
-                 outcome = EXCLUDED.outcome, http_status = EXCLUDED.http_status,
-                 error = EXCLUDED.error, error_kind = EXCLUDED.error_kind,
-                 request_id = EXCLUDED.request_id, response_head = EXCLUDED.response_head,
-                 worker = EXCLUDED.worker, note = NULL",
-        )?;
-        self.client.execute(
-            &s,
-            &[
-                &a.job_id,
-                &a.n,
-                &a.started_at,
-                &a.finished_at,
-                &a.outcome,
-                &a.http_status,
-                &a.error,
-                &a.error_kind,
-                &a.request_id,
-                &a.response_head,
-                &a.worker,
-            ],
-        )?;
-        Ok(())
+    fn put_attempt(&mut self, a: &NewAttempt<'_>) -> Result<(), StoreError> {
+        self.put(a, true)
     }
 
     fn insert_check(&mut self, c: &CheckRow<'_>) -> Result<(), StoreError> {
