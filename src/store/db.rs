@@ -32,7 +32,7 @@
 //! Owns: the placeholder rewrite, values and rows, opening a connection
 //! for an operator command, write transactions. Not the hot paths (the
 //! claim and the outbox have their own prepared statements in
-//! `sqlite.rs`, `pg_tx/`).
+//! `sqlite/tx.rs`, `postgres/tx/`).
 
 use std::cell::RefCell;
 use std::error::Error as StdError;

@@ -1,13 +1,13 @@
-//! Storage. Here: SQLite's connections with the right pragmas, applying
-//! `schema.sql`, classifying errors. Beside it: the claim's storage steps as a trait
-//! (`tx.rs`) with SQLite's SQL for them (`sqlite.rs`), the group-commit
-//! writer (`writer/`), and the operator side's query layer on both
-//! backends (`db.rs`). SQL runs in `store/` (the claim's steps, the
-//! per-table modules, both backends' housekeeping), and besides only in
-//! `serve.rs` and `pg_serve.rs` (`setup_sql`, start-up checks, the key-rule
-//! record, LISTEN and the counters' fold), `ingest.rs` (preparing the SQL
-//! actions at start), `ops/migrate.rs` and `ops/backup.rs`; nothing here
-//! knows HTTP.
+//! Storage: every SQL statement of idemhook runs under here (but for
+//! `ops/migrate.rs` and `ops/backup.rs`). `backend.rs` is the seam a
+//! running `serve` asks things of, implemented once per backend in its own
+//! wing: `sqlite/` (the claim's statements, the group-commit writer) and
+//! `postgres/` (settings, migrations, claimers, transactions,
+//! housekeeping). Beside them: the claim's and outbox's steps as traits
+//! (`tx.rs`), the operator side's query layer on both backends (`db.rs`),
+//! a module per table, and here SQLite's connections with the right
+//! pragmas, applying `schema.sql` and classifying errors. Nothing here
+//! knows HTTP or what a claim decides.
 
 pub mod attempts;
 pub mod backend;

@@ -1,6 +1,6 @@
 //! Retention's storage: a prune batch as data ([`Batch`]) and its
 //! statements on SQLite (PostgreSQL's, all `SKIP LOCKED`, are in
-//! `pg_maint.rs`), what a prune would delete counted on either backend,
+//! `postgres/maint.rs`), what a prune would delete counted on either backend,
 //! and SQLite's space given back (the incremental vacuum). `ops::prune`
 //! decides the cut-offs, the order and when to stop.
 //!

@@ -1,6 +1,6 @@
 //! `serve` on PostgreSQL: the claimers (a few threads, each with its own
 //! connection, taking every claim waiting in the queue into one group
-//! commit, `pg_group::run_group`; the readiness probe is a write through
+//! commit, `group::run_group`; the readiness probe is a write through
 //! them), a small pool of connections for the gauges and the admin API,
 //! the LISTEN thread (which also folds the job counters), and start-up
 //! (migrations, `setup_sql`, the SQL actions prepared once to check them).

@@ -5,7 +5,7 @@
 //! SQLite; only the statements are here.
 //!
 //! Each prune batch runs in its caller's transaction (one short
-//! transaction per batch, `pg_tx::Session`), and every lock it takes is
+//! transaction per batch, `tx::Session`), and every lock it takes is
 //! `SKIP LOCKED`: rows another instance's pruner, a replay, a resolve or a
 //! worker holds are left for a later batch, so instances pruning at once
 //! take disjoint rows, a prune never waits on anyone (so it is never part
