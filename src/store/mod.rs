@@ -10,7 +10,9 @@
 //! knows HTTP.
 
 pub mod attempts;
+pub mod backup;
 pub mod control;
+pub mod copy;
 pub mod db;
 pub mod deliveries;
 pub mod events;
