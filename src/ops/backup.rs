@@ -6,17 +6,12 @@
 
 use std::io::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use rusqlite::Connection;
-use rusqlite::backup::{Backup, StepResult};
 
 use super::command::{CommandError, Outcome};
 use crate::config::Config;
-
-/// How often a busy or locked step is tried again before giving up.
-const MAX_BUSY_RETRIES: u32 = 100;
+use crate::store::sqlite::backup::{self, BackupError};
 
 /// `idemhook backup PATH`.
 pub fn cmd(config: &Config, path: &Path) -> Result<Outcome, CommandError> {
@@ -64,41 +59,25 @@ fn write(config: &Config, path: &Path) -> Result<(i64, u64)> {
     result
 }
 
+/// Copies the database into the new file at `path` (store's
+/// [`backup::write`]) and says which step failed, when one did.
 fn copy(config: &Config, path: &Path) -> Result<(i64, u64)> {
     let source = super::open::open_read(config)?;
-    let mut dest = Connection::open(path)
-        .with_context(|| format!("cannot open {} for the copy", path.display()))?;
-    {
-        let backup = Backup::new(&source, &mut dest).context("cannot start the backup")?;
-        let mut retries = 0;
-        loop {
-            match backup.step(-1).context("backup step failed")? {
-                StepResult::Done => break,
-                StepResult::More => {}
-                _ => {
-                    // Busy or locked: another connection holds a lock; wait.
-                    retries += 1;
-                    if retries > MAX_BUSY_RETRIES {
-                        bail!("the database stayed locked; try again");
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            }
+    let report = backup::write(path, &source).map_err(|e| match e {
+        BackupError::Open(e) => {
+            anyhow::Error::new(e).context(format!("cannot open {} for the copy", path.display()))
         }
-    }
-    // The copy carries the source's WAL mode; leave a single file behind.
-    dest.query_row("PRAGMA journal_mode = DELETE", [], |_| Ok(()))
-        .context("cannot switch the copy out of WAL mode")?;
-    let check: String = dest
-        .query_row("PRAGMA quick_check", [], |r| r.get(0))
-        .context("cannot check the copy")?;
-    if check != "ok" {
-        bail!("the copy failed its integrity check: {check}");
-    }
-    let events: i64 = dest
-        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
-        .context("the copy has no events table")?;
-    drop(dest);
-    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    Ok((events, bytes))
+        BackupError::Start(e) => anyhow::Error::new(e).context("cannot start the backup"),
+        BackupError::Step(e) => anyhow::Error::new(e).context("backup step failed"),
+        BackupError::Locked => anyhow::anyhow!("the database stayed locked; try again"),
+        BackupError::JournalMode(e) => {
+            anyhow::Error::new(e).context("cannot switch the copy out of WAL mode")
+        }
+        BackupError::Check(e) => anyhow::Error::new(e).context("cannot check the copy"),
+        BackupError::Damaged(check) => {
+            anyhow::anyhow!("the copy failed its integrity check: {check}")
+        }
+        BackupError::Events(e) => anyhow::Error::new(e).context("the copy has no events table"),
+    })?;
+    Ok((report.events, report.bytes))
 }

@@ -3,14 +3,14 @@
 //! creating an empty database) for one that changes something.
 
 use anyhow::{Context, Result};
-use rusqlite::Connection;
 
 use std::path::Path;
 
 use crate::config::Config;
 use crate::config::database_url::DatabaseUrl;
+use crate::store::db;
 use crate::store::db::Handle;
-use crate::store::{self, db};
+use crate::store::sqlite::Opened;
 
 /// The SQLite file `config` names, for the steps only SQLite has; an
 /// error naming the URL when `database` is PostgreSQL.
@@ -25,20 +25,20 @@ pub fn sqlite_file(config: &Config) -> Result<&Path> {
 
 /// A read-only connection for a command that only looks; it never changes
 /// the database file.
-pub fn open_read(config: &Config) -> Result<Connection> {
+pub fn open_read(config: &Config) -> Result<Opened> {
     let path = sqlite_file(config)?;
-    store::open_read(path, config.busy_timeout)
+    Opened::open_read(path, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", path.display()))
 }
 
 /// A read-write connection for a command that changes something. Refuses a
 /// database that does not exist yet rather than creating an empty one.
-pub fn open_write(config: &Config) -> Result<Connection> {
+pub fn open_write(config: &Config) -> Result<Opened> {
     let path = sqlite_file(config)?;
     if !path.exists() {
         anyhow::bail!("{}: no such database (has serve run yet?)", path.display());
     }
-    store::open(path, config.durability, config.busy_timeout)
+    Opened::open(path, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open the database {}", path.display()))
 }
 
@@ -52,7 +52,7 @@ pub fn open_db_read(config: &Config) -> Result<Handle> {
                 .map(Handle::Postgres)
                 .with_context(|| format!("cannot open the database {url}"))
         }
-        DatabaseUrl::Sqlite(_) => open_read(config).map(Handle::Sqlite),
+        DatabaseUrl::Sqlite(_) => open_read(config).map(|o| Handle::Sqlite(o.into_connection())),
     }
 }
 
@@ -65,6 +65,6 @@ pub fn open_db_write(config: &Config) -> Result<Handle> {
                 .map(Handle::Postgres)
                 .with_context(|| format!("cannot open the database {url}"))
         }
-        DatabaseUrl::Sqlite(_) => open_write(config).map(Handle::Sqlite),
+        DatabaseUrl::Sqlite(_) => open_write(config).map(|o| Handle::Sqlite(o.into_connection())),
     }
 }

@@ -1,5 +1,5 @@
 //! Storage: every SQL statement of idemhook runs under here (but for
-//! `ops/migrate.rs` and `ops/backup.rs`). `backend.rs` is the seam a
+//! the tests'). `backend.rs` is the seam a
 //! running `serve` asks things of, implemented once per backend in its own
 //! wing: `sqlite/` (the claim's statements, the group-commit writer) and
 //! `postgres/` (settings, migrations, claimers, transactions,
@@ -105,6 +105,23 @@ impl From<rusqlite::Error> for StoreError {
             kind,
             message: e.to_string(),
         }
+    }
+}
+
+/// A SQLite error as a [`StoreError`] whose message carries its causes
+/// too (SQLite's code beside its words): the line anyhow's `{:#}` prints
+/// for the rusqlite error itself, so `migrate` and `backup` say what they
+/// said before their statements moved here.
+pub(crate) fn with_causes(e: rusqlite::Error) -> StoreError {
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        message.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    StoreError {
+        message,
+        ..StoreError::from(e)
     }
 }
 

@@ -10,6 +10,7 @@
 //! without verifying; idemhook does not offer an unverified connection.)
 
 pub mod claimers;
+pub mod copy;
 pub mod group;
 pub mod maint;
 mod pass;

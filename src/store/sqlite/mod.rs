@@ -2,6 +2,7 @@
 //! writer that commits them in groups (`writer/`), and the [`Sqlite`]
 //! backend a `serve` on a file runs on.
 
+pub mod backup;
 mod tx;
 pub mod writer;
 
@@ -30,13 +31,19 @@ pub struct Sqlite {
     readers: ReadPool,
 }
 
-/// The file opened for `serve`, before its writer starts: migrated, and
-/// `setup_sql` run on it.
+/// A SQLite file open on one connection: `serve`'s before its writer
+/// starts (migrated, `setup_sql` run on it), or an operator command's.
 pub struct Opened(Connection);
 
 impl Opened {
+    /// Opens (creating it when new) for writing.
     pub fn open(path: &Path, durability: Durability, busy: Duration) -> Result<Opened, StoreError> {
         crate::store::open(path, durability, busy).map(Opened)
+    }
+
+    /// Opens an existing file read-only.
+    pub fn open_read(path: &Path, busy: Duration) -> Result<Opened, StoreError> {
+        crate::store::open_read(path, busy).map(Opened)
     }
 
     /// `schema.sql` applied.
@@ -51,6 +58,10 @@ impl Opened {
 
     pub fn db(&self) -> Db<'_> {
         Db::sqlite(&self.0)
+    }
+
+    pub fn into_connection(self) -> Connection {
+        self.0
     }
 }
 
