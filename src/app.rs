@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::config::{Config, Source};
-use crate::ingest::{Claim, DeliveryClaims, Outcome};
+use crate::ingest::{Claim, Decision, DeliveryClaims};
 use crate::metrics::{JobGauges, Metrics};
 use crate::state::{AttemptOutcome, Delivery};
 use crate::store::StoreError;
@@ -23,7 +23,7 @@ pub struct App<B: Backend> {
     pub wake_outbox: Box<dyn Fn() + Send + Sync>,
     pub admin_limiter: crate::auth::AuthLimiter,
     /// The inspector's signed-in browsers (in memory: a restart ends them).
-    pub ui_sessions: crate::auth::Sessions,
+    pub ui_sign_ins: crate::auth::SignIns,
     /// The inspector's overview: delivery counts of minutes that are over.
     pub overview_cache: crate::ops::inspector::OverviewCache,
 }
@@ -95,7 +95,7 @@ impl<B: Backend> App<B> {
     }
 
     /// Claims an event; returns once it is committed.
-    pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Outcome, StoreError> {
+    pub fn claim(&self, source_index: usize, claim: Claim) -> Result<Decision, StoreError> {
         self.claim_batch(source_index, vec![claim])
             .and_then(|mut outcomes| {
                 outcomes
@@ -110,7 +110,7 @@ impl<B: Backend> App<B> {
         &self,
         source_index: usize,
         claims: Vec<Claim>,
-    ) -> Result<Vec<Outcome>, StoreError> {
+    ) -> Result<Vec<Decision>, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.backend.claim_then(
             Arc::new(DeliveryClaims::new(
@@ -134,7 +134,7 @@ impl<B: Backend> App<B> {
         self: &Arc<Self>,
         source_index: usize,
         claim: Claim,
-        then: impl FnOnce(Result<Outcome, StoreError>) + Send + 'static,
+        then: impl FnOnce(Result<Decision, StoreError>) + Send + 'static,
     ) {
         self.claim_batch_then(source_index, vec![claim], move |outcomes| {
             then(outcomes.and_then(|mut o| o.pop().ok_or_else(|| StoreError::other("no outcome"))));
@@ -146,7 +146,7 @@ impl<B: Backend> App<B> {
         self: &Arc<Self>,
         source_index: usize,
         claims: Vec<Claim>,
-        then: impl FnOnce(Result<Vec<Outcome>, StoreError>) + Send + 'static,
+        then: impl FnOnce(Result<Vec<Decision>, StoreError>) + Send + 'static,
     ) {
         let app = self.clone();
         self.backend.claim_then(
@@ -164,11 +164,11 @@ impl<B: Backend> App<B> {
 
     /// After a claim's commit: counts the SQL actions' attempts and wakes
     /// the outbox if it wrote forward jobs.
-    fn claimed(&self, source_index: usize, outcomes: &Result<Vec<Outcome>, StoreError>) {
+    fn claimed(&self, source_index: usize, outcomes: &Result<Vec<Decision>, StoreError>) {
         let Ok(outcomes) = outcomes else { return };
         let mut wake = false;
         for outcome in outcomes {
-            let Outcome::Accepted {
+            let Decision::Accepted {
                 forward_jobs,
                 sql_runs,
                 ..

@@ -75,11 +75,11 @@ pub fn same_token(given: &str, token: &str) -> bool {
 /// Signed-in browsers, in memory: a restart signs everyone out. Keyed by
 /// the SHA-256 of the cookie's value, so the table holds no usable secret.
 #[derive(Default)]
-pub struct Sessions {
+pub struct SignIns {
     map: Mutex<HashMap<[u8; 32], i64>>,
 }
 
-impl Sessions {
+impl SignIns {
     /// A new session; returns the cookie's value.
     pub fn create(&self, now: i64) -> Option<String> {
         let value = random_token()?;
@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn sessions_end_when_idle_or_signed_out() {
-        let s = Sessions::default();
+        let s = SignIns::default();
         let v = s.create(0).unwrap();
         assert!(s.touch(&v, 1000));
         assert!(!s.touch("other", 1000));

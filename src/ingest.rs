@@ -51,7 +51,7 @@ pub struct Claim {
 
 /// What the claim decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Decision {
     /// This delivery stored the event. `forward_jobs` new outbox rows;
     /// `sql_runs` the SQL actions that ran (by index in the source's
     /// actions) and whether each succeeded, for the attempts metric.
@@ -67,12 +67,12 @@ pub enum Outcome {
     Mismatch { state: String },
 }
 
-impl Outcome {
+impl Decision {
     pub fn delivery(&self) -> Delivery {
         match self {
-            Outcome::Accepted { .. } => Delivery::Accepted,
-            Outcome::Duplicate { .. } => Delivery::Duplicate,
-            Outcome::Mismatch { .. } => Delivery::Mismatch,
+            Decision::Accepted { .. } => Delivery::Accepted,
+            Decision::Duplicate { .. } => Delivery::Duplicate,
+            Decision::Mismatch { .. } => Delivery::Mismatch,
         }
     }
 }
@@ -101,7 +101,7 @@ impl DeliveryClaims {
 }
 
 impl Claims for DeliveryClaims {
-    type Outcome = Outcome;
+    type Outcome = Decision;
 
     fn source(&self) -> &str {
         self.the_source().map_or("", |s| s.name.as_str())
@@ -134,7 +134,7 @@ impl Claims for DeliveryClaims {
             .sum()
     }
 
-    fn claim<T: Tx>(&self, i: usize, tx: &mut T) -> Result<Outcome, StoreError> {
+    fn claim<T: Tx>(&self, i: usize, tx: &mut T) -> Result<Decision, StoreError> {
         let source = self
             .the_source()
             .ok_or_else(|| StoreError::other("source index out of range"))?;
@@ -147,7 +147,7 @@ impl Claims for DeliveryClaims {
 }
 
 /// Claims the event for `source` in the open transaction `tx`.
-pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
+pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decision, StoreError> {
     let matching: Vec<(usize, &Action)> = source
         .actions
         .iter()
@@ -199,7 +199,7 @@ fn run_actions<T: Tx>(
     c: &Claim,
     matching: &[(usize, &Action)],
     initial_state: EventState,
-) -> Result<Outcome, StoreError> {
+) -> Result<Decision, StoreError> {
     let (mut forward_jobs, mut sql_runs) = (0, Vec::new());
     for &(index, action) in matching {
         match &action.kind {
@@ -222,7 +222,7 @@ fn run_actions<T: Tx>(
     } else {
         refresh_event_state_in(tx, &source.name, &c.event_id, c.received_at)?
     };
-    Ok(Outcome::Accepted {
+    Ok(Decision::Accepted {
         state,
         forward_jobs,
         sql_runs,
@@ -231,10 +231,10 @@ fn run_actions<T: Tx>(
 
 /// The loser's part: the stored event's state, and a mismatch incident
 /// when the payload hash differs from the stored one.
-fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome, StoreError> {
+fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decision, StoreError> {
     let (state, stored_hash) = tx.event_state_and_hash(&source.name, &c.event_id)?;
     if stored_hash == c.payload_hash {
-        return Ok(Outcome::Duplicate { state });
+        return Ok(Decision::Duplicate { state });
     }
     tx.insert_mismatch(
         &source.name,
@@ -249,7 +249,7 @@ fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Outcome, 
         ),
         &c.body,
     )?;
-    Ok(Outcome::Mismatch { state })
+    Ok(Decision::Mismatch { state })
 }
 
 fn short(hash: &str) -> &str {
@@ -640,7 +640,7 @@ params = { amount = "json:/amount" }
             .collect();
         Held::wait_queued(&writer, 3);
         held.release();
-        let outcomes: Vec<Outcome> = handles
+        let outcomes: Vec<Decision> = handles
             .into_iter()
             .map(|h| h.join().unwrap().unwrap())
             .collect();
@@ -654,7 +654,7 @@ params = { amount = "json:/amount" }
         assert!(
             outcomes
                 .iter()
-                .all(|o| matches!(o, Outcome::Accepted { .. })),
+                .all(|o| matches!(o, Decision::Accepted { .. })),
             "{outcomes:?}"
         );
         drop(writer);

@@ -100,7 +100,7 @@ fn open_sqlite(config: &Config, path: &Path) -> Result<(Opened, std::fs::File)> 
     if let Some(sql) = &config.setup_sql {
         opened.run(sql).context("setup_sql failed")?;
     }
-    crate::store::sqlite::check_actions(&opened, &config.sources).map_err(|e| anyhow!(e))?;
+    crate::store::sqlite::prepare_actions(&opened, &config.sources).map_err(|e| anyhow!(e))?;
     record_key_rules(&opened.db(), config)?;
     Ok((opened, serving))
 }
@@ -136,7 +136,7 @@ fn launch_with<B: Backend>(
         metrics,
         wake_outbox: Box::new(move || waker.wake()),
         admin_limiter: Default::default(),
-        ui_sessions: Default::default(),
+        ui_sign_ins: Default::default(),
         overview_cache: Default::default(),
     });
     if let Err(e) = app.learn_handshake_secrets()
@@ -486,7 +486,7 @@ fn record_key_rules(db: &store::db::Db<'_>, config: &Config) -> Result<()> {
 /// its tables may come from elsewhere). Changes nothing on disk.
 pub fn check_sql_actions(config: &Config) -> Result<(), String> {
     let path = match &config.database {
-        DatabaseUrl::Postgres(url) => return crate::store::postgres::claimers::check(config, url),
+        DatabaseUrl::Postgres(url) => return crate::store::postgres::claimers::trial(config, url),
         DatabaseUrl::Sqlite(path) => path,
     };
     if let Some(dir) = store::missing_folder(path) {
@@ -504,7 +504,7 @@ pub fn check_sql_actions(config: &Config) -> Result<(), String> {
     if !has_sql {
         return Ok(());
     }
-    crate::store::sqlite::check_sql_actions(config, path)
+    crate::store::sqlite::trial(config, path)
 }
 
 /// What the configured database holds, for `check`: whether it exists,

@@ -40,7 +40,7 @@ pub struct Batch {
 
 /// What a stored delivery is answered with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub enum Ack {
     /// idemhook's JSON.
     Json,
     /// Adyen's `[accepted]`.
@@ -72,7 +72,7 @@ pub struct Preset {
     pub kept_headers: &'static [&'static str],
     pub handshake: Handshake,
     pub batch: Option<Batch>,
-    pub answer: Answer,
+    pub ack: Ack,
     /// The sample `send` posts: `{id}`, `{type}` and `{now}` are replaced.
     pub sample: &'static str,
     pub content_type: &'static str,
@@ -190,7 +190,7 @@ const BASE: Preset = Preset {
     kept_headers: &[],
     handshake: Handshake::None,
     batch: None,
-    answer: Answer::Json,
+    ack: Ack::Json,
     sample: r#"{"id":"{id}","type":"{type}","created":{now}}"#,
     content_type: JSON,
     sample_type: "test.event",
@@ -266,7 +266,7 @@ pub static PRESETS: &[Preset] = &[
         tolerance_secs: Some(300),
         kept_headers: &["x-signature-ed25519", "x-signature-timestamp"],
         handshake: Handshake::Discord,
-        answer: Answer::DiscordDeferred,
+        ack: Ack::DiscordDeferred,
         sample: r#"{"id":"{id}","type":{type},"application_id":"1","token":"t","data":{"name":"hello"}}"#,
         sample_type: "2",
         ..BASE
@@ -344,7 +344,7 @@ pub static PRESETS: &[Preset] = &[
             inner: "/NotificationRequestItem",
             delivery_id: None,
         }),
-        answer: Answer::Accepted,
+        ack: Ack::Accepted,
         sample: r#"{"live":"false","notificationItems":[{"NotificationRequestItem":{"pspReference":"{id}","originalReference":"","merchantAccountCode":"Test","merchantReference":"order-1","amount":{"value":1000,"currency":"EUR"},"eventCode":"{type}","success":"true","eventDate":"2026-01-01T00:00:00+01:00","additionalData":{}}}]}"#,
         sample_type: "AUTHORISATION",
         ..BASE

@@ -530,7 +530,7 @@ fn replay_batch<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
 
 /// After a replay's commit: SQL jobs ran again now, and are counted as
 /// attempts; re-opened forward jobs wake the outbox.
-fn replayed<B: Backend>(app: &App<B>, done: &[replay::Done]) {
+fn replayed<B: Backend>(app: &App<B>, done: &[replay::Replayed]) {
     for d in done.iter().filter(|d| d.kind == "sql") {
         let outcome = match d.result.as_str() {
             "ok" => AttemptOutcome::Ok,

@@ -15,7 +15,7 @@ pub struct Reply {
     /// is written (tests only; inert unless IDEMHOOK_FAILPOINTS names it).
     pub failpoint: Option<&'static str>,
     /// The answer is written later, by whoever holds the request's
-    /// `server::Answer`; the server writes nothing for this reply.
+    /// `server::Promise`; the server writes nothing for this reply.
     pub(super) later: bool,
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Owns: serving `/ui/...` (one HTML page for every view, ES modules and a
 //! style sheet under `/ui/assets/`, with ETags), `POST`/`DELETE
-//! /ui/session`, the in-memory [`Sessions`], the `Host` check against the
+//! /ui/session`, the in-memory [`SignIns`], the `Host` check against the
 //! addresses a listener answers as (DNS rebinding), the same-origin check
 //! for state-changing requests carried by the cookie, and the security
 //! headers every inspector answer carries. Does not own what the page
@@ -205,7 +205,7 @@ pub fn cookie_auth<B: Backend>(app: &App<B>, rq: &Incoming<'_>, listener: &Liste
     let Some(value) = session_cookie(rq) else {
         return CookieAuth::None;
     };
-    if !app.ui_sessions.touch(value, now_ms()) {
+    if !app.ui_sign_ins.touch(value, now_ms()) {
         return CookieAuth::None;
     }
     let refused = |why: &str, reply: Reply| {
@@ -352,7 +352,7 @@ fn session<B: Backend>(
     match rq.method {
         "GET" | "HEAD" => {
             let signed_in =
-                session_cookie(rq).is_some_and(|value| app.ui_sessions.touch(value, now_ms()));
+                session_cookie(rq).is_some_and(|value| app.ui_sign_ins.touch(value, now_ms()));
             Reply::json(200, &serde_json::json!({ "signed_in": signed_in }))
                 .with_header("Cache-Control", "no-store")
         }
@@ -383,7 +383,7 @@ fn session<B: Backend>(
                 );
                 return Reply::error(401, "wrong admin token");
             }
-            let Some(value) = app.ui_sessions.create(now_ms()) else {
+            let Some(value) = app.ui_sign_ins.create(now_ms()) else {
                 return Reply::error(500, "cannot make a session: no randomness available");
             };
             Reply::text(204, "text/plain", String::new())
@@ -397,7 +397,7 @@ fn session<B: Backend>(
                 return Reply::error(403, "sign out from the inspector's own page");
             }
             if let Some(value) = session_cookie(rq) {
-                app.ui_sessions.end(value);
+                app.ui_sign_ins.end(value);
             }
             Reply::text(204, "text/plain", String::new())
                 .with_header("Set-Cookie", cookie("", listener.tls, true))

@@ -29,7 +29,7 @@ pub fn parse_target(target: &str) -> Result<(String, String), OpError> {
 
 /// The action must be a forward action of a configured source: SQL actions
 /// run inside the claim transaction, so there is nothing to hold back.
-fn check(config: &Config, source: &str, action: &str) -> Result<(), OpError> {
+fn known_action(config: &Config, source: &str, action: &str) -> Result<(), OpError> {
     let Some(src) = config.source(source) else {
         return Err(OpError::NotFound(format!(
             "source {} is not in the config",
@@ -62,7 +62,7 @@ pub fn pause(
     action: &str,
     now: i64,
 ) -> Result<Value, OpError> {
-    check(config, source, action)?;
+    known_action(config, source, action)?;
     paused::hold_back_claims(db)?;
     let (was_paused, jobs) = paused::pause(db, source, action, now)?;
     Ok(json!({
@@ -87,7 +87,7 @@ pub fn resume(
     let was_paused = paused::is_paused(db, source, action)?;
     // An action paused and then removed from the config can still be resumed.
     if !was_paused {
-        check(config, source, action)?;
+        known_action(config, source, action)?;
     }
     let jobs = paused::resume(db, source, action, now)?;
     Ok(json!({

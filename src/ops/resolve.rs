@@ -54,7 +54,7 @@ pub struct Plan {
 
 /// What a resolve did.
 #[derive(Debug, Clone, Serialize)]
-pub struct Done {
+pub struct Resolved {
     pub attempt: i64,
     /// The event's state afterwards.
     pub state: String,
@@ -145,7 +145,7 @@ pub fn apply(
     plan: &Plan,
     origin: Origin,
     now: i64,
-) -> Result<Result<Done, String>, StoreError> {
+) -> Result<Result<Resolved, String>, StoreError> {
     let Some((status, n_attempts)) = jobs::lock_status(conn, plan.job_id)? else {
         return Ok(Err("the job is gone (pruned)".to_string()));
     };
@@ -179,12 +179,12 @@ pub fn apply(
     ))?;
     // A forward job waiting on this action (`after`) may be due now.
     jobs::wake_workers(conn)?;
-    Ok(Ok(Done { attempt: n, state }))
+    Ok(Ok(Resolved { attempt: n, state }))
 }
 
 /// The JSON answer of the admin API (and of nothing else: the CLI prints
 /// text).
-pub fn report(plan: &Plan, done: Option<&Done>) -> Value {
+pub fn report(plan: &Plan, done: Option<&Resolved>) -> Value {
     let mut out = json!({
         "dry_run": done.is_none(),
         "source": plan.source,

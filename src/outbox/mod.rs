@@ -215,7 +215,7 @@ pub(crate) fn http_agent(workers: usize) -> ureq::Agent {
     ureq::Agent::with_parts(
         agent_config,
         ureq::unversioned::transport::DefaultConnector::new(),
-        crate::resolve::Resolver::default(),
+        crate::dns::Resolver::default(),
     )
 }
 

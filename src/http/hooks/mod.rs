@@ -16,7 +16,7 @@ use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
-use crate::ingest::{Claim, Outcome};
+use crate::ingest::{Claim, Decision};
 use crate::key::{Input, Json, RawDoc, payload_hash, payload_hash_without};
 use crate::state::Delivery;
 use crate::store::backend::Backend;
@@ -295,7 +295,7 @@ fn accept_batch<B: Backend>(
     let claim_started = Instant::now();
     let answer = {
         let app = app.clone();
-        move |result: Result<Vec<crate::ingest::Outcome>, crate::store::StoreError>| {
+        move |result: Result<Vec<crate::ingest::Decision>, crate::store::StoreError>| {
             batch_reply(&app, index, &ids, result, started, claim_started)
         }
     };
@@ -353,7 +353,7 @@ fn batch_reply<B: Backend>(
     app: &App<B>,
     index: usize,
     ids: &[String],
-    result: Result<Vec<Outcome>, crate::store::StoreError>,
+    result: Result<Vec<Decision>, crate::store::StoreError>,
     started: Instant,
     claim_started: Instant,
 ) -> Reply {
@@ -365,8 +365,8 @@ fn batch_reply<B: Backend>(
     let (status, reply) = providers::batch_answer(source, ids, &outcomes);
     for (id, outcome) in ids.iter().zip(&outcomes) {
         let delivery = match (outcome, status) {
-            (Outcome::Mismatch { .. }, 409) => Delivery::Mismatch,
-            (Outcome::Mismatch { .. }, _) => Delivery::Duplicate,
+            (Decision::Mismatch { .. }, 409) => Delivery::Mismatch,
+            (Decision::Mismatch { .. }, _) => Delivery::Duplicate,
             (o, _) => o.delivery(),
         };
         app.metrics.delivery(Some(index), delivery);
@@ -502,7 +502,7 @@ impl Claimed {
     fn reply<B: Backend>(
         self,
         app: &App<B>,
-        result: Result<Outcome, crate::store::StoreError>,
+        result: Result<Decision, crate::store::StoreError>,
     ) -> Reply {
         let Claimed {
             index,
@@ -529,9 +529,9 @@ impl Claimed {
             detail: None,
         };
         let (status, body) = match &outcome {
-            Outcome::Accepted { state, .. } => (200, answered(Delivery::Accepted, state)),
-            Outcome::Duplicate { state } => (200, answered(Delivery::Duplicate, state)),
-            Outcome::Mismatch { state } => match source.on_mismatch {
+            Decision::Accepted { state, .. } => (200, answered(Delivery::Accepted, state)),
+            Decision::Duplicate { state } => (200, answered(Delivery::Duplicate, state)),
+            Decision::Mismatch { state } => match source.on_mismatch {
                 OnMismatch::Ack => (
                     200,
                     Answered {

@@ -15,10 +15,10 @@ use subtle::ConstantTimeEq as _;
 use super::{Refused, refused};
 use crate::app::App;
 use crate::config::Source;
-use crate::config::presets::{Answer, Batch, Handshake};
+use crate::config::presets::{Ack, Batch, Handshake};
 use crate::http::Incoming;
 use crate::http::reply::Reply;
-use crate::ingest::Outcome;
+use crate::ingest::Decision;
 use crate::key::Input;
 use crate::state::Delivery;
 use crate::store::backend::Backend;
@@ -377,35 +377,35 @@ fn raw_array(raw: &RawValue, pointer: &str) -> Option<Vec<Box<RawValue>>> {
 /// The answer to a stored (or duplicate) delivery, when the provider
 /// expects its own instead of idemhook's JSON.
 pub(super) fn provider_answer(source: &Source) -> Option<Reply> {
-    match source.kind.preset().map(|p| p.answer)? {
-        Answer::Json => None,
-        Answer::Accepted => Some(Reply::text(200, "text/plain", "[accepted]".to_owned())),
-        Answer::DiscordDeferred => Some(Reply::json(200, &serde_json::json!({ "type": 5 }))),
+    match source.kind.preset().map(|p| p.ack)? {
+        Ack::Json => None,
+        Ack::Accepted => Some(Reply::text(200, "text/plain", "[accepted]".to_owned())),
+        Ack::DiscordDeferred => Some(Reply::json(200, &serde_json::json!({ "type": 5 }))),
     }
 }
 
 /// The answer to a committed batch: the provider's own, or every
 /// event's outcome; 409 when one was a mismatch the source rejects.
-pub(super) fn batch_answer(source: &Source, ids: &[String], outcomes: &[Outcome]) -> (u16, Reply) {
+pub(super) fn batch_answer(source: &Source, ids: &[String], outcomes: &[Decision]) -> (u16, Reply) {
     let reject = source.on_mismatch == crate::config::OnMismatch::Reject
         && outcomes
             .iter()
-            .any(|o| matches!(o, Outcome::Mismatch { .. }));
+            .any(|o| matches!(o, Decision::Mismatch { .. }));
     let events: Vec<Value> = ids
         .iter()
         .zip(outcomes)
         .map(|(id, o)| {
             let state = match o {
-                Outcome::Accepted { state, .. }
-                | Outcome::Duplicate { state }
-                | Outcome::Mismatch { state } => state,
+                Decision::Accepted { state, .. }
+                | Decision::Duplicate { state }
+                | Decision::Mismatch { state } => state,
             };
             serde_json::json!({ "event_id": id, "status": o.delivery(), "state": state })
         })
         .collect();
     let any_new = outcomes
         .iter()
-        .any(|o| matches!(o, Outcome::Accepted { .. }));
+        .any(|o| matches!(o, Decision::Accepted { .. }));
     let status = if any_new { "accepted" } else { "duplicate" };
     if reject {
         let body = serde_json::json!({

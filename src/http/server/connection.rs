@@ -266,7 +266,7 @@ fn head_cut(state: &ConnState, limits: &Limits, status: u16, message: String) ->
 }
 
 /// Runs the handler holding a processing permit. A panic is answered 500,
-/// unless the handler promised an answer first (the promise's `Answer`
+/// unless the handler promised an answer first (the `Promise`
 /// writes a 500 when dropped): one answer only.
 fn handle(shared: &Shared, out: &Arc<Outbound>, request: &mut Request) -> Reply {
     let promises = locked(&out.state).promises;

@@ -1,4 +1,4 @@
-//! Answers promised for later ([`Later`], [`Answer`]) and what a
+//! Answers promised for later ([`Later`], [`Promise`]) and what a
 //! connection has still to send ([`Outbound`]): the answer thread writes
 //! without blocking, and the connection's thread sends what is left, in
 //! order, before anything else.
@@ -129,14 +129,14 @@ pub struct Later {
 impl Later {
     /// Promises an answer: returns who gives it, and the reply the handler
     /// returns now, for which the server writes nothing.
-    pub fn promise(self) -> (Answer, Reply) {
+    pub fn promise(self) -> (Promise, Reply) {
         {
             let mut state = locked(&self.out.state);
             state.promised = true;
             state.promises += 1;
         }
         (
-            Answer {
+            Promise {
                 out: Some(self.out),
             },
             Later::promised(),
@@ -153,11 +153,11 @@ impl Later {
 
 /// A promised answer. Dropped unsent, it answers 503 (the work behind it
 /// was lost: the writer stopped), or 500 while a panic unwinds.
-pub struct Answer {
+pub struct Promise {
     pub(super) out: Option<Arc<Outbound>>,
 }
 
-impl Answer {
+impl Promise {
     /// Writes the answer (keep-alive; only `POST`s are answered later).
     pub fn send(mut self, reply: Reply) {
         if let Some(fp) = reply.failpoint {
@@ -169,7 +169,7 @@ impl Answer {
     }
 }
 
-impl Drop for Answer {
+impl Drop for Promise {
     fn drop(&mut self) {
         let Some(out) = self.out.take() else {
             return;

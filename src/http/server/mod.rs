@@ -69,7 +69,7 @@ mod response;
 mod wire;
 
 use accept::{Held, HeldPlace, accept_loop, listen_on, tarpit_loop, tarpit_size};
-pub use later::{Answer, Later};
+pub use later::{Later, Promise};
 pub use permit::Permit;
 use permit::Semaphore;
 use read::BodyPool;

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use super::{Done, Origin, Step, requeued_forward};
+use super::{Origin, Replayed, Step, requeued_forward};
 use crate::config::{ActionKind, Config};
 use crate::ingest::{self, Claim};
 use crate::state::{AttemptOutcome, JobStatus};
@@ -31,7 +31,7 @@ pub fn apply(
     steps: &[Step],
     origin: Origin,
     now: i64,
-) -> Result<Vec<Done>, StoreError> {
+) -> Result<Vec<Replayed>, StoreError> {
     let mut out = Vec::with_capacity(steps.len());
     let mut events = BTreeSet::new();
     for s in steps {
@@ -62,8 +62,8 @@ fn apply_step(
     s: &Step,
     origin: Origin,
     now: i64,
-) -> Result<Done, StoreError> {
-    let mut done = Done {
+) -> Result<Replayed, StoreError> {
+    let mut done = Replayed {
         source: s.source.clone(),
         event_id: s.event_id.clone(),
         action: s.action.clone(),
@@ -133,7 +133,7 @@ fn rerun_sql(
     n_attempts: i64,
     origin: Origin,
     now: i64,
-    done: &mut Done,
+    done: &mut Replayed,
 ) -> Result<(), StoreError> {
     let action = config
         .source(&s.source)

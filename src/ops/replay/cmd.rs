@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 
-use super::{APPLY_CHUNK, Done, Origin, Plan, Target, apply, event_state, plan};
+use super::{APPLY_CHUNK, Origin, Plan, Replayed, Target, apply, event_state, plan};
 use crate::config::Config;
 use crate::ops::command::{CommandError, Outcome};
 use crate::ops::error::OpError;
@@ -88,7 +88,7 @@ fn replay_batch_cli(
 }
 
 /// Attention (exit 1) when an SQL job was run again and failed again.
-fn exit_for(done: &[Done]) -> Outcome {
+fn exit_for(done: &[Replayed]) -> Outcome {
     if done.iter().any(|d| d.result == "failed") {
         Outcome::Attention
     } else {
@@ -164,7 +164,7 @@ fn render_plan(plan: &Plan) -> String {
     out
 }
 
-fn render_done(done: &[Done]) -> String {
+fn render_done(done: &[Replayed]) -> String {
     let mut out = String::new();
     let replayed = done.iter().filter(|d| d.result != "skipped").count();
     let _ = writeln!(out, "replayed {replayed} of {} job(s)", done.len());

@@ -144,7 +144,7 @@ pub struct Plan {
 
 /// What happened to one planned job.
 #[derive(Debug, Clone, Serialize)]
-pub struct Done {
+pub struct Replayed {
     pub source: String,
     pub event_id: String,
     pub action: String,
@@ -270,7 +270,7 @@ pub fn event_state(
 }
 
 /// The JSON answer: the plan, and what was done when it was applied.
-pub fn report(plan: &Plan, done: Option<&[Done]>, state_after: Option<String>) -> Value {
+pub fn report(plan: &Plan, done: Option<&[Replayed]>, state_after: Option<String>) -> Value {
     let mut out = json!({
         "dry_run": done.is_none(),
         "count": plan.steps.len(),
@@ -298,6 +298,6 @@ pub fn report(plan: &Plan, done: Option<&[Done]>, state_after: Option<String>) -
 }
 
 /// Whether any forward job was re-queued (the outbox should wake).
-pub fn requeued_forward(done: &[Done]) -> bool {
+pub fn requeued_forward(done: &[Replayed]) -> bool {
     done.iter().any(|d| d.result == "requeued")
 }

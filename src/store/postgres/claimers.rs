@@ -214,12 +214,12 @@ impl Lined {
 
 /// A group's keys, in flight until its claimer is done with it (committed
 /// or failed); then a claimer that held claims back for them is woken.
-struct Done<'q> {
+struct InFlight<'q> {
     queue: &'q Queue,
     keys: Vec<Key>,
 }
 
-impl Drop for Done<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if self.keys.is_empty() {
             return;
@@ -345,14 +345,14 @@ pub fn prepare(config: &Config, url: &PostgresUrl) -> Result<(Settings, bool), S
     let mut tx = client
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
-    check_actions(&mut tx, config)?;
+    prepare_actions(&mut tx, config)?;
     Ok((settings, created))
 }
 
 /// `check` on PostgreSQL: the migrations, `setup_sql` and every SQL
 /// action, in one transaction that is rolled back, so the database is
 /// left as it was.
-pub fn check(config: &Config, url: &PostgresUrl) -> Result<(), String> {
+pub fn trial(config: &Config, url: &PostgresUrl) -> Result<(), String> {
     let settings = Settings::from_url(url, config.durability, config.busy_timeout)?;
     let mut client = settings
         .connect()
@@ -361,7 +361,7 @@ pub fn check(config: &Config, url: &PostgresUrl) -> Result<(), String> {
         .transaction()
         .map_err(|e| format!("{url}: {}", StoreError::from(e)))?;
     migrate_and_set_up(&mut tx, config, url)?;
-    check_actions(&mut tx, config)
+    prepare_actions(&mut tx, config)
     // Dropped without commit: rolled back.
 }
 
@@ -391,7 +391,7 @@ fn migrate_and_set_up(
 
 /// Every SQL action rewritten to `$n` and prepared, in the team's
 /// search_path as it runs, inside the caller's transaction.
-fn check_actions(client: &mut postgres::Transaction<'_>, config: &Config) -> Result<(), String> {
+fn prepare_actions(client: &mut postgres::Transaction<'_>, config: &Config) -> Result<(), String> {
     client
         .batch_execute(crate::store::postgres::TEAM_PATH)
         .map_err(|e| StoreError::from(e).to_string())?;
@@ -691,7 +691,7 @@ fn claimer(
     while let Some(batch) = next_group(queue) {
         let keys: Vec<Key> = batch.iter().flat_map(Job::keys).collect();
         // Held until the group is answered: its keys are free again then.
-        let _done = Done { queue, keys };
+        let _done = InFlight { queue, keys };
         // Claims already answered 503 (they waited past busy_timeout) are
         // not tried: their callers were told nothing was stored.
         let live: Vec<Job> = batch

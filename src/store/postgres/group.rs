@@ -194,7 +194,7 @@ mod tests {
     use super::*;
     use crate::config::database_url::DatabaseUrl;
     use crate::config::{Config, Durability};
-    use crate::ingest::{Claim, Outcome, claim_in};
+    use crate::ingest::{Claim, Decision, claim_in};
     use crate::store::pg_cluster;
     use crate::store::postgres::claimers::event_row_of;
     use crate::store::postgres::{Settings, migrate};
@@ -273,7 +273,7 @@ params = { instance = "header:x-instance" }
                             .map(|i| claim_for(&format!("evt_{i:03}"), instance))
                             .collect();
                         let source = &config.sources[0];
-                        let mut ops: Vec<Op<'_, Outcome>> = claims
+                        let mut ops: Vec<Op<'_, Decision>> = claims
                             .iter()
                             .map(|c| Op {
                                 key: (source.name.clone(), c.event_id.clone()),
@@ -297,7 +297,7 @@ params = { instance = "header:x-instance" }
         for t in instances {
             for o in t.join().unwrap() {
                 answered += 1;
-                if matches!(o, Outcome::Accepted { .. }) {
+                if matches!(o, Decision::Accepted { .. }) {
                     accepted += 1;
                 }
             }
@@ -347,7 +347,7 @@ params = { instance = "header:x-instance" }
             run: Box::new(|tx: &mut PgTx<'_>| claim_in(tx, source, &stored)),
         }];
         let r = run_group(&mut client, &mut statements, &mut first);
-        assert!(matches!(r[0], Ok(Outcome::Accepted { .. })), "{r:?}");
+        assert!(matches!(r[0], Ok(Decision::Accepted { .. })), "{r:?}");
         drop(first);
 
         let mut other = claim_for("e1", 2);
@@ -360,7 +360,7 @@ params = { instance = "header:x-instance" }
             other,
             claim_for("e3", 1),
         ];
-        let mut ops: Vec<Op<'_, Outcome>> = claims
+        let mut ops: Vec<Op<'_, Decision>> = claims
             .iter()
             .enumerate()
             .map(|(i, c)| Op {
@@ -375,29 +375,29 @@ params = { instance = "header:x-instance" }
                 run: Box::new(move |tx: &mut PgTx<'_>| claim_in(tx, source, c)),
             })
             .collect();
-        let outcomes: Vec<Outcome> = run_group(&mut client, &mut statements, &mut ops)
+        let outcomes: Vec<Decision> = run_group(&mut client, &mut statements, &mut ops)
             .into_iter()
             .map(Result::unwrap)
             .collect();
         drop(ops);
         let accepted =
-            |o: &Outcome| matches!(o, Outcome::Accepted { state, .. } if state == "completed");
+            |o: &Decision| matches!(o, Decision::Accepted { state, .. } if state == "completed");
         assert!(accepted(&outcomes[0]), "{outcomes:?}");
         assert!(accepted(&outcomes[1]), "{outcomes:?}");
         let completed = "completed".to_string();
         assert_eq!(
             outcomes[2],
-            Outcome::Duplicate {
+            Decision::Duplicate {
                 state: completed.clone()
             }
         );
         assert_eq!(
             outcomes[3],
-            Outcome::Duplicate {
+            Decision::Duplicate {
                 state: completed.clone()
             }
         );
-        assert_eq!(outcomes[4], Outcome::Mismatch { state: completed });
+        assert_eq!(outcomes[4], Decision::Mismatch { state: completed });
         assert!(accepted(&outcomes[5]), "{outcomes:?}");
 
         let count = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };

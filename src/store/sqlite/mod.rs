@@ -76,7 +76,7 @@ impl std::ops::Deref for Opened {
 /// against an empty database with idemhook's schema and `setup_sql`, and,
 /// if that fails, against the configured database as it is (read-only; its
 /// tables may come from elsewhere). Changes nothing on disk.
-pub fn check_sql_actions(config: &Config, path: &Path) -> Result<(), String> {
+pub fn trial(config: &Config, path: &Path) -> Result<(), String> {
     let fresh = (|| {
         let mut conn = Connection::open_in_memory().map_err(|e| e.to_string())?;
         crate::store::migrate(&mut conn).map_err(|e| e.to_string())?;
@@ -84,13 +84,13 @@ pub fn check_sql_actions(config: &Config, path: &Path) -> Result<(), String> {
             conn.execute_batch(sql)
                 .map_err(|e| format!("setup_sql: {e}"))?;
         }
-        check_actions(&conn, &config.sources)
+        prepare_actions(&conn, &config.sources)
     })();
     match fresh {
         Err(e) if path.exists() => {
             let conn =
                 crate::store::open_read(path, Duration::from_secs(5)).map_err(|_| e.clone())?;
-            check_actions(&conn, &config.sources).map_err(|_| e)
+            prepare_actions(&conn, &config.sources).map_err(|_| e)
         }
         other => other,
     }
@@ -271,7 +271,7 @@ impl Backend for Sqlite {
 
 /// Checks at start that every SQL action prepares against the database (its
 /// tables exist after `setup_sql`) and names only known parameters.
-pub fn check_actions(conn: &Connection, sources: &[Source]) -> Result<(), String> {
+pub fn prepare_actions(conn: &Connection, sources: &[Source]) -> Result<(), String> {
     for source in sources {
         for action in &source.actions {
             let ActionKind::Sql { sql, params } = &action.kind else {

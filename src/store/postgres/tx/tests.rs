@@ -5,7 +5,7 @@ use super::params::numeric_binary;
 use super::*;
 use crate::config::database_url::DatabaseUrl;
 use crate::config::{Config, Durability};
-use crate::ingest::{Claim, Outcome, claim_in};
+use crate::ingest::{Claim, Decision, claim_in};
 use crate::store::pg_cluster;
 use crate::store::postgres::{Settings, migrate};
 use crate::store::tx::ParamValue;
@@ -139,7 +139,7 @@ fn claim_for(id: &str, hash: &str) -> Claim {
     }
 }
 
-fn run(client: &mut Client, st: &mut Statements, c: &Claim) -> (Outcome, usize) {
+fn run(client: &mut Client, st: &mut Statements, c: &Claim) -> (Decision, usize) {
     let config = Config::parse(CONFIG, "unit", Path::new("/"), None).unwrap();
     client.batch_execute("BEGIN").unwrap();
     let mut tx = PgTx::new(client, st);
@@ -168,7 +168,7 @@ fn the_claim_runs_on_postgres_with_typed_business_writes() {
     let (first, savepoints) = run(&mut client, &mut st, &claim_for("e1", "h1"));
     assert_eq!(
         first,
-        Outcome::Accepted {
+        Decision::Accepted {
             state: "failed".to_string(),
             forward_jobs: 1,
             sql_runs: vec![(0, false), (1, true)],
@@ -178,14 +178,14 @@ fn the_claim_runs_on_postgres_with_typed_business_writes() {
     let (again, _) = run(&mut client, &mut st, &claim_for("e1", "h1"));
     assert_eq!(
         again,
-        Outcome::Duplicate {
+        Decision::Duplicate {
             state: "failed".to_string()
         }
     );
     let (other, _) = run(&mut client, &mut st, &claim_for("e1", "h2"));
     assert_eq!(
         other,
-        Outcome::Mismatch {
+        Decision::Mismatch {
             state: "failed".to_string()
         }
     );

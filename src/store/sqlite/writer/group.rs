@@ -11,7 +11,7 @@ use std::time::Instant;
 use rusqlite::Connection;
 
 use super::checkpoint::{Kick, bound_wal, wants_checkpoint};
-use super::{Answers, Done, Guard, MAX_GROUP, Msg, Op, Shared, Waits};
+use super::{AfterCommit, Answers, Guard, MAX_GROUP, Msg, Op, Shared, Waits};
 use crate::store::StoreError;
 use crate::time::now_ms;
 
@@ -116,7 +116,7 @@ fn commit_group(
 fn run_transaction(
     conn: &Connection,
     group: &mut Vec<(Op, Guard, Waits)>,
-) -> (Result<(), StoreError>, Vec<(Done, Waits)>) {
+) -> (Result<(), StoreError>, Vec<(AfterCommit, Waits)>) {
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]));
@@ -124,14 +124,14 @@ fn run_transaction(
         Err(e) => {
             let err = StoreError::from(e);
             // The ops do not run; they are told why.
-            let dones: Vec<(Done, Waits)> = group
+            let dones: Vec<(AfterCommit, Waits)> = group
                 .drain(..)
                 .map(|(op, _, waits)| (op(Err(&err)).0, waits))
                 .collect();
             (Err(err), dones)
         }
         Ok(_) => {
-            let mut dones: Vec<(Done, Waits)> = Vec::with_capacity(group.len());
+            let mut dones: Vec<(AfterCommit, Waits)> = Vec::with_capacity(group.len());
             let lost = StoreError::other("the group transaction was rolled back by SQLite");
             let (lost_transaction, poisoned) = run_ops(conn, group, &lost, &mut dones);
             let commit = if lost_transaction {
@@ -159,7 +159,7 @@ fn run_ops(
     conn: &Connection,
     group: &mut Vec<(Op, Guard, Waits)>,
     lost: &StoreError,
-    dones: &mut Vec<(Done, Waits)>,
+    dones: &mut Vec<(AfterCommit, Waits)>,
 ) -> (bool, Option<StoreError>) {
     let mut lost_transaction = false;
     // Set when an op without a savepoint failed: the transaction
@@ -224,7 +224,7 @@ fn note_commit(shared: &Shared, result: &Result<(), StoreError>, n: u64) {
 /// Continuations go to the answer thread in one message; blocked callers
 /// are woken here.
 fn release(
-    dones: Vec<(Done, Waits)>,
+    dones: Vec<(AfterCommit, Waits)>,
     result: Result<(), StoreError>,
     answers: &mpsc::Sender<Answers>,
 ) {

@@ -58,16 +58,17 @@ const QUEUE: usize = 4096;
 /// How long a group that no caller waits on stays open for company.
 const LINGER: Duration = Duration::from_millis(2);
 
-type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+type AfterCommit = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// A group's continuations ([`Writer::call_then`]) and its commit result,
 /// for the answer thread.
-type Answers = (Vec<Done>, Result<(), StoreError>);
+type Answers = (Vec<AfterCommit>, Result<(), StoreError>);
 /// An operation gets the connection inside the group transaction, or the
 /// reason there is none (the transaction could not start or was lost). It
 /// returns what to do once the group's fate is known, and the error it
 /// failed with if it ran without a savepoint ([`Guard::Group`]): its
 /// partial writes are then in the transaction, which must not commit.
-type Op = Box<dyn FnOnce(Result<&Connection, &StoreError>) -> (Done, Option<StoreError>) + Send>;
+type Op =
+    Box<dyn FnOnce(Result<&Connection, &StoreError>) -> (AfterCommit, Option<StoreError>) + Send>;
 
 /// How an operation's writes are kept apart from the rest of its group.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -119,7 +120,7 @@ where
             Ok(conn) => run_guarded(conn, guard, f),
             Err(e) => (Err(e.clone()), None),
         };
-        let done: Done = Box::new(move |commit: Result<(), StoreError>| {
+        let done: AfterCommit = Box::new(move |commit: Result<(), StoreError>| {
             release(commit.and(result));
         });
         (done, poison)
