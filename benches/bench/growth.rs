@@ -126,6 +126,11 @@ pub(crate) fn run_growth(
             println!("  {name}: prefill failed: {e}");
             continue;
         }
+        // Written back now, not during the runs (see `run_idemhook`).
+        if let Err(e) = std::fs::File::open(&template).and_then(|f| f.sync_all()) {
+            println!("  {name}: cannot sync the prefilled file: {e}");
+            continue;
+        }
         let size = file_len(&template);
         println!(
             "  {name}: prefilled in {:.0} s, {} bytes ({:.0} bytes/event)",

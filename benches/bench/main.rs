@@ -97,6 +97,8 @@ struct Opts {
     runs: usize,
     growth: bool,
     growth_10m: bool,
+    /// W1's events in the growth runs and their empty reference.
+    growth_events: Option<usize>,
     only: Option<Vec<String>>,
     scale: f64,
     log_level: Option<String>,
@@ -122,6 +124,7 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --runs N          repeat each workload N times, report medians and min-max (default 3)
   --growth          also W1 on 1,000,000 stored events and W1 during a 1,000,000-event prune
   --growth-10m      also W1 on 10,000,000 stored events (implies --growth; slow)
+  --growth-events N W1 with N events (default 20,000) in the growth runs and their empty reference
   --only W1,W2,..   run only these workloads (W1 W2 W3 W4; W4O W4S: W4 with order over 1,000 keys and over one, when named; G1M G10M GPRUNE with --growth)
   --scale F         multiply every event count by F (quick checks; default 1)
   --log-level L     pass --log-level L to idemhook serve (default: its own, info)
@@ -141,6 +144,7 @@ impl Opts {
             runs: 3,
             growth: false,
             growth_10m: false,
+            growth_events: None,
             only: None,
             scale: 1.0,
             log_level: None,
@@ -169,6 +173,15 @@ impl Opts {
                 "--growth-10m" => {
                     o.growth = true;
                     o.growth_10m = true;
+                }
+                "--growth-events" => {
+                    let n: usize = value("--growth-events")?
+                        .parse()
+                        .map_err(|e| format!("--growth-events: {e}"))?;
+                    if !(1_000..=1_000_000).contains(&n) {
+                        return Err("--growth-events: 1000 to 1000000".into());
+                    }
+                    o.growth_events = Some(n);
                 }
                 "--runs" => {
                     o.runs = value("--runs")?
@@ -421,15 +434,18 @@ fn main() -> ExitCode {
 
     if opts.growth {
         println!("\nGrowth runs:");
-        let w1 = workloads(&opts)
+        let mut w1 = workloads(&opts)
             .into_iter()
             .find(|w| w.name == "W1")
             .expect("W1 exists");
         let mut empty: Vec<f64> = rows
             .iter()
-            .find(|r| r.w.name == "W1")
+            .find(|r| r.w.name == "W1" && opts.growth_events.is_none())
             .map(|r| r.idem_rps())
             .unwrap_or_default();
+        if let Some(n) = opts.growth_events {
+            w1.events = n;
+        }
         if empty.is_empty() {
             println!("  W1 on an empty database first (the reference):");
             for run in 1..=opts.runs {

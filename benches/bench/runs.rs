@@ -99,6 +99,13 @@ pub(crate) fn run_idemhook(
     let db = dir.path().join("idemhook.db");
     if let Some(t) = &setup.template {
         std::fs::copy(t, &db).map_err(|e| format!("copy {}: {e}", t.display()))?;
+        // On disk before the load starts: otherwise the kernel writes the
+        // copy's gigabytes back during the run, and every fsync of the
+        // server's waits behind that writeback, which an installation
+        // that grew to this size over months does not have.
+        std::fs::File::open(&db)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("sync {}: {e}", db.display()))?;
     }
     let downstream = if w.forward {
         Some(NoopServer::start(Some(w.events))?)
