@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::Config;
 use crate::log::{Format, Level};
@@ -452,8 +452,10 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             ConfigSource::find(cli.config.as_deref(), std::env::var_os("IDEMHOOK_CONFIG")).load()?
         }
         // Made from the definitions above: no config, no database.
-        Command::Completions { shell } => return crate::tooling::completions(&shell),
-        Command::Man { dir } => return crate::tooling::man(dir.as_deref()),
+        Command::Completions { shell } => {
+            return crate::tooling::completions(&shell, Cli::command());
+        }
+        Command::Man { dir } => return crate::tooling::man(dir.as_deref(), Cli::command()),
         _ => load_config(cli.config.as_deref())?,
     };
     if let crate::config::database_url::DatabaseUrl::Postgres(url) = &config.database
@@ -577,7 +579,6 @@ fn send_outcome(result: Result<ExitCode>) -> Result<Outcome, CommandError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     /// `idemhook help CMD` explains every argument of every command.
     #[test]

@@ -8,10 +8,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use clap::CommandFactory as _;
 use clap::builder::{PossibleValue, TypedValueParser};
 
-use crate::cli::Cli;
 use crate::ops::{CommandError, Outcome};
 
 /// The shells `idemhook completions` writes for.
@@ -41,8 +39,9 @@ impl TypedValueParser for ShellName {
     }
 }
 
-/// `idemhook completions SHELL`: the completion script on stdout.
-pub fn completions(shell: &str) -> Result<Outcome, CommandError> {
+/// `idemhook completions SHELL`: the completion script for the command
+/// tree `cli` on stdout.
+pub fn completions(shell: &str, mut cli: clap::Command) -> Result<Outcome, CommandError> {
     let generator = match shell {
         "bash" => clap_complete::Shell::Bash,
         "zsh" => clap_complete::Shell::Zsh,
@@ -55,7 +54,7 @@ pub fn completions(shell: &str) -> Result<Outcome, CommandError> {
         }
     };
     let mut script = Vec::new();
-    clap_complete::generate(generator, &mut Cli::command(), "idemhook", &mut script);
+    clap_complete::generate(generator, &mut cli, "idemhook", &mut script);
     print_out(&script)
 }
 
@@ -63,10 +62,10 @@ pub fn completions(shell: &str) -> Result<Outcome, CommandError> {
 /// page and one per command (idemhook-serve(1), idemhook-events-list(1),
 /// ...), the ones idemhook(1) refers to, written into DIR, which must
 /// exist (no folder is created). Prints the files it wrote.
-pub fn man(dir: Option<&Path>) -> Result<Outcome, CommandError> {
+pub fn man(dir: Option<&Path>, cli: clap::Command) -> Result<Outcome, CommandError> {
     let Some(dir) = dir else {
         let mut page = Vec::new();
-        clap_mangen::Man::new(command())
+        clap_mangen::Man::new(man_tree(cli))
             .render(&mut page)
             .context("rendering the man page")?;
         return print_out(&page);
@@ -83,7 +82,7 @@ pub fn man(dir: Option<&Path>) -> Result<Outcome, CommandError> {
         )));
     }
     let mut written = Vec::new();
-    write_pages(command(), dir, &mut written)
+    write_pages(man_tree(cli), dir, &mut written)
         .with_context(|| format!("writing the man pages into {}", dir.display()))?;
     let list: String = written
         .iter()
@@ -95,8 +94,8 @@ pub fn man(dir: Option<&Path>) -> Result<Outcome, CommandError> {
 /// The command tree as the man pages show it: no `help` subcommand
 /// (every command takes `--help`), built so that each subcommand's name
 /// reads `idemhook-events-list`.
-fn command() -> clap::Command {
-    let mut cmd = Cli::command().disable_help_subcommand(true);
+fn man_tree(cli: clap::Command) -> clap::Command {
+    let mut cmd = cli.disable_help_subcommand(true);
     cmd.build();
     cmd
 }
@@ -126,7 +125,9 @@ mod tests {
 
     #[test]
     fn an_unknown_shell_is_one_line_naming_the_known_ones() {
-        let Err(CommandError::Usage(message)) = completions("tcsh\n") else {
+        let Err(CommandError::Usage(message)) =
+            completions("tcsh\n", clap::Command::new("idemhook"))
+        else {
             panic!("tcsh was not refused as usage");
         };
         assert_eq!(
