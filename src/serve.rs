@@ -14,11 +14,11 @@ use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 use crate::config::{ActionKind, Config, format_duration};
 use crate::http::HttpServer;
 use crate::metrics::Metrics;
+use crate::store;
 use crate::store::backend::Backend;
 use crate::store::postgres::Settings;
 use crate::store::postgres::claimers::{self, Migrator, Postgres};
 use crate::store::sqlite::{Opened, Sqlite};
-use crate::store::{self};
 use crate::time::now_ms;
 
 /// `idemhook serve`: on the configured backend until SIGTERM or SIGINT.
@@ -40,7 +40,7 @@ pub fn run(mut config: Config) -> Result<()> {
             let (opened, _serving) = open_sqlite(&config, &path)?;
             let sqlite = Sqlite::start(opened, &path, config.durability, config.busy_timeout)
                 .context("cannot start the writer")?;
-            launch(Arc::new(config), sqlite, start)
+            launch(Arc::new(config), sqlite, start, false)
         }
         DatabaseUrl::Postgres(url) => {
             let config = Arc::new(config);
@@ -48,7 +48,7 @@ pub fn run(mut config: Config) -> Result<()> {
             let migrating = migrator.is_some();
             let postgres = Postgres::start(config.clone(), &url, settings, migrator)
                 .context("cannot start the claimers")?;
-            launch_with(config, postgres, start, migrating)
+            launch(config, postgres, start, migrating)
         }
     }
 }
@@ -105,17 +105,12 @@ fn open_sqlite(config: &Config, path: &Path) -> Result<(Opened, std::fs::File)> 
     Ok((opened, serving))
 }
 
-/// [`launch_with`] where the handshake secrets must be readable at start.
-fn launch<B: Backend>(config: Arc<Config>, backend: B, start: Start<'_>) -> Result<()> {
-    launch_with(config, backend, start, false)
-}
-
 /// What every backend runs alike: the forward workers, the `App`, the
 /// pruner and the HTTP server started, the start announced; on SIGTERM or
 /// SIGINT the `stopping` line, then the stop in order (HTTP, pruner,
 /// forward attempts in flight, the storage). `migrating`: the database
 /// refused writes at start, so what it keeps may not be there yet.
-fn launch_with<B: Backend>(
+fn launch<B: Backend>(
     config: Arc<Config>,
     backend: B,
     start: Start<'_>,
