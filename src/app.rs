@@ -112,16 +112,10 @@ impl<B: Backend> App<B> {
         claims: Vec<Claim>,
     ) -> Result<Vec<Decision>, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.backend.claim_then(
-            Arc::new(DeliveryClaims::new(
-                self.config.clone(),
-                source_index,
-                claims,
-            )),
-            move |outcomes| {
+        self.backend
+            .claim_then(self.delivery(source_index, claims), move |outcomes| {
                 let _ = tx.send(outcomes);
-            },
-        );
+            });
         let outcomes = rx.recv().unwrap_or_else(|_| Err(StoreError::closed()));
         self.claimed(source_index, &outcomes);
         outcomes
@@ -149,17 +143,20 @@ impl<B: Backend> App<B> {
         then: impl FnOnce(Result<Vec<Decision>, StoreError>) + Send + 'static,
     ) {
         let app = self.clone();
-        self.backend.claim_then(
-            Arc::new(DeliveryClaims::new(
-                self.config.clone(),
-                source_index,
-                claims,
-            )),
-            move |outcomes| {
+        self.backend
+            .claim_then(self.delivery(source_index, claims), move |outcomes| {
                 app.claimed(source_index, &outcomes);
                 then(outcomes);
-            },
-        );
+            });
+    }
+
+    /// One delivery's claims as the storage runs them.
+    fn delivery(&self, source_index: usize, claims: Vec<Claim>) -> Arc<DeliveryClaims> {
+        Arc::new(DeliveryClaims::new(
+            self.config.clone(),
+            source_index,
+            claims,
+        ))
     }
 
     /// After a claim's commit: counts the SQL actions' attempts and wakes
