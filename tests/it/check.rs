@@ -14,9 +14,10 @@ use serde_json::Value;
 use crate::backend::{Backend, both_backends};
 use crate::downstream::{Behavior, CheckBehavior, Downstream, Outcome, RecordedRequest};
 use crate::harness::{CliOutput, HTTP_TIMEOUT, Server, ServerConfig, toml_str, wait_for};
-use crate::sign;
+use crate::helpers::{StripeHook, api, assert_accepted, job_status, stripe_source};
 
 const SECRET: &str = "whsec_it_check_secret_0123456789";
+const STRIPE: StripeHook = StripeHook::new(SOURCE, SECRET);
 const ADMIN_TOKEN: &str = "it-check-admin-token-51c2";
 const SOURCE: &str = "stripe";
 const ACTION: &str = "notify";
@@ -27,10 +28,6 @@ fn env() -> Vec<(&'static str, &'static str)> {
         ("STRIPE_SECRET", SECRET),
         ("IDEMHOOK_ADMIN_TOKEN", ADMIN_TOKEN),
     ]
-}
-
-fn source() -> String {
-    format!("[sources.{SOURCE}]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n")
 }
 
 /// The forward action `notify` to `ds` with a check, small retry timings,
@@ -55,7 +52,7 @@ fn notify(ds: &Downstream, timeout: &str, lease: &str, extra: &str) -> String {
 fn config(ds: &Downstream, extra: &str) -> ServerConfig {
     ServerConfig::new()
         .set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN"))
-        .tables(&source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&notify(ds, "1s", "3s", extra))
 }
 
@@ -72,21 +69,6 @@ fn body(id: &str) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-fn deliver(server: &Server, id: &str) {
-    let b = body(id);
-    let resp = server.post(
-        &format!("/hooks/{SOURCE}"),
-        &sign::stripe_now(SECRET, &b),
-        &b,
-    );
-    assert!(
-        resp.status == 200 && resp.json_status().as_deref() == Some("accepted"),
-        "delivery of {id}\n  expected: 200 accepted\n  got: {} {}",
-        resp.status,
-        resp.text()
-    );
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -143,14 +125,6 @@ fn recorded_checks(db: &Server, event_id: &str) -> Vec<(i64, String, Option<i64>
     .collect()
 }
 
-fn job_status(db: &Server, event_id: &str, action: &str) -> Option<String> {
-    db.row(
-        "SELECT status FROM jobs WHERE source = ?1 AND event_id = ?2 AND action = ?3",
-        &[&SOURCE, &event_id, &action],
-    )
-    .map(|r| r.text(0))
-}
-
 fn dump_jobs(db: &Server) -> String {
     format!(
         "----- jobs -----\n{}----- attempts -----\n{}----- checks -----\n{}",
@@ -170,7 +144,7 @@ fn wait_job(db: &Server, event_id: &str, action: &str, status: &str) {
     wait_for(
         JOBS_TIMEOUT,
         &format!("job {event_id}/{action} reaches {status}"),
-        || match job_status(db, event_id, action) {
+        || match job_status(db, SOURCE, event_id, action) {
             Some(s) if s == status => Ok(()),
             Some(s) if s == "done" || s == "failed" => panic!(
                 "job {event_id}/{action}\n  expected: {status}\n  got: {s}\n{}",
@@ -213,35 +187,6 @@ fn metrics_line(server: &Server, prefix: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-fn api(server: &Server, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(HTTP_TIMEOUT * 4))
-        .build()
-        .into();
-    let url = server.url(path);
-    let auth = format!("Bearer {ADMIN_TOKEN}");
-    let result = if method == "GET" {
-        agent.get(&url).header("Authorization", &auth).call()
-    } else {
-        agent
-            .post(&url)
-            .header("Authorization", &auth)
-            .header("Content-Type", "application/json")
-            .send(body)
-    };
-    let mut resp = result.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let status = resp.status().as_u16();
-    let bytes = resp.body_mut().read_to_vec().expect("read the answer");
-    let json = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!(
-            "{method} {path} answered {status} without JSON ({e}): {}",
-            String::from_utf8_lossy(&bytes)
-        )
-    });
-    (status, json)
-}
-
 // ---------------------------------------------------------------------------
 // The worker asks before sending again
 // ---------------------------------------------------------------------------
@@ -253,7 +198,11 @@ fn a_connection_cut_after_the_request_is_checked_and_not_sent_again(backend: Bac
     let ds = Downstream::start_without_dedupe();
     ds.script(&key("evt_cut"), Behavior::ProcessThenDrop(1));
     let server = Server::start_on(backend, &config(&ds, ""), &env());
-    deliver(&server, "evt_cut");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_cut")),
+        "evt_cut",
+        "delivery",
+    );
     let db = &server;
     wait_job(db, "evt_cut", ACTION, "done");
 
@@ -316,7 +265,11 @@ fn a_404_check_sends_once() {
     let ds = Downstream::start_without_dedupe();
     ds.script(&key("evt_404"), Behavior::Fail500(1));
     let server = Server::start(&config(&ds, ""), &env());
-    deliver(&server, "evt_404");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_404")),
+        "evt_404",
+        "delivery",
+    );
     let db = &server;
     wait_job(db, "evt_404", ACTION, "done");
 
@@ -375,7 +328,11 @@ fn a_failing_check_sends_nothing_and_is_retried_later() {
     ds.script_check(&k, CheckBehavior::Fail500(1));
     ds.script_check(&k, CheckBehavior::Hang(Duration::from_secs(5)));
     let server = Server::start(&config(&ds, ""), &env());
-    deliver(&server, "evt_500");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_500")),
+        "evt_500",
+        "delivery",
+    );
     let db = &server;
     wait_job(db, "evt_500", ACTION, "done");
 
@@ -435,10 +392,14 @@ fn kill9_during_a_slow_call_then_the_check_is_asked_before_any_resend(backend: B
     ds.script(&k, Behavior::ProcessThenHang(Duration::from_secs(60)));
     // A longer timeout, so the kill lands while the call is held.
     let tables = ServerConfig::new()
-        .tables(&source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&notify(&ds, "3s", "7s", ""));
     let mut server = Server::start_on(backend, &tables, &env());
-    deliver(&server, "evt_kill");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_kill")),
+        "evt_kill",
+        "delivery",
+    );
     wait_for(
         JOBS_TIMEOUT,
         "the POST reaches the downstream",
@@ -507,7 +468,7 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     let server = Server::start(&config(&ds, "max_attempts = 1"), &env());
     let db = &server;
     for id in ["evt_r_done", "evt_r_none"] {
-        deliver(&server, id);
+        assert_accepted(&STRIPE.deliver(&server, &body(id)), id, "delivery");
         wait_job(db, id, ACTION, "failed");
     }
     assert_eq!(ds.effects(&key("evt_r_done")), 1);
@@ -537,7 +498,7 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     );
     assert_eq!(check_for(&checks, "evt_r_none")["answer"], "not_found");
     assert_eq!(
-        job_status(db, "evt_r_done", ACTION).as_deref(),
+        job_status(db, SOURCE, "evt_r_done", ACTION).as_deref(),
         Some("failed")
     );
     let text = server.run_cli(&["reconcile", "--check"]);
@@ -556,7 +517,7 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     assert_eq!(exit_code(&alone), Some(2), "{alone:?}");
     assert!(alone.stderr.contains("give --check --yes"), "{alone:?}");
     assert_eq!(
-        job_status(db, "evt_r_done", ACTION).as_deref(),
+        job_status(db, SOURCE, "evt_r_done", ACTION).as_deref(),
         Some("failed")
     );
 
@@ -572,7 +533,7 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
     );
     assert_eq!(check_for(&checks, "evt_r_none")["marked_done"], false);
     assert_eq!(
-        job_status(db, "evt_r_done", ACTION).as_deref(),
+        job_status(db, SOURCE, "evt_r_done", ACTION).as_deref(),
         Some("done")
     );
     let rows = attempts(db, "evt_r_done", ACTION);
@@ -596,14 +557,24 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
         .text(0);
     assert_eq!(state, "completed");
     assert_eq!(
-        job_status(db, "evt_r_none", ACTION).as_deref(),
+        job_status(db, SOURCE, "evt_r_none", ACTION).as_deref(),
         Some("failed")
     );
 
     // The admin API: ?check=1 asks, a POST marks done.
-    deliver(&server, "evt_r_api");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_r_api")),
+        "evt_r_api",
+        "delivery",
+    );
     wait_job(db, "evt_r_api", ACTION, "failed");
-    let (status, asked) = api(&server, "GET", "/api/reconcile?check=1", b"");
+    let (status, asked) = api(
+        &server,
+        "GET",
+        "/api/reconcile?check=1",
+        Some(ADMIN_TOKEN),
+        b"",
+    );
     assert_eq!(status, 200, "{asked:#}");
     assert_eq!(asked["applied"], false);
     assert_eq!(
@@ -611,19 +582,28 @@ fn reconcile_check_yes_marks_a_failed_job_done_when_its_effect_exists() {
         "found"
     );
     assert_eq!(
-        job_status(db, "evt_r_api", ACTION).as_deref(),
+        job_status(db, SOURCE, "evt_r_api", ACTION).as_deref(),
         Some("failed")
     );
-    let (status, refused) = api(&server, "POST", "/api/reconcile", b"{}");
+    let (status, refused) = api(&server, "POST", "/api/reconcile", Some(ADMIN_TOKEN), b"{}");
     assert_eq!(status, 400, "{refused:#}");
-    let (status, applied) = api(&server, "POST", "/api/reconcile", br#"{"check":true}"#);
+    let (status, applied) = api(
+        &server,
+        "POST",
+        "/api/reconcile",
+        Some(ADMIN_TOKEN),
+        br#"{"check":true}"#,
+    );
     assert_eq!(status, 200, "{applied:#}");
     assert_eq!(applied["applied"], true);
     assert_eq!(
         check_for(&checks_of(&applied), "evt_r_api")["marked_done"],
         true
     );
-    assert_eq!(job_status(db, "evt_r_api", ACTION).as_deref(), Some("done"));
+    assert_eq!(
+        job_status(db, SOURCE, "evt_r_api", ACTION).as_deref(),
+        Some("done")
+    );
     assert_eq!(
         attempts(db, "evt_r_api", ACTION)[1].worker.as_deref(),
         Some("reconcile:api")
@@ -674,7 +654,7 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once(ba
                 Backend::Postgres => SETUP_SQL_PG,
             }),
         )
-        .tables(&source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&format!(
             "[[sources.{SOURCE}.actions]]\nname = \"credit\"\n\
              sql = \"INSERT INTO wallet(event_id) VALUES (:event_id)\"\n"
@@ -684,14 +664,22 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once(ba
     let db = &server;
 
     // While the wallet works, the forward follows the credit.
-    deliver(&server, "evt_a_ok");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_a_ok")),
+        "evt_a_ok",
+        "delivery",
+    );
     wait_job(db, "evt_a_ok", ACTION, "done");
     assert_eq!(ds.effects(&key("evt_a_ok")), 1);
 
     server.exec("INSERT INTO wallet_down(down) VALUES (1)", &[]);
-    deliver(&server, "evt_a_wait");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_a_wait")),
+        "evt_a_wait",
+        "delivery",
+    );
     assert_eq!(
-        job_status(db, "evt_a_wait", "credit").as_deref(),
+        job_status(db, SOURCE, "evt_a_wait", "credit").as_deref(),
         Some("failed")
     );
     // The worker looked at the job and parked it rather than send it.
@@ -708,7 +696,7 @@ fn a_forward_after_a_failed_sql_action_waits_until_its_replay_then_sends_once(ba
         }
     });
     assert_eq!(
-        job_status(db, "evt_a_wait", ACTION).as_deref(),
+        job_status(db, SOURCE, "evt_a_wait", ACTION).as_deref(),
         Some("pending")
     );
     assert!(
@@ -801,7 +789,7 @@ both_backends!(a_forward_after_a_failed_sql_action_waits_until_its_replay_then_s
 fn check_prints_the_check_and_after_and_refuses_bad_ones() {
     let ds = Downstream::start();
     let tables = ServerConfig::new()
-        .tables(&source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&format!(
             "[[sources.{SOURCE}.actions]]\nname = \"credit\"\nsql = \"SELECT :event_id\"\n"
         ))
@@ -832,7 +820,7 @@ fn check_prints_the_check_and_after_and_refuses_bad_ones() {
         ),
     ] {
         let bad = ServerConfig::new()
-            .tables(&source())
+            .tables(&stripe_source(SOURCE, ""))
             .tables(&notify(&ds, "1s", "3s", extra));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idemhook.toml");
@@ -858,9 +846,11 @@ fn check_prints_the_check_and_after_and_refuses_bad_ones() {
             );
         }
     }
-    let template = ServerConfig::new().tables(&source()).tables(
-        &notify(&ds, "1s", "3s", "").replace("/effects/{idempotency_key}", "/effects/{key}"),
-    );
+    let template = ServerConfig::new()
+        .tables(&stripe_source(SOURCE, ""))
+        .tables(
+            &notify(&ds, "1s", "3s", "").replace("/effects/{idempotency_key}", "/effects/{key}"),
+        );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idemhook.toml");
     std::fs::write(&path, template.render()).unwrap();
@@ -894,7 +884,7 @@ fn a_forward_after_another_forward_is_sent_once_that_one_is_done(backend: Backen
     let first = format!("{SOURCE}:evt_ff:first");
     ds.script(&first, Behavior::Fail500(2));
     let tables = ServerConfig::new()
-        .tables(&source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&format!(
             "[[sources.{SOURCE}.actions]]\nname = \"first\"\nforward = {}\n\
              retry_initial = \"100ms\"\nretry_max = \"300ms\"\n",
@@ -902,7 +892,11 @@ fn a_forward_after_another_forward_is_sent_once_that_one_is_done(backend: Backen
         ))
         .tables(&notify(&ds, "1s", "3s", "after = [\"first\"]"));
     let server = Server::start_on(backend, &tables, &env());
-    deliver(&server, "evt_ff");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_ff")),
+        "evt_ff",
+        "delivery",
+    );
     let db = &server;
     wait_job(db, "evt_ff", ACTION, "done");
 
@@ -944,7 +938,7 @@ fn a_clean_reconcile_still_lists_the_jobs_waiting_for_other_actions() {
     let first = format!("{SOURCE}:evt_wait:first");
     ds.script(&first, Behavior::Fail500(5));
     let tables = ServerConfig::new()
-        .tables(&source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&format!(
             "[[sources.{SOURCE}.actions]]\nname = \"first\"\nforward = {}\n\
              retry_initial = \"1h\"\nretry_max = \"1h\"\n",
@@ -952,7 +946,11 @@ fn a_clean_reconcile_still_lists_the_jobs_waiting_for_other_actions() {
         ))
         .tables(&notify(&ds, "1s", "3s", "after = [\"first\"]"));
     let server = Server::start(&tables, &env());
-    deliver(&server, "evt_wait");
+    assert_accepted(
+        &STRIPE.deliver(&server, &body("evt_wait")),
+        "evt_wait",
+        "delivery",
+    );
     let db = &server;
     wait_for(JOBS_TIMEOUT, "first's 500 recorded, notify parked", || {
         let first_tried: i64 = db.count(

@@ -14,16 +14,12 @@ use crate::harness::{
     CLI_TIMEOUT, CliOutput, HTTP_TIMEOUT, Server, ServerConfig, binary, raw_exchange, raw_request,
     run_binary, toml_str, wait_for, wait_until,
 };
+use crate::helpers::{StripeHook, stripe_config};
 use crate::sign;
 
 const SECRET: &str = "whsec_it_cli_secret_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 const ADMIN_TOKEN: &str = "it-cli-admin-token-5d1e";
-
-fn stripe(extra: &str) -> ServerConfig {
-    ServerConfig::new().tables(&format!(
-        "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n{extra}"
-    ))
-}
 
 fn env() -> Vec<(&'static str, &'static str)> {
     vec![
@@ -36,12 +32,6 @@ fn event(id: &str) -> Vec<u8> {
     serde_json::json!({"id": id, "object": "event", "type": "charge.succeeded", "data": {"object": {"amount": 1}}})
         .to_string()
         .into_bytes()
-}
-
-fn deliver(server: &Server, body: &[u8]) -> u16 {
-    server
-        .post("/hooks/stripe", &sign::stripe_now(SECRET, body), body)
-        .status
 }
 
 /// Runs the binary in `dir` with exactly `env` (plus PATH).
@@ -77,7 +67,7 @@ fn config_comes_from_the_flag_then_idemhook_config_and_a_named_file_must_exist()
     let empty = tempfile::tempdir().expect("tempdir");
     let elsewhere = tempfile::tempdir().expect("tempdir");
     let config_path = elsewhere.path().join("prod.toml");
-    std::fs::write(&config_path, stripe("").render()).expect("write config");
+    std::fs::write(&config_path, stripe_config("").render()).expect("write config");
     let config_arg = config_path.display().to_string();
     let secret = [("STRIPE_SECRET", SECRET)];
 
@@ -112,7 +102,9 @@ fn config_comes_from_the_flag_then_idemhook_config_and_a_named_file_must_exist()
     let other = elsewhere.path().join("other.toml");
     std::fs::write(
         &other,
-        stripe("").set("listen", &toml_str("127.0.0.1:9")).render(),
+        stripe_config("")
+            .set("listen", &toml_str("127.0.0.1:9"))
+            .render(),
     )
     .expect("write config");
     let out = run_in(
@@ -174,8 +166,8 @@ fn config_comes_from_the_flag_then_idemhook_config_and_a_named_file_must_exist()
 /// `head` had gone. Now every printing command stops quietly with exit 0.
 #[test]
 fn a_closed_pipe_ends_every_printing_command_quietly_with_exit_0() {
-    let server = Server::start(&stripe(""), &env());
-    assert_eq!(deliver(&server, &event("evt_pipe")), 200);
+    let server = Server::start(&stripe_config(""), &env());
+    assert_eq!(STRIPE.deliver(&server, &event("evt_pipe")).status, 200);
     let config = server
         .config_path()
         .expect("a config file")
@@ -333,7 +325,7 @@ fn into_a_full_device(server: &Server, args: &[&str]) {
 
 #[test]
 fn events_list_into_head_1_exits_0_quietly() {
-    let server = Server::start(&stripe(""), &env());
+    let server = Server::start(&stripe_config(""), &env());
     store_many_events(&server, 2_000);
     let first = into_head_1(&server, &["events", "list"]);
     assert!(
@@ -344,8 +336,8 @@ fn events_list_into_head_1_exits_0_quietly() {
 
 #[test]
 fn events_list_into_a_full_device_is_one_error_line_and_exit_2() {
-    let server = Server::start(&stripe(""), &env());
-    assert_eq!(deliver(&server, &event("evt_full")), 200);
+    let server = Server::start(&stripe_config(""), &env());
+    assert_eq!(STRIPE.deliver(&server, &event("evt_full")).status, 200);
     into_a_full_device(&server, &["events", "list"]);
 }
 
@@ -354,7 +346,7 @@ fn events_list_into_a_full_device_is_one_error_line_and_exit_2() {
 /// line into a full device.
 #[test]
 fn check_and_man_into_head_1_exit_0_and_into_a_full_device_exit_2() {
-    let server = Server::start(&stripe(""), &env());
+    let server = Server::start(&stripe_config(""), &env());
     let first = into_head_1(&server, &["check"]);
     assert!(first.starts_with("config "), "head printed: {first:?}");
     let first = into_head_1(&server, &["man"]);
@@ -375,7 +367,7 @@ fn check_and_man_into_head_1_exit_0_and_into_a_full_device_exit_2() {
 fn log_level_warn_shows_the_incidents_and_nothing_else() {
     let downstream = Downstream::start();
     downstream.script("stripe:evt_dead:notify", Behavior::Reject400);
-    let config = stripe(&format!(
+    let config = stripe_config(&format!(
         "[[sources.stripe.actions]]\nname = \"notify\"\nforward = \"{}\"\n\
          [[sources.stripe.actions]]\nname = \"ledger\"\nsql = \"INSERT INTO ledger(event_id) VALUES (:event_id)\"\n",
         downstream.url()
@@ -386,15 +378,23 @@ fn log_level_warn_shows_the_incidents_and_nothing_else() {
     );
     let server = Server::start_with_args(&config, &env(), &["--log-level", "warn"]);
 
-    assert_eq!(deliver(&server, &event("evt_fine")), 200);
-    assert_eq!(deliver(&server, &event("evt_fine")), 200, "a duplicate");
-    assert_eq!(deliver(&server, &event("evt_dead")), 200);
-    assert_eq!(deliver(&server, &event("evt_sql_dead")), 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_fine")).status, 200);
+    assert_eq!(
+        STRIPE.deliver(&server, &event("evt_fine")).status,
+        200,
+        "a duplicate"
+    );
+    assert_eq!(STRIPE.deliver(&server, &event("evt_dead")).status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_sql_dead")).status, 200);
     let changed =
         serde_json::json!({"id": "evt_fine", "type": "charge.succeeded", "changed": true})
             .to_string()
             .into_bytes();
-    assert_eq!(deliver(&server, &changed), 200, "a mismatch is acked");
+    assert_eq!(
+        STRIPE.deliver(&server, &changed).status,
+        200,
+        "a mismatch is acked"
+    );
     let forged = server.post(
         "/hooks/stripe",
         &sign::stripe_now("whsec_not_the_secret", &event("evt_forged")),
@@ -621,7 +621,7 @@ fn admin(
 #[test]
 fn the_admin_throttle_holds_back_wrong_tokens_and_never_the_right_one() {
     let server = Server::start(
-        &stripe("").set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN")),
+        &stripe_config("").set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN")),
         &env(),
     );
     let right = format!("Bearer {ADMIN_TOKEN}");
@@ -681,13 +681,13 @@ fn the_admin_throttle_holds_back_wrong_tokens_and_never_the_right_one() {
 #[test]
 fn shutdown_names_the_forward_attempts_it_waits_for() {
     let downstream = Downstream::start();
-    let config = stripe(&format!(
+    let config = stripe_config(&format!(
         "[[sources.stripe.actions]]\nname = \"notify\"\nforward = \"{}\"\ntimeout = \"7s\"\n",
         downstream.url()
     ));
     let mut server = Server::start(&config, &env());
     downstream.close_gate();
-    assert_eq!(deliver(&server, &event("evt_in_flight")), 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_in_flight")).status, 200);
     wait_until(
         Duration::from_secs(20),
         "the attempt held at the downstream",

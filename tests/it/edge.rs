@@ -23,15 +23,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::harness::{Client, Server, ServerConfig, headers, toml_str, wait_until};
+use crate::helpers::stripe_config;
 use crate::sign;
 
 const SECRET: &str = "whsec_it_edge_0123456789abcdef";
 const BOUND: Duration = Duration::from_secs(5);
-
-fn config() -> ServerConfig {
-    ServerConfig::new()
-        .tables("[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n")
-}
 
 fn start(config: &ServerConfig) -> Server {
     Server::start(config, &[("STRIPE_SECRET", SECRET)])
@@ -328,7 +324,7 @@ fn a_request_under_the_minimum_rate_is_let_go_long_before_its_timeouts() {
     // trickled at 4 bytes a second is answered 408 once its first 2 s are
     // over, not at the 30 s timeouts.
     let server = start(
-        &config()
+        &stripe_config("")
             .set("min_receive_rate", "100")
             .set("header_timeout", &toml_str("30s"))
             .set("body_timeout", &toml_str("30s")),
@@ -394,7 +390,7 @@ fn one_address_holds_at_most_max_connections_per_address() {
     // 8 connections just opened from one address (none idle for a second,
     // so none to let go) keep a ninth out.
     let server = start(
-        &config()
+        &stripe_config("")
             .set("max_connections", "64")
             .set("max_connections_per_address", "8")
             .set("min_receive_rate", "0")
@@ -480,7 +476,7 @@ fn idle_connections_at_an_address_cap_make_room_for_its_next_delivery() {
     // the oldest of them has been idle a second, which is then let go,
     // and the delivery is accepted (it used to wait 5 s for a 503).
     let server = start(
-        &config()
+        &stripe_config("")
             .set("max_connections", "64")
             .set("max_connections_per_address", "8")
             .set("min_receive_rate", "0"),
@@ -509,7 +505,7 @@ fn at_the_connection_cap_the_slowest_request_is_let_go_for_a_new_one() {
     // delivery from 127.0.0.2 is accepted (the slowest head goes), where
     // it used to be answered 503.
     let server = start(
-        &config()
+        &stripe_config("")
             .set("max_connections", "8")
             .set("min_receive_rate", "0")
             .set("header_timeout", &toml_str("30s")),
@@ -575,7 +571,7 @@ fn a_thousand_slow_connections_from_one_address_do_not_delay_deliveries_from_ano
     // resident size are printed.
     const ATTACKERS: usize = 1000;
     const RUN: Duration = Duration::from_secs(30);
-    let server = start(&config());
+    let server = start(&stripe_config(""));
     let addr = server.addr();
     let pid = server.pid();
     let stop = Arc::new(AtomicBool::new(false));
@@ -693,7 +689,7 @@ fn tls_server(extra: &[(&str, &str)]) -> (Server, Arc<rustls::ClientConfig>) {
         .expect("a self-signed certificate");
     let cert_pem = certified.cert.pem();
     let key_pem = certified.signing_key.serialize_pem();
-    let mut config = config()
+    let mut config = stripe_config("")
         .set("tls_cert", &toml_str("cert.pem"))
         .set("tls_key", &toml_str("key.pem"));
     for (k, v) in extra {
@@ -853,7 +849,7 @@ fn at_the_cap_a_tls_listener_answers_503_in_tls() {
 
 #[test]
 fn chunk_size_lines_end_only_at_crlf_and_take_no_stray_whitespace() {
-    let server = start(&config());
+    let server = start(&stripe_config(""));
     let addr = server.addr();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         (
@@ -934,7 +930,7 @@ fn chunk_size_lines_end_only_at_crlf_and_take_no_stray_whitespace() {
 
 #[test]
 fn a_malformed_trailer_section_is_refused() {
-    let server = start(&config());
+    let server = start(&stripe_config(""));
     let addr = server.addr();
     let cases: Vec<(&str, &[u8])> = vec![
         (
@@ -978,7 +974,7 @@ fn a_malformed_trailer_section_is_refused() {
 
 #[test]
 fn control_characters_in_header_values_are_answered_400() {
-    let server = start(&config());
+    let server = start(&stripe_config(""));
     let addr = server.addr();
     for (what, bad) in [
         ("a bare CR", "application/json\rx"),
@@ -1021,7 +1017,7 @@ fn each_connection_holds_one_descriptor_and_the_soft_limit_is_raised() {
     // Started under a soft limit of 256 open files (hard 4096): the server
     // raises it to 4096, and 300 open connections each answered take about
     // one descriptor each (three each ran out at about 85).
-    let config = config()
+    let config = stripe_config("")
         .set("max_connections_per_address", "1024")
         .set("min_receive_rate", "0");
     let server = Server::start_wrapped(
@@ -1082,7 +1078,7 @@ fn an_answer_not_taken_within_body_timeout_ends_the_connection() {
     // 100 ms: each answer must be taken within body_timeout (2 s), so the
     // server lets go of it (SO_SNDTIMEO alone restarted at every bit of
     // progress and held the thread for as long as the client liked).
-    let server = start(&config().set("body_timeout", &toml_str("2s")));
+    let server = start(&stripe_config("").set("body_timeout", &toml_str("2s")));
     let mut c = Raw::open(server.addr());
     rustix::net::sockopt::set_socket_recv_buffer_size(&c.stream, 4096).unwrap();
     let requests = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1000);
@@ -1139,7 +1135,7 @@ fn bodies_take_memory_as_they_arrive_within_a_shared_budget() {
     // 32 KiB block it grew out of stays counted 1.5 s: room for about 42),
     // and those past it are answered 503 with Retry-After at once.
     let server = start(
-        &config()
+        &stripe_config("")
             .set("max_body_bytes", "65536")
             .set("max_connections_per_address", "1024")
             .set("min_receive_rate", "0")
@@ -1219,7 +1215,7 @@ fn bodies_take_memory_as_they_arrive_within_a_shared_budget() {
 fn a_sender_that_writes_a_whole_oversize_body_before_reading_gets_the_413() {
     // Like Python's http.client: the whole 4 MiB body is written before
     // the answer is read. The server drains it instead of resetting.
-    let server = start(&config());
+    let server = start(&stripe_config(""));
     let addr = server.addr();
     let body = vec![b'x'; 4 * 1024 * 1024];
     for i in 0..10 {
@@ -1248,7 +1244,7 @@ fn a_sender_that_writes_a_whole_oversize_body_before_reading_gets_the_413() {
 
 #[test]
 fn host_http10_absolute_form_methods_and_late_bodies_follow_rfc_9112() {
-    let server = start(&config().set("body_timeout", &toml_str("2s")));
+    let server = start(&stripe_config("").set("body_timeout", &toml_str("2s")));
     let addr = server.addr();
     let get = |version: &str, host: Option<&str>, extra: &[(String, String)]| {
         head_bytes("GET", "/healthz", version, host, extra)
@@ -1387,7 +1383,7 @@ fn host_http10_absolute_form_methods_and_late_bodies_follow_rfc_9112() {
 fn metrics_on_the_public_listener_take_the_admin_token_when_one_is_set() {
     let token = "edge-admin-token-0123456789";
     let server = Server::start(
-        &config().set("admin_token", &toml_str("env:ADMIN_TOKEN")),
+        &stripe_config("").set("admin_token", &toml_str("env:ADMIN_TOKEN")),
         &[("STRIPE_SECRET", SECRET), ("ADMIN_TOKEN", token)],
     );
     let client = Client::new(BOUND);
@@ -1418,7 +1414,7 @@ fn metrics_on_the_public_listener_take_the_admin_token_when_one_is_set() {
     );
 
     // Without an admin token, /metrics stays open.
-    let server = start(&config());
+    let server = start(&stripe_config(""));
     assert_eq!(client.get_with(&server.url("/metrics"), &[]).status, 200);
 }
 
@@ -1473,7 +1469,7 @@ fn one_address_cannot_take_the_body_budget_from_another() {
     const ATTACKERS: usize = 64;
     const SENT: usize = 33 * 1024;
     let server = start(
-        &config()
+        &stripe_config("")
             .set("max_body_bytes", "65536")
             .set("body_timeout", &toml_str("30s")),
     );
@@ -1565,7 +1561,7 @@ fn connections_held_at_an_address_cap_are_bounded_and_descriptors_stay_under_the
     // place of one of 127.0.0.1's, not closed.
     const FLOOD: usize = 600;
     let server = Server::start_wrapped(
-        &config()
+        &stripe_config("")
             .set("max_connections", "64")
             .set("max_connections_per_address", "8")
             .set("header_timeout", &toml_str("30s")),
@@ -1659,7 +1655,7 @@ fn a_thousand_held_bodies_keep_memory_near_the_body_budget() {
     const CONNECTIONS: usize = 1000;
     const SENT: usize = 600 * 1024;
     let server = start(
-        &config()
+        &stripe_config("")
             .set("min_receive_rate", "0")
             .set("body_timeout", &toml_str("30s")),
     );

@@ -2,8 +2,9 @@
 //! (found through `CARGO_BIN_EXE_idemhook`) and checks its external contract
 //! (routes, status codes, JSON shapes, config keys, commands, metric names)
 //! by HTTP, the CLI and the database. One module per area;
-//! shared fixtures in `harness`, independent signers in `sign`, a fake
-//! downstream in `downstream`.
+//! shared fixtures in `harness`, the steps several modules take (a signed
+//! delivery, a job's status, an admin call) in `helpers`, independent
+//! signers in `sign`, a fake downstream in `downstream`.
 
 mod backend;
 mod check;
@@ -14,6 +15,7 @@ mod downstream;
 mod edge;
 mod first_hour;
 mod harness;
+mod helpers;
 mod hostile;
 mod inspector;
 mod metrics;

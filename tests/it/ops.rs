@@ -8,17 +8,18 @@
 
 use std::time::{Duration, Instant};
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::OptionalExtension;
 use serde_json::Value;
 
 use crate::downstream::{Behavior, Downstream};
 use crate::harness::{
-    HTTP_TIMEOUT, HttpResponse, Server, ServerConfig, bytes_of, count, dump, now_secs, text_of,
-    toml_str, wait_for, wait_until,
+    Server, ServerConfig, bytes_of, count, dump, now_secs, text_of, toml_str, wait_for, wait_until,
 };
+use crate::helpers::{StripeHook, api, event_state, job_status, stripe_config};
 use crate::sign;
 
 const SECRET: &str = "whsec_it_ops_secret_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 const ADMIN_TOKEN: &str = "it-admin-token-7f3a9c";
 
 fn env() -> Vec<(&'static str, &'static str)> {
@@ -38,14 +39,13 @@ const SETUP_SQL: &str = "CREATE TABLE IF NOT EXISTS ledger(event_id TEXT, amount
 /// A stripe source `stripe` with the SQL action `ledger` (charge.succeeded)
 /// and `extra` appended (more actions, retention keys).
 fn config(source_extra: &str, actions_extra: &str) -> ServerConfig {
-    ServerConfig::new()
-        .set("setup_sql", &toml_str(SETUP_SQL))
-        .tables(&format!(
-            "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n{source_extra}\n\
+    stripe_config(&format!(
+        "{source_extra}\n\
              [[sources.stripe.actions]]\nname = \"ledger\"\ntypes = [\"charge.succeeded\"]\n\
              sql = \"INSERT INTO ledger(event_id, amount) VALUES (:event_id, :amount)\"\n\
              params = {{ amount = \"json:/data/object/amount\" }}\n{actions_extra}"
-        ))
+    ))
+    .set("setup_sql", &toml_str(SETUP_SQL))
 }
 
 fn body(id: &str, event_type: &str, amount: i64) -> Vec<u8> {
@@ -59,47 +59,11 @@ fn body(id: &str, event_type: &str, amount: i64) -> Vec<u8> {
     .into_bytes()
 }
 
-fn deliver(server: &Server, body: &[u8]) -> HttpResponse {
-    let resp = server.post("/hooks/stripe", &sign::stripe_now(SECRET, body), body);
-    assert_eq!(
-        resp.status,
-        200,
-        "delivery should be acknowledged\n  got: {} {}",
-        resp.status,
-        resp.text()
-    );
-    resp
-}
-
 fn fix_the_ledger(server: &Server) {
     server
         .db_rw()
         .execute("UPDATE switch SET broken = 0", [])
         .expect("fix the ledger");
-}
-
-fn job_status(server: &Server, event_id: &str, action: &str) -> Option<String> {
-    server
-        .db()
-        .query_row(
-            "SELECT status FROM jobs WHERE source = 'stripe' AND event_id = ?1 AND action = ?2",
-            params![event_id, action],
-            |r| r.get(0),
-        )
-        .optional()
-        .expect("read job status")
-}
-
-fn event_state(server: &Server, event_id: &str) -> Option<String> {
-    server
-        .db()
-        .query_row(
-            "SELECT state FROM events WHERE source = 'stripe' AND event_id = ?1",
-            [event_id],
-            |r| r.get(0),
-        )
-        .optional()
-        .expect("read event state")
 }
 
 fn exit_code(out: &crate::harness::CliOutput) -> Option<i32> {
@@ -131,60 +95,17 @@ fn snapshot(server: &Server) -> (Vec<u8>, Option<Vec<u8>>) {
     (db, std::fs::read(wal).ok())
 }
 
-/// An admin API call with an optional bearer token: status and JSON body.
-fn api(
-    server: &Server,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: &[u8],
-) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .build()
-        .into();
-    let url = server.url(path);
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let result = match method {
-        "GET" => {
-            let mut rq = agent.get(&url);
-            if let Some(a) = &auth {
-                rq = rq.header("Authorization", a.as_str());
-            }
-            rq.call()
-        }
-        _ => {
-            let mut rq = agent.post(&url).header("Content-Type", "application/json");
-            if let Some(a) = &auth {
-                rq = rq.header("Authorization", a.as_str());
-            }
-            rq.send(body)
-        }
-    };
-    let mut resp = result.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let status = resp.status().as_u16();
-    let bytes = resp.body_mut().read_to_vec().expect("read the answer");
-    let json = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!(
-            "{method} {path} answered {status} without JSON ({e}): {}",
-            String::from_utf8_lossy(&bytes)
-        )
-    });
-    (status, json)
-}
-
 // ---------------------------------------------------------------------------
 
 #[test]
 fn events_list_and_show_print_the_contract_json() {
     let server = Server::start(&config("", ""), &env());
     let first = body("evt_list_1", "charge.succeeded", 100);
-    deliver(&server, &first);
+    STRIPE.deliver_ok(&server, &first);
     std::thread::sleep(Duration::from_millis(1100)); // distinct received_at seconds
-    deliver(&server, &body("evt_list_2", "charge.succeeded", -5));
-    deliver(&server, &body("evt_list_3", "customer.created", 0));
-    deliver(&server, &first); // a duplicate: one more delivery, no new event
+    STRIPE.deliver_ok(&server, &body("evt_list_2", "charge.succeeded", -5));
+    STRIPE.deliver_ok(&server, &body("evt_list_3", "customer.created", 0));
+    STRIPE.deliver_ok(&server, &first); // a duplicate: one more delivery, no new event
 
     let out = server.run_cli(&["events", "list", "--json"]);
     out.assert_success();
@@ -363,13 +284,13 @@ fn a_replayed_sql_job_shows_the_replay_before_the_run_it_caused() {
         &config("", "").set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN")),
         &env(),
     );
-    deliver(&server, &body("evt_rerun_order", "charge.succeeded", -3));
+    STRIPE.deliver_ok(&server, &body("evt_rerun_order", "charge.succeeded", -3));
     fix_the_ledger(&server);
     server
         .run_cli(&["replay", "stripe", "evt_rerun_order", "--yes"])
         .assert_success();
     assert_eq!(
-        job_status(&server, "evt_rerun_order", "ledger").as_deref(),
+        job_status(&server, "stripe", "evt_rerun_order", "ledger").as_deref(),
         Some("done")
     );
 
@@ -405,9 +326,9 @@ fn a_replayed_sql_job_shows_the_replay_before_the_run_it_caused() {
 #[test]
 fn replay_without_yes_changes_nothing_then_reruns_a_failed_sql_job_once() {
     let mut server = Server::start(&config("", ""), &env());
-    deliver(&server, &body("evt_replay", "charge.succeeded", -7));
+    STRIPE.deliver_ok(&server, &body("evt_replay", "charge.succeeded", -7));
     assert_eq!(
-        event_state(&server, "evt_replay").as_deref(),
+        event_state(&server, "stripe", "evt_replay").as_deref(),
         Some("failed")
     );
     fix_the_ledger(&server);
@@ -446,11 +367,11 @@ fn replay_without_yes_changes_nothing_then_reruns_a_failed_sql_job_once() {
         "the replayed SQL action ran once"
     );
     assert_eq!(
-        job_status(&server, "evt_replay", "ledger").as_deref(),
+        job_status(&server, "stripe", "evt_replay", "ledger").as_deref(),
         Some("done")
     );
     assert_eq!(
-        event_state(&server, "evt_replay").as_deref(),
+        event_state(&server, "stripe", "evt_replay").as_deref(),
         Some("completed")
     );
     let attempts: Vec<(i64, String)> = db
@@ -533,12 +454,12 @@ fn replay_without_yes_changes_nothing_then_reruns_a_failed_sql_job_once() {
 fn batch_replay_prints_the_count_first_and_replays_every_failed_job() {
     let server = Server::start(&config("", ""), &env());
     for i in 0..3 {
-        deliver(
+        STRIPE.deliver_ok(
             &server,
             &body(&format!("evt_batch_{i}"), "charge.succeeded", -1),
         );
     }
-    deliver(&server, &body("evt_batch_ok", "charge.succeeded", 1));
+    STRIPE.deliver_ok(&server, &body("evt_batch_ok", "charge.succeeded", 1));
     let failed = |server: &Server| {
         count(
             &server.db(),
@@ -605,11 +526,11 @@ fn replay_of_a_failed_forward_job_completes_it_once_downstream() {
         ),
         &env(),
     );
-    deliver(&server, &body("evt_fwd", "charge.refunded", 3));
+    STRIPE.deliver_ok(&server, &body("evt_fwd", "charge.refunded", 3));
     wait_until(
         Duration::from_secs(15),
         "the forward job fails on the downstream's 400",
-        || job_status(&server, "evt_fwd", "notify").as_deref() == Some("failed"),
+        || job_status(&server, "stripe", "evt_fwd", "notify").as_deref() == Some("failed"),
     );
     assert_eq!(downstream.effects(key), 0);
     downstream.clear_script(key);
@@ -623,7 +544,7 @@ fn replay_of_a_failed_forward_job_completes_it_once_downstream() {
     );
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(
-        job_status(&server, "evt_fwd", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_fwd", "notify").as_deref(),
         Some("failed"),
         "without --yes the job stays failed"
     );
@@ -634,11 +555,11 @@ fn replay_of_a_failed_forward_job_completes_it_once_downstream() {
     wait_until(
         Duration::from_secs(15),
         "the replayed forward job is delivered",
-        || job_status(&server, "evt_fwd", "notify").as_deref() == Some("done"),
+        || job_status(&server, "stripe", "evt_fwd", "notify").as_deref() == Some("done"),
     );
     assert_eq!(downstream.effects(key), 1, "one effect downstream");
     assert_eq!(
-        event_state(&server, "evt_fwd").as_deref(),
+        event_state(&server, "stripe", "evt_fwd").as_deref(),
         Some("completed")
     );
     let attempts = count(
@@ -663,7 +584,9 @@ fn replay_of_a_failed_forward_job_completes_it_once_downstream() {
         "the forced run reaches the downstream",
         || {
             let n = downstream.requests_for(key).len();
-            if n >= 3 && job_status(&server, "evt_fwd", "notify").as_deref() == Some("done") {
+            if n >= 3
+                && job_status(&server, "stripe", "evt_fwd", "notify").as_deref() == Some("done")
+            {
                 Ok(())
             } else {
                 Err(format!("{n} requests"))
@@ -694,7 +617,7 @@ fn replay_of_a_failed_forward_job_completes_it_once_downstream() {
                  WHERE j.event_id = 'evt_fwd' AND a.n = 4 AND a.outcome = 'failed' AND a.http_status = 400",
                 [],
             );
-            let status = job_status(&server, "evt_fwd", "notify");
+            let status = job_status(&server, "stripe", "evt_fwd", "notify");
             if failed == 1
                 && status.as_deref() != Some("processing")
                 && status.as_deref() != Some("pending")
@@ -708,12 +631,12 @@ fn replay_of_a_failed_forward_job_completes_it_once_downstream() {
         },
     );
     assert_eq!(
-        job_status(&server, "evt_fwd", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_fwd", "notify").as_deref(),
         Some("done"),
         "a failed forced re-run leaves the job done"
     );
     assert_eq!(
-        event_state(&server, "evt_fwd").as_deref(),
+        event_state(&server, "stripe", "evt_fwd").as_deref(),
         Some("completed")
     );
     server.run_cli(&["reconcile"]).assert_success();
@@ -732,13 +655,13 @@ fn prune_removes_only_what_retention_allows_and_never_open_or_failed_work() {
         &env(),
     );
     let started = Instant::now();
-    deliver(&server, &body("evt_old_ok", "charge.succeeded", 1));
-    deliver(&server, &body("evt_old_failed", "charge.succeeded", -1));
-    deliver(&server, &body("evt_old_pending", "charge.pending", 1));
+    STRIPE.deliver_ok(&server, &body("evt_old_ok", "charge.succeeded", 1));
+    STRIPE.deliver_ok(&server, &body("evt_old_failed", "charge.succeeded", -1));
+    STRIPE.deliver_ok(&server, &body("evt_old_pending", "charge.pending", 1));
     // Margins of 2 s on each side of both retentions: a loaded machine
     // may take a second to start each CLI run.
     std::thread::sleep(Duration::from_millis(2500));
-    deliver(&server, &body("evt_new", "charge.succeeded", 2));
+    STRIPE.deliver_ok(&server, &body("evt_new", "charge.succeeded", 2));
 
     let payload = |id: &str| -> Option<Vec<u8>> {
         server
@@ -752,7 +675,7 @@ fn prune_removes_only_what_retention_allows_and_never_open_or_failed_work() {
             .expect("read payload")
             .flatten()
     };
-    let exists = |id: &str| event_state(&server, id).is_some();
+    let exists = |id: &str| event_state(&server, "stripe", id).is_some();
 
     let dry = server.run_cli(&["prune", "--dry-run"]);
     dry.assert_success();
@@ -832,7 +755,7 @@ fn prune_removes_only_what_retention_allows_and_never_open_or_failed_work() {
         pruned.stdout
     );
     // The key is gone, so a redelivery is new: retention is that promise.
-    let resp = deliver(&server, &body("evt_old_ok", "charge.succeeded", 1));
+    let resp = STRIPE.deliver_ok(&server, &body("evt_old_ok", "charge.succeeded", 1));
     assert_eq!(resp.json_status().as_deref(), Some("accepted"));
 }
 
@@ -847,7 +770,7 @@ fn pause_resume_and_reconcile_report_what_needs_attention() {
         .set("forward_workers", "0"),
         &env(),
     );
-    deliver(&server, &body("evt_rc_ok", "charge.succeeded", 1));
+    STRIPE.deliver_ok(&server, &body("evt_rc_ok", "charge.succeeded", 1));
     let clean = server.run_cli(&["reconcile", "--json"]);
     assert_eq!(exit_code(&clean), Some(0), "clean exits 0: {clean:?}");
     let report = clean.json();
@@ -858,9 +781,9 @@ fn pause_resume_and_reconcile_report_what_needs_attention() {
     assert_eq!(exit_code(&server.run_cli(&["reconcile"])), Some(0));
 
     server.run_cli(&["pause", "stripe/notify"]).assert_success();
-    deliver(&server, &body("evt_rc_paused", "charge.pending", 1));
+    STRIPE.deliver_ok(&server, &body("evt_rc_paused", "charge.pending", 1));
     assert_eq!(
-        job_status(&server, "evt_rc_paused", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_rc_paused", "notify").as_deref(),
         Some("paused"),
         "a paused action's new jobs wait as paused"
     );
@@ -875,12 +798,12 @@ fn pause_resume_and_reconcile_report_what_needs_attention() {
         .run_cli(&["resume", "stripe/notify"])
         .assert_success();
     assert_eq!(
-        job_status(&server, "evt_rc_paused", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_rc_paused", "notify").as_deref(),
         Some("pending")
     );
     server.run_cli(&["pause", "stripe/notify"]).assert_success();
     assert_eq!(
-        job_status(&server, "evt_rc_paused", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_rc_paused", "notify").as_deref(),
         Some("paused"),
         "pausing turns pending jobs to paused"
     );
@@ -892,7 +815,7 @@ fn pause_resume_and_reconcile_report_what_needs_attention() {
         assert_eq!(exit_code(&out), Some(1), "pause {bad} is refused: {out:?}");
     }
 
-    deliver(&server, &body("evt_rc_failed", "charge.succeeded", -1));
+    STRIPE.deliver_ok(&server, &body("evt_rc_failed", "charge.succeeded", -1));
     let failed = server.run_cli(&["reconcile", "--json"]);
     assert_eq!(exit_code(&failed), Some(1), "{failed:?}");
     let report = failed.json();
@@ -920,7 +843,7 @@ fn pause_resume_and_reconcile_report_what_needs_attention() {
 fn erase_drops_the_body_and_keeps_duplicate_detection() {
     let server = Server::start(&config("", ""), &env());
     let b = body("evt_erase", "charge.succeeded", 5);
-    deliver(&server, &b);
+    STRIPE.deliver_ok(&server, &b);
     let row = |server: &Server| -> (Option<Vec<u8>>, Option<String>, Option<i64>, String) {
         server
             .db()
@@ -951,7 +874,7 @@ fn erase_drops_the_body_and_keeps_duplicate_detection() {
         .json();
     assert_eq!(show["payload"], Value::Null, "show prints null once erased");
 
-    let resp = deliver(&server, &b);
+    let resp = STRIPE.deliver_ok(&server, &b);
     assert_eq!(
         resp.json_status().as_deref(),
         Some("duplicate"),
@@ -974,7 +897,7 @@ fn erase_drops_the_body_and_keeps_duplicate_detection() {
 fn backup_is_a_consistent_copy_taken_while_serving() {
     let server = Server::start(&config("", ""), &env());
     for i in 0..10 {
-        deliver(
+        STRIPE.deliver_ok(
             &server,
             &body(&format!("evt_bk_{i}"), "charge.succeeded", i),
         );
@@ -1028,8 +951,8 @@ fn admin_api_is_off_without_a_token_and_checks_it_when_set() {
         &config("", "").set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN")),
         &env(),
     );
-    deliver(&server, &body("evt_api_ok", "charge.succeeded", 1));
-    deliver(&server, &body("evt_api_failed", "charge.succeeded", -1));
+    STRIPE.deliver_ok(&server, &body("evt_api_ok", "charge.succeeded", 1));
+    STRIPE.deliver_ok(&server, &body("evt_api_failed", "charge.succeeded", -1));
 
     assert_eq!(api(&server, "GET", "/api/events", None, b"").0, 401);
     assert_eq!(
@@ -1217,7 +1140,7 @@ fn admin_api_pauses_and_resumes_a_forward_action() {
         .set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN")),
         &env(),
     );
-    deliver(&server, &body("evt_api_pause", "charge.pending", 1));
+    STRIPE.deliver_ok(&server, &body("evt_api_pause", "charge.pending", 1));
     let (status, paused) = api(
         &server,
         "POST",
@@ -1229,7 +1152,7 @@ fn admin_api_pauses_and_resumes_a_forward_action() {
     assert_eq!(paused["paused"], true);
     assert_eq!(paused["jobs_paused"], 1);
     assert_eq!(
-        job_status(&server, "evt_api_pause", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_api_pause", "notify").as_deref(),
         Some("paused")
     );
     let (status, resumed) = api(
@@ -1242,7 +1165,7 @@ fn admin_api_pauses_and_resumes_a_forward_action() {
     assert_eq!(status, 200, "{resumed}");
     assert_eq!(resumed["jobs_resumed"], 1);
     assert_eq!(
-        job_status(&server, "evt_api_pause", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_api_pause", "notify").as_deref(),
         Some("pending")
     );
 }
@@ -1254,15 +1177,15 @@ fn serve_prunes_every_prune_interval_and_keeps_failed_work() {
             .set("prune_interval", &toml_str("300ms")),
         &env(),
     );
-    deliver(&server, &body("evt_bg_ok", "charge.succeeded", 1));
-    deliver(&server, &body("evt_bg_failed", "charge.succeeded", -1));
+    STRIPE.deliver_ok(&server, &body("evt_bg_ok", "charge.succeeded", 1));
+    STRIPE.deliver_ok(&server, &body("evt_bg_failed", "charge.succeeded", -1));
     wait_until(
         Duration::from_secs(15),
         "serve's pruner deletes the done event past its 1s retention",
-        || event_state(&server, "evt_bg_ok").is_none(),
+        || event_state(&server, "stripe", "evt_bg_ok").is_none(),
     );
     assert_eq!(
-        event_state(&server, "evt_bg_failed").as_deref(),
+        event_state(&server, "stripe", "evt_bg_failed").as_deref(),
         Some("failed"),
         "the event with a failed job is kept"
     );

@@ -18,9 +18,11 @@ use crate::harness::{
     Client, HTTP_TIMEOUT, HttpResponse, Server, ServerConfig, now_millis, toml_str, wait_for,
     wait_until,
 };
+use crate::helpers::{StripeHook, assert_accepted, describe, event_state, stripe_source};
 use crate::sign;
 
 const STRIPE_SECRET: &str = "whsec_it_outbox_stripe_0123456789";
+const STRIPE: StripeHook = StripeHook::new(SOURCE, STRIPE_SECRET);
 const SOURCE: &str = "stripe";
 const ACTION: &str = "notify";
 /// Bound on waiting for jobs to reach their final status.
@@ -34,10 +36,6 @@ const LEASE_MS: i64 = 2000;
 
 fn stripe_env() -> Vec<(&'static str, &'static str)> {
     vec![("STRIPE_SECRET", STRIPE_SECRET)]
-}
-
-fn stripe_source() -> String {
-    format!("[sources.{SOURCE}]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n")
 }
 
 /// A `[[sources.stripe.actions]]` forward table posting to `url`, with the
@@ -70,7 +68,7 @@ fn action_url(ds: &Downstream, action: &str) -> String {
 /// The stripe source with one forward action, `notify`, to `ds`.
 fn one_action_config(ds: &Downstream, overrides: &[(&str, &str)]) -> ServerConfig {
     ServerConfig::new()
-        .tables(&stripe_source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&forward_action(ACTION, &action_url(ds, ACTION), overrides))
 }
 
@@ -106,31 +104,8 @@ fn events(prefix: &str, n: usize) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn deliver(server: &Server, body: &[u8]) -> HttpResponse {
-    server.post(
-        &format!("/hooks/{SOURCE}"),
-        &sign::stripe_now(STRIPE_SECRET, body),
-        body,
-    )
-}
-
 fn hooks_url(server: &Server) -> String {
     server.url(&format!("/hooks/{SOURCE}"))
-}
-
-fn describe(resp: &HttpResponse) -> String {
-    format!("{} {}", resp.status, resp.text())
-}
-
-fn assert_accepted(resp: &HttpResponse, event_id: &str, context: &str) {
-    let ok = resp.status == 200
-        && resp.json_status().as_deref() == Some("accepted")
-        && resp.json().get("event_id").and_then(|v| v.as_str()) == Some(event_id);
-    assert!(
-        ok,
-        "{context}\n  expected: 200 {{\"status\":\"accepted\",\"event_id\":\"{event_id}\"}}\n  got: {}",
-        describe(resp)
-    );
 }
 
 /// POST like a provider: a 503 (database busy) is retried, up to 40 times.
@@ -206,14 +181,6 @@ fn attempts(db: &Server, job_id: i64) -> Vec<AttemptRow> {
         worker: r.opt_text(8),
     })
     .collect()
-}
-
-fn event_state(db: &Server, event_id: &str) -> Option<String> {
-    db.row(
-        "SELECT state FROM events WHERE source = ?1 AND event_id = ?2",
-        &[&SOURCE, &event_id],
-    )
-    .map(|r| r.text(0))
 }
 
 fn stored_payload(db: &Server, event_id: &str) -> Option<Vec<u8>> {
@@ -333,12 +300,12 @@ fn a_downstream_named_localhost_is_resolved_and_reached() {
     let ds = Downstream::start();
     let url = format!("http://localhost:{}/{ACTION}", ds.addr().port());
     let config = ServerConfig::new()
-        .tables(&stripe_source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&forward_action(ACTION, &url, &[]));
     let server = Server::start(&config, &stripe_env());
     let ids = ["evt_localhost_1", "evt_localhost_2"];
     for id in ids {
-        assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+        assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
     }
     let db = &server;
     for id in ids {
@@ -367,7 +334,7 @@ fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded(backend: Back
     let id = "evt_fail500";
     ds.script(&key(id), Behavior::Fail500(2));
     let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
 
     let db = &server;
     let j = wait_job(db, id, ACTION, "done");
@@ -433,7 +400,7 @@ fn fail500_twice_then_ok_is_one_effect_with_every_attempt_recorded(backend: Back
         "each retry waits at least retry_initial (100ms)\n  got gaps (ms): {gaps:?}"
     );
     assert_eq!(
-        event_state(db, id).as_deref(),
+        event_state(db, SOURCE, id).as_deref(),
         Some("completed"),
         "{context}"
     );
@@ -447,7 +414,7 @@ fn process_then_drop_is_retried_and_the_retry_is_absorbed_by_the_idempotency_key
     let id = "evt_drop";
     ds.script(&key(id), Behavior::ProcessThenDrop(1));
     let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
 
     let db = &server;
     let j = wait_job(db, id, ACTION, "done");
@@ -485,7 +452,7 @@ fn process_then_drop_is_retried_and_the_retry_is_absorbed_by_the_idempotency_key
         Some(reqs[1].request_id.as_str())
     );
     assert_attempt_times(&rows, &context);
-    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
 }
 
 #[test]
@@ -495,7 +462,7 @@ fn hang_past_the_timeout_is_cut_at_the_timeout_and_retried_into_one_effect() {
     let id = "evt_hang";
     ds.script(&key(id), Behavior::Hang(HANG));
     let server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
 
     let db = &server;
     let j = wait_job(db, id, ACTION, "done");
@@ -526,7 +493,7 @@ fn hang_past_the_timeout_is_cut_at_the_timeout_and_retried_into_one_effect() {
         "{context}"
     );
     assert_attempt_times(&rows, &context);
-    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
 }
 
 #[test]
@@ -551,7 +518,7 @@ fn too_many_requests_waits_at_least_retry_after_clamped_by_retry_max() {
         },
     );
     let config = ServerConfig::new()
-        .tables(&stripe_source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&forward_action(
             honour,
             &action_url(&ds, honour),
@@ -560,7 +527,7 @@ fn too_many_requests_waits_at_least_retry_after_clamped_by_retry_max() {
         .tables(&forward_action(clamp, &action_url(&ds, clamp), &[]));
     let server = Server::start(&config, &stripe_env());
     let started = std::time::Instant::now();
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
 
     let db = &server;
     for (action, min_gap_ms) in [(honour, 1000), (clamp, 500)] {
@@ -596,7 +563,7 @@ fn too_many_requests_waits_at_least_retry_after_clamped_by_retry_max() {
         started.elapsed() < Duration::from_secs(30),
         "the clamped retry did not wait for the 30s Retry-After"
     );
-    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
 }
 
 fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered(backend: Backend) {
@@ -608,14 +575,14 @@ fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered(backen
         .port();
     let id = "evt_unreachable";
     let config = ServerConfig::new()
-        .tables(&stripe_source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&forward_action(
             ACTION,
             &format!("http://127.0.0.1:{port}/in"),
             &[("max_attempts", "3")],
         ));
     let server = Server::start_on(backend, &config, &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
 
     let db = &server;
     let j = wait_job(db, id, ACTION, "failed");
@@ -642,7 +609,7 @@ fn unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered(backen
         "a dead-lettered job says why\n{context}"
     );
     assert_attempt_times(&rows, &context);
-    assert_eq!(event_state(db, id).as_deref(), Some("failed"));
+    assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("failed"));
 }
 both_backends!(unreachable_downstream_is_retried_as_connect_errors_then_dead_lettered);
 
@@ -651,7 +618,7 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once(backend: Backe
     let id = "evt_400";
     ds.script(&key(id), Behavior::Reject400);
     let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
 
     let db = &server;
     let j = wait_job(db, id, ACTION, "failed");
@@ -675,7 +642,7 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once(backend: Backe
             .is_some_and(|h| h.contains("scripted 400")),
         "{context}"
     );
-    assert_eq!(event_state(db, id).as_deref(), Some("failed"));
+    assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("failed"));
     assert_eq!(ds.requests_for(&key(id)).len(), 1);
     assert_eq!(ds.effects(&key(id)), 0);
 
@@ -711,7 +678,7 @@ fn reject_400_fails_after_one_attempt_and_replay_delivers_it_once(backend: Backe
         vec![Outcome::Rejected400, Outcome::Effect]
     );
     assert_eq!(attempt_headers(&ds.requests_for(&key(id))), vec!["1", "2"]);
-    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
     let replays: Vec<(String, String)> = db
         .rows(
             "SELECT from_status, origin FROM replays WHERE job_id = ?1",
@@ -747,7 +714,7 @@ fn events_show_prints_a_replay_between_the_attempts_around_it(backend: Backend) 
     let id = "evt_replay_order";
     ds.script(&key(id), Behavior::Reject400);
     let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
     wait_job(&server, id, ACTION, "failed");
     ds.clear_script(&key(id));
     server
@@ -778,7 +745,7 @@ fn an_event_whose_job_is_paused_says_so_in_show_and_list(backend: Backend) {
     server
         .run_cli(&["pause", &format!("{SOURCE}/{ACTION}")])
         .assert_success();
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
     wait_job(&server, id, ACTION, "paused");
 
     let json = server
@@ -907,7 +874,7 @@ fn forward_with_sign_secret_carries_valid_standard_webhooks_headers() {
     let config = one_action_config(&ds, &[("sign_secret", &toml_str(&secret))]);
     let server = Server::start(&config, &stripe_env());
     let body = stripe_event(id);
-    assert_accepted(&deliver(&server, &body), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &body), id, "delivery");
 
     wait_job(&server, id, ACTION, "done");
     let reqs = ds.requests_for(&key(id));
@@ -963,7 +930,11 @@ fn provider_gets_200_while_the_downstream_holds_the_forward(backend: Backend) {
     let server = Server::start_on(backend, &config, &stripe_env());
     let evs = events("held", 6);
 
-    assert_accepted(&deliver(&server, &evs[0].1), &evs[0].0, "first delivery");
+    assert_accepted(
+        &STRIPE.deliver(&server, &evs[0].1),
+        &evs[0].0,
+        "first delivery",
+    );
     wait_until(
         Duration::from_secs(10),
         "a worker's request waits at the downstream",
@@ -971,7 +942,7 @@ fn provider_gets_200_while_the_downstream_holds_the_forward(backend: Backend) {
     );
     for (id, body) in &evs[1..] {
         assert_accepted(
-            &deliver(&server, body),
+            &STRIPE.deliver(&server, body),
             id,
             "delivery while the downstream holds a forward",
         );
@@ -995,7 +966,7 @@ fn provider_gets_200_while_the_downstream_holds_the_forward(backend: Backend) {
     assert_eq!((done, failed), (evs.len() as i64, 0), "{}", outbox_dump(db));
     for (id, _) in &evs {
         assert_eq!(ds.effects(&key(id)), 1, "effects for {}", key(id));
-        assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+        assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
     }
 }
 both_backends!(provider_gets_200_while_the_downstream_holds_the_forward);
@@ -1047,7 +1018,7 @@ fn crash_at(backend: Backend, failpoint: &str) -> (Server, Downstream, Vec<(Stri
     }
     // The provider retries what was not acked (and may resend the rest).
     for (id, body) in &evs {
-        let resp = deliver(&server, body);
+        let resp = STRIPE.deliver(&server, body);
         let status = resp.json_status();
         let ok = resp.status == 200
             && match status.as_deref() {
@@ -1078,7 +1049,7 @@ fn crash_at(backend: Backend, failpoint: &str) -> (Server, Downstream, Vec<(Stri
                 .all(|o| matches!(o, Outcome::Effect | Outcome::Repeat)),
             "{id}: {outs:?}"
         );
-        assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+        assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
     }
     assert_eq!(ds.total_effects(), N as u64, "no effect without a key");
     (server, ds, evs)
@@ -1272,7 +1243,7 @@ fn a_worker_whose_lease_was_taken_over_cannot_record_its_late_result(backend: Ba
     env_a.push(("IDEMHOOK_FAILPOINTS", "forward.after_response=sleep(5000)"));
     let a = Server::start_on(backend, &config, &env_a);
     let id = "evt_fenced";
-    assert_accepted(&deliver(&a, &stripe_event(id)), id, "delivery to a");
+    assert_accepted(&STRIPE.deliver(&a, &stripe_event(id)), id, "delivery to a");
     wait_until(
         Duration::from_secs(10),
         "a's attempt reaches the downstream",
@@ -1334,7 +1305,7 @@ fn an_attempt_that_ends_just_after_its_lease_is_not_sent_twice(backend: Backend)
     let b = second_server(&a, &config, &stripe_env());
     let id = "evt_overrun";
     let sent = Instant::now();
-    assert_accepted(&deliver(&a, &stripe_event(id)), id, "delivery to a");
+    assert_accepted(&STRIPE.deliver(&a, &stripe_event(id)), id, "delivery to a");
     let db = &a;
     let j = wait_job(db, id, ACTION, "done");
     // Past the takeover time, had the job still been open.
@@ -1369,7 +1340,7 @@ fn jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out(backend: Backend
     // Both workers busy at the gate with one job each...
     ds.close_gate();
     for (i, (id, body)) in evs[..2].iter().enumerate() {
-        assert_accepted(&deliver(&server, body), id, "delivery");
+        assert_accepted(&STRIPE.deliver(&server, body), id, "delivery");
         wait_until(
             Duration::from_secs(10),
             "each worker holds one request at the downstream",
@@ -1378,7 +1349,7 @@ fn jobs_taken_in_a_batch_are_not_sent_after_their_lease_ran_out(backend: Backend
     }
     // ...while eight more jobs fall due.
     for (id, body) in &evs[2..] {
-        assert_accepted(&deliver(&server, body), id, "delivery");
+        assert_accepted(&STRIPE.deliver(&server, body), id, "delivery");
     }
     ds.set_delay(Duration::from_millis(600));
     ds.open_gate();
@@ -1414,7 +1385,7 @@ fn paused_action_accepts_events_and_holds_their_jobs_until_resumed(backend: Back
     let ds = Downstream::start();
     let (paused, running) = (ACTION, "audit");
     let config = ServerConfig::new()
-        .tables(&stripe_source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&forward_action(paused, &action_url(&ds, paused), &[]))
         .tables(&forward_action(running, &action_url(&ds, running), &[]));
     let server = Server::start_on(backend, &config, &stripe_env());
@@ -1423,7 +1394,7 @@ fn paused_action_accepts_events_and_holds_their_jobs_until_resumed(backend: Back
 
     let evs = events("paused", 3);
     for (id, body) in &evs {
-        assert_accepted(&deliver(&server, body), id, "delivery while paused");
+        assert_accepted(&STRIPE.deliver(&server, body), id, "delivery while paused");
     }
     let db = &server;
     // The other action's jobs ran: the workers went past the paused ones.
@@ -1441,7 +1412,7 @@ fn paused_action_accepts_events_and_holds_their_jobs_until_resumed(backend: Back
             ds.requests_for(&key_for(id, paused)).is_empty(),
             "nothing of a paused action reaches the downstream"
         );
-        assert_ne!(event_state(db, id).as_deref(), Some("completed"));
+        assert_ne!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
     }
 
     server.run_cli(&["resume", &target]).assert_success();
@@ -1449,7 +1420,7 @@ fn paused_action_accepts_events_and_holds_their_jobs_until_resumed(backend: Back
         wait_job(db, id, paused, "done");
         assert_eq!(ds.requests_for(&key_for(id, paused)).len(), 1);
         assert_eq!(ds.effects(&key_for(id, paused)), 1);
-        assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+        assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
     }
 }
 both_backends!(paused_action_accepts_events_and_holds_their_jobs_until_resumed);
@@ -1464,7 +1435,7 @@ fn attempt_in_flight_when_paused_that_needs_a_retry_waits_for_resume(backend: Ba
     ds.script(&key(id), Behavior::Fail500(1));
     ds.close_gate();
     let server = Server::start_on(backend, &one_action_config(&ds, &[]), &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
     wait_until(
         Duration::from_secs(10),
         "the first attempt is in flight at the downstream",
@@ -1520,7 +1491,7 @@ fn sigterm_lets_the_in_flight_attempt_finish_then_exits_0(backend: Backend) {
     );
     let mut server = Server::start_on(backend, &config, &stripe_env());
     let id = "evt_sigterm";
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
     wait_until(
         Duration::from_secs(10),
         "the attempt is in flight at the downstream",
@@ -1554,7 +1525,11 @@ fn sigterm_lets_the_in_flight_attempt_finish_then_exits_0(backend: Backend) {
     // A new event after restart: once it is delivered, the workers have
     // looked at every due job.
     let probe = "evt_after_restart";
-    assert_accepted(&deliver(&server, &stripe_event(probe)), probe, "delivery");
+    assert_accepted(
+        &STRIPE.deliver(&server, &stripe_event(probe)),
+        probe,
+        "delivery",
+    );
     let db = &server;
     wait_job(db, probe, ACTION, "done");
     assert_eq!(outcomes(&ds.requests_for(&key(id))), vec![Outcome::Effect]);
@@ -1569,7 +1544,7 @@ fn sigterm_during_a_hang_exits_0_and_the_retry_after_restart_delivers_once() {
     let id = "evt_sigterm_hang";
     ds.script(&key(id), Behavior::Hang(Duration::from_secs(5)));
     let mut server = Server::start(&one_action_config(&ds, &[]), &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
     wait_until(
         Duration::from_secs(10),
         "the attempt is hanging at the downstream",
@@ -1602,7 +1577,7 @@ fn sigterm_during_a_hang_exits_0_and_the_retry_after_restart_delivers_once() {
         vec![Outcome::Hung, Outcome::Effect]
     );
     assert_eq!(ds.effects(&key(id)), 1);
-    assert_eq!(event_state(db, id).as_deref(), Some("completed"));
+    assert_eq!(event_state(db, SOURCE, id).as_deref(), Some("completed"));
 }
 
 /// Regression guard: a replay gives a dead-lettered job a fresh
@@ -1616,7 +1591,7 @@ fn replay_of_a_dead_letter_gets_a_fresh_retry_budget(backend: Backend) {
     ds.script(&key(id), Behavior::Fail500(3));
     let config = one_action_config(&ds, &[("max_attempts", "2")]);
     let server = Server::start_on(backend, &config, &stripe_env());
-    assert_accepted(&deliver(&server, &stripe_event(id)), id, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &stripe_event(id)), id, "delivery");
     let db = &server;
     let failed = wait_job(db, id, ACTION, "failed");
     assert_eq!(failed.n_attempts, 2, "{}", outbox_dump(db));
@@ -1650,7 +1625,7 @@ fn a_forward_after_a_sql_action_is_sent_once_it_committed(backend: Backend) {
             "setup_sql",
             &toml_str("CREATE TABLE IF NOT EXISTS wallet(event_id TEXT, amount INTEGER CHECK (amount >= 0))"),
         )
-        .tables(&stripe_source())
+        .tables(&stripe_source(SOURCE, ""))
         .tables(&format!(
             "[[sources.{SOURCE}.actions]]\nname = \"credit\"\n\
              sql = \"INSERT INTO wallet(event_id, amount) VALUES (:event_id, :amount)\"\n\
@@ -1663,7 +1638,11 @@ fn a_forward_after_a_sql_action_is_sent_once_it_committed(backend: Backend) {
         ));
     let server = Server::start_on(backend, &config, &stripe_env());
     let good = "evt_after_ok";
-    assert_accepted(&deliver(&server, &stripe_event(good)), good, "delivery");
+    assert_accepted(
+        &STRIPE.deliver(&server, &stripe_event(good)),
+        good,
+        "delivery",
+    );
     let bad = "evt_after_bad";
     let body = serde_json::json!({
         "id": bad, "object": "event", "type": "charge.succeeded",
@@ -1671,11 +1650,14 @@ fn a_forward_after_a_sql_action_is_sent_once_it_committed(backend: Backend) {
     })
     .to_string()
     .into_bytes();
-    assert_accepted(&deliver(&server, &body), bad, "delivery");
+    assert_accepted(&STRIPE.deliver(&server, &body), bad, "delivery");
 
     wait_job(&server, good, ACTION, "done");
     assert_eq!(ds.effects(&key(good)), 1);
-    assert_eq!(event_state(&server, good).as_deref(), Some("completed"));
+    assert_eq!(
+        event_state(&server, SOURCE, good).as_deref(),
+        Some("completed")
+    );
     // The bad one's forward waits for its failed SQL action: parked.
     wait_until(JOBS_TIMEOUT, "the bad event's forward is parked", || {
         server.count(
@@ -1686,7 +1668,11 @@ fn a_forward_after_a_sql_action_is_sent_once_it_committed(backend: Backend) {
     });
     // A later event goes through, so the workers have looked again.
     let later = "evt_after_later";
-    assert_accepted(&deliver(&server, &stripe_event(later)), later, "delivery");
+    assert_accepted(
+        &STRIPE.deliver(&server, &stripe_event(later)),
+        later,
+        "delivery",
+    );
     wait_job(&server, later, ACTION, "done");
     assert!(
         ds.requests_for(&key(bad)).is_empty(),

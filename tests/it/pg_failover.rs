@@ -13,27 +13,16 @@ use std::time::{Duration, Instant};
 
 use crate::downstream::Downstream;
 use crate::harness::{Client, Server, ServerConfig, toml_str, wait_until};
+use crate::helpers::StripeHook;
 use crate::pg_cluster::{self, Local};
-use crate::sign;
 
 const SECRET: &str = "whsec_it_pg_failover_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 
 fn body(id: &str) -> Vec<u8> {
     serde_json::json!({"id": id, "type": "charge.succeeded"})
         .to_string()
         .into_bytes()
-}
-
-/// POSTs one event; true when it was answered 2xx (accepted or duplicate).
-fn deliver(client: &Client, server: &Server, id: &str) -> bool {
-    let b = body(id);
-    client
-        .try_post(
-            &server.url("/hooks/stripe"),
-            &sign::stripe_now(SECRET, &b),
-            &b,
-        )
-        .is_ok_and(|r| (200..300).contains(&r.status))
 }
 
 fn config(url: &str, ds: &Downstream) -> ServerConfig {
@@ -111,7 +100,10 @@ fn a_failover_under_load_loses_no_acknowledged_event_and_sends_nothing_twice() {
                     break;
                 }
                 let id = format!("evt_fo_{n}");
-                let into = if deliver(&client, &server, &id) {
+                let into = if STRIPE
+                    .try_deliver(&client, &server, &body(&id))
+                    .is_ok_and(|r| (200..300).contains(&r.status))
+                {
                     &accepted
                 } else {
                     &refused
@@ -151,7 +143,11 @@ fn a_failover_under_load_loses_no_acknowledged_event_and_sends_nothing_twice() {
         wait_until(
             Duration::from_secs(30),
             "a retried delivery accepted",
-            || deliver(&client, &server, id),
+            || {
+                STRIPE
+                    .try_deliver(&client, &server, &body(id))
+                    .is_ok_and(|r| (200..300).contains(&r.status))
+            },
         );
     }
     let accepted: Vec<String> = accepted.lock().expect("lock").clone();
@@ -187,13 +183,9 @@ fn a_failover_under_load_loses_no_acknowledged_event_and_sends_nothing_twice() {
     );
     // A redelivery of an event acknowledged before the crash is a
     // duplicate on the new primary.
-    let first = &accepted[0];
-    let b = body(first);
-    let again = client.post(
-        &server.url("/hooks/stripe"),
-        &sign::stripe_now(SECRET, &b),
-        &b,
-    );
+    let again = STRIPE
+        .try_deliver(&client, &server, &body(&accepted[0]))
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(again.text().contains("duplicate"), "{}", again.text());
 
     // Every forward job is done, each with one effect downstream.

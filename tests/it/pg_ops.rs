@@ -14,9 +14,10 @@ use serde_json::{Value, json};
 use crate::backend::Backend;
 use crate::downstream::{Behavior, Downstream};
 use crate::harness::{CliOutput, HTTP_TIMEOUT, Server, ServerConfig, toml_str, wait_for};
-use crate::sign;
+use crate::helpers::{StripeHook, api, job_status};
 
 const SECRET: &str = "whsec_it_pg_ops_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 const TOKEN: &str = "it-pg-ops-token-5e1d";
 const JOBS_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -55,43 +56,8 @@ fn body(id: &str, amount: i64) -> Vec<u8> {
     .into_bytes()
 }
 
-fn deliver(server: &Server, id: &str, amount: i64) {
-    let b = body(id, amount);
-    let r = server.post("/hooks/stripe", &sign::stripe_now(SECRET, &b), &b);
-    assert_eq!(r.status, 200, "{id}: {}\n{}", r.text(), server.logs());
-}
-
 fn key(id: &str, action: &str) -> String {
     format!("stripe:{id}:{action}")
-}
-
-/// An admin API call with the token: (status, JSON answer).
-fn api(server: &Server, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .build()
-        .into();
-    let url = server.url(path);
-    let auth = format!("Bearer {TOKEN}");
-    let result = match method {
-        "GET" => agent.get(&url).header("Authorization", &auth).call(),
-        _ => agent
-            .post(&url)
-            .header("Authorization", &auth)
-            .header("Content-Type", "application/json")
-            .send(body.as_bytes()),
-    };
-    let mut resp = result.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let status = resp.status().as_u16();
-    let bytes = resp.body_mut().read_to_vec().expect("read the answer");
-    let json = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!(
-            "{method} {path} answered {status} without JSON ({e}): {}",
-            String::from_utf8_lossy(&bytes)
-        )
-    });
-    (status, json)
 }
 
 /// `GET /api/events` with `If-None-Match: known`: (status, ETag).
@@ -117,32 +83,22 @@ fn list_tag(server: &Server, known: &str) -> (u16, String) {
 }
 
 fn get_ok(server: &Server, path: &str) -> Value {
-    let (status, v) = api(server, "GET", path, "");
+    let (status, v) = api(server, "GET", path, Some(TOKEN), b"");
     assert_eq!(status, 200, "GET {path}: {v}\n{}", server.logs());
     v
 }
 
 fn post_ok(server: &Server, path: &str, body: &str) -> Value {
-    let (status, v) = api(server, "POST", path, body);
+    let (status, v) = api(server, "POST", path, Some(TOKEN), body);
     assert_eq!(status, 200, "POST {path}: {v}\n{}", server.logs());
     v
-}
-
-/// A job's status, read through the admin API (the same on both backends).
-fn job_status(server: &Server, id: &str, action: &str) -> Option<String> {
-    let event = get_ok(server, &format!("/api/events/stripe/{id}"));
-    event["jobs"]
-        .as_array()?
-        .iter()
-        .find(|j| j["action"] == action)
-        .and_then(|j| j["status"].as_str().map(str::to_string))
 }
 
 fn wait_job(server: &Server, id: &str, action: &str, status: &str) {
     wait_for(
         JOBS_TIMEOUT,
         &format!("{id}/{action} {status}"),
-        || match job_status(server, id, action) {
+        || match job_status(server, "stripe", id, action) {
             Some(s) if s == status => Ok(()),
             other => Err(format!("{other:?}")),
         },
@@ -238,14 +194,14 @@ fn scenario(backend: Backend) -> Vec<(String, Value)> {
 
     let paused = cli(&server, &["pause", "stripe/later"], 0);
     assert!(paused.stdout.contains("paused stripe/later"), "{paused:?}");
-    deliver(&server, "evt_a", 10);
-    deliver(&server, "evt_b", -5); // the ledger's CHECK fails the SQL job
-    deliver(&server, "evt_c", 7);
+    STRIPE.deliver_ok(&server, &body("evt_a", 10));
+    STRIPE.deliver_ok(&server, &body("evt_b", -5)); // the ledger's CHECK fails the SQL job
+    STRIPE.deliver_ok(&server, &body("evt_c", 7));
     // One failure after the other: reconcile lists the latest first.
     wait_job(&server, "evt_c", "notify", "failed");
-    deliver(&server, "evt_d", 8);
-    deliver(&server, "evt_a", 10); // a duplicate
-    deliver(&server, "evt_a", 11); // a mismatched duplicate: an incident
+    STRIPE.deliver_ok(&server, &body("evt_d", 8));
+    STRIPE.deliver_ok(&server, &body("evt_a", 10)); // a duplicate
+    STRIPE.deliver_ok(&server, &body("evt_a", 11)); // a mismatched duplicate: an incident
     for (id, status) in [
         ("evt_a", "done"),
         ("evt_b", "done"),
@@ -302,14 +258,20 @@ fn scenario(backend: Backend) -> Vec<(String, Value)> {
             get_ok(&server, &format!("/api/events/stripe/{id}?details=true")),
         );
     }
-    let (status, v) = api(&server, "GET", "/api/events/stripe/evt_none", "");
+    let (status, v) = api(
+        &server,
+        "GET",
+        "/api/events/stripe/evt_none",
+        Some(TOKEN),
+        b"",
+    );
     assert_eq!(status, 404, "{v}");
     // The inspector's poll: the same list is a 304 from its tag, a new
     // delivery (or a job that moves) a new tag.
     let (status, tag) = list_tag(&server, "");
     assert_eq!(status, 200);
     assert_eq!(list_tag(&server, &tag), (304, tag.clone()));
-    deliver(&server, "evt_a", 10);
+    STRIPE.deliver_ok(&server, &body("evt_a", 10));
     let (status, newer) = list_tag(&server, &tag);
     assert!(status == 200 && newer != tag, "{status} {newer} {tag}");
     let page = server.get("/ui/");
@@ -339,10 +301,10 @@ fn scenario(backend: Backend) -> Vec<(String, Value)> {
         cli(&server, &["reconcile", "--check", "--yes", "--json"], 1).json(),
     );
     assert_eq!(
-        job_status(&server, "evt_c", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_c", "notify").as_deref(),
         Some("done")
     );
-    deliver(&server, "evt_f", 9);
+    STRIPE.deliver_ok(&server, &body("evt_f", 9));
     wait_job(&server, "evt_f", "notify", "failed");
     // The API's POST marks evt_f's done the same way.
     record(
@@ -369,7 +331,13 @@ fn scenario(backend: Backend) -> Vec<(String, Value)> {
         "POST /api/actions/stripe/notify/pause (again)",
         post_ok(&server, "/api/actions/stripe/notify/pause", ""),
     );
-    let (status, v) = api(&server, "POST", "/api/actions/stripe/ledger/pause", "");
+    let (status, v) = api(
+        &server,
+        "POST",
+        "/api/actions/stripe/ledger/pause",
+        Some(TOKEN),
+        b"",
+    );
     assert_eq!(status, 400, "an sql action cannot be paused: {v}");
     record("GET /api/actions (paused)", get_ok(&server, "/api/actions"));
     let resumed = cli(&server, &["resume", "stripe/notify"], 0);
@@ -466,7 +434,7 @@ fn the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped() {
             .set("busy_timeout", &toml_str("2s")),
         &env(),
     );
-    deliver(&server, "evt_a", 1);
+    STRIPE.deliver_ok(&server, &body("evt_a", 1));
     assert_eq!(
         get_ok(&server, "/api/events").as_array().map(Vec::len),
         Some(1)
@@ -478,7 +446,7 @@ fn the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped() {
         ("GET", "/api/reconcile"),
         ("POST", "/api/actions/stripe/later/pause"),
     ] {
-        let (status, v) = api(&server, method, path, "");
+        let (status, v) = api(&server, method, path, Some(TOKEN), b"");
         assert_eq!(status, 503, "{method} {path}: {v}");
         assert!(
             v["error"]
@@ -493,7 +461,7 @@ fn the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped() {
     local.spawn().expect("PostgreSQL starts again");
     local.wait_ready().expect("PostgreSQL is ready again");
     wait_for(JOBS_TIMEOUT, "the admin API answers again", || {
-        match api(&server, "GET", "/api/events", "") {
+        match api(&server, "GET", "/api/events", Some(TOKEN), b"") {
             (200, v) => Ok(v),
             (status, v) => Err(format!("{status} {v}")),
         }
@@ -522,11 +490,14 @@ fn operator_changes_through_one_instance_hold_for_the_other() {
     assert_eq!(paused["paused"], true, "{paused}");
     let ids = ["evt_m1", "evt_m2", "evt_m3", "evt_m4"];
     for id in ids {
-        deliver(&b, id, 3);
+        STRIPE.deliver_ok(&b, &body(id, 3));
     }
     for id in ids {
         wait_job(&a, id, "notify", "done");
-        assert_eq!(job_status(&a, id, "later").as_deref(), Some("paused"));
+        assert_eq!(
+            job_status(&a, "stripe", id, "later").as_deref(),
+            Some("paused")
+        );
     }
     let actions = get_ok(&a, "/api/actions");
     let later = actions

@@ -8,19 +8,16 @@
 use std::time::Duration;
 
 use crate::harness::{Server, ServerConfig, toml_str, wait_until};
-use crate::{pg_cluster, sign};
+use crate::helpers::StripeHook;
+use crate::pg_cluster;
 
 const SECRET: &str = "whsec_it_pg_review_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 
 fn event(id: &str) -> Vec<u8> {
     serde_json::json!({"id": id, "type": "charge.succeeded", "data": {"object": {"amount": 5}}})
         .to_string()
         .into_bytes()
-}
-
-fn deliver(server: &Server, id: &str) -> crate::harness::HttpResponse {
-    let body = event(id);
-    server.post("/hooks/stripe", &sign::stripe_now(SECRET, &body), &body)
 }
 
 fn source(action: &str) -> String {
@@ -50,7 +47,7 @@ fn payload_into_a_jsonb_column_is_the_bodys_json() {
             "INSERT INTO docs (event_id, body) VALUES (:event_id, :payload)",
         ));
     let server = Server::start(&config, &[]);
-    assert_eq!(deliver(&server, "evt_j1").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_j1")).status, 200);
     assert_eq!(
         server.texts(
             "SELECT body ->> 'type' FROM docs WHERE event_id = 'evt_j1'",
@@ -76,9 +73,9 @@ fn an_sql_action_past_sql_timeout_fails_alone_and_the_event_is_stored() {
             "SELECT pg_sleep(CASE WHEN :event_id = 'evt_slow' THEN 3 ELSE 0 END)",
         ));
     let server = Server::start(&config, &[]);
-    let slow = deliver(&server, "evt_slow");
+    let slow = STRIPE.deliver(&server, &event("evt_slow"));
     assert_eq!(slow.status, 200, "{}", slow.text());
-    assert_eq!(deliver(&server, "evt_fast").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_fast")).status, 200);
     assert_eq!(
         server.texts("SELECT status FROM jobs WHERE event_id = 'evt_slow'", &[]),
         vec!["failed".to_string()]
@@ -93,7 +90,7 @@ fn an_sql_action_past_sql_timeout_fails_alone_and_the_event_is_stored() {
     );
     assert!(error[0].contains("timeout"), "{error:?}");
     // A redelivery is a duplicate: the event was stored.
-    let again = deliver(&server, "evt_slow");
+    let again = STRIPE.deliver(&server, &event("evt_slow"));
     assert!(again.text().contains("duplicate"), "{}", again.text());
 }
 
@@ -142,7 +139,7 @@ fn several_hosts_reach_the_one_that_accepts_writes_in_any_order() {
         .set("database", &toml_str(&url))
         .tables(&source("SELECT 1"));
     let server = Server::start(&config, &[]);
-    assert_eq!(deliver(&server, "evt_m1").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_m1")).status, 200);
     assert_eq!(server.get("/readyz").status, 200);
     let list = server.run_cli(&["events", "list", "--json"]);
     list.assert_success();
@@ -161,11 +158,11 @@ fn a_503_never_says_the_event_was_not_stored() {
         .set("busy_timeout", &toml_str("1s"))
         .tables(&source("SELECT 1"));
     let server = Server::start(&config, &[]);
-    assert_eq!(deliver(&server, "evt_a").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_a")).status, 200);
     local.stop();
     let mut answer = None;
     wait_until(Duration::from_secs(30), "a 503 while stopped", || {
-        let r = deliver(&server, "evt_b");
+        let r = STRIPE.deliver(&server, &event("evt_b"));
         let is_503 = r.status == 503;
         answer = Some(r.text());
         is_503
@@ -191,7 +188,7 @@ fn serve_waits_on_a_read_only_host_then_migrates_when_it_accepts_writes() {
         .set("busy_timeout", &toml_str("2s"))
         .tables(&source("SELECT 1"));
     let server = Server::start(&config, &[]);
-    let refused = deliver(&server, "evt_ro");
+    let refused = STRIPE.deliver(&server, &event("evt_ro"));
     assert_eq!(refused.status, 503, "{}", refused.text());
     assert!(refused.header("retry-after").is_some());
     assert_eq!(server.get("/readyz").status, 503);
@@ -217,7 +214,7 @@ fn serve_waits_on_a_read_only_host_then_migrates_when_it_accepts_writes() {
         || server.get("/readyz").status == 200,
     );
     wait_until(Duration::from_secs(30), "the delivery accepted", || {
-        deliver(&server, "evt_ro").status == 200
+        STRIPE.deliver(&server, &event("evt_ro")).status == 200
     });
     assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
 }
@@ -238,13 +235,18 @@ fn the_first_delivery_after_a_restart_is_not_refused() {
     let server = Server::start(&config, &[]);
     // Both claimers get a connection.
     for i in 0..20 {
-        assert_eq!(deliver(&server, &format!("evt_before_{i}")).status, 200);
+        assert_eq!(
+            STRIPE
+                .deliver(&server, &event(&format!("evt_before_{i}")))
+                .status,
+            200
+        );
     }
     local.stop();
     local.spawn().expect("restart PostgreSQL");
     local.wait_ready().expect("PostgreSQL is back");
     for i in 0..4 {
-        let r = deliver(&server, &format!("evt_after_{i}"));
+        let r = STRIPE.deliver(&server, &event(&format!("evt_after_{i}")));
         assert_eq!(
             r.status,
             200,
@@ -374,5 +376,8 @@ fn serve_waits_for_the_migration_lock_past_busy_timeout() {
     });
     let server = Server::start(&config, &[]);
     releaser.join().expect("the lock holder");
-    assert_eq!(deliver(&server, "evt_after_lock").status, 200);
+    assert_eq!(
+        STRIPE.deliver(&server, &event("evt_after_lock")).status,
+        200
+    );
 }

@@ -6,15 +6,16 @@
 //! breaks fails that action, not the commit.
 
 use crate::harness::{Server, ServerConfig, toml_str};
-use crate::{pg_cluster, sign};
+use crate::helpers::StripeHook;
+use crate::pg_cluster;
 
 const SECRET: &str = "whsec_it_pg_schema_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 
-fn deliver(server: &Server, id: &str) -> crate::harness::HttpResponse {
-    let body = serde_json::json!({"id": id, "type": "charge.succeeded"})
+fn event(id: &str) -> Vec<u8> {
+    serde_json::json!({"id": id, "type": "charge.succeeded"})
         .to_string()
-        .into_bytes();
-    server.post("/hooks/stripe", &sign::stripe_now(SECRET, &body), &body)
+        .into_bytes()
 }
 
 fn source(action: &str) -> String {
@@ -65,7 +66,7 @@ fn a_teams_table_named_like_idemhooks_is_the_teams() {
             "INSERT INTO events (event_id, amount) VALUES (:event_id, 5)",
         ));
     let server = Server::start(&config, &[]);
-    assert_eq!(deliver(&server, "evt_s1").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_s1")).status, 200);
     assert_eq!(
         count(
             &mut db,
@@ -114,7 +115,7 @@ fn pg_schema_names_the_schema_and_a_bad_name_is_refused() {
         .set("pg_schema", &toml_str("hooks"))
         .tables(&source("SELECT 1"));
     let server = Server::start(&config, &[]);
-    assert_eq!(deliver(&server, "evt_n1").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_n1")).status, 200);
     assert_eq!(
         count(
             &mut db,
@@ -155,7 +156,7 @@ fn an_installation_in_public_moves_into_the_schema_with_its_keys() {
         .set("pg_schema", &toml_str("old"))
         .tables(&source("SELECT 1"));
     let server = Server::start(&old, &[]);
-    assert_eq!(deliver(&server, "evt_m1").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_m1")).status, 200);
     drop(server);
     db.batch_execute(
         "DO $$ DECLARE t text; f regprocedure; BEGIN
@@ -175,14 +176,14 @@ fn an_installation_in_public_moves_into_the_schema_with_its_keys() {
         .set("database", &toml_str(&url))
         .tables(&source("SELECT 1"));
     let server = Server::start(&now, &[]);
-    let again = deliver(&server, "evt_m1");
+    let again = STRIPE.deliver(&server, &event("evt_m1"));
     assert_eq!(again.status, 200);
     assert!(
         again.text().contains("duplicate"),
         "the key moved with its table: {}",
         again.text()
     );
-    assert_eq!(deliver(&server, "evt_m2").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_m2")).status, 200);
     assert_eq!(count(&mut db, "SELECT count(*) FROM idemhook.events"), 2);
     assert_eq!(
         count(
@@ -204,7 +205,7 @@ fn key_columns_compare_bytewise() {
         .set("database", &toml_str(&url))
         .tables(&source("SELECT 1"));
     let server = Server::start(&config, &[]);
-    assert_eq!(deliver(&server, "evt_c1").status, 200);
+    assert_eq!(STRIPE.deliver(&server, &event("evt_c1")).status, 200);
     let not_c = count(
         &mut db,
         "SELECT count(*) FROM information_schema.columns
@@ -239,7 +240,7 @@ fn a_deferred_constraint_an_action_breaks_fails_that_action_only() {
         ));
     let server = Server::start(&config, &[]);
     for id in ["evt_a", "evt_b", "evt_c"] {
-        let r = deliver(&server, id);
+        let r = STRIPE.deliver(&server, &event(id));
         assert_eq!(r.status, 200, "{id}: {}", r.text());
     }
     let status = |id: &str| {
@@ -255,6 +256,6 @@ fn a_deferred_constraint_an_action_breaks_fails_that_action_only() {
         server.texts("SELECT event_id FROM public.ledger ORDER BY event_id", &[]),
         vec!["evt_a".to_string(), "evt_c".to_string()]
     );
-    let again = deliver(&server, "evt_b");
+    let again = STRIPE.deliver(&server, &event("evt_b"));
     assert!(again.text().contains("duplicate"), "{}", again.text());
 }

@@ -6,10 +6,12 @@
 use std::time::Duration;
 
 use crate::harness::{Client, Server, ServerConfig, toml_str, wait_until};
+use crate::helpers::StripeHook;
 use crate::pg_cluster;
 use crate::sign;
 
 const SECRET: &str = "whsec_pg_serve_ops";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 
 fn event(id: &str, amount: i64) -> Vec<u8> {
     serde_json::json!({
@@ -18,16 +20,6 @@ fn event(id: &str, amount: i64) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-fn deliver(server: &Server, source: &str, id: &str, amount: i64) {
-    let body = event(id, amount);
-    let r = Client::new(Duration::from_secs(30)).post(
-        &server.url(&format!("/hooks/{source}")),
-        &sign::stripe_now(SECRET, &body),
-        &body,
-    );
-    assert_eq!(r.status, 200, "{id}: {}", r.text());
 }
 
 fn count(
@@ -113,9 +105,9 @@ fn instances_prune_by_retention_on_postgres_and_keep_what_work_needs() {
     ))
     .expect("old rows");
 
-    deliver(&a, "short", "evt_ok", 5);
-    deliver(&b, "short", "evt_failed", -1);
-    deliver(&a, "long", "evt_long", 7);
+    STRIPE.at("short").deliver_ok(&a, &event("evt_ok", 5));
+    STRIPE.at("short").deliver_ok(&b, &event("evt_failed", -1));
+    STRIPE.at("long").deliver_ok(&a, &event("evt_long", 7));
     // A refused delivery (bad signature): no event, a deliveries row.
     let body = event("evt_forged", 1);
     let r = Client::new(Duration::from_secs(30)).post(
@@ -128,7 +120,9 @@ fn instances_prune_by_retention_on_postgres_and_keep_what_work_needs() {
     // Claims are answered while both instances prune.
     for i in 0..20 {
         let server = if i % 2 == 0 { &a } else { &b };
-        deliver(server, "long", &format!("evt_during_{i}"), 1 + i);
+        STRIPE
+            .at("long")
+            .deliver_ok(server, &event(&format!("evt_during_{i}"), 1 + i));
     }
 
     wait_until(
@@ -250,7 +244,7 @@ fn key_rule_drift_is_warned_on_postgres() {
     };
     let config = ledger_config(&url).tables(&source_with("stripe", ""));
     let mut server = Server::start(&config, &[]);
-    deliver(&server, "stripe", "evt_rule", 3);
+    STRIPE.deliver_ok(&server, &event("evt_rule", 3));
     let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
     let key_rule: String = db
         .query_one(
@@ -339,8 +333,8 @@ fn job_gauges_come_from_the_database_on_postgres() {
             "[[sources.stripe.actions]]\nname = \"notify\"\nforward = \"http://127.0.0.1:9/never\"\n",
         );
     let server = Server::start(&config, &[]);
-    deliver(&server, "stripe", "evt_g1", 1);
-    deliver(&server, "stripe", "evt_g2", -1);
+    STRIPE.deliver_ok(&server, &event("evt_g1", 1));
+    STRIPE.deliver_ok(&server, &event("evt_g2", -1));
     let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
     // A job of another instance, paused: counted too.
     db.batch_execute(
@@ -409,7 +403,9 @@ fn prune_on_postgres_skips_rows_another_transaction_holds() {
         .iter()
         .enumerate()
     {
-        deliver(&server, "short", id, 1 + i as i64);
+        STRIPE
+            .at("short")
+            .deliver_ok(&server, &event(id, 1 + i as i64));
     }
     std::thread::sleep(Duration::from_millis(1500));
     let mut holder = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
@@ -446,7 +442,7 @@ fn prune_on_postgres_skips_rows_another_transaction_holds() {
         "the held events keep their jobs"
     );
     // Deliveries are answered meanwhile.
-    deliver(&server, "short", "evt_new", 9);
+    STRIPE.at("short").deliver_ok(&server, &event("evt_new", 9));
 
     held.commit().expect("release");
     let pruned = server.run_cli(&["prune"]);

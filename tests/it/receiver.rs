@@ -16,16 +16,12 @@ use crate::harness::{
     Client, HttpResponse, Server, ServerConfig, headers, now_secs, raw_exchange,
     raw_exchange_parts, raw_request, toml_str, wait_for, wait_until,
 };
+use crate::helpers::{StripeHook, assert_accepted, describe, stripe_config, stripe_source};
 use crate::sign;
 
 const STRIPE_SECRET: &str = "whsec_it_stripe_current_0123456789";
 const STRIPE_SECRET_OLD: &str = "whsec_it_stripe_previous_9876543210";
-
-/// A `[sources.NAME]` table of kind stripe reading its secret from
-/// `STRIPE_SECRET`, with `extra` lines appended inside the table.
-fn stripe_source(name: &str, extra: &str) -> String {
-    format!("[sources.{name}]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n{extra}\n")
-}
+const STRIPE: StripeHook = StripeHook::new("stripe", STRIPE_SECRET);
 
 fn stripe_env() -> Vec<(&'static str, &'static str)> {
     vec![("STRIPE_SECRET", STRIPE_SECRET)]
@@ -42,31 +38,6 @@ fn stripe_event(id: &str, amount: i64) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-/// POST a body signed for Stripe now with `STRIPE_SECRET`.
-fn deliver(server: &Server, source: &str, body: &[u8]) -> HttpResponse {
-    server.post(
-        &format!("/hooks/{source}"),
-        &sign::stripe_now(STRIPE_SECRET, body),
-        body,
-    )
-}
-
-/// Status and JSON `status` field, for messages.
-fn describe(resp: &HttpResponse) -> String {
-    format!("{} {}", resp.status, resp.text())
-}
-
-fn assert_accepted(resp: &HttpResponse, event_id: &str, context: &str) {
-    let ok = resp.status == 200
-        && resp.json_status().as_deref() == Some("accepted")
-        && resp.json().get("event_id").and_then(|v| v.as_str()) == Some(event_id);
-    assert!(
-        ok,
-        "{context}\n  expected: 200 {{\"status\":\"accepted\",\"event_id\":\"{event_id}\"}}\n  got: {}",
-        describe(resp)
-    );
 }
 
 const EVENT_STATES: [&str; 4] = ["accepted", "processing", "completed", "failed"];
@@ -342,7 +313,7 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
         ));
     let server = Server::start_on(backend, &config, &stripe_env());
     let body = stripe_event("evt_negative", -500);
-    let resp = deliver(&server, "stripe", &body);
+    let resp = STRIPE.deliver(&server, &body);
     assert_accepted(
         &resp,
         "evt_negative",
@@ -416,7 +387,7 @@ sql = "INSERT INTO audit(event_id) VALUES (:event_id)"
 
     // A re-delivery is a duplicate and runs no action again.
     assert_duplicate(
-        &deliver(&server, "stripe", &body),
+        &STRIPE.deliver(&server, &body),
         "re-delivery after a failed action",
     );
     assert_eq!(
@@ -539,7 +510,7 @@ both_backends!(failing_actions_in_concurrent_claims_roll_back_alone);
 // ---------------------------------------------------------------------------
 
 fn kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate(backend: Backend) {
-    let config = ServerConfig::new().tables(&stripe_source("stripe", ""));
+    let config = stripe_config("");
     let mut env = stripe_env();
     env.push(("IDEMHOOK_FAILPOINTS", "claim.after_commit=kill"));
     let mut server = Server::start_on(backend, &config, &env);
@@ -580,7 +551,7 @@ fn kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplicate(backend:
         "stored payload is the exact body"
     );
 
-    let resp = deliver(&server, "stripe", &body);
+    let resp = STRIPE.deliver(&server, &body);
     assert_duplicate(&resp, "the provider's retry after the crash");
     assert_eq!(events_count(db), 1);
 }
@@ -588,7 +559,7 @@ both_backends!(kill9_after_claim_commit_keeps_the_event_and_redelivery_is_duplic
 
 fn kill9_right_after_200_keeps_every_acknowledged_event(backend: Backend) {
     const N: usize = 20;
-    let config = ServerConfig::new().tables(&stripe_source("stripe", ""));
+    let config = stripe_config("");
     let mut server = Server::start_on(backend, &config, &stripe_env());
     let bodies: Vec<(String, Vec<u8>)> = (0..N)
         .map(|i| {
@@ -599,7 +570,7 @@ fn kill9_right_after_200_keeps_every_acknowledged_event(backend: Backend) {
         .collect();
     for (id, body) in &bodies {
         assert_accepted(
-            &deliver(&server, "stripe", body),
+            &STRIPE.deliver(&server, body),
             id,
             "delivery before the crash",
         );
@@ -624,10 +595,7 @@ fn kill9_right_after_200_keeps_every_acknowledged_event(backend: Backend) {
         "expected: every acknowledged event survives kill -9 with its payload\n  got missing or changed: {missing:?}"
     );
     for (_, body) in &bodies {
-        assert_duplicate(
-            &deliver(&server, "stripe", body),
-            "re-delivery after restart",
-        );
+        assert_duplicate(&STRIPE.deliver(&server, body), "re-delivery after restart");
     }
     assert_eq!(events_count(db), N as i64);
 }
@@ -643,11 +611,7 @@ both_backends!(kill9_right_after_200_keeps_every_acknowledged_event);
 /// for a body cut short. Only idle connections are ended at once.
 fn a_request_under_way_at_sigterm_is_finished(backend: Backend) {
     use std::io::{Read, Write};
-    let mut server = Server::start_on(
-        backend,
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let mut server = Server::start_on(backend, &stripe_config(""), &stripe_env());
     let body = stripe_event("evt_term_cut", 1);
     let raw = raw_request(
         "POST",
@@ -685,11 +649,7 @@ fn sigterm_under_load_answers_or_closes_every_request_and_keeps_every_acknowledg
     const THREADS: usize = 8;
     const BEFORE_TERM: usize = 200;
     const HUNG: Duration = Duration::from_secs(4);
-    let mut server = Server::start_on(
-        backend,
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let mut server = Server::start_on(backend, &stripe_config(""), &stripe_env());
     let url = server.url("/hooks/stripe");
     let acked: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let odd: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
@@ -775,12 +735,12 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident(backend: Back
         let original = stripe_event(&id, 100);
         let altered = stripe_event(&id, 999);
         assert_accepted(
-            &deliver(&server, source, &original),
+            &STRIPE.at(source).deliver(&server, &original),
             &id,
             "original delivery",
         );
 
-        let resp = deliver(&server, source, &altered);
+        let resp = STRIPE.at(source).deliver(&server, &altered);
         if expected_status == 200 {
             assert_eq!(
                 resp.status,
@@ -822,7 +782,7 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident(backend: Back
 
         // The identical body again is a plain duplicate: no new incident.
         assert_duplicate(
-            &deliver(&server, source, &original),
+            &STRIPE.at(source).deliver(&server, &original),
             "identical re-delivery",
         );
         let outcomes = wait_for(Duration::from_secs(5), "three deliveries rows", || {
@@ -855,18 +815,14 @@ both_backends!(mismatched_duplicate_keeps_the_original_and_records_an_incident);
 // ---------------------------------------------------------------------------
 
 fn status_200_accepted_then_200_duplicate_with_state(backend: Backend) {
-    let server = Server::start_on(
-        backend,
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let server = Server::start_on(backend, &stripe_config(""), &stripe_env());
     let body = stripe_event("evt_status_1", 1);
     assert_accepted(
-        &deliver(&server, "stripe", &body),
+        &STRIPE.deliver(&server, &body),
         "evt_status_1",
         "first delivery",
     );
-    assert_duplicate(&deliver(&server, "stripe", &body), "second delivery");
+    assert_duplicate(&STRIPE.deliver(&server, &body), "second delivery");
     assert_eq!(server.count("SELECT count(*) FROM events", &[]), 1);
     let row = server.one(
         "SELECT state, payload FROM events WHERE source = ?1 AND event_id = ?2",
@@ -878,22 +834,18 @@ fn status_200_accepted_then_200_duplicate_with_state(backend: Backend) {
 both_backends!(status_200_accepted_then_200_duplicate_with_state);
 
 fn status_400_for_missing_id_invalid_json_and_duplicated_signature_header(backend: Backend) {
-    let server = Server::start_on(
-        backend,
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let server = Server::start_on(backend, &stripe_config(""), &stripe_env());
 
     let no_id = br#"{"object":"event","type":"charge.succeeded","data":{"object":{}}}"#;
     assert_error(
-        &deliver(&server, "stripe", no_id),
+        &STRIPE.deliver(&server, no_id),
         400,
         "signed body without /id",
     );
 
     let invalid = br#"{"id":"evt_invalid","type":"charge.succeeded","#;
     assert_error(
-        &deliver(&server, "stripe", invalid),
+        &STRIPE.deliver(&server, invalid),
         400,
         "signed invalid JSON",
     );
@@ -1063,10 +1015,7 @@ fn status_400_for_a_control_character_in_the_id_or_type() {
 
 #[test]
 fn status_400_for_a_header_with_a_nul_byte() {
-    let server = Server::start(
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let server = Server::start(&stripe_config(""), &stripe_env());
     let body = stripe_event("evt_nul", 1);
     let mut hdrs = sign::stripe_now(STRIPE_SECRET, &body);
     hdrs.push(("X-Note".to_string(), "a\u{0}b".to_string()));
@@ -1087,11 +1036,7 @@ fn status_400_for_a_header_with_a_nul_byte() {
 }
 
 fn status_401_for_bad_missing_stale_or_future_signatures(backend: Backend) {
-    let server = Server::start_on(
-        backend,
-        &ServerConfig::new().tables(&stripe_source("stripe", "tolerance = \"5m\"")),
-        &stripe_env(),
-    );
+    let server = Server::start_on(backend, &stripe_config("tolerance = \"5m\""), &stripe_env());
     let url = "/hooks/stripe";
     let body = stripe_event("evt_unauth", 1);
     let json = headers(&[("Content-Type", "application/json")]);
@@ -1126,7 +1071,7 @@ fn status_401_for_bad_missing_stale_or_future_signatures(backend: Backend) {
     assert_eq!(events_count(&server), 0, "nothing stored for a 401");
     // The same body, correctly signed, is still new.
     assert_accepted(
-        &deliver(&server, "stripe", &body),
+        &STRIPE.deliver(&server, &body),
         "evt_unauth",
         "correct signature after the rejects",
     );
@@ -1135,10 +1080,7 @@ both_backends!(status_401_for_bad_missing_stale_or_future_signatures);
 
 #[test]
 fn status_404_unknown_source_and_405_wrong_method() {
-    let server = Server::start(
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let server = Server::start(&stripe_config(""), &stripe_env());
     let body = stripe_event("evt_404", 1);
     assert_error(
         &server.post(
@@ -1165,7 +1107,7 @@ fn status_413_for_bodies_over_max_body_bytes_declared_or_chunked() {
     let edge = padded_event("evt_edge", LIMIT);
     assert_eq!(edge.len(), LIMIT);
     assert_accepted(
-        &deliver(&server, "stripe", &edge),
+        &STRIPE.deliver(&server, &edge),
         "evt_edge",
         "body of exactly max_body_bytes",
     );
@@ -1173,7 +1115,7 @@ fn status_413_for_bodies_over_max_body_bytes_declared_or_chunked() {
     // One byte over, sent whole.
     let over = padded_event("evt_over", LIMIT + 1);
     assert_error(
-        &deliver(&server, "stripe", &over),
+        &STRIPE.deliver(&server, &over),
         413,
         "body of max_body_bytes + 1",
     );
@@ -1262,10 +1204,7 @@ fn status_503_with_retry_after_while_the_database_is_locked() {
     // second connection for up to HOLD and expect the server to give up
     // within it (its busy timeout plus slack).
     const HOLD: Duration = Duration::from_secs(30);
-    let server = Server::start(
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let server = Server::start(&stripe_config(""), &stripe_env());
     assert_eq!(server.get("/readyz").status, 200, "ready before the lock");
     let body = stripe_event("evt_locked", 1);
 
@@ -1318,7 +1257,7 @@ fn status_503_with_retry_after_while_the_database_is_locked() {
     );
     // The 503 stored nothing: the same event is new now.
     assert_accepted(
-        &deliver(&server, "stripe", &body),
+        &STRIPE.deliver(&server, &body),
         "evt_locked",
         "retry after the lock cleared",
     );
@@ -1334,10 +1273,7 @@ fn idle_and_slow_connections_do_not_starve_deliveries() {
     const IDLE: usize = 48;
     const HALF: usize = 16;
     const BOUND: Duration = Duration::from_secs(2);
-    let server = Server::start(
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let server = Server::start(&stripe_config(""), &stripe_env());
     let mut held = Vec::new();
     for i in 0..IDLE + HALF {
         let mut s = std::net::TcpStream::connect(server.addr()).expect("connect idle");
@@ -1366,11 +1302,7 @@ fn idle_and_slow_connections_do_not_starve_deliveries() {
 }
 
 fn healthz_and_readyz_answer_200(backend: Backend) {
-    let server = Server::start_on(
-        backend,
-        &ServerConfig::new().tables(&stripe_source("stripe", "")),
-        &stripe_env(),
-    );
+    let server = Server::start_on(backend, &stripe_config(""), &stripe_env());
     for path in ["/healthz", "/readyz"] {
         let resp = server.get(path);
         assert_eq!(
@@ -1419,7 +1351,7 @@ secrets = ["file:filed-secret.txt"]
 
     let new_body = stripe_event("evt_rot_new", 1);
     assert_accepted(
-        &deliver(&server, "stripe", &new_body),
+        &STRIPE.deliver(&server, &new_body),
         "evt_rot_new",
         "signed with the current secret",
     );

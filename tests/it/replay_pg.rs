@@ -10,10 +10,11 @@ use serde_json::{Value, json};
 
 use crate::backend::{Backend, backends};
 use crate::downstream::{Behavior, Downstream};
-use crate::harness::{HTTP_TIMEOUT, Server, ServerConfig, toml_str, wait_until};
-use crate::sign;
+use crate::harness::{Server, ServerConfig, toml_str, wait_until};
+use crate::helpers::{StripeHook, api, job_status};
 
 const SECRET: &str = "whsec_it_replay_pg_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 const ADMIN_TOKEN: &str = "it-admin-token-replay-pg";
 
 fn env() -> Vec<(&'static str, &'static str)> {
@@ -58,44 +59,6 @@ fn body(id: &str, customer: &str) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-fn deliver(server: &Server, id: &str, customer: &str) {
-    let body = body(id, customer);
-    let r = server.post("/hooks/stripe", &sign::stripe_now(SECRET, &body), &body);
-    assert_eq!(r.status, 200, "{id}: {}", r.text());
-}
-
-fn api(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .build()
-        .into();
-    let mut resp = agent
-        .post(&server.url(path))
-        .header("Content-Type", "application/json")
-        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .send(body.to_string().as_bytes())
-        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
-    let status = resp.status().as_u16();
-    let bytes = resp.body_mut().read_to_vec().expect("read the answer");
-    let json = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!(
-            "POST {path} answered {status} without JSON ({e}): {}",
-            String::from_utf8_lossy(&bytes)
-        )
-    });
-    (status, json)
-}
-
-fn job_status(server: &Server, event_id: &str, action: &str) -> String {
-    server
-        .one(
-            "SELECT status FROM jobs WHERE source = 'stripe' AND event_id = ?1 AND action = ?2",
-            &[&event_id, &action],
-        )
-        .text(0)
 }
 
 fn add_account(server: &Server, id: &str) {
@@ -144,43 +107,63 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
         json
     };
 
-    deliver(&server, "evt_a", "cus_a");
+    STRIPE.deliver_ok(&server, &body("evt_a", "cus_a"));
     wait_until(Duration::from_secs(30), "notify of evt_a failed", || {
-        job_status(&server, "evt_a", "notify") == "failed"
+        job_status(&server, "stripe", "evt_a", "notify").as_deref() == Some("failed")
     });
-    assert_eq!(job_status(&server, "evt_a", "credit"), "failed");
+    assert_eq!(
+        job_status(&server, "stripe", "evt_a", "credit").as_deref(),
+        Some("failed")
+    );
     let plan = record(
         "event dry run",
         api(
             &server,
+            "POST",
             "/api/events/stripe/evt_a/replay",
-            json!({"dry_run": true}),
+            Some(ADMIN_TOKEN),
+            json!({"dry_run": true}).to_string(),
         ),
     );
     assert_eq!(plan["count"], 2, "{plan}");
     assert_eq!(
-        job_status(&server, "evt_a", "notify"),
-        "failed",
+        job_status(&server, "stripe", "evt_a", "notify").as_deref(),
+        Some("failed"),
         "a dry run changes nothing"
     );
 
     add_account(&server, "cus_a");
     let done = record(
         "event replay",
-        api(&server, "/api/events/stripe/evt_a/replay", json!({})),
+        api(
+            &server,
+            "POST",
+            "/api/events/stripe/evt_a/replay",
+            Some(ADMIN_TOKEN),
+            json!({}).to_string(),
+        ),
     );
     assert_eq!(done["replayed"], 2, "{done}");
     wait_until(
         Duration::from_secs(30),
         "the replayed notify is delivered",
-        || job_status(&server, "evt_a", "notify") == "done",
+        || job_status(&server, "stripe", "evt_a", "notify").as_deref() == Some("done"),
     );
     assert_eq!(ds.effects("stripe:evt_a:notify"), 1, "exactly one effect");
-    assert_eq!(job_status(&server, "evt_a", "credit"), "done");
+    assert_eq!(
+        job_status(&server, "stripe", "evt_a", "credit").as_deref(),
+        Some("done")
+    );
     assert_eq!(server.count("SELECT count(*) FROM ledger", &[]), 1);
     record(
         "event replay, nothing left",
-        api(&server, "/api/events/stripe/evt_a/replay", json!({})),
+        api(
+            &server,
+            "POST",
+            "/api/events/stripe/evt_a/replay",
+            Some(ADMIN_TOKEN),
+            json!({}).to_string(),
+        ),
     );
     // Forced: the statement runs again and fails (the ledger row is
     // there): the job stays done.
@@ -188,15 +171,17 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
         "forced sql replay",
         api(
             &server,
+            "POST",
             "/api/events/stripe/evt_a/replay",
-            json!({"action": "credit", "force": true}),
+            Some(ADMIN_TOKEN),
+            json!({"action": "credit", "force": true}).to_string(),
         ),
     );
     assert_eq!(forced["jobs"][0]["result"], "failed", "{forced}");
     assert_eq!(forced["jobs"][0]["status"], "done", "{forced}");
 
-    deliver(&server, "evt_b", "cus_b");
-    deliver(&server, "evt_c", "cus_b");
+    STRIPE.deliver_ok(&server, &body("evt_b", "cus_b"));
+    STRIPE.deliver_ok(&server, &body("evt_c", "cus_b"));
     wait_until(Duration::from_secs(30), "the notify jobs are done", || {
         server.count(
             "SELECT count(*) FROM jobs WHERE action = 'notify' AND status <> 'done'",
@@ -207,8 +192,11 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
         "batch dry run",
         api(
             &server,
+            "POST",
             "/api/replay",
-            json!({"source": "stripe", "status": "failed", "since": "1h", "dry_run": true}),
+            Some(ADMIN_TOKEN),
+            json!({"source": "stripe", "status": "failed", "since": "1h", "dry_run": true})
+                .to_string(),
         ),
     );
     add_account(&server, "cus_b");
@@ -216,31 +204,40 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
         "batch replay",
         api(
             &server,
+            "POST",
             "/api/replay",
-            json!({"source": "stripe", "status": "failed"}),
+            Some(ADMIN_TOKEN),
+            json!({"source": "stripe", "status": "failed"}).to_string(),
         ),
     );
     assert_eq!(batch["replayed"], 2, "{batch}");
-    assert_eq!(job_status(&server, "evt_b", "credit"), "done");
+    assert_eq!(
+        job_status(&server, "stripe", "evt_b", "credit").as_deref(),
+        Some("done")
+    );
 
-    deliver(&server, "evt_d", "cus_d");
+    STRIPE.deliver_ok(&server, &body("evt_d", "cus_d"));
     wait_until(Duration::from_secs(30), "evt_d's notify is done", || {
-        job_status(&server, "evt_d", "notify") == "done"
+        job_status(&server, "stripe", "evt_d", "notify").as_deref() == Some("done")
     });
     record(
         "resolve dry run",
         api(
             &server,
+            "POST",
             "/api/events/stripe/evt_d/resolve",
-            json!({"action": "credit", "note": "credited by hand", "dry_run": true}),
+            Some(ADMIN_TOKEN),
+            json!({"action": "credit", "note": "credited by hand", "dry_run": true}).to_string(),
         ),
     );
     let resolved = record(
         "resolve",
         api(
             &server,
+            "POST",
             "/api/events/stripe/evt_d/resolve",
-            json!({"action": "credit", "note": "credited by hand"}),
+            Some(ADMIN_TOKEN),
+            json!({"action": "credit", "note": "credited by hand"}).to_string(),
         ),
     );
     assert_eq!(resolved["state"], "completed", "{resolved}");
@@ -248,8 +245,10 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
         "resolve again",
         api(
             &server,
+            "POST",
             "/api/events/stripe/evt_d/resolve",
-            json!({"action": "credit", "note": "again"}),
+            Some(ADMIN_TOKEN),
+            json!({"action": "credit", "note": "again"}).to_string(),
         ),
     );
     let closing = server.one(
@@ -267,8 +266,8 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
     );
 
     // The CLI forms: a plan without --yes, then --yes.
-    deliver(&server, "evt_e", "cus_e");
-    deliver(&server, "evt_f", "cus_f");
+    STRIPE.deliver_ok(&server, &body("evt_e", "cus_e"));
+    STRIPE.deliver_ok(&server, &body("evt_f", "cus_f"));
     let plan = server.run_cli(&["replay", "stripe", "evt_e"]);
     plan.assert_success();
     assert!(plan.stdout.contains("nothing changed"), "{}", plan.stdout);
@@ -276,7 +275,10 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
     server
         .run_cli(&["replay", "stripe", "evt_e", "--action", "credit", "--yes"])
         .assert_success();
-    assert_eq!(job_status(&server, "evt_e", "credit"), "done");
+    assert_eq!(
+        job_status(&server, "stripe", "evt_e", "credit").as_deref(),
+        Some("done")
+    );
     let batch = server.run_cli(&[
         "replay", "--source", "stripe", "--status", "failed", "--since", "1h",
     ]);
@@ -286,7 +288,10 @@ fn scenario(backend: Backend) -> Vec<(String, u16, Value)> {
         "resolve", "stripe", "evt_f", "--action", "credit", "--note", "refunded", "--yes",
     ]);
     out.assert_success();
-    assert_eq!(job_status(&server, "evt_f", "credit"), "done");
+    assert_eq!(
+        job_status(&server, "stripe", "evt_f", "credit").as_deref(),
+        Some("done")
+    );
     let again = server.run_cli(&[
         "resolve", "stripe", "evt_f", "--action", "credit", "--note", "refunded", "--yes",
     ]);
@@ -357,7 +362,10 @@ fn replays_across_instances_deliver_each_job_once() {
     let b = Server::start(&config, &env());
     add_account(&a, "cus");
     for i in 0..n {
-        deliver(if i % 2 == 0 { &a } else { &b }, &format!("evt_{i}"), "cus");
+        STRIPE.deliver_ok(
+            if i % 2 == 0 { &a } else { &b },
+            &body(&format!("evt_{i}"), "cus"),
+        );
     }
     wait_until(Duration::from_secs(60), "every notify failed once", || {
         a.count(
@@ -375,16 +383,20 @@ fn replays_across_instances_deliver_each_job_once() {
                 0 => {
                     api(
                         &a,
+                        "POST",
                         "/api/replay",
-                        json!({"source": "stripe", "status": "failed"}),
+                        Some(ADMIN_TOKEN),
+                        json!({"source": "stripe", "status": "failed"}).to_string(),
                     )
                     .0
                 }
                 1 => {
                     api(
                         &b,
+                        "POST",
                         "/api/replay",
-                        json!({"source": "stripe", "status": "failed"}),
+                        Some(ADMIN_TOKEN),
+                        json!({"source": "stripe", "status": "failed"}).to_string(),
                     )
                     .0
                 }
@@ -427,9 +439,9 @@ fn replays_across_instances_deliver_each_job_once() {
 
     // Two resolves of one failed job at once, on two instances.
     ds.script("stripe:evt_r:notify", Behavior::Fail500(1));
-    deliver(&a, "evt_r", "cus");
+    STRIPE.deliver_ok(&a, &body("evt_r", "cus"));
     wait_until(Duration::from_secs(30), "notify of evt_r failed", || {
-        job_status(&a, "evt_r", "notify") == "failed"
+        job_status(&a, "stripe", "evt_r", "notify").as_deref() == Some("failed")
     });
     let resolvers: Vec<_> = [a.clone(), b.clone()]
         .into_iter()
@@ -437,8 +449,10 @@ fn replays_across_instances_deliver_each_job_once() {
             std::thread::spawn(move || {
                 api(
                     &s,
+                    "POST",
                     "/api/events/stripe/evt_r/resolve",
-                    json!({"action": "notify", "note": "sent by hand"}),
+                    Some(ADMIN_TOKEN),
+                    json!({"action": "notify", "note": "sent by hand"}).to_string(),
                 )
                 .0
             })
@@ -461,5 +475,8 @@ fn replays_across_instances_deliver_each_job_once() {
         ),
         1
     );
-    assert_eq!(job_status(&a, "evt_r", "notify"), "done");
+    assert_eq!(
+        job_status(&a, "stripe", "evt_r", "notify").as_deref(),
+        Some("done")
+    );
 }

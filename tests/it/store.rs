@@ -6,17 +6,14 @@
 
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::{Value, json};
 
 use crate::downstream::{Behavior, Downstream};
-use crate::harness::{
-    CLI_TIMEOUT, HTTP_TIMEOUT, HttpResponse, Server, ServerConfig, count, dump, run_binary,
-    toml_str, wait_until,
-};
-use crate::sign;
+use crate::harness::{CLI_TIMEOUT, Server, count, dump, run_binary, toml_str, wait_until};
+use crate::helpers::{StripeHook, api, event_state, job_status, stripe_config};
 
 const SECRET: &str = "whsec_it_store_secret_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 const ADMIN_TOKEN: &str = "it-store-admin-token-51c2";
 
 fn env() -> Vec<(&'static str, &'static str)> {
@@ -26,54 +23,11 @@ fn env() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// A stripe source with `actions` (TOML) appended.
-fn config(actions: &str) -> ServerConfig {
-    ServerConfig::new().tables(&format!(
-        "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n{actions}"
-    ))
-}
-
 fn body(id: &str) -> Vec<u8> {
     json!({"id": id, "object": "event", "type": "charge.succeeded",
            "data": {"object": {"id": format!("ch_{id}"), "amount": 100}}})
     .to_string()
     .into_bytes()
-}
-
-fn deliver(server: &Server, body: &[u8]) -> HttpResponse {
-    let resp = server.post("/hooks/stripe", &sign::stripe_now(SECRET, body), body);
-    assert_eq!(
-        resp.status,
-        200,
-        "delivery should be acknowledged\n  got: {} {}",
-        resp.status,
-        resp.text()
-    );
-    resp
-}
-
-fn job_status(server: &Server, event_id: &str, action: &str) -> Option<String> {
-    server
-        .db()
-        .query_row(
-            "SELECT status FROM jobs WHERE source = 'stripe' AND event_id = ?1 AND action = ?2",
-            params![event_id, action],
-            |r| r.get(0),
-        )
-        .optional()
-        .expect("read job status")
-}
-
-fn event_state(server: &Server, event_id: &str) -> Option<String> {
-    server
-        .db()
-        .query_row(
-            "SELECT state FROM events WHERE source = 'stripe' AND event_id = ?1",
-            [event_id],
-            |r| r.get(0),
-        )
-        .optional()
-        .expect("read event state")
 }
 
 /// (n, outcome, error_kind, note) of a job's attempts.
@@ -91,29 +45,6 @@ fn attempts(server: &Server, event_id: &str) -> Vec<(i64, String, Option<String>
         .unwrap()
 }
 
-fn api(server: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .build()
-        .into();
-    let mut resp = agent
-        .post(&server.url(path))
-        .header("Authorization", &format!("Bearer {ADMIN_TOKEN}"))
-        .header("Content-Type", "application/json")
-        .send(body.to_string().as_bytes())
-        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
-    let status = resp.status().as_u16();
-    let bytes = resp.body_mut().read_to_vec().expect("read the answer");
-    let json = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!(
-            "POST {path} answered {status} without JSON ({e}): {}",
-            String::from_utf8_lossy(&bytes)
-        )
-    });
-    (status, json)
-}
-
 // ---------------------------------------------------------------------------
 
 /// Regression: /readyz took any commit of the last 2 s as proof, so right
@@ -121,9 +52,12 @@ fn api(server: &Server, path: &str, body: &Value) -> (u16, Value) {
 /// lock. Each request now gets its own probe.
 #[test]
 fn readyz_is_503_while_another_process_holds_the_write_lock_even_right_after_commits() {
-    let server = Server::start(&config("").set("busy_timeout", &toml_str("300ms")), &env());
+    let server = Server::start(
+        &stripe_config("").set("busy_timeout", &toml_str("300ms")),
+        &env(),
+    );
     for i in 0..5 {
-        deliver(&server, &body(&format!("evt_burst_{i}")));
+        STRIPE.deliver_ok(&server, &body(&format!("evt_burst_{i}")));
     }
     let holder = server.db_rw();
     holder
@@ -165,14 +99,17 @@ fn wal_restarts(server: &Server) -> u32 {
 /// them. At low load the WAL is now checkpointed on its size or a timer.
 #[test]
 fn durability_normal_does_not_checkpoint_after_every_delivery_at_low_load() {
-    let server = Server::start(&config("").set("durability", &toml_str("normal")), &env());
-    deliver(&server, &body("evt_first"));
+    let server = Server::start(
+        &stripe_config("").set("durability", &toml_str("normal")),
+        &env(),
+    );
+    STRIPE.deliver_ok(&server, &body("evt_first"));
     let before = wal_restarts(&server);
     let n = 20;
     for i in 0..n {
         // Low load: one delivery at a time, a little apart.
         std::thread::sleep(Duration::from_millis(50));
-        deliver(&server, &body(&format!("evt_low_{i}")));
+        STRIPE.deliver_ok(&server, &body(&format!("evt_low_{i}")));
     }
     let restarts = wal_restarts(&server).wrapping_sub(before);
     assert!(
@@ -195,7 +132,7 @@ fn a_database_in_a_missing_folder_is_refused_and_a_new_database_is_announced() {
     let config_path = dir.path().join("idemhook.toml");
     std::fs::write(
         &config_path,
-        config("")
+        stripe_config("")
             .set("database", &toml_str("data/typo/idemhook.db"))
             .render(),
     )
@@ -229,7 +166,7 @@ fn a_database_in_a_missing_folder_is_refused_and_a_new_database_is_announced() {
     // that it created it, once.
     let fresh = tempfile::tempdir().expect("tempdir");
     let fresh_config = fresh.path().join("idemhook.toml");
-    std::fs::write(&fresh_config, config("").render()).unwrap();
+    std::fs::write(&fresh_config, stripe_config("").render()).unwrap();
     let check_args = vec![
         "check".to_string(),
         "--config".to_string(),
@@ -247,14 +184,14 @@ fn a_database_in_a_missing_folder_is_refused_and_a_new_database_is_announced() {
         "check created nothing"
     );
 
-    let mut server = Server::start(&config(""), &self::env());
+    let mut server = Server::start(&stripe_config(""), &self::env());
     wait_until(
         Duration::from_secs(10),
         "the new database announced",
         || server.stderr().contains("NEW DATABASE"),
     );
-    deliver(&server, &body("evt_a"));
-    deliver(&server, &body("evt_b"));
+    STRIPE.deliver_ok(&server, &body("evt_a"));
+    STRIPE.deliver_ok(&server, &body("evt_b"));
     server.restart();
     let logs = server.stderr();
     let after_restart = logs.split("restart #1").nth(1).unwrap_or_default();
@@ -275,7 +212,7 @@ fn a_database_in_a_missing_folder_is_refused_and_a_new_database_is_announced() {
     let changed = server.dir().join("changed.toml");
     std::fs::write(
         &changed,
-        config("").tables("").render().replace(
+        stripe_config("").tables("").render().replace(
             "kind = \"stripe\"",
             "kind = \"stripe\"\nkey = [\"json:/data/object/id\"]",
         ),
@@ -299,7 +236,7 @@ fn a_database_in_a_missing_folder_is_refused_and_a_new_database_is_announced() {
 #[test]
 fn a_forced_rerun_that_fails_leaves_the_done_job_done() {
     let server = Server::start(
-        &config(
+        &stripe_config(
             "[[sources.stripe.actions]]\nname = \"credit\"\n\
              sql = \"INSERT INTO ledger(event_id, amount) VALUES (:event_id, :amount)\"\n\
              params = { amount = \"json:/data/object/amount\" }\n",
@@ -310,9 +247,9 @@ fn a_forced_rerun_that_fails_leaves_the_done_job_done() {
         ),
         &env(),
     );
-    deliver(&server, &body("evt_once"));
+    STRIPE.deliver_ok(&server, &body("evt_once"));
     assert_eq!(
-        event_state(&server, "evt_once").as_deref(),
+        event_state(&server, "stripe", "evt_once").as_deref(),
         Some("completed")
     );
     let forced = server.run_cli(&[
@@ -329,11 +266,11 @@ fn a_forced_rerun_that_fails_leaves_the_done_job_done() {
         forced.stdout
     );
     assert_eq!(
-        job_status(&server, "evt_once", "credit").as_deref(),
+        job_status(&server, "stripe", "evt_once", "credit").as_deref(),
         Some("done")
     );
     assert_eq!(
-        event_state(&server, "evt_once").as_deref(),
+        event_state(&server, "stripe", "evt_once").as_deref(),
         Some("completed")
     );
     assert_eq!(
@@ -362,7 +299,7 @@ fn a_forced_rerun_that_fails_leaves_the_done_job_done() {
 fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers() {
     let downstream = Downstream::start();
     let server = Server::start(
-        &config(&format!(
+        &stripe_config(&format!(
             "[[sources.stripe.actions]]\nname = \"notify\"\nforward = {}\nmax_attempts = 1\n",
             toml_str(&downstream.url())
         ))
@@ -375,11 +312,11 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
     // Keys in an order of their own: shown as received.
     let raw =
         br#"{"zulu":1,"id":"evt_cli","type":"charge.succeeded","alpha":{"yankee":2,"bravo":3}}"#;
-    deliver(&server, raw);
-    deliver(&server, &body("evt_api"));
+    STRIPE.deliver_ok(&server, raw);
+    STRIPE.deliver_ok(&server, &body("evt_api"));
     for id in ["evt_cli", "evt_api"] {
         wait_until(Duration::from_secs(20), "the 400 fails the job", || {
-            job_status(&server, id, "notify").as_deref() == Some("failed")
+            job_status(&server, "stripe", id, "notify").as_deref() == Some("failed")
         });
     }
 
@@ -457,7 +394,7 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
         dry.stdout
     );
     assert_eq!(
-        job_status(&server, "evt_cli", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_cli", "notify").as_deref(),
         Some("failed")
     );
     let run = server.run_cli(&[
@@ -465,7 +402,7 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
     ]);
     run.assert_success();
     assert_eq!(
-        job_status(&server, "evt_cli", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_cli", "notify").as_deref(),
         Some("done")
     );
     // A done job has no last error, however it was done; the failure
@@ -475,7 +412,7 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
         .json();
     assert_eq!(closed["jobs"][0]["last_error"], Value::Null, "{closed:#}");
     assert_eq!(
-        event_state(&server, "evt_cli").as_deref(),
+        event_state(&server, "stripe", "evt_cli").as_deref(),
         Some("completed")
     );
     assert_eq!(
@@ -508,18 +445,32 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
     let path = "/api/events/stripe/evt_api/resolve";
     let (status, plan) = api(
         &server,
+        "POST",
         path,
-        &json!({"action": "notify", "note": "voided", "dry_run": true}),
+        Some(ADMIN_TOKEN),
+        json!({"action": "notify", "note": "voided", "dry_run": true}).to_string(),
     );
     assert_eq!((status, &plan["dry_run"]), (200, &json!(true)), "{plan}");
     assert_eq!(
-        job_status(&server, "evt_api", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_api", "notify").as_deref(),
         Some("failed")
     );
-    let (status, missing) = api(&server, path, &json!({"action": "notify"}));
+    let (status, missing) = api(
+        &server,
+        "POST",
+        path,
+        Some(ADMIN_TOKEN),
+        json!({"action": "notify"}).to_string(),
+    );
     assert_eq!(status, 400, "{missing}");
     // An empty note is refused in the API's words, not the CLI's.
-    let (status, empty) = api(&server, path, &json!({"action": "notify", "note": " "}));
+    let (status, empty) = api(
+        &server,
+        "POST",
+        path,
+        Some(ADMIN_TOKEN),
+        json!({"action": "notify", "note": " "}).to_string(),
+    );
     assert_eq!(status, 400, "{empty}");
     let said = empty["error"].as_str().unwrap_or_default();
     assert!(
@@ -528,19 +479,23 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
     );
     let (status, done) = api(
         &server,
+        "POST",
         path,
-        &json!({"action": "notify", "note": "voided"}),
+        Some(ADMIN_TOKEN),
+        json!({"action": "notify", "note": "voided"}).to_string(),
     );
     assert_eq!(status, 200, "{done}");
     assert_eq!(done["state"], json!("completed"), "{done}");
     assert_eq!(
-        job_status(&server, "evt_api", "notify").as_deref(),
+        job_status(&server, "stripe", "evt_api", "notify").as_deref(),
         Some("done")
     );
     let (status, refused) = api(
         &server,
+        "POST",
         path,
-        &json!({"action": "notify", "note": "voided"}),
+        Some(ADMIN_TOKEN),
+        json!({"action": "notify", "note": "voided"}).to_string(),
     );
     assert_eq!(status, 409, "{refused}");
     let reconcile = server.run_cli(&["reconcile"]);
@@ -551,7 +506,7 @@ fn resolve_closes_a_failed_job_as_an_operator_attempt_and_show_has_the_answers()
 /// database uses incremental auto-vacuum and prune gives the pages back.
 #[test]
 fn prune_gives_the_freed_space_back_to_the_file_system() {
-    let server = Server::start(&config("retention = \"1h\"\n"), &env());
+    let server = Server::start(&stripe_config("retention = \"1h\"\n"), &env());
     let auto_vacuum: i64 = server
         .db()
         .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
@@ -566,7 +521,7 @@ fn prune_gives_the_freed_space_back_to_the_file_system() {
             json!({"id": format!("evt_big_{i}"), "type": "charge.succeeded", "padding": padding})
                 .to_string()
                 .into_bytes();
-        deliver(&server, &body);
+        STRIPE.deliver_ok(&server, &body);
     }
     // Two hours old: past the one-hour retention.
     server
@@ -600,8 +555,8 @@ fn prune_gives_the_freed_space_back_to_the_file_system() {
 /// yet)", which is about the file.
 #[test]
 fn backup_into_a_missing_folder_says_the_folder_is_missing() {
-    let server = Server::start(&config(""), &env());
-    deliver(&server, &body("evt_backup"));
+    let server = Server::start(&stripe_config(""), &env());
+    STRIPE.deliver_ok(&server, &body("evt_backup"));
     let target = server.dir().join("no-such-folder").join("copy.db");
     let out = server.run_cli(&["backup", &target.display().to_string()]);
     assert!(!out.success(), "{out:?}");
