@@ -218,12 +218,12 @@ fn run_actions<T: Tx>(
     // 'completed' with no action at all), and a recount would only
     // confirm it.
     let state = if forward_jobs == matching.len() {
-        initial_state.as_str().to_string()
+        initial_state
     } else {
         refresh_event_state_in(tx, &source.name, &c.event_id, c.received_at)?
     };
     Ok(Decision::Accepted {
-        state,
+        state: state.to_string(),
         forward_jobs,
         sql_runs,
     })
@@ -394,8 +394,8 @@ fn insert_job<T: Tx>(
         source: &source.name,
         event_id: &c.event_id,
         action: &action.name,
-        kind: action.job_kind().as_str(),
-        status: status.as_str(),
+        kind: action.job_kind(),
+        status,
         n_attempts: i64::from(action.job_kind() == JobKind::Sql),
         next_attempt_at: (status == JobStatus::Pending).then_some(c.received_at),
         last_error: error,
@@ -454,10 +454,10 @@ pub fn refresh_event_state_in<T: Tx>(
     source: &str,
     event_id: &str,
     now: i64,
-) -> Result<String, StoreError> {
+) -> Result<EventState, StoreError> {
     let state = event_state(tx.job_tallies(source, event_id)?);
     tx.set_event_state(source, event_id, state.as_str(), now)?;
-    Ok(state.as_str().to_string())
+    Ok(state)
 }
 
 /// An event's state from its jobs' tallies.

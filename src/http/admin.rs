@@ -21,7 +21,7 @@ use crate::ops::OpError;
 use crate::ops::inspect::{self, ListFilter};
 use crate::ops::inspector;
 use crate::ops::{pause, reconcile, replay, resolve};
-use crate::state::AttemptOutcome;
+use crate::state::{AttemptOutcome, JobKind, ReplayResult};
 use crate::store::StoreError;
 use crate::store::backend::Backend;
 use crate::store::db::Db;
@@ -531,17 +531,21 @@ fn replay_batch<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
 /// After a replay's commit: SQL jobs ran again now, and are counted as
 /// attempts; re-opened forward jobs wake the outbox.
 fn replayed<B: Backend>(app: &App<B>, done: &[replay::Replayed]) {
-    for d in done.iter().filter(|d| d.kind == "sql") {
-        let outcome = match d.result.as_str() {
-            "ok" => AttemptOutcome::Ok,
-            "failed" => AttemptOutcome::Failed,
-            _ => continue,
+    for d in done.iter().filter(|d| d.kind == JobKind::Sql) {
+        let outcome = match d.result {
+            ReplayResult::Ok => AttemptOutcome::Ok,
+            ReplayResult::Failed => AttemptOutcome::Failed,
+            ReplayResult::Requeued | ReplayResult::Skipped => continue,
         };
         app.metrics.attempt(&d.source, &d.action, outcome);
     }
     // A forward job re-opened, or an SQL job done now that forward jobs
     // of its event may wait for (after): wake the outbox.
-    if replay::requeued_forward(done) || done.iter().any(|d| d.kind == "sql" && d.result == "ok") {
+    if replay::requeued_forward(done)
+        || done
+            .iter()
+            .any(|d| d.kind == JobKind::Sql && d.result == ReplayResult::Ok)
+    {
         (app.wake_outbox)();
     }
 }

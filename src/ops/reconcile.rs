@@ -160,7 +160,7 @@ pub struct Checked {
     pub event_id: String,
     pub action: String,
     /// The job's status and attempt count when it was asked about.
-    pub status: String,
+    pub status: JobStatus,
     pub attempts: i64,
     pub asked: Asked,
     /// Set by [`mark_done`]: the confirmed attempt's number, or why the
@@ -214,12 +214,19 @@ pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, O
                 j["event_id"].as_str().unwrap_or_default(),
                 j["action"].as_str().unwrap_or_default(),
             );
-            if forward_of(config, source, action).is_some_and(|f| f.check.is_some()) {
+            // The report's status is a JobStatus's word (`jobs_where`).
+            let status = j["status"]
+                .as_str()
+                .unwrap_or_default()
+                .parse::<JobStatus>();
+            if let Ok(status) = status
+                && forward_of(config, source, action).is_some_and(|f| f.check.is_some())
+            {
                 targets.push((
                     source.to_string(),
                     event_id.to_string(),
                     action.to_string(),
-                    j["status"].as_str().unwrap_or_default().to_string(),
+                    status,
                     j["attempts"].as_i64().unwrap_or(0),
                 ));
             }
@@ -336,9 +343,7 @@ fn mark_one(db: &Db<'_>, c: &mut Checked, worker: &str, now: i64) -> Result<bool
         owner: r.lease_owner,
     };
     let lease_ran_out = lease_until.is_none_or(|at| at < now);
-    if job.status.as_str() != c.status
-        || job.n_attempts != c.attempts
-        || (job.processing && !lease_ran_out)
+    if job.status != c.status || job.n_attempts != c.attempts || (job.processing && !lease_ran_out)
     {
         c.left_alone = Some(format!(
             "the job moved on since it was asked about (now {}, {} attempt(s)); left alone",
@@ -680,7 +685,7 @@ mod tests {
             source: "s".into(),
             event_id: "e".into(),
             action: "notify".into(),
-            status: "failed".into(),
+            status: JobStatus::Failed,
             attempts: 1,
             asked: Asked {
                 answer: Answer::Found,

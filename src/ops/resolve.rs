@@ -23,7 +23,7 @@ use super::open::{open_db_read, open_db_write};
 use super::replay::Origin;
 use super::text::{clean, stdout};
 use crate::config::Config;
-use crate::state::{AttemptOutcome, JobStatus};
+use crate::state::{AttemptOutcome, EventState, JobKind, JobStatus};
 use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::Db;
 use crate::store::{StoreError, events, jobs};
@@ -38,11 +38,11 @@ pub struct Plan {
     pub source: String,
     pub event_id: String,
     pub action: String,
-    pub kind: String,
+    pub kind: JobKind,
     /// The job's status now.
-    pub status: String,
+    pub status: JobStatus,
     /// The event's state now.
-    pub state_before: String,
+    pub state_before: EventState,
     /// The number the closing attempt will have.
     pub attempt: i64,
     pub note: String,
@@ -57,7 +57,7 @@ pub struct Plan {
 pub struct Resolved {
     pub attempt: i64,
     /// The event's state afterwards.
-    pub state: String,
+    pub state: EventState,
 }
 
 /// Reads the event and its job and decides. A job that is not failed is a
@@ -86,16 +86,8 @@ pub fn plan(
     let Some(state_before) = events::state(conn, source, event_id)? else {
         return Err(not_found(source, event_id));
     };
-    let state_before = state_before.as_str().to_string();
-    let job = jobs::of_action(conn, source, event_id, action)?.map(|(j, max_n)| {
-        (
-            j.id,
-            j.kind.as_str().to_string(),
-            j.status.as_str().to_string(),
-            j.n_attempts,
-            max_n,
-        )
-    });
+    let job = jobs::of_action(conn, source, event_id, action)?
+        .map(|(j, max_n)| (j.id, j.kind, j.status, j.n_attempts, max_n));
     let Some((job_id, kind, status, n_attempts, max_n)) = job else {
         return Err(OpError::NotFound(format!(
             "event {}/{} has no job for action {}",
@@ -104,14 +96,15 @@ pub fn plan(
             clean(action)
         )));
     };
-    let refused = (status != "failed").then(|| {
-        let why = match status.as_str() {
-            "done" => "it is already done",
-            "paused" => "it is paused, waiting to run (resume its action instead)",
-            "pending" => "it is queued to run",
-            "processing" => "a worker is running it now",
-            _ => "only a failed job can be resolved",
-        };
+    let why = match status {
+        JobStatus::Failed => None,
+        JobStatus::Done => Some("it is already done"),
+        JobStatus::Paused => Some("it is paused, waiting to run (resume its action instead)"),
+        JobStatus::Pending => Some("it is queued to run"),
+        JobStatus::Processing => Some("a worker is running it now"),
+        JobStatus::Superseded => Some("only a failed job can be resolved"),
+    };
+    let refused = why.map(|why| {
         format!(
             "job {}/{} {} is {status}, not failed: resolve closes only a failed job ({why})",
             clean(source),
@@ -284,7 +277,7 @@ fn render_plan(plan: &Plan) -> String {
         "event {}/{}: state {}",
         clean(&plan.source),
         clean(&plan.event_id),
-        clean(&plan.state_before)
+        plan.state_before
     );
     let _ = writeln!(
         out,

@@ -283,7 +283,7 @@ fn waiting_for<T: OutboxTx>(
     source: &str,
     event_id: &str,
     after: &[String],
-) -> Result<Vec<(String, String)>, StoreError> {
+) -> Result<Vec<(String, JobStatus)>, StoreError> {
     Ok(tx
         .open_jobs_of_event(source, event_id)?
         .into_iter()
@@ -297,7 +297,7 @@ fn park<T: OutboxTx>(
     tx: &mut T,
     job_id: i64,
     n_attempts: i64,
-    waiting: &[(String, String)],
+    waiting: &[(String, JobStatus)],
     now: i64,
 ) -> Result<(), StoreError> {
     let names: Vec<String> = waiting
@@ -306,7 +306,7 @@ fn park<T: OutboxTx>(
         .collect();
     let failed = waiting
         .iter()
-        .any(|(_, status)| status == JobStatus::Failed.as_str());
+        .any(|(_, status)| *status == JobStatus::Failed);
     let reason = format!(
         "waiting for {} of the same event{}",
         names.join(", "),
@@ -330,7 +330,7 @@ fn fail_job<T: OutboxTx>(tx: &mut T, job_id: i64, now: i64, error: &str) -> Resu
 /// The failed attempt is recorded all the same.
 fn failed_status<T: OutboxTx>(tx: &mut T, job_id: i64) -> Result<JobStatus, StoreError> {
     let from = tx.latest_replay_from(job_id)?;
-    Ok(if from.as_deref() == Some(JobStatus::Done.as_str()) {
+    Ok(if from == Some(JobStatus::Done) {
         JobStatus::Done
     } else {
         JobStatus::Failed

@@ -89,6 +89,15 @@ impl StoreError {
     }
 }
 
+/// A stored word this build does not know, read back from a row: a
+/// storage error naming it (the claim's and the outbox's own reads on
+/// PostgreSQL; `db::Row::word` adds the column).
+impl From<crate::state::UnknownWord> for StoreError {
+    fn from(e: crate::state::UnknownWord) -> StoreError {
+        StoreError::other(e.to_string())
+    }
+}
+
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> StoreError {
         use rusqlite::ErrorCode;

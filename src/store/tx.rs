@@ -6,6 +6,7 @@
 //! step on the hot path.
 
 use super::StoreError;
+use crate::state::{JobKind, JobStatus};
 
 /// A new event row, as the claim inserts it.
 pub struct NewEvent<'a> {
@@ -28,8 +29,8 @@ pub struct NewJob<'a> {
     pub source: &'a str,
     pub event_id: &'a str,
     pub action: &'a str,
-    pub kind: &'a str,
-    pub status: &'a str,
+    pub kind: JobKind,
+    pub status: JobStatus,
     pub n_attempts: i64,
     pub next_attempt_at: Option<i64>,
     pub last_error: Option<&'a str>,
@@ -357,7 +358,7 @@ pub trait OutboxTx: Tx {
         &mut self,
         source: &str,
         event_id: &str,
-    ) -> Result<Vec<(String, String)>, StoreError>;
+    ) -> Result<Vec<(String, JobStatus)>, StoreError>;
     /// Parks a pending job: no due time, the reason in last_error.
     fn park(
         &mut self,
@@ -390,7 +391,7 @@ pub trait OutboxTx: Tx {
         worker: Option<&str>,
     ) -> Result<(), StoreError>;
     /// Where the job's latest replay came from, if it was replayed.
-    fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<String>, StoreError>;
+    fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<JobStatus>, StoreError>;
     /// Ends a job as `status` (failed, or done for a forced re-run).
     fn end_job(
         &mut self,

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::{Origin, Replayed, Step, requeued_forward};
 use crate::config::{ActionKind, Config};
 use crate::ingest::{self, Claim};
-use crate::state::{AttemptOutcome, JobStatus};
+use crate::state::{AttemptOutcome, JobKind, JobStatus, ReplayResult};
 use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::Db;
 use crate::store::{StoreError, events, jobs, paused, replays};
@@ -36,7 +36,7 @@ pub fn apply(
     let mut events = BTreeSet::new();
     for s in steps {
         let done = apply_step(conn, config, s, origin, now)?;
-        if done.result != "skipped" {
+        if done.result != ReplayResult::Skipped {
             events.insert((s.source.clone(), s.event_id.clone()));
         }
         out.push(done);
@@ -48,7 +48,11 @@ pub fn apply(
     }
     // Re-opened forward jobs (or jobs waiting on an SQL job done now):
     // every instance's workers are woken at the commit (they poll too).
-    if requeued_forward(&out) || out.iter().any(|d| d.kind == "sql" && d.result == "ok") {
+    if requeued_forward(&out)
+        || out
+            .iter()
+            .any(|d| d.kind == JobKind::Sql && d.result == ReplayResult::Ok)
+    {
         jobs::wake_workers(conn)?;
     }
     Ok(out)
@@ -67,11 +71,11 @@ fn apply_step(
         source: s.source.clone(),
         event_id: s.event_id.clone(),
         action: s.action.clone(),
-        kind: s.kind.clone(),
-        from_status: s.from_status.clone(),
+        kind: s.kind,
+        from_status: s.from_status,
         attempt: s.attempt,
         forced: s.forced,
-        result: "skipped".to_string(),
+        result: ReplayResult::Skipped,
         error: None,
         status: None,
     };
@@ -79,15 +83,18 @@ fn apply_step(
         done.error = Some("the job is gone (pruned)".to_string());
         return Ok(done);
     };
-    if status.as_str() != s.from_status {
+    if status != s.from_status {
         done.error = Some(format!("the job is now {status}; left alone"));
         return Ok(done);
     }
     let from = status;
     replays::insert(conn, s.job_id, now, from, s.forced, origin.name())?;
-    if s.kind == "sql" {
-        rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
-        return Ok(done);
+    match s.kind {
+        JobKind::Sql => {
+            rerun_sql(conn, config, s, n_attempts, origin, now, &mut done)?;
+            return Ok(done);
+        }
+        JobKind::Forward => {}
     }
     // A paused action's job waits for the resume, like its other jobs.
     let paused = paused::is_paused(conn, &s.source, &s.action)?;
@@ -105,8 +112,8 @@ fn apply_step(
     }
     requeue_in_order(conn, s, now)?;
     done.attempt = n_attempts + 1;
-    done.result = "requeued".to_string();
-    done.status = Some(to.to_string());
+    done.result = ReplayResult::Requeued;
+    done.status = Some(to);
     Ok(done)
 }
 
@@ -114,7 +121,7 @@ fn apply_step(
 /// goes to the end of its key's unfinished jobs, and waits behind them.
 /// A failed one keeps its place: it held its key, and goes first.
 fn requeue_in_order(conn: &Db<'_>, s: &Step, now: i64) -> Result<(), StoreError> {
-    if s.from_status == "failed" {
+    if s.from_status == JobStatus::Failed {
         return Ok(());
     }
     let Some(key) = jobs::order_key(conn, s.job_id)? else {
@@ -154,12 +161,20 @@ fn rerun_sql(
     // A forced re-run of a done job that fails leaves the job done: its
     // effect already happened once. The failed attempt
     // is recorded and reported all the same.
-    let (status, outcome, error) = match &result {
-        Ok(()) => (JobStatus::Done, AttemptOutcome::Ok, None),
-        Err(e) if s.from_status == "done" => {
-            (JobStatus::Done, AttemptOutcome::Failed, Some(e.as_str()))
-        }
-        Err(e) => (JobStatus::Failed, AttemptOutcome::Failed, Some(e.as_str())),
+    let (status, outcome, replayed, error) = match &result {
+        Ok(()) => (JobStatus::Done, AttemptOutcome::Ok, ReplayResult::Ok, None),
+        Err(e) if s.from_status == JobStatus::Done => (
+            JobStatus::Done,
+            AttemptOutcome::Failed,
+            ReplayResult::Failed,
+            Some(e.as_str()),
+        ),
+        Err(e) => (
+            JobStatus::Failed,
+            AttemptOutcome::Failed,
+            ReplayResult::Failed,
+            Some(e.as_str()),
+        ),
     };
     attempts::insert(
         conn,
@@ -182,9 +197,9 @@ fn rerun_sql(
     };
     jobs::record_run(conn, s.job_id, status, n, last_error, finished)?;
     done.attempt = n;
-    done.result = outcome.as_str().to_string();
+    done.result = replayed;
     done.error = error.map(str::to_string);
-    done.status = Some(status.to_string());
+    done.status = Some(status);
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use crate::ops::command::{CommandError, Outcome};
 use crate::ops::error::OpError;
 use crate::ops::open::{open_db_read, open_db_write};
 use crate::ops::text::{cell, clean, fmt_json_time, stdout};
+use crate::state::{JobStatus, ReplayResult};
 use crate::store::db;
 use crate::time::now_ms;
 
@@ -89,7 +90,7 @@ fn replay_batch_cli(
 
 /// Attention (exit 1) when an SQL job was run again and failed again.
 fn exit_for(done: &[Replayed]) -> Outcome {
-    if done.iter().any(|d| d.result == "failed") {
+    if done.iter().any(|d| d.result == ReplayResult::Failed) {
         Outcome::Attention
     } else {
         Outcome::Done
@@ -145,7 +146,7 @@ fn render_plan(plan: &Plan) -> String {
         }
     }
     for l in &plan.left_alone {
-        if plan.event.is_some() && l.status == "done" && plan.steps.is_empty() {
+        if plan.event.is_some() && l.status == JobStatus::Done && plan.steps.is_empty() {
             continue; // the notes explain done jobs
         }
         let _ = writeln!(
@@ -166,26 +167,31 @@ fn render_plan(plan: &Plan) -> String {
 
 fn render_done(done: &[Replayed]) -> String {
     let mut out = String::new();
-    let replayed = done.iter().filter(|d| d.result != "skipped").count();
+    let replayed = done
+        .iter()
+        .filter(|d| d.result != ReplayResult::Skipped)
+        .count();
     let _ = writeln!(out, "replayed {replayed} of {} job(s)", done.len());
     for d in done {
-        let what = match d.result.as_str() {
-            "requeued" => format!(
+        let what = match d.result {
+            ReplayResult::Requeued => format!(
                 "re-queued as attempt {}; the forward workers pick it up when they next poll",
                 d.attempt
             ),
-            "ok" => format!("ran again as attempt {}: ok", d.attempt),
-            "failed" if d.status.as_deref() == Some("done") => format!(
+            ReplayResult::Ok => format!("ran again as attempt {}: ok", d.attempt),
+            ReplayResult::Failed if d.status == Some(JobStatus::Done) => format!(
                 "ran again as attempt {}: failed: {}; the job stays done (its effect happened once already; the failed attempt is recorded)",
                 d.attempt,
                 clean(d.error.as_deref().unwrap_or(""))
             ),
-            "failed" => format!(
+            ReplayResult::Failed => format!(
                 "ran again as attempt {}: failed: {}",
                 d.attempt,
                 clean(d.error.as_deref().unwrap_or(""))
             ),
-            _ => format!("skipped: {}", clean(d.error.as_deref().unwrap_or(""))),
+            ReplayResult::Skipped => {
+                format!("skipped: {}", clean(d.error.as_deref().unwrap_or("")))
+            }
         };
         let _ = writeln!(
             out,

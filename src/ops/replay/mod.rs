@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::config::{Config, parse_duration};
 use crate::ops::error::OpError;
-use crate::state::JobStatus;
+use crate::state::{EventState, JobKind, JobStatus, ReplayResult};
 use crate::store::StoreError;
 use crate::store::db::Db;
 use crate::store::{events, jobs};
@@ -110,8 +110,8 @@ pub struct Step {
     pub source: String,
     pub event_id: String,
     pub action: String,
-    pub kind: String,
-    pub from_status: String,
+    pub kind: JobKind,
+    pub from_status: JobStatus,
     /// The number the replayed run will have.
     pub attempt: i64,
     pub forced: bool,
@@ -125,8 +125,8 @@ pub struct LeftAlone {
     pub source: String,
     pub event_id: String,
     pub action: String,
-    pub kind: String,
-    pub status: String,
+    pub kind: JobKind,
+    pub status: JobStatus,
     pub reason: String,
 }
 
@@ -148,46 +148,21 @@ pub struct Replayed {
     pub source: String,
     pub event_id: String,
     pub action: String,
-    pub kind: String,
-    pub from_status: String,
+    pub kind: JobKind,
+    pub from_status: JobStatus,
     pub attempt: i64,
     pub forced: bool,
     /// requeued (forward), ok or failed (sql, run now), skipped (the job
     /// moved on since the plan).
-    pub result: String,
+    pub result: ReplayResult,
     pub error: Option<String>,
     /// The job's status afterwards (None when skipped). A forced SQL run
     /// that failed leaves it `done`.
-    pub status: Option<String>,
+    pub status: Option<JobStatus>,
 }
 
-struct JobRow {
-    id: i64,
-    source: String,
-    event_id: String,
-    action: String,
-    kind: String,
-    status: String,
-    n_attempts: i64,
-    next_attempt_at: Option<i64>,
-    lease_until: Option<i64>,
-}
-
-impl From<jobs::Job> for JobRow {
-    fn from(j: jobs::Job) -> JobRow {
-        JobRow {
-            id: j.id,
-            source: j.source,
-            event_id: j.event_id,
-            action: j.action,
-            kind: j.kind.as_str().to_string(),
-            status: j.status.as_str().to_string(),
-            n_attempts: j.n_attempts,
-            next_attempt_at: j.next_attempt_at,
-            lease_until: j.lease_until,
-        }
-    }
-}
+/// A job as the plan reads it.
+type JobRow = jobs::Job;
 
 fn idempotency_key(source: &str, event_id: &str, action: &str) -> String {
     format!("{source}:{event_id}:{action}")
@@ -195,28 +170,26 @@ fn idempotency_key(source: &str, event_id: &str, action: &str) -> String {
 
 fn step(job: &JobRow, forced: bool) -> Step {
     let attempt = job.n_attempts + 1;
-    let what = if job.kind == "sql" {
-        if forced {
-            format!(
-                "run the sql statement again now on the stored body, as attempt {attempt}: \
-                 its effect happens a second time (if the statement fails, the job stays done)"
-            )
-        } else {
+    let what = match job.kind {
+        JobKind::Sql if forced => format!(
+            "run the sql statement again now on the stored body, as attempt {attempt}: \
+             its effect happens a second time (if the statement fails, the job stays done)"
+        ),
+        JobKind::Sql => {
             format!("run the sql statement again now on the stored body, as attempt {attempt}")
         }
-    } else {
-        format!(
+        JobKind::Forward => format!(
             "re-queue for the forward workers as attempt {attempt}, with the same Idempotency-Key {}",
             idempotency_key(&job.source, &job.event_id, &job.action)
-        )
+        ),
     };
     Step {
         job_id: job.id,
         source: job.source.clone(),
         event_id: job.event_id.clone(),
         action: job.action.clone(),
-        kind: job.kind.clone(),
-        from_status: job.status.clone(),
+        kind: job.kind,
+        from_status: job.status,
         attempt,
         forced,
         what,
@@ -228,8 +201,8 @@ fn left(job: &JobRow, reason: String) -> LeftAlone {
         source: job.source.clone(),
         event_id: job.event_id.clone(),
         action: job.action.clone(),
-        kind: job.kind.clone(),
-        status: job.status.clone(),
+        kind: job.kind,
+        status: job.status,
         reason,
     }
 }
@@ -265,12 +238,12 @@ pub fn event_state(
     conn: &Db<'_>,
     source: &str,
     event_id: &str,
-) -> Result<Option<String>, StoreError> {
-    Ok(events::state(conn, source, event_id)?.map(|s| s.as_str().to_string()))
+) -> Result<Option<EventState>, StoreError> {
+    events::state(conn, source, event_id)
 }
 
 /// The JSON answer: the plan, and what was done when it was applied.
-pub fn report(plan: &Plan, done: Option<&[Replayed]>, state_after: Option<String>) -> Value {
+pub fn report(plan: &Plan, done: Option<&[Replayed]>, state_after: Option<EventState>) -> Value {
     let mut out = json!({
         "dry_run": done.is_none(),
         "count": plan.steps.len(),
@@ -287,7 +260,11 @@ pub fn report(plan: &Plan, done: Option<&[Replayed]>, state_after: Option<String
             out["would"] = json!(plan.steps);
         }
         Some(done) => {
-            out["replayed"] = json!(done.iter().filter(|d| d.result != "skipped").count());
+            out["replayed"] = json!(
+                done.iter()
+                    .filter(|d| d.result != ReplayResult::Skipped)
+                    .count()
+            );
             out["jobs"] = json!(done);
             if let Some(state) = state_after {
                 out["state"] = json!(state);
@@ -299,5 +276,5 @@ pub fn report(plan: &Plan, done: Option<&[Replayed]>, state_after: Option<String
 
 /// Whether any forward job was re-queued (the outbox should wake).
 pub fn requeued_forward(done: &[Replayed]) -> bool {
-    done.iter().any(|d| d.result == "requeued")
+    done.iter().any(|d| d.result == ReplayResult::Requeued)
 }

@@ -7,7 +7,7 @@ use super::{JobRow, Plan, idempotency_key, left, step};
 use crate::config::{Config, Source};
 use crate::ops::error::{OpError, not_found};
 use crate::ops::text::{clean, fmt_time};
-use crate::state::JobStatus;
+use crate::state::{JobKind, JobStatus};
 use crate::store::StoreError;
 use crate::store::db::Db;
 use crate::store::{events, jobs};
@@ -54,13 +54,13 @@ pub(super) fn plan_event(
         let in_config = source.and_then(|s| s.action(&job.action)).is_some();
         match left_alone_because(job, force, in_config) {
             Some(reason) => {
-                if job.status == "done" && !force {
+                if job.status == JobStatus::Done && !force {
                     done_jobs.push(job);
                 }
                 plan.left_alone.push(left(job, reason));
             }
             None => {
-                if job.status == "paused" && paused.contains(&job.action) {
+                if job.status == JobStatus::Paused && paused.contains(&job.action) {
                     plan.notes.push(format!(
                         "action {} is paused: this job waits for the resume with the others (`idemhook resume {}/{}`)",
                         clean(&job.action),
@@ -68,7 +68,7 @@ pub(super) fn plan_event(
                         clean(&job.action)
                     ));
                 }
-                plan.steps.push(step(job, job.status == "done"));
+                plan.steps.push(step(job, job.status == JobStatus::Done));
             }
         }
     }
@@ -94,10 +94,7 @@ fn read_event(conn: &Db<'_>, source: &str, event_id: &str) -> Result<EventRow, O
 
 /// The event's jobs, in the order they were written.
 fn event_jobs(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<JobRow>, StoreError> {
-    Ok(jobs::all_of_event(conn, source, event_id)?
-        .into_iter()
-        .map(JobRow::from)
-        .collect())
+    jobs::all_of_event(conn, source, event_id)
 }
 
 /// The source's paused actions.
@@ -145,24 +142,23 @@ fn event_summary(source: &str, event_id: &str, event: &EventRow, jobs: &[JobRow]
 /// `force`, and
 /// none whose action left the config.
 fn left_alone_because(job: &JobRow, force: bool, in_config: bool) -> Option<String> {
-    let reason = match job.status.as_str() {
+    let reason = match job.status {
         // A superseded job was never sent: a replay sends it.
-        "failed" | "paused" | "superseded" => None,
-        "done" if force => None,
-        "done" => Some("already done (--force re-runs it)".to_string()),
-        "pending" => Some(format!(
+        JobStatus::Failed | JobStatus::Paused | JobStatus::Superseded => None,
+        JobStatus::Done if force => None,
+        JobStatus::Done => Some("already done (--force re-runs it)".to_string()),
+        JobStatus::Pending => Some(format!(
             "already queued{}",
             job.next_attempt_at
                 .map(|at| format!(", due at {}", fmt_time(ms_to_secs(at))))
                 .unwrap_or_default()
         )),
-        "processing" => Some(format!(
+        JobStatus::Processing => Some(format!(
             "in flight: a worker holds it{}",
             job.lease_until
                 .map(|at| format!(" until {}", fmt_time(ms_to_secs(at))))
                 .unwrap_or_default()
         )),
-        other => Some(format!("status {other}")),
     };
     match reason {
         None if !in_config => {
@@ -209,15 +205,16 @@ fn how_to_force(source: &str, event_id: &str, job: &JobRow) -> String {
         clean(event_id),
         clean(&job.action)
     );
-    let consequence = if job.kind == "sql" {
-        "it is an sql action: the statement runs again and its effect happens a second time"
-            .to_string()
-    } else {
-        format!(
+    let consequence = match job.kind {
+        JobKind::Sql => {
+            "it is an sql action: the statement runs again and its effect happens a second time"
+                .to_string()
+        }
+        JobKind::Forward => format!(
             "it is a forward action: it is sent again with the same Idempotency-Key {}, \
              so an idempotent downstream ignores the repeat",
             idempotency_key(source, event_id, &job.action)
-        )
+        ),
     };
     format!("{how}\n  ({consequence})")
 }
@@ -247,9 +244,7 @@ pub(super) fn plan_batch(
             )));
         }
     }
-    let rows = jobs::with_status(conn, status, source, action, since_ms)?
-        .into_iter()
-        .map(|(job, erased)| (JobRow::from(job), erased));
+    let rows = jobs::with_status(conn, status, source, action, since_ms)?;
     let mut plan = Plan {
         event: None,
         steps: Vec::new(),

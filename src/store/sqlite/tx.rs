@@ -5,7 +5,7 @@
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::state::open_job_statuses_sql;
+use crate::state::{JobStatus, open_job_statuses_sql};
 use crate::store::tx::{ActionError, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -342,12 +342,12 @@ impl OutboxTx for SqliteTx<'_> {
         &mut self,
         source: &str,
         event_id: &str,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<(String, JobStatus)>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT action, status FROM jobs WHERE source = ?1 AND event_id = ?2 AND status <> 'done'",
         )?;
         let rows = stmt.query_map(params![source, event_id], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            Ok((r.get::<_, String>(0)?, r.get::<_, JobStatus>(1)?))
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
@@ -420,7 +420,7 @@ impl OutboxTx for SqliteTx<'_> {
         )
     }
 
-    fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<String>, StoreError> {
+    fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<JobStatus>, StoreError> {
         Ok(self
             .conn
             .prepare_cached(

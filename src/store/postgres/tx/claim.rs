@@ -2,7 +2,7 @@
 
 use postgres::types::ToSql;
 
-use crate::state::open_job_statuses_sql;
+use crate::state::{JobKind, JobStatus, open_job_statuses_sql};
 use crate::store::tx::{ActionError, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx};
 use crate::store::{StoreError, StoreErrorKind, named};
 
@@ -147,8 +147,9 @@ impl Tx for PgTx<'_> {
             // Only a job a worker could take now wakes the workers: one
             // parked for `after` (no due time) or for a paused action
             // waits for the change that makes it due, which wakes them.
-            g.forward_jobs |=
-                j.kind == "forward" && j.status == "pending" && j.next_attempt_at.is_some();
+            g.forward_jobs |= j.kind == JobKind::Forward
+                && j.status == JobStatus::Pending
+                && j.next_attempt_at.is_some();
         }
         let sql = match j.order_key {
             Some(order_key) => {
@@ -167,8 +168,8 @@ impl Tx for PgTx<'_> {
                 &j.source,
                 &j.event_id,
                 &j.action,
-                &j.kind,
-                &j.status,
+                &j.kind.as_str(),
+                &j.status.as_str(),
                 &j.n_attempts,
                 &j.next_attempt_at,
                 &j.last_error,

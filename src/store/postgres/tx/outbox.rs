@@ -1,5 +1,6 @@
 //! [`PgTx`]'s outbox worker steps ([`OutboxTx`]) in PostgreSQL's dialect.
 
+use crate::state::JobStatus;
 use crate::store::StoreError;
 use crate::store::tx::{Candidate, CheckRow, ForwardEvent, NewAttempt, OutboxTx};
 
@@ -62,16 +63,15 @@ impl OutboxTx for PgTx<'_> {
         &mut self,
         source: &str,
         event_id: &str,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<(String, JobStatus)>, StoreError> {
         let s = self.prepared(
             "SELECT action, status FROM jobs WHERE source = $1 AND event_id = $2 AND status <> 'done'",
         )?;
-        Ok(self
-            .client
+        self.client
             .query(&s, &[&source, &event_id])?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect())
+            .map(|r| Ok((r.try_get(0)?, r.try_get::<_, &str>(1)?.parse()?)))
+            .collect()
     }
 
     fn park(
@@ -139,11 +139,14 @@ impl OutboxTx for PgTx<'_> {
         )
     }
 
-    fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<String>, StoreError> {
+    fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<JobStatus>, StoreError> {
         let s = self.prepared(
             "SELECT from_status FROM replays WHERE job_id = $1 ORDER BY id DESC LIMIT 1",
         )?;
-        Ok(self.client.query_opt(&s, &[&job_id])?.map(|r| r.get(0)))
+        match self.client.query_opt(&s, &[&job_id])? {
+            Some(r) => Ok(Some(r.try_get::<_, &str>(0)?.parse()?)),
+            None => Ok(None),
+        }
     }
 
     fn end_job(

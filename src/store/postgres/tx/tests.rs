@@ -6,6 +6,7 @@ use super::*;
 use crate::config::database_url::DatabaseUrl;
 use crate::config::{Config, Durability};
 use crate::ingest::{Claim, Decision, claim_in};
+use crate::state::EventState;
 use crate::store::pg_cluster;
 use crate::store::postgres::{Settings, migrate};
 use crate::store::tx::ParamValue;
@@ -60,7 +61,7 @@ fn jobs_of_one_event_finished_at_once_leave_it_completed() {
                     ('pay', 'e1', 'two', 'forward', 'processing', 1, 1, 1);",
     )
     .unwrap();
-    let finish = |client: &mut Client, action: &str| -> String {
+    let finish = |client: &mut Client, action: &str| -> EventState {
         client
             .execute(
                 "UPDATE jobs SET status = 'done' WHERE event_id = 'e1' AND action = $1",
@@ -72,7 +73,7 @@ fn jobs_of_one_event_finished_at_once_leave_it_completed() {
         crate::ingest::refresh_event_state_in(&mut tx, "pay", "e1", 2).unwrap()
     };
     a.batch_execute("BEGIN").unwrap();
-    assert_eq!(finish(&mut a, "one"), "processing");
+    assert_eq!(finish(&mut a, "one"), EventState::Processing);
     let other = std::thread::spawn(move || {
         b.batch_execute("BEGIN").unwrap();
         let state = finish(&mut b, "two");
@@ -99,7 +100,7 @@ fn jobs_of_one_event_finished_at_once_leave_it_completed() {
         std::thread::sleep(Duration::from_millis(20));
     }
     a.batch_execute("COMMIT").unwrap();
-    assert_eq!(other.join().unwrap(), "completed");
+    assert_eq!(other.join().unwrap(), EventState::Completed);
     let stored: String = a
         .query_one("SELECT state FROM events WHERE event_id = 'e1'", &[])
         .unwrap()
