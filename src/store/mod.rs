@@ -256,17 +256,15 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         )));
     }
     if stored < SCHEMA_VERSION {
-        // Columns that schema.sql's CREATE TABLE has, added to tables
+        // The column schema.sql's CREATE TABLE has, added to a table
         // created by an older version.
-        for (table, column, decl) in ADDED_COLUMNS {
-            let present: bool = tx.query_row(
-                &format!("SELECT count(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
-                [column],
-                |r| r.get(0),
-            )?;
-            if !present {
-                tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
-            }
+        let has_note: bool = tx.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('attempts') WHERE name = 'note'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_note {
+            tx.execute_batch(ATTEMPTS_NOTE)?;
         }
         tx.execute(
             "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?1)",
@@ -296,39 +294,7 @@ fn rebuild_jobs_if_old(conn: &mut Connection) -> Result<(), StoreError> {
     conn.execute_batch("PRAGMA foreign_keys = OFF")?;
     let rebuilt = (|| -> Result<(), StoreError> {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.execute_batch(
-            "CREATE TABLE jobs_v3 (
-                 id              INTEGER PRIMARY KEY,
-                 source          TEXT NOT NULL,
-                 event_id        TEXT NOT NULL,
-                 action          TEXT NOT NULL,
-                 kind            TEXT NOT NULL CHECK (kind IN ('sql', 'forward')),
-                 status          TEXT NOT NULL
-                                 CHECK (status IN ('pending', 'processing', 'done', 'failed', 'paused', 'superseded')),
-                 n_attempts      INTEGER NOT NULL DEFAULT 0,
-                 next_attempt_at INTEGER,
-                 lease_owner     TEXT,
-                 lease_until     INTEGER,
-                 last_error      TEXT,
-                 created_at      INTEGER NOT NULL,
-                 updated_at      INTEGER NOT NULL,
-                 order_key       TEXT,
-                 order_seq       INTEGER,
-                 waiting         TEXT,
-                 UNIQUE (source, event_id, action)
-             );
-             INSERT INTO jobs_v3 (id, source, event_id, action, kind, status, n_attempts,
-                                  next_attempt_at, lease_owner, lease_until, last_error,
-                                  created_at, updated_at, waiting)
-                  SELECT id, source, event_id, action, kind, status, n_attempts,
-                         next_attempt_at, lease_owner, lease_until, last_error,
-                         created_at, updated_at,
-                         CASE WHEN status = 'pending' AND next_attempt_at IS NULL
-                              THEN 'after' END
-                    FROM jobs;
-             DROP TABLE jobs;
-             ALTER TABLE jobs_v3 RENAME TO jobs;",
-        )?;
+        tx.execute_batch(JOBS_V3)?;
         let broken: i64 =
             tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
                 r.get(0)
@@ -346,7 +312,12 @@ fn rebuild_jobs_if_old(conn: &mut Connection) -> Result<(), StoreError> {
 }
 
 /// (table, column, declaration) added after version 1, in order.
-const ADDED_COLUMNS: [(&str, &str, &str); 1] = [("attempts", "note", "TEXT")];
+/// The steps from older versions (`migrations/sqlite/`): schema.sql is the
+/// whole schema of this version, and a file there is what an older
+/// database needs that `CREATE ... IF NOT EXISTS` cannot do. A test checks
+/// that a migrated database has the schema of a new one.
+const ATTEMPTS_NOTE: &str = include_str!("../../migrations/sqlite/0002_attempts_note.sql");
+const JOBS_V3: &str = include_str!("../../migrations/sqlite/0003_jobs_superseded.sql");
 
 /// One step of giving the pages that deletes freed back to the file
 /// system: frees up to [`INCREMENTAL_PAGES`] of them, in the caller's
@@ -416,6 +387,77 @@ pub(crate) fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Pa
 #[cfg(test)]
 mod migration_tests {
     use super::*;
+
+    /// Tables with their columns, indexes with theirs, and triggers: the
+    /// shape of a database's schema, to compare.
+    fn schema_shape(conn: &Connection) -> Vec<String> {
+        let mut shape: Vec<String> = Vec::new();
+        let objects: Vec<(String, String, String)> = conn
+            .prepare(
+                "SELECT type, name, tbl_name FROM sqlite_master
+                  WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",
+            )
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for (kind, name, table) in objects {
+            let columns = match kind.as_str() {
+                "table" => format!(
+                    "SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info('{name}')"
+                ),
+                "index" => {
+                    format!("SELECT name, desc, coll, key FROM pragma_index_xinfo('{name}')")
+                }
+                _ => "SELECT ''".to_string(),
+            };
+            let cols: Vec<String> = conn
+                .prepare(&columns)
+                .unwrap()
+                .query_map([], |r| {
+                    let n = r.as_ref().column_count();
+                    (0..n)
+                        .map(|i| {
+                            r.get::<_, rusqlite::types::Value>(i)
+                                .map(|v| format!("{v:?}"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(|v| v.join(" "))
+                })
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            shape.push(format!("{kind} {name} on {table}: {}", cols.join("; ")));
+        }
+        shape
+    }
+
+    /// schema.sql checked against the steps of `migrations/sqlite/`: a
+    /// database of version 2 migrated has the tables, columns, indexes
+    /// and triggers of a new one.
+    #[test]
+    fn a_migrated_database_has_the_schema_of_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("v2.db");
+        {
+            let conn = Connection::open(&old).unwrap();
+            conn.execute_batch(include_str!("../../tests/fixtures/schema_v2.sql"))
+                .unwrap();
+            conn.execute_batch("INSERT INTO meta (key, value) VALUES ('schema_version', '2')")
+                .unwrap();
+        }
+        let mut migrated = open(&old, Durability::Full, Duration::from_secs(5)).unwrap();
+        migrate(&mut migrated).unwrap();
+        let mut new = open(
+            &dir.path().join("new.db"),
+            Durability::Full,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        migrate(&mut new).unwrap();
+        assert_eq!(schema_shape(&migrated), schema_shape(&new));
+    }
 
     /// A database made by the schema of version 2 (`tests/fixtures/`,
     /// the schema.sql of that release), with jobs, their attempts, a
