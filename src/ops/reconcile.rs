@@ -198,10 +198,11 @@ impl Checked {
     }
 }
 
-/// Asks the downstream about every stuck and failed job in `report` whose
-/// action has a `check`, a few at a time, each within its action's
-/// timeout. No transaction is open meanwhile.
-pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, OpError> {
+/// A job to ask about: (source, event id, action, status, attempts).
+type Target = (String, String, String, JobStatus, i64);
+
+/// The report's stuck and failed jobs whose action has a `check`.
+fn check_targets(config: &Config, report: &Value) -> Vec<Target> {
     let mut targets = Vec::new();
     for list in ["stuck", "failed"] {
         for j in report[list]
@@ -232,6 +233,14 @@ pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, O
             }
         }
     }
+    targets
+}
+
+/// Asks the downstream about every stuck and failed job in `report` whose
+/// action has a `check`, a few at a time, each within its action's
+/// timeout. No transaction is open meanwhile.
+pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, OpError> {
+    let targets = check_targets(config, report);
     if targets.is_empty() {
         return Ok(Vec::new());
     }
