@@ -1,6 +1,8 @@
 //! SQLite: the claim's and the outbox's statements ([`SqliteTx`]), the one
-//! writer that commits them in groups (`writer/`), and the [`Sqlite`]
-//! backend a `serve` on a file runs on.
+//! writer that commits them in groups (`writer/`), the [`Sqlite`] backend a
+//! `serve` on a file runs on, a file opened on one connection before that
+//! ([`Opened`]: `serve`'s start, the operator commands), the SQL actions
+//! prepared against it, and `backup`'s online copy (`backup.rs`).
 
 pub mod backup;
 mod tx;
