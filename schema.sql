@@ -9,10 +9,12 @@
 --   * rows move forward only: a state or status never goes back, except
 --     that an operator's replay re-opens a failed job (recorded in replays);
 --     an operator's resolve closes a failed job as done with a new attempt;
---   * a new database is created with auto_vacuum = INCREMENTAL (store::open
---     sets it before the first page is written), so pruning can give space back;
---   * a column added to an existing table is also listed in
---     store::ADDED_COLUMNS, which adds it to databases of an older version.
+--   * a new database is created with auto_vacuum = INCREMENTAL
+--     (store::sqlite::open sets it before the first page is written), so
+--     pruning can give space back;
+--   * what an older database needs that CREATE ... IF NOT EXISTS cannot do
+--     (a column added to an existing table, a changed CHECK) is a step in
+--     migrations/sqlite/, applied by store::sqlite::migrate.
 
 -- Schema version, key rules and small bits of state, as key/value pairs.
 CREATE TABLE IF NOT EXISTS meta (

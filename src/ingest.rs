@@ -548,15 +548,16 @@ params = { amount = "json:/amount" }
     fn an_events_deliveries_are_found_through_indexes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("unit.db");
-        let mut conn = store::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        let mut conn =
+            store::sqlite::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
         // A database from before: every delivery in deliveries_event.
-        store::migrate(&mut conn).unwrap();
+        store::sqlite::migrate(&mut conn).unwrap();
         conn.execute_batch(
             "DROP INDEX deliveries_event_other;
              CREATE INDEX deliveries_event ON deliveries (source, event_id);",
         )
         .unwrap();
-        store::migrate(&mut conn).unwrap();
+        store::sqlite::migrate(&mut conn).unwrap();
         let indexes: Vec<String> = conn
             .prepare(
                 "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'deliveries'
@@ -594,7 +595,7 @@ params = { amount = "json:/amount" }
         assert_eq!(found, want);
 
         // No full scan of deliveries: both halves use an index.
-        let plan = store::query_plan(&conn, &sql, params!["pay", "e1", 1_000]);
+        let plan = store::sqlite::query_plan(&conn, &sql, params!["pay", "e1", 1_000]);
         assert!(
             plan.contains("USING INDEX deliveries_event_other"),
             "{plan}"
@@ -610,8 +611,9 @@ params = { amount = "json:/amount" }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("unit.db");
         let config = Arc::new(Config::parse(CONFIG, "unit", Path::new("."), None).unwrap());
-        let mut conn = store::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
-        store::migrate(&mut conn).unwrap();
+        let mut conn =
+            store::sqlite::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        store::sqlite::migrate(&mut conn).unwrap();
         conn.execute_batch(
             "CREATE TABLE ledger (event_id TEXT, amount INTEGER CHECK (amount >= 0))",
         )
@@ -660,7 +662,7 @@ params = { amount = "json:/amount" }
         drop(writer);
         threads.stop();
 
-        let db = store::open_read(&path, Duration::from_secs(5)).unwrap();
+        let db = store::sqlite::open_read(&path, Duration::from_secs(5)).unwrap();
         let rows: Vec<(String, String, String)> = db
             .prepare(
                 "SELECT e.event_id, e.state, j.status FROM events e

@@ -484,7 +484,7 @@ pub fn check_sql_actions(config: &Config) -> Result<(), String> {
         DatabaseUrl::Postgres(url) => return crate::store::postgres::claimers::trial(config, url),
         DatabaseUrl::Sqlite(path) => path,
     };
-    if let Some(dir) = store::missing_folder(path) {
+    if let Some(dir) = store::sqlite::missing_folder(path) {
         return Err(format!(
             "database {}: the folder {} does not exist (serve never creates folders: create it, or correct `database`)",
             path.display(),
@@ -526,8 +526,8 @@ fn database_report(config: &Config) -> DatabaseReport {
         };
     }
     let read = || -> Result<DatabaseReport, String> {
-        let conn =
-            store::open_read(path, std::time::Duration::from_secs(5)).map_err(|e| e.to_string())?;
+        let conn = store::sqlite::open_read(path, std::time::Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
         let db = store::db::Db::sqlite(&conn);
         let Some((events, rules)) = store::rules::report(&db).map_err(|e| e.to_string())? else {
             return Ok(DatabaseReport {

@@ -33,7 +33,7 @@ pub fn cmd(config: &Config, path: &Path) -> Result<Outcome, CommandError> {
 /// Creates the file, copies into it, checks the copy; removes the file
 /// again when that fails. Returns the events and bytes copied.
 fn write(config: &Config, path: &Path) -> Result<(i64, u64)> {
-    if let Some(dir) = crate::store::missing_folder(path) {
+    if let Some(dir) = crate::store::sqlite::missing_folder(path) {
         bail!(
             "cannot create {}: the folder {} does not exist (backup creates the file, not folders)",
             path.display(),

@@ -75,9 +75,9 @@ fn run(config: &Config, to: &str, yes: bool) -> Result<Outcome> {
         return dry_run(config, &url);
     }
     let _lock = lock_exclusive(source_path)?;
-    let mut sqlite = store::open(source_path, config.durability, config.busy_timeout)
+    let mut sqlite = store::sqlite::open(source_path, config.durability, config.busy_timeout)
         .with_context(|| format!("cannot open {}", source_path.display()))?;
-    store::migrate(&mut sqlite).context("cannot bring the SQLite schema up to date")?;
+    store::sqlite::migrate(&mut sqlite).context("cannot bring the SQLite schema up to date")?;
 
     let counts = copy::source_counts(&sqlite)?;
     let mut pg = open_target(config, &url)?;
@@ -190,7 +190,7 @@ fn refuse_held_events(pg: &mut Target, url: &PostgresUrl) -> Result<()> {
 fn dry_run(config: &Config, url: &PostgresUrl) -> Result<Outcome> {
     let mut out = stdout();
     let source_path = super::open::sqlite_file(config)?;
-    let sqlite = store::open_read(source_path, config.busy_timeout)
+    let sqlite = store::sqlite::open_read(source_path, config.busy_timeout)
         .with_context(|| format!("cannot open {}", source_path.display()))?;
     let counts = copy::present_counts(&sqlite)?;
     let mut pg = connect(config, url)?;

@@ -293,13 +293,13 @@ mod tests {
     fn the_take_queries_are_prepared_once_not_at_every_take() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("take.db");
-        let mut conn = crate::store::open(
+        let mut conn = crate::store::sqlite::open(
             &path,
             crate::config::Durability::Full,
             Duration::from_secs(1),
         )
         .unwrap();
-        crate::store::migrate(&mut conn).unwrap();
+        crate::store::sqlite::migrate(&mut conn).unwrap();
         let config = Config::parse(
             "[sources.s]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\n",
             "unit",

@@ -341,7 +341,7 @@ pub fn vacuum_once(conn: &Connection) -> Result<(i64, i64), StoreError> {
     if before == 0 {
         return Ok((0, 0));
     }
-    Ok((before, crate::store::vacuum_step(conn)?))
+    Ok((before, crate::store::sqlite::vacuum_step(conn)?))
 }
 
 /// The database's page size in bytes (4096 when it cannot be read).
@@ -359,7 +359,8 @@ mod tests {
     #[test]
     fn refused_deliveries_are_found_through_an_index() {
         let conn = db();
-        let plan = crate::store::query_plan(&conn, REFUSED_BATCH, params!["pay", 1_000, 500]);
+        let plan =
+            crate::store::sqlite::query_plan(&conn, REFUSED_BATCH, params!["pay", 1_000, 500]);
         assert!(
             plan.contains("USING INDEX deliveries_event_other"),
             "{plan}"
@@ -368,7 +369,7 @@ mod tests {
 
     fn db() -> Connection {
         let mut conn = Connection::open_in_memory().unwrap();
-        crate::store::migrate(&mut conn).unwrap();
+        crate::store::sqlite::migrate(&mut conn).unwrap();
         conn
     }
 

@@ -5,9 +5,16 @@
 //! prepared against it, and `backup`'s online copy (`backup.rs`).
 
 pub mod backup;
+mod open;
 mod tx;
 pub mod writer;
 
+#[cfg(test)]
+pub(crate) use open::query_plan;
+pub use open::{
+    INCREMENTAL_PAGES, ReadPool, SCHEMA, SCHEMA_VERSION, in_savepoint, migrate, missing_folder,
+    open, open_read, read_pool, vacuum_step,
+};
 pub use tx::{DUE_JOBS, EXPIRED_JOBS, SqliteTx, to_sql_value};
 
 use std::path::{Path, PathBuf};
@@ -17,10 +24,10 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use crate::config::{ActionKind, Config, Durability, Source};
+use crate::store::StoreError;
 use crate::store::backend::{Backend, Claims, Guard, JobCounts, Refusal, StorageGauges};
 use crate::store::db::{Db, TxError};
 use crate::store::prune::Batch;
-use crate::store::{ReadPool, StoreError};
 use writer::{Writer, WriterThreads};
 
 /// `serve` on one SQLite file: every write through the one writer (claims,
@@ -40,17 +47,17 @@ pub struct Opened(Connection);
 impl Opened {
     /// Opens (creating it when new) for writing.
     pub fn open(path: &Path, durability: Durability, busy: Duration) -> Result<Opened, StoreError> {
-        crate::store::open(path, durability, busy).map(Opened)
+        crate::store::sqlite::open(path, durability, busy).map(Opened)
     }
 
     /// Opens an existing file read-only.
     pub fn open_read(path: &Path, busy: Duration) -> Result<Opened, StoreError> {
-        crate::store::open_read(path, busy).map(Opened)
+        crate::store::sqlite::open_read(path, busy).map(Opened)
     }
 
     /// `schema.sql` applied.
     pub fn migrate(&mut self) -> Result<(), StoreError> {
-        crate::store::migrate(&mut self.0)
+        crate::store::sqlite::migrate(&mut self.0)
     }
 
     /// Runs `sql` (`setup_sql`) as it is.
@@ -81,7 +88,7 @@ impl std::ops::Deref for Opened {
 pub fn trial(config: &Config, path: &Path) -> Result<(), String> {
     let fresh = (|| {
         let mut conn = Connection::open_in_memory().map_err(|e| e.to_string())?;
-        crate::store::migrate(&mut conn).map_err(|e| e.to_string())?;
+        crate::store::sqlite::migrate(&mut conn).map_err(|e| e.to_string())?;
         if let Some(sql) = &config.setup_sql {
             conn.execute_batch(sql)
                 .map_err(|e| format!("setup_sql: {e}"))?;
@@ -90,8 +97,8 @@ pub fn trial(config: &Config, path: &Path) -> Result<(), String> {
     })();
     match fresh {
         Err(e) if path.exists() => {
-            let conn =
-                crate::store::open_read(path, Duration::from_secs(5)).map_err(|_| e.clone())?;
+            let conn = crate::store::sqlite::open_read(path, Duration::from_secs(5))
+                .map_err(|_| e.clone())?;
             prepare_actions(&conn, &config.sources).map_err(|_| e)
         }
         other => other,
@@ -112,7 +119,7 @@ impl Sqlite {
             path: path.to_path_buf(),
             writer,
             threads: Mutex::new(Some(threads)),
-            readers: crate::store::read_pool(path, busy_timeout)?,
+            readers: crate::store::sqlite::read_pool(path, busy_timeout)?,
         })
     }
 

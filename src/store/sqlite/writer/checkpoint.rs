@@ -130,7 +130,7 @@ impl Checkpointer {
         busy_timeout: Duration,
         wal_frames: Arc<AtomicI64>,
     ) -> Result<Checkpointer, StoreError> {
-        let conn = crate::store::open(&path, durability, busy_timeout)?;
+        let conn = crate::store::sqlite::open(&path, durability, busy_timeout)?;
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
         let kick = Arc::new(Kick {
             pending: Mutex::new(false),

@@ -41,7 +41,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use crate::config::Durability;
-use crate::store::{StoreError, in_savepoint};
+use crate::store::StoreError;
+use crate::store::sqlite::in_savepoint;
 use crate::time::now_ms;
 
 mod checkpoint;
@@ -473,8 +474,9 @@ mod tests {
     fn writer(linger: Duration) -> (tempfile::TempDir, PathBuf, Writer, WriterThreads) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.db");
-        let mut conn = crate::store::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
-        crate::store::migrate(&mut conn).unwrap();
+        let mut conn =
+            crate::store::sqlite::open(&path, Durability::Full, Duration::from_secs(5)).unwrap();
+        crate::store::sqlite::migrate(&mut conn).unwrap();
         let (writer, threads) = Writer::start_lingering(
             conn,
             path.clone(),
@@ -497,7 +499,7 @@ mod tests {
 
     /// The keys the operations above wrote, sorted, once the writer stopped.
     fn keys_written(path: &Path) -> Vec<String> {
-        let db = crate::store::open_read(path, Duration::from_secs(5)).unwrap();
+        let db = crate::store::sqlite::open_read(path, Duration::from_secs(5)).unwrap();
         db.prepare("SELECT key FROM meta WHERE value = 'x' ORDER BY key")
             .unwrap()
             .query_map([], |r| r.get(0))
