@@ -157,6 +157,16 @@ impl Kind {
         Part::parse(rule).ok().map(|p| vec![p])
     }
 
+    /// The parts the payload hash covers by default: the kind's own
+    /// (Mailgun re-signs every attempt inside the body, so only
+    /// `event-data`), else none, which hashes the whole body.
+    pub(super) fn default_hash(self) -> Vec<Part> {
+        match self {
+            Kind::Preset(p) => p.hash.iter().filter_map(|s| Part::parse(s).ok()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     pub(super) fn default_type(self) -> Option<Part> {
         if let Kind::Preset(p) = self {
             return p.event_type.first().and_then(|s| Part::parse(s).ok());

@@ -400,7 +400,7 @@ fn rules_of(kind: Kind, rs: &RawSource) -> Result<Rules, String> {
     };
     let hash = match &rs.hash {
         Some(parts) => parse_parts(parts).map_err(|e| format!("hash: {e}"))?,
-        None => Vec::new(),
+        None => kind.default_hash(),
     };
     Ok((key_parts, event_type, hash))
 }

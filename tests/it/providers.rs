@@ -606,3 +606,52 @@ fn a_secret_handed_to_one_instance_verifies_at_the_other() {
     );
     assert_eq!(other.status, 403, "{}", other.text());
 }
+
+/// A Mailgun delivery and its retry: Mailgun signs every attempt afresh
+/// inside the body (a new `signature.timestamp`, `token` and `signature`)
+/// and leaves `event-data` as it was, so the retry is a plain duplicate,
+/// never a payload mismatch (the hash covers `event-data` alone).
+#[test]
+fn a_mailgun_retry_signed_afresh_is_a_duplicate() {
+    const KEY: &str = "mailgun-secret";
+    let config = ServerConfig::new().tables(&format!(
+        "[sources.mailgun]\nkind = \"mailgun\"\nsecrets = [{}]\n",
+        toml_str(KEY)
+    ));
+    let server = Server::start(&config, &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    let attempt = |timestamp: u64, token: &str| -> Vec<u8> {
+        let signature = hex::encode(sign::hmac_sha256(
+            KEY.as_bytes(),
+            &[timestamp.to_string().as_bytes(), token.as_bytes()],
+        ));
+        serde_json::json!({
+            "signature": {"timestamp": timestamp.to_string(), "token": token, "signature": signature},
+            "event-data": {"id": "evt_mg_retry", "event": "delivered", "timestamp": 1767225600},
+        })
+        .to_string()
+        .into_bytes()
+    };
+    let headers = [sign::json_content_type()];
+    let first = server.post("/hooks/mailgun", &headers, &attempt(now - 60, "token-one"));
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(first.text().contains("\"accepted\""), "{}", first.text());
+    let retry = server.post("/hooks/mailgun", &headers, &attempt(now, "token-two"));
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert!(
+        retry.text().contains("\"duplicate\"") && !retry.text().contains("mismatch"),
+        "a re-signed retry is a plain duplicate: {}",
+        retry.text()
+    );
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM deliveries WHERE source = 'mailgun' AND outcome = 'duplicate'",
+            &[]
+        ),
+        1
+    );
+    assert_eq!(server.count("SELECT count(*) FROM incidents", &[]), 0);
+}
