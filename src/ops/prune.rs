@@ -353,17 +353,8 @@ fn run<B: Backend>(config: &Config, backend: &B, signal: &StopSignal) {
         });
         match pruned {
             Ok(all) => {
-                if all.iter().any(|c| c.events + c.bodies + c.deliveries > 0)
-                    && let Some(first) = backend.vacuum_step()
-                {
-                    // The first step is taken already; the rest as asked.
-                    let mut first = Some(first);
-                    let mut step = || {
-                        first
-                            .take()
-                            .or_else(|| backend.vacuum_step())
-                            .unwrap_or(Ok((-1, 0)))
-                    };
+                if all.iter().any(|c| c.events + c.bodies + c.deliveries > 0) {
+                    let mut step = || backend.vacuum_step();
                     if let Err(e) = give_back(&stopping, &mut step) {
                         crate::log::warn(
                             "giving space back failed",

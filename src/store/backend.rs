@@ -154,9 +154,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn prune(&self, session: &mut Self::Session, batch: Batch) -> Result<(u64, u64), StoreError>;
 
     /// One step of giving freed pages back to the file system: (free
-    /// pages before, free pages left); None where the server owns its
-    /// storage (PostgreSQL: autovacuum reuses the rows).
-    fn vacuum_step(&self) -> Option<Result<(i64, i64), StoreError>>;
+    /// pages before, free pages left); (-1, 0) when there is nothing to
+    /// give back this way (PostgreSQL, whose autovacuum reuses the rows; a
+    /// SQLite file without incremental auto-vacuum).
+    fn vacuum_step(&self) -> Result<(i64, i64), StoreError>;
 
     /// Starts what wakes `wake` when another instance wrote due forward
     /// jobs (PostgreSQL's LISTEN; nothing on SQLite, where every claim is

@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use crate::args;
 use crate::state::{JobKind, JobStatus};
 use crate::store::StoreError;
+use crate::store::backend::JobCounts;
 use crate::store::db::{Db, Dialect, Row, Value};
 
 /// One job of an event.
@@ -506,19 +507,17 @@ pub fn wake_workers(db: &Db<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Jobs per status, and when the oldest pending job was created (ms).
-pub type Gauges = (Vec<(JobStatus, i64)>, Option<i64>);
-
-/// The job gauges on SQLite, on one of the server's read connections:
-/// jobs per status (kept exact by triggers in `job_counts`, so a
-/// five-row read) and when the oldest pending job was created.
-pub fn sqlite_gauges(conn: &rusqlite::Connection) -> Result<Gauges, StoreError> {
-    let mut stmt = conn.prepare_cached("SELECT status, n FROM job_counts")?;
-    let counts = stmt
-        .query_map([], |r| Ok((r.get::<_, JobStatus>(0)?, r.get::<_, i64>(1)?)))?
-        .collect::<Result<Vec<_>, _>>()?;
-    let oldest: Option<i64> = conn
-        .prepare_cached("SELECT min(created_at) FROM jobs WHERE status = 'pending'")?
-        .query_row([], |r| r.get(0))?;
-    Ok((counts, oldest))
+/// The gauges' job counts: [`counts`], and when the oldest pending job
+/// was created (the first entry of an index).
+pub fn gauges(db: &Db<'_>) -> Result<JobCounts, StoreError> {
+    let oldest_pending = db
+        .query_one(
+            "SELECT min(created_at) FROM jobs WHERE status = 'pending'",
+            &[],
+        )?
+        .opt_i64(0)?;
+    Ok(JobCounts {
+        by_status: counts(db)?,
+        oldest_pending,
+    })
 }

@@ -22,7 +22,6 @@ use postgres::Client;
 
 use crate::config::database_url::PostgresUrl;
 use crate::config::{ActionKind, Config};
-use crate::state::JobStatus;
 use crate::store::backend::{Backend, Claims, Guard, JobCounts, Refusal, StorageGauges};
 use crate::store::db::{Db, TxError};
 use crate::store::postgres::group::{Op, run_group};
@@ -490,32 +489,6 @@ impl Postgres {
             .len()
     }
 
-    /// Jobs per status (from the counters the job triggers keep, never a
-    /// count over `jobs`) and the oldest pending job's creation (the first
-    /// entry of an index), for the gauges.
-    fn job_counts(&self) -> Result<JobCounts, StoreError> {
-        self.pool.with(|c| {
-            let rows = c.query("SELECT status, n FROM job_counts", &[])?;
-            let by_status = rows
-                .iter()
-                .filter_map(|r| {
-                    let status: String = r.get(0);
-                    Some((status.parse::<JobStatus>().ok()?, r.get(1)))
-                })
-                .collect();
-            let oldest_pending: Option<i64> = c
-                .query_one(
-                    "SELECT min(created_at) FROM jobs WHERE status = 'pending'",
-                    &[],
-                )?
-                .get(0);
-            Ok(JobCounts {
-                by_status,
-                oldest_pending,
-            })
-        })
-    }
-
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
@@ -632,7 +605,7 @@ impl Backend for Postgres {
             writer_grouped: self.grouped.load(Ordering::Relaxed),
             writer_queue: self.queued(),
         };
-        (self.job_counts(), storage)
+        (self.read(crate::store::jobs::gauges), storage)
     }
 
     fn jobs<T: Send + 'static>(
@@ -657,8 +630,8 @@ impl Backend for Postgres {
         session.transaction(|tx| batch.run_postgres(tx.client()))
     }
 
-    fn vacuum_step(&self) -> Option<Result<(i64, i64), StoreError>> {
-        None
+    fn vacuum_step(&self) -> Result<(i64, i64), StoreError> {
+        Ok((-1, 0))
     }
 
     fn listen(&self, wake: impl Fn() + Send + 'static) {

@@ -122,18 +122,6 @@ impl Sqlite {
             readers: crate::store::sqlite::read_pool(path, busy_timeout)?,
         })
     }
-
-    fn job_counts(&self) -> Result<JobCounts, StoreError> {
-        let conn = self
-            .readers
-            .get()
-            .map_err(|e| StoreError::other(format!("no read connection: {e}")))?;
-        let (by_status, oldest_pending) = crate::store::jobs::sqlite_gauges(&conn)?;
-        Ok(JobCounts {
-            by_status,
-            oldest_pending,
-        })
-    }
 }
 
 /// The size of a file, 0 when it is not there.
@@ -228,7 +216,7 @@ impl Backend for Sqlite {
             writer_grouped: grouped,
             writer_queue: self.writer.queued(),
         };
-        (self.job_counts(), storage)
+        (self.read(crate::store::jobs::gauges), storage)
     }
 
     fn jobs<T: Send + 'static>(
@@ -255,8 +243,8 @@ impl Backend for Sqlite {
         self.writer.call(move |conn| batch.run_sqlite(conn))
     }
 
-    fn vacuum_step(&self) -> Option<Result<(i64, i64), StoreError>> {
-        Some(self.writer.call(crate::store::prune::vacuum_once))
+    fn vacuum_step(&self) -> Result<(i64, i64), StoreError> {
+        self.writer.call(crate::store::prune::vacuum_once)
     }
 
     fn listen(&self, _: impl Fn() + Send + 'static) {}
