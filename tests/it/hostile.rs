@@ -2305,3 +2305,77 @@ fn a_panic_while_answering_is_answered_500_and_gives_the_slot_back() {
         }
     );
 }
+
+/// The database file moved away, deleted or replaced while serve runs:
+/// from the next delivery on, 503 with Retry-After and /readyz 503, an
+/// error line names the path, and nothing is acknowledged into a file the
+/// next start would not find. Moved back, the same file serves again.
+#[test]
+fn a_database_file_moved_deleted_or_replaced_under_serve_is_never_acknowledged() {
+    let server = start(&stripe_config());
+    let acked = Acked::default();
+    deliver(&server, &acked, "evt_before_move", "before the file moves");
+    let db = server.db_path();
+    let moved = db.with_extension("moved");
+
+    std::fs::rename(&db, &moved).expect("move the database file away");
+    let refused: Vec<String> = (0..3).map(|i| format!("evt_while_moved_{i}")).collect();
+    for id in &refused {
+        expect_unavailable(&server, id, BOUND, "with the database file moved away");
+    }
+    expect_not_ready(&server, "with the database file moved away");
+    let logs = server.logs();
+    assert!(
+        logs.contains("the database file is gone from its path")
+            && logs.contains(&db.display().to_string()),
+        "expected: an error line naming {}\n  logs:\n{logs}",
+        db.display()
+    );
+    assert_eq!(
+        logs.matches("the database file is gone from its path")
+            .count(),
+        1,
+        "expected: the loss logged once, not once per commit\n  logs:\n{logs}"
+    );
+    std::fs::rename(&moved, &db).expect("move the database file back");
+    wait_until(BOUND, "/readyz 200 once the file is back", || {
+        Client::new(BOUND)
+            .try_get(&server.url("/readyz"))
+            .is_ok_and(|r| r.status == 200)
+    });
+    // What was written meanwhile went to this very file: sent again, each
+    // refused event is there (a duplicate) or accepted now, never lost.
+    for id in &refused {
+        let body = event(id);
+        let resp = server.post("/hooks/stripe", &sign::stripe_now(SECRET, &body), &body);
+        assert!(
+            resp.status == 200
+                && matches!(
+                    resp.json_status().as_deref(),
+                    Some("accepted" | "duplicate")
+                ),
+            "{id} sent again with the file back\n  expected: 200 accepted or duplicate\n  got: {} {}",
+            resp.status,
+            resp.text()
+        );
+        acked.add("stripe", id);
+    }
+    still_serves(&server, &acked, "the file moved back");
+    assert_stored_exactly(&open_db_read_only(&db), &acked, "after the file moved back");
+
+    // Replaced: another file (a copy of it) at the path.
+    std::fs::copy(&db, &moved).expect("copy the database file");
+    std::fs::rename(&moved, &db).expect("replace the database file by its copy");
+    expect_unavailable(
+        &server,
+        "evt_while_replaced",
+        BOUND,
+        "with the file replaced",
+    );
+    expect_not_ready(&server, "with the database file replaced");
+
+    // Deleted.
+    std::fs::remove_file(&db).expect("delete the database file");
+    expect_unavailable(&server, "evt_while_deleted", BOUND, "with the file deleted");
+    expect_not_ready(&server, "with the database file deleted");
+}

@@ -11,12 +11,14 @@ use std::time::Instant;
 use rusqlite::Connection;
 
 use super::checkpoint::{Kick, bound_wal, wants_checkpoint};
+use super::file_watch::FileWatch;
 use super::{AfterCommit, Answers, Guard, MAX_GROUP, Msg, Op, Shared, Waits};
 use crate::store::StoreError;
 use crate::time::now_ms;
 
 pub(super) fn run(
     conn: Connection,
+    mut watch: FileWatch,
     rx: Receiver<Msg>,
     shared: Arc<Shared>,
     kick: Arc<Kick>,
@@ -48,7 +50,7 @@ pub(super) fn run(
             }
         }
         if !group.ops.is_empty() {
-            commit_group(&conn, &mut group.ops, &shared, &answers);
+            commit_group(&conn, &mut watch, &mut group.ops, &shared, &answers);
         }
         group.waited = false;
         if wants_checkpoint(&shared) {
@@ -60,11 +62,11 @@ pub(super) fn run(
     while let Ok(msg) = rx.try_recv() {
         group.add(msg, &shared);
         if group.ops.len() >= MAX_GROUP {
-            commit_group(&conn, &mut group.ops, &shared, &answers);
+            commit_group(&conn, &mut watch, &mut group.ops, &shared, &answers);
         }
     }
     if !group.ops.is_empty() {
-        commit_group(&conn, &mut group.ops, &shared, &answers);
+        commit_group(&conn, &mut watch, &mut group.ops, &shared, &answers);
     }
 }
 
@@ -101,12 +103,16 @@ impl Group {
 
 fn commit_group(
     conn: &Connection,
+    watch: &mut FileWatch,
     group: &mut Vec<(Op, Guard, Waits)>,
     shared: &Shared,
     answers: &mpsc::Sender<Answers>,
 ) {
     let n = group.len() as u64;
     let (result, dones) = run_transaction(conn, group);
+    // Committed to a file no longer at its path: as good as lost, so no
+    // caller hears it succeeded.
+    let result = result.and_then(|()| watch.check());
     note_commit(shared, &result, n);
     release(dones, result, answers);
 }

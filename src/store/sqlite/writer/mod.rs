@@ -29,7 +29,9 @@
 //! would be the only ones, once the WAL holds 1,000 frames, else every 10 s.
 //!
 //! This file holds the callers' side ([`Writer`]); `group.rs` the writer
-//! and answer threads, `checkpoint.rs` the WAL bound and the checkpointer.
+//! and answer threads, `checkpoint.rs` the WAL bound and the checkpointer,
+//! `file_watch.rs` the check that the file is still at its path before a
+//! commit's callers are answered.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -46,6 +48,7 @@ use crate::store::sqlite::in_savepoint;
 use crate::time::now_ms;
 
 mod checkpoint;
+mod file_watch;
 mod group;
 
 use checkpoint::{Checkpointer, note_wal_pages};
@@ -229,6 +232,7 @@ impl Writer {
             linger,
             durability,
         });
+        let watch = file_watch::FileWatch::new(&path);
         let checkpointer =
             Checkpointer::start(path, durability, busy_timeout, shared.wal_frames.clone())?;
         let kick = checkpointer.kick.clone();
@@ -240,7 +244,7 @@ impl Writer {
         let thread_shared = shared.clone();
         let writer = std::thread::Builder::new()
             .name("idemhook-writer".into())
-            .spawn(move || run(conn, rx, thread_shared, kick, answers_tx))
+            .spawn(move || run(conn, watch, rx, thread_shared, kick, answers_tx))
             .map_err(|e| StoreError::other(format!("cannot start the writer thread: {e}")))?;
         Ok((
             Writer {
