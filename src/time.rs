@@ -1,6 +1,8 @@
 //! Time, in the one unit the project stores: every `*_at` column is unix
 //! milliseconds, and JSON shows integer unix seconds. Reading the clock
-//! ([`now_ms`]) and formatting times as RFC 3339 UTC, without a time crate.
+//! ([`now_ms`], and [`steady_now_ms`] where a jump of the wall clock must
+//! not hurry anything) and formatting times as RFC 3339 UTC, without a
+//! time crate.
 //! No other IO; nothing else in the crate is used.
 
 /// Unix time in milliseconds: the unit of every *_at column.
@@ -9,6 +11,19 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The wall clock as far as a long-running process can trust it, in unix
+/// ms: never ahead of the wall time at the process's first call plus the
+/// monotonic time since. A wall clock that jumps forward while the process
+/// runs does not move it (so serve's pruner never deletes a key early);
+/// one that jumps back does (that only delays what waits for it).
+pub fn steady_now_ms() -> i64 {
+    static ANCHOR: std::sync::OnceLock<(i64, std::time::Instant)> = std::sync::OnceLock::new();
+    let wall = now_ms();
+    let (wall_then, mono_then) = *ANCHOR.get_or_init(|| (wall, std::time::Instant::now()));
+    let since = i64::try_from(mono_then.elapsed().as_millis()).unwrap_or(i64::MAX);
+    wall.min(wall_then.saturating_add(since))
 }
 
 /// Milliseconds to the integer unix seconds of the JSON output.

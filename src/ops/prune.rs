@@ -27,7 +27,7 @@ use crate::store::backend::Backend;
 use crate::store::db::Db;
 use crate::store::prune;
 pub use crate::store::prune::{BATCH, Batch, Counts};
-use crate::time::now_ms;
+use crate::time::{now_ms, steady_now_ms};
 
 /// Refused deliveries of a source no longer in the config are kept this
 /// long (the retention floor).
@@ -307,6 +307,8 @@ impl Background {
         if config.prune_interval.is_zero() {
             return Background { inner: None };
         }
+        // The pruner's clock is anchored at the start (see steady_now_ms).
+        steady_now_ms();
         let signal: Arc<StopSignal> = Arc::new((Mutex::new(false), Condvar::new()));
         let thread_signal = signal.clone();
         let spawned = std::thread::Builder::new()
@@ -348,7 +350,7 @@ fn run<B: Backend>(config: &Config, backend: &B, signal: &StopSignal) {
         if stopping() {
             return;
         }
-        let pruned = prune_all(config, now_ms(), &stopping, &mut |op: Batch| {
+        let pruned = prune_all(config, steady_now_ms(), &stopping, &mut |op: Batch| {
             backend.prune(&mut session, op)
         });
         match pruned {

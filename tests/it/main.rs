@@ -9,6 +9,7 @@
 mod backend;
 mod check;
 mod cli;
+mod clock;
 mod control;
 mod database;
 mod downstream;
