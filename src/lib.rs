@@ -4,6 +4,9 @@
 //!
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 
+// Tests may unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod app;
 pub mod auth;
 pub mod check;

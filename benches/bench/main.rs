@@ -30,6 +30,8 @@
 //! /proc), `runs` (one run against each), `growth` (prefilled databases and
 //! the prune case), `report` (the tables), `pg` (the `--postgres` mode).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
