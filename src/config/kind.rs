@@ -22,6 +22,10 @@ pub enum Kind {
     Standard,
     Hmac,
     None,
+    /// HTTP Basic authentication, `user:password` secrets.
+    Basic,
+    /// A header that holds one of the secrets.
+    Token,
     Preset(&'static Preset),
 }
 
@@ -34,7 +38,7 @@ impl PartialEq for Kind {
 impl Eq for Kind {}
 
 impl Kind {
-    pub const BUILT_IN: [Kind; 9] = [
+    pub const BUILT_IN: [Kind; 11] = [
         Kind::Stripe,
         Kind::Github,
         Kind::Shopify,
@@ -44,6 +48,8 @@ impl Kind {
         Kind::Standard,
         Kind::Hmac,
         Kind::None,
+        Kind::Basic,
+        Kind::Token,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +63,8 @@ impl Kind {
             Kind::Standard => "standard",
             Kind::Hmac => "hmac",
             Kind::None => "none",
+            Kind::Basic => "basic",
+            Kind::Token => "token",
             Kind::Preset(p) => p.name,
         }
     }
@@ -110,7 +118,7 @@ impl Kind {
             // Slack retries 3 times within an hour, Linear within hours
             Kind::Slack | Kind::Linear => 7,
             // unknown senders: a conservative month
-            Kind::Hmac | Kind::None => 30,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => 30,
         };
         Duration::from_secs(days * 86_400)
     }
@@ -134,7 +142,7 @@ impl Kind {
             ),
             Kind::Slack => (3600, "Slack retries 3 times within the hour"),
             Kind::Linear => (86_400, "Linear retries a few times, backing off over hours"),
-            Kind::Hmac | Kind::None => return None,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => return None,
         };
         Some((Duration::from_secs(secs), what))
     }
@@ -152,7 +160,7 @@ impl Kind {
             Kind::Paddle => "json:/event_id",
             Kind::Linear => "header:Linear-Delivery",
             Kind::Standard => "header:webhook-id|header:svix-id",
-            Kind::Hmac | Kind::None | Kind::Preset(_) => return None,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token | Kind::Preset(_) => return None,
         };
         Part::parse(rule).ok().map(|p| vec![p])
     }
@@ -179,7 +187,7 @@ impl Kind {
             Kind::Paddle => "json:/event_type",
             Kind::Linear => "header:Linear-Event",
             Kind::Standard => "json:/type",
-            Kind::Hmac | Kind::None | Kind::Preset(_) => return None,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token | Kind::Preset(_) => return None,
         };
         Part::parse(rule).ok()
     }
@@ -214,7 +222,7 @@ impl Kind {
                 "svix-timestamp",
                 "svix-signature",
             ],
-            Kind::Hmac | Kind::None => &[],
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => &[],
             Kind::Preset(p) => p.kept_headers,
         }
     }

@@ -442,7 +442,7 @@ fn default_type(kind: Kind) -> &'static str {
         Kind::Paddle => "transaction.completed",
         Kind::Linear => "Issue",
         Kind::Standard => "invoice.paid",
-        Kind::Hmac | Kind::None => "test.event",
+        Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => "test.event",
         Kind::Preset(p) => p.sample_type,
     }
 }
