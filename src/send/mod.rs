@@ -152,14 +152,31 @@ fn unsigned_request(
         Some(bytes) => serde_json::from_slice::<Value>(bytes).ok(),
         None => Some(sample(source.kind, id, event_type, created)),
     };
+    // With `batch`, the id and type go into the item (a given body's first).
+    let batch_items = source.batch_items.as_deref();
+    let target = match (batch_items, body_json.as_mut()) {
+        (Some(pointer), Some(v)) if given.is_some() => v
+            .pointer_mut(pointer)
+            .and_then(Value::as_array_mut)
+            .and_then(|items| items.first_mut()),
+        (_, v) => v,
+    };
     put_id_and_type(
         source,
         (id, event_type),
         asked,
         given.is_some() && !from_sample,
         &mut headers,
-        body_json.as_mut().filter(|_| !from_sample),
+        target.filter(|_| !from_sample),
     )?;
+    // A sample of a batch source: the item, in a batch of one.
+    if let (Some(pointer), None) = (batch_items, &given)
+        && let Some(item) = body_json.take()
+    {
+        let mut root = json!({});
+        set_pointer(&mut root, pointer, Value::Array(vec![item]));
+        body_json = Some(root);
+    }
     if let Some(p) = preset {
         extra_headers(p.name, id, &mut headers);
     }
