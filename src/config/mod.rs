@@ -20,6 +20,7 @@ use database_url::DatabaseUrl;
 mod action;
 pub mod check_template;
 pub mod database_url;
+pub mod generic;
 mod kind;
 mod parse;
 pub mod presets;
@@ -29,7 +30,6 @@ mod source;
 mod tests;
 mod values;
 mod warnings;
-pub mod generic;
 
 pub use kind::Kind;
 pub use values::{format_duration, parse_duration, resolve_secret};

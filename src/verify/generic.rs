@@ -66,7 +66,8 @@ fn key_bytes(secret: &str) -> Option<Vec<u8>> {
 
 fn ed25519_key(secret: &str) -> Result<ed25519_dalek::VerifyingKey, String> {
     use ed25519_dalek::pkcs8::DecodePublicKey as _;
-    const WHAT: &str = "not an Ed25519 public key (32 bytes, or a SubjectPublicKeyInfo, as base64, hex or PEM)";
+    const WHAT: &str =
+        "not an Ed25519 public key (32 bytes, or a SubjectPublicKeyInfo, as base64, hex or PEM)";
     let bytes = key_bytes(secret).ok_or(WHAT)?;
     let key = match <[u8; 32]>::try_from(bytes.as_slice()) {
         Ok(raw) => ed25519_dalek::VerifyingKey::from_bytes(&raw).ok(),
@@ -77,7 +78,8 @@ fn ed25519_key(secret: &str) -> Result<ed25519_dalek::VerifyingKey, String> {
 
 fn p256_key(secret: &str) -> Result<p256::ecdsa::VerifyingKey, String> {
     use p256::pkcs8::DecodePublicKey as _;
-    const WHAT: &str = "not a P-256 public key (a SubjectPublicKeyInfo or a SEC1 point, as base64, hex or PEM)";
+    const WHAT: &str =
+        "not a P-256 public key (a SubjectPublicKeyInfo or a SEC1 point, as base64, hex or PEM)";
     let bytes = key_bytes(secret).ok_or(WHAT)?;
     p256::ecdsa::VerifyingKey::from_public_key_der(&bytes)
         .or_else(|_| p256::ecdsa::VerifyingKey::from_sec1_bytes(&bytes))

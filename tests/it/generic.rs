@@ -166,7 +166,11 @@ fn sign(source: &str, body: &[u8], ts: i64, forged: bool) -> Headers {
     let mut headers = vec![json_ct()];
     match source {
         "paystack" => {
-            let key: &[u8] = if forged { b"sk_other" } else { b"sk_test_paystack" };
+            let key: &[u8] = if forged {
+                b"sk_other"
+            } else {
+                b"sk_test_paystack"
+            };
             headers.push(h(
                 "x-paystack-signature",
                 hex::encode(hmac_sha512(key, &[body])),
@@ -219,7 +223,10 @@ fn sign(source: &str, body: &[u8], ts: i64, forged: bool) -> Headers {
             headers.push(h("Authorization", format!("Basic {}", B64.encode(pair))));
         }
         "flutter" => {
-            headers.push(h("verif-hash", if forged { "flw-hash-2" } else { "flw-hash-1" }));
+            headers.push(h(
+                "verif-hash",
+                if forged { "flw-hash-2" } else { "flw-hash-1" },
+            ));
         }
         other => panic!("no signer for {other}"),
     }
@@ -229,9 +236,15 @@ fn sign(source: &str, body: &[u8], ts: i64, forged: bool) -> Headers {
 /// A body each source's key and type rules read.
 fn body_for(source: &str, id: &str) -> Vec<u8> {
     let v = match source {
-        "paystack" => serde_json::json!({"event": "charge.success", "data": {"id": id, "amount": 5000}}),
-        "easypost" => serde_json::json!({"id": id, "description": "tracker.updated", "object": "Event"}),
-        "telnyx" => serde_json::json!({"data": {"id": id, "event_type": "call.initiated", "record_type": "event"}}),
+        "paystack" => {
+            serde_json::json!({"event": "charge.success", "data": {"id": id, "amount": 5000}})
+        }
+        "easypost" => {
+            serde_json::json!({"id": id, "description": "tracker.updated", "object": "Event"})
+        }
+        "telnyx" => {
+            serde_json::json!({"data": {"id": id, "event_type": "call.initiated", "record_type": "event"}})
+        }
         "chargebee" => serde_json::json!({"id": id, "event_type": "subscription_created"}),
         "flutter" => serde_json::json!({"event": "charge.completed", "data": {"id": id}}),
         _ => serde_json::json!({"id": id, "type": "thing.happened"}),
@@ -261,7 +274,11 @@ const SETTINGS: [&str; 7] = [
 ];
 
 fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(backend: Backend) {
-    let server = Server::start_on(backend, &backend.config(ServerConfig::new().tables(&tables())), &[]);
+    let server = Server::start_on(
+        backend,
+        &backend.config(ServerConfig::new().tables(&tables())),
+        &[],
+    );
     for source in SETTINGS {
         let id = format!("{source}-1");
         let body = body_for(source, &id);
@@ -269,15 +286,28 @@ fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(back
         // Forged (another key, password or token): 401, nothing stored.
         let forged = post(&server, source, &sign(source, &body, now(), true), &body);
         assert_eq!(forged.status, 401, "{source} forged: {}", forged.text());
-        assert_eq!(count(&server, source), 0, "{source}: a forged delivery was stored");
+        assert_eq!(
+            count(&server, source),
+            0,
+            "{source}: a forged delivery was stored"
+        );
 
         // Tampered: signed for one body, another sent. (A token or a
         // password signs no body: those kinds verify who sends, not what.)
         if source != "chargebee" && source != "flutter" {
             let tampered = body_for(source, &format!("{source}-evil"));
-            let r = post(&server, source, &sign(source, &body, now(), false), &tampered);
+            let r = post(
+                &server,
+                source,
+                &sign(source, &body, now(), false),
+                &tampered,
+            );
             assert_eq!(r.status, 401, "{source} tampered: {}", r.text());
-            assert_eq!(count(&server, source), 0, "{source}: a tampered body was stored");
+            assert_eq!(
+                count(&server, source),
+                0,
+                "{source}: a tampered body was stored"
+            );
         }
 
         // Unsigned: 401.
@@ -290,12 +320,21 @@ fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(back
         assert_eq!(ok.json_status().as_deref(), Some("accepted"), "{source}");
         assert_eq!(count(&server, source), 1, "{source}");
         let again = post(&server, source, &sign(source, &body, now(), false), &body);
-        assert_eq!(again.json_status().as_deref(), Some("duplicate"), "{source}");
+        assert_eq!(
+            again.json_status().as_deref(),
+            Some("duplicate"),
+            "{source}"
+        );
         assert_eq!(count(&server, source), 1, "{source}");
     }
     // Telnyx signs a timestamp: one older than the tolerance (5 min) is 401.
     let body = body_for("telnyx", "telnyx-stale");
-    let stale = post(&server, "telnyx", &sign("telnyx", &body, now() - 400, false), &body);
+    let stale = post(
+        &server,
+        "telnyx",
+        &sign("telnyx", &body, now() - 400, false),
+        &body,
+    );
     assert_eq!(stale.status, 401, "{}", stale.text());
     assert!(stale.text().contains("timestamp"), "{}", stale.text());
     assert_eq!(count(&server, "telnyx"), 1);
@@ -348,7 +387,11 @@ fn xero_signed(body: &[u8], key: &[u8]) -> Headers {
 }
 
 fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
-    let server = Server::start_on(backend, &backend.config(ServerConfig::new().tables(&tables())), &[]);
+    let server = Server::start_on(
+        backend,
+        &backend.config(ServerConfig::new().tables(&tables())),
+        &[],
+    );
     let d1 = "2026-01-01T10:00:00.000";
     let first = xero(&[("INV-1", d1), ("INV-2", d1), ("INV-3", d1)]);
     let r = post(&server, "xero", &xero_signed(&first, b"xero-key"), &first);
@@ -398,7 +441,12 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
 
     // A signed body whose batch path is not an array: 400, nothing stored.
     let not_array = br#"{"events":{"resourceId":"INV-7"}}"#;
-    let r = post(&server, "xero", &xero_signed(not_array, b"xero-key"), not_array);
+    let r = post(
+        &server,
+        "xero",
+        &xero_signed(not_array, b"xero-key"),
+        not_array,
+    );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("array"), "{}", r.text());
     assert_eq!(count(&server, "xero"), 4);
@@ -408,7 +456,12 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
     let token = vec![json_ct(), h("X-Token", "strict-token")];
     let r = post(&server, "strict", &token, br#"{"items":[]}"#);
     assert_eq!(r.status, 400, "{}", r.text());
-    let r = post(&server, "strict", &token, br#"{"items":[{"id":"a"},{"id":"b"}]}"#);
+    let r = post(
+        &server,
+        "strict",
+        &token,
+        br#"{"items":[{"id":"a"},{"id":"b"}]}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let ids: Vec<String> = r.json()["events"]
         .as_array()

@@ -312,7 +312,11 @@ pub(super) struct Item {
 
 /// The events of a batch delivery, in order; refused when the body is
 /// not the provider's shape or has more than `max` items.
-pub(super) fn items(batch: Batch<'_>, body: &[u8], max: usize) -> Result<(Vec<Item>, String), Refused> {
+pub(super) fn items(
+    batch: Batch<'_>,
+    body: &[u8],
+    max: usize,
+) -> Result<(Vec<Item>, String), Refused> {
     let bad = |m: String| refused(Delivery::BadRequest, 400, m);
     let value: Value =
         serde_json::from_slice(body).map_err(|e| bad(format!("body is not valid JSON: {e}")))?;
