@@ -169,6 +169,14 @@ fn unsigned_request(
         &mut headers,
         target.filter(|_| !from_sample),
     )?;
+    // A provider's sample has its kind's id and type written in; a key or
+    // type the source sets itself is written where it reads them.
+    if from_sample
+        && source.batch().is_none()
+        && let Some(v) = body_json.as_mut()
+    {
+        put_own_parts(source, (id, event_type), v);
+    }
     // A sample of a batch source: the item, in a batch of one.
     if let (Some(pointer), None) = (batch_items, &given)
         && let Some(item) = body_json.take()
@@ -311,6 +319,32 @@ fn put_id_and_type(
         }
     }
     Ok(())
+}
+
+/// Writes the id (and type) at the `json:` places of a key (and type)
+/// rule the source sets over its provider's kind.
+fn put_own_parts(source: &Source, (id, event_type): (&str, &str), sample: &mut Value) {
+    let Some(preset) = source.kind.preset() else {
+        return;
+    };
+    let parse = |specs: &[&str]| -> Option<Vec<Part>> {
+        specs.iter().map(|s| Part::parse(s).ok()).collect()
+    };
+    let mut places: Vec<(&Part, &str)> = Vec::new();
+    if parse(preset.key).as_ref() != Some(&source.key.parts) {
+        places.extend(source.key.parts.iter().map(|p| (p, id)));
+    }
+    if let Some(own) = &source.event_type
+        && parse(preset.event_type.get(..1).unwrap_or(&[])).as_deref()
+            != Some(std::slice::from_ref(own))
+    {
+        places.push((own, event_type));
+    }
+    for (part, value) in places {
+        if let Some(Atom::Json(pointer)) = part.alternatives.first() {
+            set_pointer(sample, pointer, Value::String(value.to_string()));
+        }
+    }
 }
 
 /// The bytes sent: a given body as it is unless something had to be set

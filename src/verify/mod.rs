@@ -231,9 +231,13 @@ impl Scheme {
             Scheme::Linear => "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance".into(),
             Scheme::Standard => "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance".into(),
             Scheme::Hmac(p) => format!(
-                "{} {}: {} HMAC-{} of the body",
+                "{}{}: {} HMAC-{} of the body",
                 p.header,
-                p.prefix,
+                if p.prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", p.prefix)
+                },
                 encoding_name(p.encoding),
                 algorithm_name(p.algorithm)
             ),

@@ -525,3 +525,66 @@ fn send_signs_for_every_generic_setting() {
     assert!(!out.success());
     assert!(out.stderr.contains("--private-key"), "{}", out.stderr);
 }
+
+/// `send` builds its sample from the source's own key and type, also
+/// over a provider kind's: a Postmark source keyed on a field of its own.
+#[test]
+fn send_writes_an_overridden_key_where_the_source_reads_it() {
+    let tables = r#"
+[sources.pm]
+kind = "postmark"
+secrets = ["pm_user:pm-pass"]
+key = ["json:/Metadata/order"]
+type = "json:/Metadata/kind"
+"#;
+    let server = Server::start(&ServerConfig::new().tables(tables), &[]);
+    let out = server.run_cli(&[
+        "send",
+        "pm",
+        "--url",
+        server.base_url(),
+        "--id",
+        "order-77",
+        "--type",
+        "refund",
+    ]);
+    assert!(out.success(), "{out:?}\n{}", server.logs());
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM events WHERE source = 'pm' AND event_id = 'order-77' AND type = 'refund'",
+            &[]
+        ),
+        1,
+        "{}",
+        out.stdout
+    );
+}
+
+/// `check` prints each generic source's rule on one line, and its batch
+/// and answer.
+#[test]
+fn check_prints_each_generic_rule() {
+    let out = crate::harness::check_config(&ServerConfig::new().tables(&tables()));
+    assert!(out.success(), "{out:?}");
+    for line in [
+        "verify     x-paystack-signature: hex HMAC-SHA512 of the body",
+        "verify     X-Hmac-Signature hmac-sha256-hex=: hex HMAC-SHA256 of body; secret NFKD-normalised",
+        "verify     telnyx-signature-ed25519: base64 Ed25519 signature (public key) of timestamp + \"|\" + body; timestamp (unix seconds) within tolerance",
+        "verify     X-Signature: base64 ECDSA P-256 signature (public key) of body",
+        "verify     X-Sig: base64url HMAC-SHA256 of body; secret base64-decoded",
+        "verify     Authorization Basic: user:password, one of the secrets, compared in constant time",
+        "verify     verif-hash: one of the secrets, compared in constant time",
+        "batch      events at /events, each claimed under its own key, at most 1000 a delivery; an empty batch: 200, nothing stored",
+        "batch      events at /items, each claimed under its own key, at most 1000 a delivery; an empty batch: 400",
+        "answer     200 with no body",
+    ] {
+        assert!(out.stdout.contains(line), "no {line:?} in\n{}", out.stdout);
+    }
+    // The public keys and secrets are not printed.
+    assert!(
+        !out.stdout.contains(&ed25519_public_b64()),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("flw-hash-1"), "{}", out.stdout);
+}
