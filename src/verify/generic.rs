@@ -51,9 +51,8 @@ fn key_bytes(secret: &str) -> Option<Vec<u8>> {
             .decode(body)
             .ok();
     }
-    if text.len() % 2 == 0
-        && let Ok(bytes) = hex::decode(text)
-    {
+    // Hex first: a hex text is also base64 (of other bytes).
+    if let Ok(bytes) = hex::decode(text) {
         return Some(bytes);
     }
     base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
