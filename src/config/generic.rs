@@ -162,7 +162,13 @@ pub(super) fn basic_scheme() -> Scheme {
 /// Kind `token`: `header` holds `prefix` and one of the secrets.
 pub(super) fn token_scheme(rs: &RawSource) -> Result<Scheme, String> {
     let header = header_of(rs, "token")?;
-    let prefix = prefix_of(rs)?;
+    // A token's prefix may end in a blank (`Bearer `): the token follows it.
+    let prefix = rs.prefix.clone().unwrap_or_default();
+    if prefix.starts_with(' ') || !prefix.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(format!(
+            "prefix: {prefix:?} must be visible ASCII, blanks only after the first character, e.g. \"Bearer \""
+        ));
+    }
     Ok(Scheme::Rule {
         kind: "token",
         rule: Box::new(SignedRule {
@@ -683,6 +689,35 @@ mod tests {
                 .verifier
                 .verify_request(&Request::post(&bearer, b"{}"), 0)
                 .is_err()
+        );
+        let bearer = source(
+            "[sources.s]\nkind = \"token\"\nheader = \"Authorization\"\nprefix = \"Bearer \"\nsecrets = [\"tok-1\"]\nkey = [\"json:/id\"]",
+        );
+        let auth = |v: &str| vec![("Authorization".to_string(), v.to_string())];
+        assert!(
+            bearer
+                .verifier
+                .verify_request(&Request::post(&auth("Bearer tok-1"), b"{}"), 0)
+                .is_ok()
+        );
+        assert!(
+            bearer
+                .verifier
+                .verify_request(&Request::post(&auth("bearer tok-1"), b"{}"), 0)
+                .is_ok()
+        );
+        for bad in ["tok-1", "Bearer tok-2", "Bearer  tok-1", "Basic tok-1"] {
+            assert!(
+                bearer
+                    .verifier
+                    .verify_request(&Request::post(&auth(bad), b"{}"), 0)
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(
+            error_of("[sources.s]\nkind = \"token\"\nheader = \"X\"\nprefix = \" x\"\nsecrets = [\"t\"]\nkey = [\"json:/id\"]")
+                .contains("prefix: ")
         );
         let token = source(
             "[sources.s]\nkind = \"token\"\nheader = \"verif-hash\"\nsecrets = [\"flw-1\"]\nkey = [\"json:/id\"]",
