@@ -84,3 +84,136 @@ fn p256_key(secret: &str) -> Result<p256::ecdsa::VerifyingKey, String> {
         .or_else(|_| p256::ecdsa::VerifyingKey::from_sec1_bytes(&bytes))
         .map_err(|_| WHAT.to_owned())
 }
+
+/// Wycheproof's HMAC, Ed25519 and ECDSA P-256 vectors through the generic
+/// `hmac` rule, as a source configured by hand would check them: the key
+/// as its configured text (hex for HMAC keys, PEM for public keys), the
+/// message as the body, the tag or signature in a header. Every `valid`
+/// vector verifies and every `invalid` one (malleable, malformed,
+/// truncated signatures, edge-case keys) is refused.
+#[cfg(test)]
+mod wycheproof_vectors {
+    use std::time::Duration;
+
+    use base64::Engine as _;
+    use wycheproof::TestResult;
+
+    use super::super::rule::{Alg, Carrier, Piece, SecretEncoding, SignedRule};
+    use super::super::{Encoding, HmacAlgorithm, Request, Scheme, Secret, Verifier};
+
+    fn verifier(alg: Alg, secret_encoding: SecretEncoding, secret: String) -> Option<Verifier> {
+        let scheme = Scheme::Rule {
+            kind: "hmac",
+            rule: Box::new(SignedRule {
+                alg,
+                encoding: Encoding::Base64,
+                message: vec![Piece::Body],
+                carrier: Carrier::Header {
+                    name: "X-Sig".to_owned(),
+                    prefix: String::new(),
+                    list: None,
+                },
+                timestamp: None,
+                secret_encoding,
+                secret_nfkd: false,
+                escaped_body: false,
+                require: Vec::new(),
+            }),
+        };
+        Verifier::new(scheme, vec![Secret::new(secret)], Duration::ZERO).ok()
+    }
+
+    fn verifies(v: &Verifier, msg: &[u8], sig: &[u8]) -> bool {
+        let headers = vec![(
+            "X-Sig".to_owned(),
+            base64::engine::general_purpose::STANDARD.encode(sig),
+        )];
+        v.verify_request(&Request::post(&headers, msg), 0).is_ok()
+    }
+
+    /// Runs one set; the number of vectors checked.
+    fn check(
+        label: &str,
+        cases: impl Iterator<Item = (Option<Verifier>, Vec<u8>, Vec<u8>, TestResult, usize)>,
+    ) -> usize {
+        let mut checked = 0;
+        let mut wrong = Vec::new();
+        for (v, msg, sig, result, id) in cases {
+            let expected = match result {
+                TestResult::Valid => true,
+                TestResult::Invalid => false,
+                TestResult::Acceptable => continue,
+            };
+            // A key the config refuses verifies nothing: right for an
+            // invalid vector, wrong for a valid one.
+            let got = v.as_ref().is_some_and(|v| verifies(v, &msg, &sig));
+            if got != expected {
+                wrong.push(format!("{label} tcId {id}: expected {expected}, got {got}"));
+            }
+            checked += 1;
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        checked
+    }
+
+    #[test]
+    fn hmac_vectors() {
+        use wycheproof::mac::{TestName, TestSet};
+        let sets = [
+            (TestName::HmacSha1, HmacAlgorithm::Sha1, 160),
+            (TestName::HmacSha256, HmacAlgorithm::Sha256, 256),
+            (TestName::HmacSha512, HmacAlgorithm::Sha512, 512),
+        ];
+        for (name, alg, full) in sets {
+            let set = TestSet::load(name).expect("the set loads");
+            let cases = set
+                .test_groups
+                .into_iter()
+                // A truncated tag is not what a provider sends: full tags only.
+                .filter(|g| g.tag_size == full)
+                .flat_map(|g| g.tests)
+                // An empty key is refused by the config ("empty").
+                .filter(|t| !t.key.is_empty())
+                .map(move |t| {
+                    let v = verifier(Alg::Hmac(alg), SecretEncoding::Hex, hex::encode(&*t.key));
+                    (v, t.msg.to_vec(), t.tag.to_vec(), t.result, t.tc_id)
+                });
+            let n = check(&format!("{name:?}"), cases);
+            assert!(n > 50, "{name:?}: only {n} vectors");
+        }
+    }
+
+    #[test]
+    fn ed25519_vectors() {
+        use wycheproof::eddsa::{TestName, TestSet};
+        let set = TestSet::load(TestName::Ed25519).expect("the set loads");
+        let cases = set.test_groups.into_iter().flat_map(|g| {
+            let pem = g.pem.clone();
+            g.tests.into_iter().map(move |t| {
+                let v = verifier(Alg::Ed25519, SecretEncoding::Text, pem.clone());
+                (v, t.msg.to_vec(), t.sig.to_vec(), t.result, t.tc_id)
+            })
+        });
+        let n = check("ed25519", cases);
+        assert!(n > 100, "only {n} vectors");
+    }
+
+    #[test]
+    fn ecdsa_p256_vectors() {
+        use wycheproof::ecdsa::{TestGroupTypeId, TestName, TestSet};
+        let set = TestSet::load(TestName::EcdsaSecp256r1Sha256).expect("the set loads");
+        let cases = set
+            .test_groups
+            .into_iter()
+            .filter(|g| g.test_type == TestGroupTypeId::Ecdsa)
+            .flat_map(|g| {
+                let pem = g.pem.clone();
+                g.tests.into_iter().map(move |t| {
+                    let v = verifier(Alg::EcdsaP256, SecretEncoding::Text, pem.clone());
+                    (v, t.msg.to_vec(), t.sig.to_vec(), t.result, t.tc_id)
+                })
+            });
+        let n = check("ecdsa-p256", cases);
+        assert!(n > 100, "only {n} vectors");
+    }
+}
