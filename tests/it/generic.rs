@@ -144,6 +144,14 @@ item_key = ["json:/resourceId", "json:/eventDateUtc"]
 item_type = "json:/eventType"
 answer = "empty"
 
+[sources.quiet]
+kind = "token"
+header = "Authorization"
+prefix = "Bearer "
+secrets = ["quiet-token"]
+key = ["json:/id"]
+answer = "empty"
+
 [sources.strict]
 kind = "token"
 header = "X-Token"
@@ -473,6 +481,21 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
         .unwrap_or_default();
     assert_eq!(ids, ["a", "b"]);
     assert_eq!(count(&server, "strict"), 2);
+
+    // answer = "empty" on a single event: stored, then a duplicate, both
+    // 200 without a body; a refusal keeps its JSON error.
+    let bearer = vec![json_ct(), h("Authorization", "Bearer quiet-token")];
+    for _ in 0..2 {
+        let r = post(&server, "quiet", &bearer, br#"{"id":"q1"}"#);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.body.is_empty(), "{}", r.text());
+    }
+    assert_eq!(count(&server, "quiet"), 1);
+    let wrong = vec![json_ct(), h("Authorization", "Bearer quiet-tokem")];
+    let r = post(&server, "quiet", &wrong, br#"{"id":"q2"}"#);
+    assert_eq!(r.status, 401);
+    assert!(r.json()["error"].is_string(), "{}", r.text());
+    assert_eq!(count(&server, "quiet"), 1);
 }
 both_backends!(batches_on_a_generic_kind_claim_each_item_once);
 
