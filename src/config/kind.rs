@@ -9,8 +9,9 @@ use super::presets::{self, Preset};
 use crate::key::Part;
 
 /// The kinds of source, each with its signature scheme and key rule: the
-/// six built in with code of their own, `standard`, `hmac`, `none`, and
-/// every provider of the table in `presets`.
+/// six built in with code of their own, `standard`, the generic `hmac`,
+/// `basic` and `token`, `none`, and every provider of the table in
+/// `presets`.
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
     Stripe,
