@@ -688,6 +688,7 @@ fn describe_source(
         );
     }
     describe_preset(out, config, s);
+    describe_generic(out, config, s);
     if let Some((_, secret)) = database.kept.iter().find(|(name, _)| name == &s.name) {
         // The operator pastes Notion's token into Notion's form.
         let _ = match s.kind.name() {
@@ -746,6 +747,30 @@ fn describe_preset(out: &mut String, config: &Config, s: &crate::config::Source)
             "  handshake  {:?}, answered and not stored",
             p.handshake
         );
+    }
+}
+
+/// A source's own batch (`batch`) and answer (`answer`), on any kind.
+fn describe_generic(out: &mut String, config: &Config, s: &crate::config::Source) {
+    use crate::config::generic::{Answer, EmptyBatch};
+    if let Some(items) = &s.batch_items {
+        let _ = writeln!(
+            out,
+            "  batch      events at {}, each claimed under its own key, at most {} a delivery; an empty batch: {}",
+            if items.is_empty() {
+                "the body (an array)"
+            } else {
+                items
+            },
+            config.max_batch_items,
+            match s.empty_batch {
+                EmptyBatch::Ack => "200, nothing stored",
+                EmptyBatch::Reject => "400",
+            }
+        );
+    }
+    if s.answer == Answer::Empty {
+        let _ = writeln!(out, "  answer     200 with no body");
     }
 }
 

@@ -9,8 +9,9 @@ use super::presets::{self, Preset};
 use crate::key::Part;
 
 /// The kinds of source, each with its signature scheme and key rule: the
-/// six built in with code of their own, `standard`, `hmac`, `none`, and
-/// every provider of the table in `presets`.
+/// six built in with code of their own, `standard`, the generic `hmac`,
+/// `basic` and `token`, `none`, and every provider of the table in
+/// `presets`.
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
     Stripe,
@@ -22,6 +23,10 @@ pub enum Kind {
     Standard,
     Hmac,
     None,
+    /// HTTP Basic authentication, `user:password` secrets.
+    Basic,
+    /// A header that holds one of the secrets.
+    Token,
     Preset(&'static Preset),
 }
 
@@ -34,7 +39,7 @@ impl PartialEq for Kind {
 impl Eq for Kind {}
 
 impl Kind {
-    pub const BUILT_IN: [Kind; 9] = [
+    pub const BUILT_IN: [Kind; 11] = [
         Kind::Stripe,
         Kind::Github,
         Kind::Shopify,
@@ -44,6 +49,8 @@ impl Kind {
         Kind::Standard,
         Kind::Hmac,
         Kind::None,
+        Kind::Basic,
+        Kind::Token,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +64,8 @@ impl Kind {
             Kind::Standard => "standard",
             Kind::Hmac => "hmac",
             Kind::None => "none",
+            Kind::Basic => "basic",
+            Kind::Token => "token",
             Kind::Preset(p) => p.name,
         }
     }
@@ -110,7 +119,7 @@ impl Kind {
             // Slack retries 3 times within an hour, Linear within hours
             Kind::Slack | Kind::Linear => 7,
             // unknown senders: a conservative month
-            Kind::Hmac | Kind::None => 30,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => 30,
         };
         Duration::from_secs(days * 86_400)
     }
@@ -134,7 +143,7 @@ impl Kind {
             ),
             Kind::Slack => (3600, "Slack retries 3 times within the hour"),
             Kind::Linear => (86_400, "Linear retries a few times, backing off over hours"),
-            Kind::Hmac | Kind::None => return None,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => return None,
         };
         Some((Duration::from_secs(secs), what))
     }
@@ -152,7 +161,7 @@ impl Kind {
             Kind::Paddle => "json:/event_id",
             Kind::Linear => "header:Linear-Delivery",
             Kind::Standard => "header:webhook-id|header:svix-id",
-            Kind::Hmac | Kind::None | Kind::Preset(_) => return None,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token | Kind::Preset(_) => return None,
         };
         Part::parse(rule).ok().map(|p| vec![p])
     }
@@ -179,7 +188,7 @@ impl Kind {
             Kind::Paddle => "json:/event_type",
             Kind::Linear => "header:Linear-Event",
             Kind::Standard => "json:/type",
-            Kind::Hmac | Kind::None | Kind::Preset(_) => return None,
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token | Kind::Preset(_) => return None,
         };
         Part::parse(rule).ok()
     }
@@ -214,7 +223,7 @@ impl Kind {
                 "svix-timestamp",
                 "svix-signature",
             ],
-            Kind::Hmac | Kind::None => &[],
+            Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => &[],
             Kind::Preset(p) => p.kept_headers,
         }
     }

@@ -20,6 +20,7 @@ use database_url::DatabaseUrl;
 mod action;
 pub mod check_template;
 pub mod database_url;
+pub mod generic;
 mod kind;
 mod parse;
 pub mod presets;
@@ -153,6 +154,13 @@ pub struct Source {
     pub public_url: Option<String>,
     /// Meta's subscription handshake token.
     pub verify_token: Option<Secret>,
+    /// `batch`: the JSON pointer of the array whose items are the events
+    /// (the built-in batch kinds have their own shape instead).
+    pub batch_items: Option<String>,
+    /// What a correctly signed batch without events is answered.
+    pub empty_batch: generic::EmptyBatch,
+    /// What a stored (or duplicate) delivery is answered.
+    pub answer: generic::Answer,
 }
 
 impl Source {
@@ -165,6 +173,7 @@ impl Source {
                 .kind
                 .preset()
                 .is_some_and(|p| p.batch.is_some() || p.handshake != presets::Handshake::None)
+            || self.batch_items.is_some()
             || !self.hash_without.is_empty()
             || self.key.parts.iter().any(Part::reads_json)
             || self.event_type.as_ref().is_some_and(Part::reads_json)
@@ -214,8 +223,14 @@ impl Source {
     }
 
     /// The batch shape of this source's kind, if its deliveries are batches.
-    pub fn batch(&self) -> Option<presets::Batch> {
-        self.kind.preset().and_then(|p| p.batch)
+    pub fn batch(&self) -> Option<presets::Batch<'_>> {
+        self.kind.preset().and_then(|p| p.batch).or_else(|| {
+            self.batch_items.as_deref().map(|items| presets::Batch {
+                items,
+                inner: "",
+                delivery_id: None,
+            })
+        })
     }
 
     pub fn action(&self, name: &str) -> Option<&Action> {

@@ -6,7 +6,7 @@
 //! and the source of each value are in docs/configuration.md's table.
 
 use crate::verify::rule::{
-    Alg, Carrier, Piece, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
+    Alg, Carrier, Piece, SecretEncoding, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
 };
 use crate::verify::{Encoding, HmacAlgorithm, Scheme};
 
@@ -29,13 +29,13 @@ pub enum Handshake {
 
 /// Where the events of a batch delivery are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batch {
+pub struct Batch<'a> {
     /// The array of items ("" for a body that is an array).
-    pub items: &'static str,
+    pub items: &'a str,
     /// Inside each item, where the event is ("" for the item itself).
-    pub inner: &'static str,
+    pub inner: &'a str,
     /// The provider's id of the delivery, when it has one.
-    pub delivery_id: Option<&'static str>,
+    pub delivery_id: Option<&'a str>,
 }
 
 /// What a stored delivery is answered with.
@@ -71,7 +71,7 @@ pub struct Preset {
     pub horizon: Option<(u64, &'static str)>,
     pub kept_headers: &'static [&'static str],
     pub handshake: Handshake,
-    pub batch: Option<Batch>,
+    pub batch: Option<Batch<'static>>,
     pub ack: Ack,
     /// The sample `send` posts: `{id}`, `{type}` and `{now}` are replaced.
     pub sample: &'static str,
@@ -106,7 +106,8 @@ fn rule(
             message,
             carrier,
             timestamp,
-            hex_key: false,
+            secret_encoding: SecretEncoding::Text,
+            secret_nfkd: false,
             escaped_body: false,
             require: Vec::new(),
         }),

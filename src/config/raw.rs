@@ -61,6 +61,15 @@ pub(super) struct RawSource {
     pub(super) public_url: Option<String>,
     // kind = "meta"
     pub(super) verify_token: Option<String>,
+    // kind = "hmac": how a secret's text becomes key bytes
+    pub(super) secret_encoding: Option<String>,
+    pub(super) secret_normalize: Option<String>,
+    // batches and answers, on any kind
+    pub(super) batch: Option<String>,
+    pub(super) item_key: Option<Vec<String>>,
+    pub(super) item_type: Option<String>,
+    pub(super) empty_batch: Option<String>,
+    pub(super) answer: Option<String>,
     #[serde(default)]
     pub(super) actions: Vec<RawAction>,
 }

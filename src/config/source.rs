@@ -5,20 +5,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::action::{check_after, resolve_action};
+use super::generic;
 use super::kind::Kind;
 use super::presets::Handshake;
 use super::raw::{RawAction, RawSource};
 use super::values::{opt_duration, parse_duration, resolve_secret, valid_name};
 use super::{Action, OnMismatch, Source};
 use crate::key::{Part, Rule};
-use crate::verify::rule::{
-    Alg, Carrier, Piece, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
-};
-use crate::verify::{Encoding, HmacAlgorithm, HmacParams, Scheme, Verifier};
+use crate::verify::{Scheme, Verifier};
 
 /// Resolves one source, step by step in the file's order of keys, so the
 /// first error named is the one a reader meets first.
-pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<Source, String> {
+pub(super) fn resolve_source(name: &str, mut rs: RawSource, base: &Path) -> Result<Source, String> {
     if !valid_name(name) {
         return Err(
             "name: a source name is 1 to 64 of A-Z a-z 0-9 _ - . (it is a URL path segment)"
@@ -32,6 +30,7 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
     let mut signing = signing_of(kind, scheme, &rs, base)?;
     signing.verifier = signing.verifier.with_public_url(public_url.clone());
     let (retention, payload_retention) = retentions_of(kind, &rs)?;
+    let shape = generic::shape_of(kind, &mut rs)?;
     let (key_parts, event_type, hash) = rules_of(kind, &rs)?;
     let preset = kind.preset();
     let parse_all = |specs: &[&str]| -> Vec<Part> {
@@ -73,6 +72,9 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         actions,
         public_url,
         verify_token,
+        batch_items: shape.batch_items,
+        empty_batch: shape.empty_batch,
+        answer: shape.answer,
     })
 }
 
@@ -156,9 +158,13 @@ fn scheme_of(kind: Kind, rs: &RawSource) -> Result<Scheme, String> {
         ("template", rs.template.is_some()),
         ("timestamp_header", rs.timestamp_header.is_some()),
         ("timestamp_format", rs.timestamp_format.is_some()),
+        ("secret_encoding", rs.secret_encoding.is_some()),
+        ("secret_normalize", rs.secret_normalize.is_some()),
     ];
+    // `token` names its header (and a prefix) too.
+    let taken = |key: &str| kind == Kind::Token && (key == "header" || key == "prefix");
     if kind != Kind::Hmac
-        && let Some((key, _)) = hmac_keys.iter().find(|(_, set)| *set)
+        && let Some((key, _)) = hmac_keys.iter().find(|(key, set)| *set && !taken(key))
     {
         return Err(format!(
             "{key}: only sources of kind \"hmac\" take this key"
@@ -174,130 +180,9 @@ fn scheme_of(kind: Kind, rs: &RawSource) -> Result<Scheme, String> {
         Kind::Standard => Scheme::Standard,
         Kind::None => Scheme::None,
         Kind::Preset(p) => (p.scheme)(),
-        Kind::Hmac if rs.template.is_some() || rs.timestamp_header.is_some() => {
-            hmac_template(hmac_params(rs)?, rs)?
-        }
-        Kind::Hmac => Scheme::Hmac(hmac_params(rs)?),
-    })
-}
-
-/// Kind `hmac` with a `template` of the signed content: `{body}`,
-/// `{timestamp}` (from `timestamp_header`, checked against `tolerance`),
-/// `{url}` (`public_url`), `{method}`, `{header:Name}` and literal text.
-fn hmac_template(params: HmacParams, rs: &RawSource) -> Result<Scheme, String> {
-    let template = rs.template.as_deref().unwrap_or("{body}");
-    let mut message = Vec::new();
-    let mut rest = template;
-    while !rest.is_empty() {
-        match rest.find('{') {
-            Some(0) => {
-                let end = rest
-                    .find('}')
-                    .ok_or_else(|| format!("template: {template:?} has a {{ without its }}"))?;
-                let name = &rest[1..end];
-                message.push(match name {
-                    "body" => Piece::Body,
-                    "timestamp" => Piece::Timestamp,
-                    "url" => Piece::Url,
-                    "method" => Piece::Method,
-                    other => match other.strip_prefix("header:") {
-                        Some(h) if !h.is_empty() => Piece::Header(h.to_string()),
-                        _ => {
-                            return Err(format!(
-                                "template: unknown placeholder {{{other}}}; use {{body}}, {{timestamp}}, {{url}}, {{method}} or {{header:Name}}"
-                            ));
-                        }
-                    },
-                });
-                rest = &rest[end + 1..];
-            }
-            Some(i) => {
-                message.push(Piece::Text(rest[..i].to_string()));
-                rest = &rest[i..];
-            }
-            None => {
-                message.push(Piece::Text(rest.to_string()));
-                rest = "";
-            }
-        }
-    }
-    if !message.contains(&Piece::Body) {
-        return Err(format!("template: {template:?} does not sign {{body}}"));
-    }
-    let format: TimeFormat = match &rs.timestamp_format {
-        Some(f) => f.parse().map_err(|e| format!("timestamp_format: {e}"))?,
-        None => TimeFormat::Unix,
-    };
-    let timestamp = match (&rs.timestamp_header, message.contains(&Piece::Timestamp)) {
-        (Some(h), true) => Some(Timestamp {
-            from: TimeFrom::Header(h.clone()),
-            format,
-            window: Window::Both,
-        }),
-        (None, true) => {
-            return Err(
-                "timestamp_header: the template signs {timestamp}; name the header it comes in"
-                    .to_string(),
-            );
-        }
-        (Some(_), false) => {
-            return Err("timestamp_header: the template does not sign {timestamp}, so a timestamp header would not be verified".to_string());
-        }
-        (None, false) => None,
-    };
-    Ok(Scheme::Rule {
-        kind: "hmac",
-        rule: Box::new(SignedRule {
-            alg: Alg::Hmac(params.algorithm),
-            encoding: params.encoding,
-            message,
-            carrier: Carrier::Header {
-                name: params.header,
-                prefix: params.prefix,
-                list: None,
-            },
-            timestamp,
-            hex_key: false,
-            escaped_body: false,
-            require: Vec::new(),
-        }),
-    })
-}
-
-fn hmac_params(rs: &RawSource) -> Result<HmacParams, String> {
-    let header = rs
-        .header
-        .clone()
-        .filter(|h| !h.trim().is_empty())
-        .ok_or("header: kind \"hmac\" needs the name of the signature header")?;
-    let algorithm = match rs.algorithm.as_deref().unwrap_or("sha256") {
-        "sha1" => HmacAlgorithm::Sha1,
-        "sha256" => HmacAlgorithm::Sha256,
-        "sha512" => HmacAlgorithm::Sha512,
-        other => {
-            return Err(format!(
-                "algorithm: expected sha1, sha256 or sha512, got {other:?}"
-            ));
-        }
-    };
-    let encoding = match rs.encoding.as_deref().unwrap_or("hex") {
-        "hex" => Encoding::Hex,
-        "base64" => Encoding::Base64,
-        other => return Err(format!("encoding: expected hex or base64, got {other:?}")),
-    };
-    let prefix = rs.prefix.clone().unwrap_or_default();
-    // Header values are trimmed, so a prefix with blanks or control
-    // characters could never match.
-    if !prefix.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!(
-            "prefix: {prefix:?} must be visible ASCII without spaces, e.g. \"sha256=\""
-        ));
-    }
-    Ok(HmacParams {
-        header,
-        algorithm,
-        encoding,
-        prefix,
+        Kind::Hmac => generic::hmac_scheme(rs)?,
+        Kind::Basic => generic::basic_scheme(),
+        Kind::Token => generic::token_scheme(rs)?,
     })
 }
 
@@ -338,7 +223,9 @@ fn signing_of(kind: Kind, scheme: Scheme, rs: &RawSource, base: &Path) -> Result
     }
     let mut secrets = Vec::new();
     for (i, spec) in rs.secrets.iter().enumerate() {
-        secrets.push(resolve_secret(spec, base).map_err(|e| format!("secrets[{i}]: {e}"))?);
+        let secret = resolve_secret(spec, base).map_err(|e| format!("secrets[{i}]: {e}"))?;
+        generic::check_secret(kind, secret.expose()).map_err(|e| format!("secrets[{i}]: {e}"))?;
+        secrets.push(secret);
     }
     let secret_count = secrets.len();
     let default_tolerance = kind

@@ -576,6 +576,8 @@ fn the_documented_hmac_template_configs_work() {
         .nth(1)
         .expect("the section exists");
     let section = section.split("\n## ").next().unwrap_or(section);
+    // (The providers configured by hand have a test of their own.)
+    let section = section.split("\n### ").next().unwrap_or(section);
     let blocks: Vec<&str> = section
         .split("```toml")
         .skip(1)

@@ -152,14 +152,39 @@ fn unsigned_request(
         Some(bytes) => serde_json::from_slice::<Value>(bytes).ok(),
         None => Some(sample(source.kind, id, event_type, created)),
     };
+    // With `batch`, the id and type go into the item (a given body's first).
+    let batch_items = source.batch_items.as_deref();
+    let target = match (batch_items, body_json.as_mut()) {
+        (Some(pointer), Some(v)) if given.is_some() => v
+            .pointer_mut(pointer)
+            .and_then(Value::as_array_mut)
+            .and_then(|items| items.first_mut()),
+        (_, v) => v,
+    };
     put_id_and_type(
         source,
         (id, event_type),
         asked,
         given.is_some() && !from_sample,
         &mut headers,
-        body_json.as_mut().filter(|_| !from_sample),
+        target.filter(|_| !from_sample),
     )?;
+    // A provider's sample has its kind's id and type written in; a key or
+    // type the source sets itself is written where it reads them.
+    if from_sample
+        && source.batch().is_none()
+        && let Some(v) = body_json.as_mut()
+    {
+        put_own_parts(source, (id, event_type), v);
+    }
+    // A sample of a batch source: the item, in a batch of one.
+    if let (Some(pointer), None) = (batch_items, &given)
+        && let Some(item) = body_json.take()
+    {
+        let mut root = json!({});
+        set_pointer(&mut root, pointer, Value::Array(vec![item]));
+        body_json = Some(root);
+    }
     if let Some(p) = preset {
         extra_headers(p.name, id, &mut headers);
     }
@@ -294,6 +319,32 @@ fn put_id_and_type(
         }
     }
     Ok(())
+}
+
+/// Writes the id (and type) at the `json:` places of a key (and type)
+/// rule the source sets over its provider's kind.
+fn put_own_parts(source: &Source, (id, event_type): (&str, &str), sample: &mut Value) {
+    let Some(preset) = source.kind.preset() else {
+        return;
+    };
+    let parse = |specs: &[&str]| -> Option<Vec<Part>> {
+        specs.iter().map(|s| Part::parse(s).ok()).collect()
+    };
+    let mut places: Vec<(&Part, &str)> = Vec::new();
+    if parse(preset.key).as_ref() != Some(&source.key.parts) {
+        places.extend(source.key.parts.iter().map(|p| (p, id)));
+    }
+    if let Some(own) = &source.event_type
+        && parse(preset.event_type.get(..1).unwrap_or(&[])).as_deref()
+            != Some(std::slice::from_ref(own))
+    {
+        places.push((own, event_type));
+    }
+    for (part, value) in places {
+        if let Some(Atom::Json(pointer)) = part.alternatives.first() {
+            set_pointer(sample, pointer, Value::String(value.to_string()));
+        }
+    }
 }
 
 /// The bytes sent: a given body as it is unless something had to be set
@@ -442,7 +493,7 @@ fn default_type(kind: Kind) -> &'static str {
         Kind::Paddle => "transaction.completed",
         Kind::Linear => "Issue",
         Kind::Standard => "invoice.paid",
-        Kind::Hmac | Kind::None => "test.event",
+        Kind::Hmac | Kind::None | Kind::Basic | Kind::Token => "test.event",
         Kind::Preset(p) => p.sample_type,
     }
 }

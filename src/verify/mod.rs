@@ -17,6 +17,7 @@
 //! input-driven path panics.
 
 mod custom;
+mod generic;
 mod github;
 mod hmac_generic;
 mod linear;
@@ -104,6 +105,9 @@ pub enum Encoding {
     Hex,
     /// Standard alphabet with padding, both ways.
     Base64,
+    /// URL-safe alphabet (`-` and `_`); padding optional when verifying,
+    /// none when signing.
+    Base64Url,
     /// The value as sent: a shared secret in a header, not a signature.
     Text,
 }
@@ -127,6 +131,7 @@ fn encoding_name(encoding: Encoding) -> &'static str {
     match encoding {
         Encoding::Hex => "hex",
         Encoding::Base64 => "base64",
+        Encoding::Base64Url => "base64url",
         Encoding::Text => "plain",
     }
 }
@@ -226,11 +231,20 @@ impl Scheme {
             Scheme::Linear => "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance".into(),
             Scheme::Standard => "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance".into(),
             Scheme::Hmac(p) => format!(
-                "{} {}: {} HMAC-{} of the body",
+                "{}{}: {} HMAC-{} of the body",
                 p.header,
-                p.prefix,
+                if p.prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", p.prefix)
+                },
                 encoding_name(p.encoding),
                 algorithm_name(p.algorithm)
+            ),
+            Scheme::Rule { kind: "basic", .. } => "Authorization Basic: user:password, one of the secrets, compared in constant time".into(),
+            Scheme::Rule { kind: "token", rule } => format!(
+                "{}: one of the secrets, compared in constant time",
+                rule.carrier_text()
             ),
             Scheme::Rule { rule, .. } => rule.describe(),
             Scheme::Twilio => "X-Twilio-Signature: base64 HMAC-SHA1 (SHA-256 with the signature settings) of public_url + query + sorted form fields, or of the URL with bodySHA256".into(),
@@ -710,6 +724,12 @@ fn decode_key(scheme: &Scheme, secret: &str) -> Result<Key, String> {
         Scheme::Adyen => hex::decode(secret)
             .map(Key::Hmac)
             .map_err(|_| "the adyen HMAC key is written in hex".to_owned()),
+        // The generic kinds: public keys as base64, hex or PEM, and a
+        // shared secret's text turned into key bytes as configured.
+        Scheme::Rule {
+            kind: "hmac" | "basic" | "token",
+            rule,
+        } => generic::decode_key(rule, secret),
         Scheme::Rule { rule, .. } => match rule.alg {
             rule::Alg::Ed25519 => {
                 let bytes: [u8; 32] = hex::decode(secret)
@@ -731,10 +751,7 @@ fn decode_key(scheme: &Scheme, secret: &str) -> Result<Key, String> {
                         "not a P-256 public key (base64 DER SubjectPublicKeyInfo)".to_owned()
                     })
             }
-            _ if rule.hex_key => hex::decode(secret)
-                .map(Key::Hmac)
-                .map_err(|_| "the key is written in hex".to_owned()),
-            _ => Ok(Key::Hmac(secret.as_bytes().to_vec())),
+            _ => generic::shared_key(rule, secret).map(Key::Hmac),
         },
         // Every other provider uses the secret's text as the HMAC key, prefix
         // and all (Stripe's `whsec_` included).
@@ -883,6 +900,9 @@ fn decode_signature(header: &str, raw: &str, encoding: Encoding) -> Result<Vec<u
         Encoding::Base64 => base64::engine::general_purpose::STANDARD
             .decode(raw)
             .map_err(|_| malformed(header, MalformedReason::BadBase64)),
+        Encoding::Base64Url => base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(raw.trim_end_matches('='))
+            .map_err(|_| malformed(header, MalformedReason::BadBase64)),
         Encoding::Text => Ok(raw.as_bytes().to_vec()),
     }
 }
@@ -891,6 +911,7 @@ fn encode_signature(bytes: &[u8], encoding: Encoding) -> String {
     match encoding {
         Encoding::Hex => hex::encode(bytes),
         Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(bytes),
+        Encoding::Base64Url => base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes),
         Encoding::Text => String::from_utf8_lossy(bytes).into_owned(),
     }
 }

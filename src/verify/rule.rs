@@ -131,6 +131,14 @@ pub struct Timestamp {
     pub window: Window,
 }
 
+/// How a shared secret's text is turned into key bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretEncoding {
+    Text,
+    Base64,
+    Hex,
+}
+
 /// A provider's signature rule, as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedRule {
@@ -139,8 +147,11 @@ pub struct SignedRule {
     pub message: Vec<Piece>,
     pub carrier: Carrier,
     pub timestamp: Option<Timestamp>,
-    /// HMAC keys are the hex-decoded secret (Adyen), not its text.
-    pub hex_key: bool,
+    /// How a shared secret's text becomes key bytes (its text, or decoded
+    /// from base64 or hex).
+    pub secret_encoding: SecretEncoding,
+    /// The secret's text NFKD-normalised first (EasyPost).
+    pub secret_nfkd: bool,
     /// Also accept a signature over the body with non-ASCII characters
     /// written as `\uXXXX` (Box's SDKs check both).
     pub escaped_body: bool,
@@ -154,9 +165,9 @@ impl SignedRule {
         self.message.contains(piece)
     }
 
-    /// The rule in one line, for `check`.
-    pub fn describe(&self) -> String {
-        let carrier = match &self.carrier {
+    /// Where the signature is sent, in a few words, for `check`.
+    pub fn carrier_text(&self) -> String {
+        match &self.carrier {
             Carrier::Header { name, prefix, list } => format!(
                 "{name}{}{}",
                 if prefix.is_empty() {
@@ -177,7 +188,12 @@ impl SignedRule {
             }
             Carrier::Positional(name) => format!("{name} ts,sig,.."),
             Carrier::Json(pointer) => format!("body {pointer}"),
-        };
+        }
+    }
+
+    /// The rule in one line, for `check`.
+    pub fn describe(&self) -> String {
+        let carrier = self.carrier_text();
         let content: Vec<String> = self
             .message
             .iter()
@@ -194,6 +210,7 @@ impl SignedRule {
         let encoding = match self.encoding {
             Encoding::Hex => "hex",
             Encoding::Base64 => "base64",
+            Encoding::Base64Url => "base64url",
             Encoding::Text => "plain",
         };
         let what = match self.alg {
@@ -232,7 +249,15 @@ impl SignedRule {
                 }
             ),
         };
-        format!("{carrier}: {what}{time}")
+        let secret = match (self.secret_encoding, self.secret_nfkd) {
+            (SecretEncoding::Text, false) => "",
+            (SecretEncoding::Text, true) => "; secret NFKD-normalised",
+            (SecretEncoding::Base64, false) => "; secret base64-decoded",
+            (SecretEncoding::Base64, true) => "; secret NFKD-normalised, base64-decoded",
+            (SecretEncoding::Hex, false) => "; secret hex-decoded",
+            (SecretEncoding::Hex, true) => "; secret NFKD-normalised, hex-decoded",
+        };
+        format!("{carrier}: {what}{time}{secret}")
     }
 }
 
@@ -624,7 +649,7 @@ fn decode(name: &str, raw: &str, encoding: Encoding) -> Result<Vec<u8>, VerifyEr
         Encoding::Base64 => base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
             .decode(raw)
             .map_err(|_| malformed(name, MalformedReason::BadBase64)),
-        Encoding::Hex => super::decode_signature(name, raw, Encoding::Hex),
+        Encoding::Hex | Encoding::Base64Url => super::decode_signature(name, raw, encoding),
     }
 }
 
@@ -643,7 +668,7 @@ fn match_keys(
     let keys = verifier.keys_now();
     keys.iter().position(|key| match (rule.alg, key) {
         (Alg::Hmac(alg), Key::Hmac(k)) => super::hmac_matches(alg, k, message, signatures),
-        (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| bool::from(s.ct_eq(k))),
+        (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| token_matches(s, k)),
         (Alg::Ed25519, Key::Ed25519(k)) => {
             let content = content.get_or_insert_with(joined);
             signatures.iter().any(|s| {
@@ -661,6 +686,16 @@ fn match_keys(
         }
         _ => false,
     })
+}
+
+/// A sent token against a secret, in constant time whatever their
+/// lengths: their SHA-256 digests are compared, never the texts (a
+/// byte comparison returns early when the lengths differ).
+fn token_matches(sent: &[u8], secret: &[u8]) -> bool {
+    use sha2::Digest as _;
+    let sent = sha2::Sha256::digest(sent);
+    let secret = sha2::Sha256::digest(secret);
+    bool::from(sent.as_slice().ct_eq(secret.as_slice()))
 }
 
 fn parse_time(rule: &SignedRule, t: &Timestamp, raw: &str) -> Result<i64, VerifyError> {

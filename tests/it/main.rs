@@ -17,6 +17,7 @@ mod database;
 mod downstream;
 mod edge;
 mod first_hour;
+mod generic;
 mod harness;
 mod helpers;
 mod hostile;

@@ -68,6 +68,8 @@ pub fn receive<B: Backend>(app: &Arc<App<B>>, source_name: &str, rq: &mut Incomi
             // rest of the body was never read.)
             if r.status == 405 {
                 reply.with_header("Allow", "POST")
+            } else if r.status == 401 && found.is_some_and(|(_, s)| s.kind == Kind::Basic) {
+                reply.with_header("WWW-Authenticate", "Basic realm=\"idemhook\"")
             } else if r.status == 503 {
                 reply.retry_after()
             } else {
@@ -232,7 +234,7 @@ fn accept_batch<B: Backend>(
     index: usize,
     source: &Source,
     rq: &mut Incoming<'_>,
-    batch: crate::config::presets::Batch,
+    batch: crate::config::presets::Batch<'_>,
     body: Vec<u8>,
     verdict: crate::verify::Verdict,
     received_at: i64,
@@ -240,7 +242,15 @@ fn accept_batch<B: Backend>(
 ) -> Result<Reply, Refused> {
     let (items, delivery) = providers::items(batch, &body, app.config.max_batch_items)?;
     if items.is_empty() {
-        // A heartbeat (Asana's `{"events":[]}`): nothing to store.
+        if source.empty_batch == crate::config::generic::EmptyBatch::Reject {
+            return Err(refused(
+                Delivery::BadRequest,
+                400,
+                "the batch has no events (empty_batch = \"reject\")",
+            ));
+        }
+        // A heartbeat (Asana's `{"events":[]}`, Xero's "intent to
+        // receive"): nothing to store.
         return Ok(providers::batch_answer(source, &[], &[]).1);
     }
     let kept_headers = kept_headers(source, &rq.headers);

@@ -312,7 +312,11 @@ pub(super) struct Item {
 
 /// The events of a batch delivery, in order; refused when the body is
 /// not the provider's shape or has more than `max` items.
-pub(super) fn items(batch: Batch, body: &[u8], max: usize) -> Result<(Vec<Item>, String), Refused> {
+pub(super) fn items(
+    batch: Batch<'_>,
+    body: &[u8],
+    max: usize,
+) -> Result<(Vec<Item>, String), Refused> {
     let bad = |m: String| refused(Delivery::BadRequest, 400, m);
     let value: Value =
         serde_json::from_slice(body).map_err(|e| bad(format!("body is not valid JSON: {e}")))?;
@@ -377,6 +381,9 @@ fn raw_array(raw: &RawValue, pointer: &str) -> Option<Vec<Box<RawValue>>> {
 /// The answer to a stored (or duplicate) delivery, when the provider
 /// expects its own instead of idemhook's JSON.
 pub(super) fn provider_answer(source: &Source) -> Option<Reply> {
+    if source.answer == crate::config::generic::Answer::Empty {
+        return Some(Reply::text(200, "text/plain", String::new()));
+    }
     match source.kind.preset().map(|p| p.ack)? {
         Ack::Json => None,
         Ack::Accepted => Some(Reply::text(200, "text/plain", "[accepted]".to_owned())),

@@ -1470,6 +1470,300 @@ def gen_svix():
 
 # ---------------------------------------------------------------- main
 
+
+# ---------------------------------------------------------------- generic kinds (hmac, basic, token), configured by hand
+
+def generic_set(config, wrong_secrets=None, **kw):
+    """kind_set for a generic kind: the vectors carry the source's TOML lines
+    (`config`, after kind and secrets) and, for public keys, another key
+    of the same shape (`wrong_secrets`) for the hand-made negatives."""
+    first = len(VECTORS)
+    g = kind_set(**kw)
+    for v in VECTORS[first:]:
+        v["config"] = config
+        if wrong_secrets is not None:
+            v["wrong_secrets"] = wrong_secrets
+    return g
+
+
+def tag_config(first, config, wrong_secrets=None):
+    for v in VECTORS[first:]:
+        v["config"] = config
+        if wrong_secrets is not None:
+            v["wrong_secrets"] = wrong_secrets
+
+
+def gen_generic():
+    import unicodedata
+
+    import nacl.signing
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.exceptions import InvalidSignature
+    from easypost.util import validate_webhook
+    import telnyx.lib.webhook_verification as telnyx_wv
+
+    def lines(**kv):
+        return "".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in kv.items())
+
+    # Paystack: hex HMAC-SHA512 of the body with the secret key.
+    psrc = "signed and verified by hand with Python hmac: Paystack's documented construction (hex HMAC-SHA512 of the body, x-paystack-signature)"
+
+    def p_sign(k, body, ts, u, q):
+        return {"headers": [["x-paystack-signature", hmac_hex(k, body, hashlib.sha512)]]}
+
+    def p_verify(req, secrets, now):
+        sig = hget(req, "x-paystack-signature")
+        return sig is not None and any(hmac.compare_digest(hmac_hex(s, req["body"], hashlib.sha512), sig) for s in secrets)
+
+    body = cj({"event": "charge.success", "data": {"id": 302961, "domain": "test", "status": "success",
+                                                   "reference": "qTPrJoy9Bx", "amount": 10000, "currency": "NGN"}})
+    generic_set(lines(header="x-paystack-signature", algorithm="sha512", key=["json:/event", "json:/data/id"], type="json:/event"),
+                kind="hmac", name="paystack charge.success (sha512 hex)", source=psrc, secrets=["sk_test_paystack_0123"],
+                sign_key="sk_test_paystack_0123", wrong_key="sk_test_paystack_wrong", body=body, tamper=("10000", "90000"),
+                sign=p_sign, verify=p_verify, event_ids=None, event_types=["charge.success"], sig_headers=["x-paystack-signature"])
+
+    # EasyPost: hmac-sha256-hex= + hex HMAC-SHA256, keyed with the NFKD-normalised secret.
+    esrc = f"signed by hand (hex HMAC-SHA256, the secret NFKD-normalised); verified with {pyv('easypost')} easypost.util.validate_webhook"
+    secret = "\ufb01ne-easypost-secret-\u00c5"
+
+    def e_sign_with(normalise):
+        def sign(k, body, ts, u, q):
+            key = unicodedata.normalize("NFKD", k) if normalise else k
+            mac = hmac.new(key.encode("utf-8"), body.encode(), hashlib.sha256).hexdigest()
+            return {"headers": [["X-Hmac-Signature", "hmac-sha256-hex=" + mac]]}
+        return sign
+
+    def e_verify(req, secrets, now):
+        return any(raises_not(validate_webhook, req["body"].encode(), dict(req["headers"]), s) for s in secrets)
+
+    body = cj({"id": "evt_3c8a7e1b2d4f", "object": "Event", "mode": "test", "description": "tracker.updated",
+               "result": {"id": "trk_0123", "object": "Tracker", "status": "in_transit"}})
+    econfig = lines(header="X-Hmac-Signature", prefix="hmac-sha256-hex=", secret_normalize="nfkd", key=["json:/id"], type="json:/description")
+    g = generic_set(econfig, kind="hmac", name="easypost tracker.updated (secret NFKD-normalised)", source=esrc, secrets=[secret],
+                    sign_key=secret, wrong_key=secret + "-wrong", body=body, tamper=("in_transit", "delivered"),
+                    sign=e_sign_with(True), verify=e_verify, event_ids=["evt_3c8a7e1b2d4f"], event_types=["tracker.updated"],
+                    sig_headers=["X-Hmac-Signature"])
+    first = len(VECTORS)
+    r = copy.deepcopy(g)
+    r["headers"] = [["Content-Type", "application/json"]] + e_sign_with(False)(secret, body, NOW, None, "")["headers"]
+    res = e_verify(r, [secret], NOW)
+    assert not res
+    emit("hmac", "easypost: signed with the secret not normalised", esrc, [secret], r, res, "unnormalised_secret")
+    tag_config(first, econfig)
+
+    # Telnyx: Ed25519 over "{timestamp}|{body}", base64, with a 5-minute window.
+    tsrc = (f"signed with {pyv('pynacl')} SigningKey.sign over timestamp|body; verified with "
+            f"{pyv('telnyx')} telnyx.lib.webhook_verification.verify_webhook_signature (its clock frozen at now)")
+    seed = hashlib.sha256(b"idemhook telnyx test key 1").digest()
+    sk, other = nacl.signing.SigningKey(seed), nacl.signing.SigningKey(hashlib.sha256(b"idemhook telnyx test key 2").digest())
+    pub = base64.b64encode(sk.verify_key.encode()).decode()
+    other_pub = base64.b64encode(other.verify_key.encode()).decode()
+    pem = Ed25519PrivateKey.from_private_bytes(seed).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+
+    def t_sign(k, body, ts, u, q):
+        sig = base64.b64encode(k.sign(f"{ts}|{body}".encode()).signature).decode()
+        return {"headers": [["telnyx-signature-ed25519", sig], ["telnyx-timestamp", str(ts)]]}
+
+    def t_verify(req, secrets, now):
+        old = telnyx_wv.time.time
+        telnyx_wv.time.time = lambda: float(now)
+        try:
+            return any(raises_not(telnyx_wv.verify_webhook_signature, req["body"], dict(req["headers"]), s) for s in secrets)
+        finally:
+            telnyx_wv.time.time = old
+
+    body = cj({"data": {"event_type": "call.initiated", "id": "0ccc7b54-4df3-4bca-a65a-3da1ecc777f0",
+                        "occurred_at": "2025-11-29T23:59:50.000000Z", "payload": {"call_control_id": "v3:abc", "direction": "incoming"},
+                        "record_type": "event"}, "meta": {"attempt": 1, "delivered_to": "https://example.com/hooks/telnyx"}})
+    generic_set(lines(algorithm="ed25519", encoding="base64", header="telnyx-signature-ed25519", template="{timestamp}|{body}",
+                      timestamp_header="telnyx-timestamp", key=["json:/data/id"], type="json:/data/event_type"),
+                wrong_secrets=[other_pub], kind="hmac", name="telnyx call.initiated (ed25519, timestamp|body)", source=tsrc,
+                secrets=[pub], sign_key=sk, wrong_key=other, body=body, tamper=("incoming", "outgoing"), sign=t_sign,
+                verify=t_verify, event_ids=["0ccc7b54-4df3-4bca-a65a-3da1ecc777f0"], event_types=["call.initiated"],
+                sig_headers=["telnyx-signature-ed25519"], tolerance=300, future=True, pk=pem)
+
+    # Ed25519, public key as PEM, signature base64url, no timestamp.
+    csrc = f"signed and verified with {pyv('cryptography')} Ed25519PrivateKey.sign / Ed25519PublicKey.verify"
+    ek = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"idemhook generic ed25519 key 1").digest())
+    ek2 = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"idemhook generic ed25519 key 2").digest())
+
+    def spki_pem(k):
+        return k.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+    def pkcs8(k):
+        return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+
+    def b64url(b):
+        return base64.urlsafe_b64encode(b).decode().rstrip("=")
+
+    def unb64url(s):
+        return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+    def ed_sign(k, body, ts, u, q):
+        return {"headers": [["X-Signature", b64url(k.sign(body.encode()))]]}
+
+    def ed_verify(req, secrets, now):
+        sig = hget(req, "X-Signature")
+        if sig is None:
+            return False
+        ok = False
+        for s in secrets:
+            try:
+                serialization.load_pem_public_key(s.encode()).verify(unb64url(sig), req["body"].encode())
+                ok = True
+            except (InvalidSignature, ValueError):
+                pass
+        return ok
+
+    body = cj({"id": "ev_ed_0001", "type": "order.paid", "data": {"order": "ord_1", "total": "12.50"}})
+    generic_set(lines(algorithm="ed25519", encoding="base64url", header="X-Signature", key=["json:/id"], type="json:/type"),
+                wrong_secrets=[spki_pem(ek2)], kind="hmac", name="ed25519, PEM public key, base64url signature", source=csrc,
+                secrets=[spki_pem(ek)], sign_key=ek, wrong_key=ek2, body=body, tamper=("12.50", "99.50"), sign=ed_sign,
+                verify=ed_verify, event_ids=["ev_ed_0001"], event_types=["order.paid"], sig_headers=["X-Signature"], pk=pkcs8(ek))
+
+    # ECDSA P-256 over timestamp.body, DER base64, public key PEM.
+    n = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+    def ec_key(label):
+        d = int.from_bytes(hashlib.sha256(label.encode()).digest(), "big") % (n - 1) + 1
+        return ec.derive_private_key(d, ec.SECP256R1())
+
+    pk1, pk2 = ec_key("idemhook generic p256 key 1"), ec_key("idemhook generic p256 key 2")
+    psrc2 = (f"signed with {pyv('cryptography')} ECDSA P-256/SHA-256 (RFC 6979 deterministic, DER); verified with "
+             f"{pyv('cryptography')} EllipticCurvePublicKey.verify")
+
+    def ec_sign(k, body, ts, u, q):
+        sig = k.sign(f"{ts}.{body}".encode(), ec.ECDSA(hashes.SHA256(), deterministic_signing=True))
+        return {"headers": [["X-Ecdsa-Signature", base64.b64encode(sig).decode()], ["X-Ecdsa-Timestamp", str(ts)]]}
+
+    def ec_verify(req, secrets, now):
+        sig, ts = hget(req, "X-Ecdsa-Signature"), hget(req, "X-Ecdsa-Timestamp")
+        if sig is None or ts is None:
+            return False
+        ok = False
+        for s in secrets:
+            try:
+                serialization.load_pem_public_key(s.encode()).verify(
+                    base64.b64decode(sig), f"{ts}.{req['body']}".encode(), ec.ECDSA(hashes.SHA256()))
+                ok = True
+            except (InvalidSignature, ValueError):
+                pass
+        if ok and abs(now - int(ts)) > 300:
+            return False, "the library checks no window; valid from the source's tolerance (5m)"
+        return ok
+
+    body = cj({"id": "ev_ec_0001", "type": "shipment.created", "data": {"shipment": "shp_1"}})
+    generic_set(lines(algorithm="ecdsa-p256", encoding="base64", header="X-Ecdsa-Signature", template="{timestamp}.{body}",
+                      timestamp_header="X-Ecdsa-Timestamp", key=["json:/id"], type="json:/type"),
+                wrong_secrets=[spki_pem(pk2)], kind="hmac", name="ecdsa-p256 over timestamp.body, DER base64, PEM key",
+                source=psrc2, secrets=[spki_pem(pk1)], sign_key=pk1, wrong_key=pk2, body=body, tamper=("shp_1", "shp_2"),
+                sign=ec_sign, verify=ec_verify, event_ids=["ev_ec_0001"], event_types=["shipment.created"],
+                sig_headers=["X-Ecdsa-Signature"], tolerance=300, future=True, pk=pkcs8(pk1))
+
+    # HMAC-SHA256, base64url, the secret base64 (and, next, hex) decoded into key bytes.
+    raw = hashlib.sha256(b"idemhook generic binary key").digest()
+    hsrc = "signed and verified by hand with Python hmac (the key: the bytes the secret encodes)"
+    for enc, text in [("base64", base64.b64encode(raw).decode()), ("hex", raw.hex())]:
+        def k_sign(k, body, ts, u, q):
+            return {"headers": [["X-Sig", b64url(hmac.new(k, body.encode(), hashlib.sha256).digest())]]}
+
+        def k_verify(req, secrets, now, enc=enc):
+            sig = hget(req, "X-Sig")
+            keys = [base64.b64decode(s) if enc == "base64" else bytes.fromhex(s) for s in secrets]
+            return sig is not None and any(
+                hmac.compare_digest(b64url(hmac.new(k, req["body"].encode(), hashlib.sha256).digest()), sig) for k in keys)
+
+        body = cj({"id": f"ev_{enc}_0001", "type": "thing.happened"})
+        wrong = hashlib.sha256(b"another key").digest()
+        wtext = base64.b64encode(wrong).decode() if enc == "base64" else wrong.hex()
+        generic_set(lines(encoding="base64url", secret_encoding=enc, header="X-Sig", key=["json:/id"], type="json:/type"),
+                    wrong_secrets=[wtext], kind="hmac", name=f"sha256 base64url, secret_encoding {enc}", source=hsrc,
+                    secrets=[text], sign_key=raw, wrong_key=wrong, body=body, tamper=("thing", "other"), sign=k_sign,
+                    verify=k_verify, event_ids=[f"ev_{enc}_0001"], event_types=["thing.happened"], sig_headers=["X-Sig"])
+
+    # Basic (Chargebee): Authorization: Basic base64(user:password), RFC 7617.
+    bsrc = "written by hand per RFC 7617 (Python base64); verified by comparing the decoded user:password"
+
+    def b_sign(k, body, ts, u, q):
+        return {"headers": [["Authorization", "Basic " + base64.b64encode(k.encode()).decode()]]}
+
+    def b_verify(req, secrets, now):
+        a = hget(req, "Authorization")
+        if a is None or not a.startswith("Basic "):
+            return False
+        try:
+            sent = base64.b64decode(a[6:], validate=True).decode()
+        except Exception:
+            return False
+        return any(hmac.compare_digest(sent, s) for s in secrets)
+
+    body = cj({"id": "ev_16BHbhF4s42tO2lK", "occurred_at": NOW - 5, "event_type": "subscription_created",
+               "content": {"subscription": {"id": "sub_1", "status": "active"}}})
+    first = len(VECTORS)
+    g = b_sign("cb_user:cb-pass-0123", body, NOW, None, "")
+    req = {"public_url": None, "method": "POST", "query": "", "headers": [["Content-Type", "application/json"]] + g["headers"], "body": body}
+    bconfig = lines(key=["json:/id"], type="json:/event_type")
+    emit("basic", "chargebee subscription_created (two secrets, the second matches)", bsrc, ["cb_user:new", "cb_user:cb-pass-0123"],
+         req, b_verify(req, ["cb_user:new", "cb_user:cb-pass-0123"], NOW), None, ["ev_16BHbhF4s42tO2lK"], ["subscription_created"])
+    w = copy.deepcopy(req)
+    w["headers"] = [["Content-Type", "application/json"]] + b_sign("cb_user:cb-pass-012", body, NOW, None, "")["headers"]
+    emit("basic", "chargebee: a password one character short", bsrc, ["cb_user:cb-pass-0123"], w,
+         b_verify(w, ["cb_user:cb-pass-0123"], NOW), "wrong_secret")
+    m = copy.deepcopy(req)
+    m["headers"] = [["Content-Type", "application/json"]]
+    emit("basic", "chargebee: no Authorization", bsrc, ["cb_user:cb-pass-0123"], m, False, "missing_header")
+    tag_config(first, bconfig)
+
+    # Token (Flutterwave's verif-hash): the header is the secret itself.
+    fsrc = "written by hand (Flutterwave's documented verif-hash: the secret hash itself); verified by comparing it"
+    body = cj({"event": "charge.completed", "data": {"id": 285959875, "tx_ref": "Links-616626414629", "status": "successful"}})
+    first = len(VECTORS)
+    for label, sent, mutation in [("flutterwave charge.completed", "flw-secret-hash-0123", None),
+                                  ("flutterwave: a prefix of the secret", "flw-secret-hash-012", "wrong_secret"),
+                                  ("flutterwave: the secret and more", "flw-secret-hash-01234", "wrong_secret")]:
+        req = {"public_url": None, "method": "POST", "query": "",
+               "headers": [["Content-Type", "application/json"], ["verif-hash", sent]], "body": body}
+        emit("token", label, fsrc, ["flw-secret-hash-0123"], req, hmac.compare_digest(sent, "flw-secret-hash-0123"), mutation,
+             ["285959875"] if mutation is None else None, ["charge.completed"] if mutation is None else None)
+    tag_config(first, lines(header="verif-hash", key=["json:/data/id"], type="json:/event"))
+
+    # Xero: base64 HMAC-SHA256 of the body; events in a batch; the empty "intent to receive".
+    xsrc = "signed and verified by hand with Python hmac: Xero's documented construction (base64 HMAC-SHA256 of the body, x-xero-signature)"
+
+    def x_sign(k, body, ts, u, q):
+        return {"headers": [["x-xero-signature", hmac_b64(k, body)]]}
+
+    def x_verify(req, secrets, now):
+        sig = hget(req, "x-xero-signature")
+        return sig is not None and any(hmac.compare_digest(hmac_b64(s, req["body"]), sig) for s in secrets)
+
+    ev = [{"resourceUrl": "https://api.xero.com/api.xro/2.0/Invoices/i-1", "resourceId": "i-1",
+           "eventDateUtc": "2025-11-29T23:59:00.000", "eventType": "UPDATE", "eventCategory": "INVOICE",
+           "tenantId": "c2cc9b6e-9458-4c7d-93cc-f02b81b0594f", "tenantType": "ORGANISATION"},
+          {"resourceUrl": "https://api.xero.com/api.xro/2.0/Contacts/c-1", "resourceId": "c-1",
+           "eventDateUtc": "2025-11-29T23:59:01.000", "eventType": "CREATE", "eventCategory": "CONTACT",
+           "tenantId": "c2cc9b6e-9458-4c7d-93cc-f02b81b0594f", "tenantType": "ORGANISATION"}]
+    xconfig = lines(header="x-xero-signature", encoding="base64", batch="json:/events",
+                    item_key=["json:/resourceId", "json:/eventCategory", "json:/eventType", "json:/eventDateUtc"],
+                    item_type="json:/eventType", answer="empty")
+    body = cj({"events": ev, "firstEventSequence": 1, "lastEventSequence": 2, "entropy": "S0M3"})
+    generic_set(xconfig, kind="hmac", name="xero batch of two events", source=xsrc, secrets=["xero-webhook-key-0123"],
+                sign_key="xero-webhook-key-0123", wrong_key="xero-webhook-key-wrong", body=body, tamper=("UPDATE", "DELETE"),
+                sign=x_sign, verify=x_verify, event_ids=None, event_types=["UPDATE", "CREATE"], sig_headers=["x-xero-signature"])
+    first = len(VECTORS)
+    body = cj({"events": [], "firstEventSequence": 0, "lastEventSequence": 0, "entropy": "TEST"})
+    for label, key, mutation in [("xero intent to receive (empty batch), signed", "xero-webhook-key-0123", None),
+                                 ("xero intent to receive, badly signed", "xero-webhook-key-wrong", "wrong_secret")]:
+        req = {"public_url": None, "method": "POST", "query": "",
+               "headers": [["Content-Type", "application/json"]] + x_sign(key, body, NOW, None, "")["headers"], "body": body}
+        emit("hmac", label, xsrc, ["xero-webhook-key-0123"], req, x_verify(req, ["xero-webhook-key-0123"], NOW), mutation,
+             [] if mutation is None else None, [] if mutation is None else None)
+    tag_config(first, xconfig)
+
+
 def main():
     global NODE
     ap = argparse.ArgumentParser()
@@ -1481,7 +1775,7 @@ def main():
         for g in [gen_twilio, gen_sendgrid, gen_discord, gen_square, gen_hubspot, gen_razorpay, gen_adyen, gen_gocardless,
                   gen_box, gen_mailgun, gen_gitlab, gen_bitbucket_meta, gen_zoom, gen_simple, gen_twitch, gen_stripe_style,
                   gen_coinbase, gen_pagerduty, gen_msgraph, gen_okta, gen_docusign, gen_workos, gen_trello, gen_notion,
-                  gen_webflow, gen_postmark, gen_recurly, gen_svix]:
+                  gen_webflow, gen_postmark, gen_recurly, gen_svix, gen_generic]:
             g()
     finally:
         NODE.close()
