@@ -27,7 +27,9 @@
 //! written, left as it was, or filled with garbage). Then it writes
 //! `CONTROL.done` with a one-line summary. `--fail-wal-fsync K` answers
 //! the K-th fsync of a `-wal` file with EIO and forgets that file's
-//! pending writes, as Linux may after a failed writeback.
+//! pending writes, as Linux may after a failed writeback. Both counts may
+//! also be armed while mounted, counted from then on: write K into
+//! `CONTROL.crash-after-wal-fsyncs` or `CONTROL.fail-wal-fsync`.
 //!
 //! Usage: `crashfs BACKING MOUNTPOINT SCRATCH CONTROL [--model drop|tear]
 //! [--seed N] [--crash-at-wal-fsync K] [--fail-wal-fsync K]`. It writes
@@ -119,6 +121,10 @@ struct State {
     pending_meta: Vec<MetaOp>,
     frozen: bool,
     wal_fsyncs: u64,
+    /// Crash right after this WAL fsync (a count since mount).
+    crash_at_wal_fsync: Option<u64>,
+    /// Fail this WAL fsync with EIO (a count since mount).
+    fail_wal_fsync: Option<u64>,
 }
 
 struct CrashFs {
@@ -701,7 +707,7 @@ impl Filesystem for CrashFs {
         if wal {
             st.wal_fsyncs += 1;
             nth = st.wal_fsyncs;
-            if st.opts.fail_wal_fsync == Some(nth) {
+            if st.fail_wal_fsync == Some(nth) {
                 // A failed writeback: the error is reported once and the
                 // pages it could not write are forgotten (clean in the
                 // page cache, never on disk).
@@ -716,7 +722,7 @@ impl Filesystem for CrashFs {
             reply.error(errno(&e));
             return;
         }
-        if wal && st.opts.crash_at_wal_fsync == Some(nth) {
+        if wal && st.crash_at_wal_fsync == Some(nth) {
             let summary = st.crash(&format!("right after WAL fsync #{nth}"));
             announce(&st.opts.control, &summary);
         }
@@ -785,11 +791,25 @@ impl Filesystem for CrashFs {
     }
 }
 
+fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// The number a control file holds, once it is there and complete (the
+/// test writes it to a temporary name and renames it).
+fn read_number(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 fn announce(control: &Path, summary: &str) {
     eprintln!("{summary}");
-    let mut done = control.as_os_str().to_os_string();
-    done.push(".done");
-    let _ = fs::write(PathBuf::from(done), format!("{summary}\n"));
+    // Written whole, then renamed: whoever waits for it reads it whole.
+    let tmp = suffixed(control, ".done.tmp");
+    if fs::write(&tmp, format!("{summary}\n")).is_ok() {
+        let _ = fs::rename(&tmp, suffixed(control, ".done"));
+    }
 }
 
 fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
@@ -883,6 +903,8 @@ fn main() {
         pending_meta: Vec::new(),
         frozen: false,
         wal_fsyncs: 0,
+        crash_at_wal_fsync: opts.crash_at_wal_fsync,
+        fail_wal_fsync: opts.fail_wal_fsync,
     }));
     let fs = CrashFs {
         state: Arc::clone(&state),
@@ -899,25 +921,44 @@ fn main() {
             std::process::exit(1);
         }
     };
-    // The power cut on command: CONTROL appears.
+    // The power cut on command: CONTROL appears. CONTROL.crash-after-wal-fsyncs
+    // and CONTROL.fail-wal-fsync (holding a number K) arm the same from
+    // the next K-th WAL fsync on.
     let watcher_opts = Arc::clone(&opts);
-    std::thread::spawn(move || loop {
-        if watcher_opts.control.exists() {
+    std::thread::spawn(move || {
+        let arm_crash = suffixed(&watcher_opts.control, ".crash-after-wal-fsyncs");
+        let arm_fail = suffixed(&watcher_opts.control, ".fail-wal-fsync");
+        let (mut crash_armed, mut fail_armed) = (false, false);
+        loop {
             let mut st = match state.lock() {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
-            if !st.frozen {
+            if st.frozen {
+                return;
+            }
+            if watcher_opts.control.exists() {
                 let summary = st.crash("on command");
                 announce(&watcher_opts.control, &summary);
+                return;
             }
-            return;
+            if !crash_armed {
+                if let Some(k) = read_number(&arm_crash) {
+                    st.crash_at_wal_fsync = Some(st.wal_fsyncs + k);
+                    crash_armed = true;
+                }
+            }
+            if !fail_armed {
+                if let Some(k) = read_number(&arm_fail) {
+                    st.fail_wal_fsync = Some(st.wal_fsyncs + k);
+                    fail_armed = true;
+                }
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_millis(2));
         }
-        std::thread::sleep(Duration::from_millis(2));
     });
-    let mut ready = opts.control.as_os_str().to_os_string();
-    ready.push(".ready");
-    if let Err(e) = fs::write(PathBuf::from(ready), "mounted\n") {
+    if let Err(e) = fs::write(suffixed(&opts.control, ".ready"), "mounted\n") {
         eprintln!("crashfs: write the ready file: {e}");
     }
     if let Err(e) = session.run() {
