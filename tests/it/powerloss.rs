@@ -261,13 +261,13 @@ impl Rng {
 #[derive(Clone, Copy, Debug)]
 enum Moment {
     /// After this many acknowledgements (senders keep sending).
-    AfterAcks(u64),
+    Acks(u64),
     /// Right after this many WAL fsyncs, counted once serve listens.
-    AfterWalFsyncs(u64),
+    WalFsyncs(u64),
     /// The K-th WAL fsync once serve listens fails with EIO (its writes
     /// forgotten, as Linux may); the cut comes after `acks_after` more
     /// acknowledgements (or a while, if none come).
-    AfterFailedWalFsync { k: u64, acks_after: u64 },
+    FailedWalFsync { k: u64, acks_after: u64 },
 }
 
 /// What one seed does: the crash model and the moment.
@@ -279,9 +279,9 @@ fn plan(seed: u64) -> (CrashModel, Moment) {
         CrashModel::Tear
     };
     let moment = if seed % 3 == 2 {
-        Moment::AfterWalFsyncs(1 + rng.below(40))
+        Moment::WalFsyncs(1 + rng.below(40))
     } else {
-        Moment::AfterAcks(1 + rng.below(60))
+        Moment::Acks(1 + rng.below(60))
     };
     (model, moment)
 }
@@ -360,7 +360,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
         .expect("create temp dir");
     let mount = Mount::start(work.path(), model, seed);
     let env = [("STRIPE_SECRET", STRIPE_SECRET)];
-    let forward = !matches!(moment, Moment::AfterFailedWalFsync { .. });
+    let forward = !matches!(moment, Moment::FailedWalFsync { .. });
     let mut server = Server::start(
         &config(
             &mount.mnt().join("idemhook.db"),
@@ -371,9 +371,9 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
         &env,
     );
     match moment {
-        Moment::AfterWalFsyncs(k) => mount.crash_after_wal_fsyncs(k),
-        Moment::AfterFailedWalFsync { k, .. } => mount.fail_wal_fsync(k),
-        Moment::AfterAcks(_) => {}
+        Moment::WalFsyncs(k) => mount.crash_after_wal_fsyncs(k),
+        Moment::FailedWalFsync { k, .. } => mount.fail_wal_fsync(k),
+        Moment::Acks(_) => {}
     }
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -410,7 +410,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
 
     let acks = || acked.lock().unwrap().len() as u64;
     match moment {
-        Moment::AfterAcks(n) => {
+        Moment::Acks(n) => {
             wait_until(
                 Duration::from_secs(30),
                 "acknowledgements before the cut",
@@ -418,7 +418,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
             );
             mount.crash_now();
         }
-        Moment::AfterWalFsyncs(_) => {
+        Moment::WalFsyncs(_) => {
             // Armed above; should the senders be too slow to reach it,
             // cut the power anyway after a while.
             let started = Instant::now();
@@ -427,7 +427,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
             }
             mount.crash_now();
         }
-        Moment::AfterFailedWalFsync { acks_after, .. } => {
+        Moment::FailedWalFsync { acks_after, .. } => {
             wait_until(
                 Duration::from_secs(30),
                 "crashfs to fail a WAL fsync",
@@ -634,10 +634,10 @@ fn with_durability_normal_a_power_cut_loses_acknowledged_events() {
     let mut tried = Vec::new();
     for seed in seeds() {
         let n = match plan(seed).1 {
-            Moment::AfterAcks(n) | Moment::AfterWalFsyncs(n) => n,
-            Moment::AfterFailedWalFsync { k, .. } => k,
+            Moment::Acks(n) | Moment::WalFsyncs(n) => n,
+            Moment::FailedWalFsync { k, .. } => k,
         };
-        let out = run(seed, "normal", CrashModel::Drop, Moment::AfterAcks(n));
+        let out = run(seed, "normal", CrashModel::Drop, Moment::Acks(n));
         // A loss, but never a torn database or half an event.
         assert!(
             out.violations.is_empty(),
@@ -682,7 +682,7 @@ fn a_failed_wal_fsync_is_never_acknowledged() {
     let seeds: Vec<u64> = if asked { seeds() } else { (0..3).collect() };
     for seed in seeds {
         let mut rng = Rng(seed ^ 0xE10);
-        let moment = Moment::AfterFailedWalFsync {
+        let moment = Moment::FailedWalFsync {
             k: 1 + rng.below(20),
             acks_after: 5 + rng.below(20),
         };
