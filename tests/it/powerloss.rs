@@ -19,7 +19,8 @@
 //! fsync contract (PostgreSQL has its own WAL and its own such tests).
 //! Seeds: `IDEMHOOK_POWERLOSS_SEEDS=N` runs seeds 0..N (default 10),
 //! `IDEMHOOK_POWERLOSS_SEED=S` runs seed S alone; a failure names its
-//! seed. Without root or `/dev/fuse` the tests say SKIPPED and pass,
+//! seed, and with `IDEMHOOK_POWERLOSS_KEEP=1` keeps its folder (the
+//! backing folder as the cut left it in `backing-at-cut`). Without root or `/dev/fuse` the tests say SKIPPED and pass,
 //! except under `CI=true`, where they fail.
 
 use std::collections::HashSet;
@@ -455,6 +456,17 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
     let server_logs = server.logs();
     drop(server);
     drop(mount);
+    // IDEMHOOK_POWERLOSS_KEEP=1: a copy of the backing folder as the cut
+    // left it, kept with the run's folder when the run fails.
+    let keep = std::env::var_os("IDEMHOOK_POWERLOSS_KEEP").is_some();
+    if keep {
+        let copy = work.path().join("backing-at-cut");
+        std::fs::create_dir(&copy).expect("create the copy's folder");
+        for entry in std::fs::read_dir(&backing).expect("list the backing folder") {
+            let entry = entry.expect("list the backing folder");
+            std::fs::copy(entry.path(), copy.join(entry.file_name())).expect("copy");
+        }
+    }
 
     // The backing folder on plain disk: SQLite's recovery as any first
     // opener runs it, then the checks.
@@ -549,6 +561,9 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
         ));
     }
     let serve_logs = server_logs;
+    if keep && !(lost.is_empty() && violations.is_empty()) {
+        eprintln!("IDEMHOOK_POWERLOSS_KEEP: kept {}", work.keep().display());
+    }
     let refused = std::mem::take(&mut *refused.lock().unwrap());
     Outcome {
         acked,
@@ -695,13 +710,20 @@ fn a_failed_wal_fsync_is_never_acknowledged() {
             out.refused,
             out.summary
         );
+        // What serve did from the failure on, for the record.
         let after: Vec<&str> = out
             .serve_logs
             .lines()
             .skip_while(|l| !l.contains("disk I/O error"))
-            .take(4)
             .collect();
-        eprintln!("  serve from the failure on:\n    {}", after.join("\n    "));
+        let said = |what: &str| after.iter().filter(|l| l.contains(what)).count();
+        eprintln!(
+            "  serve from the failure on: {} deliveries answered 200, {} answered 503, \
+             {} errors \"database disk image is malformed\"",
+            said("status=200"),
+            said("status=503"),
+            said("malformed")
+        );
         if !out.lost.is_empty() || !out.violations.is_empty() || unavailable == 0 {
             failures.push(format!(
                 "seed {seed} ({moment:?}; rerun alone with IDEMHOOK_POWERLOSS_SEED={seed}): \

@@ -27,8 +27,12 @@
 //! written, left as it was, or filled with garbage). Then it writes
 //! `CONTROL.done` with a one-line summary. `--fail-wal-fsync K` answers
 //! the K-th fsync of a `-wal` file with EIO and forgets that file's
-//! pending writes, as Linux may after a failed writeback. Both counts may
-//! also be armed while mounted, counted from then on: write K into
+//! pending writes, as Linux may after a failed writeback; like Linux
+//! (errseq), it also answers EIO once to the next fsync through every
+//! other file description open on that file then. WAL fsyncs are counted
+//! only when they have writes to make durable (a commit's or a
+//! checkpoint's first sync in the middle of one). Both counts may also be
+//! armed while mounted, counted from then on: write K into
 //! `CONTROL.crash-after-wal-fsyncs` or `CONTROL.fail-wal-fsync`.
 //!
 //! Usage: `crashfs BACKING MOUNTPOINT SCRATCH CONTROL [--model drop|tear]
@@ -36,7 +40,7 @@
 //! `CONTROL.ready` once mounted, and exits when the mount is unmounted
 //! (`umount -l MOUNTPOINT`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -125,6 +129,8 @@ struct State {
     crash_at_wal_fsync: Option<u64>,
     /// Fail this WAL fsync with EIO (a count since mount).
     fail_wal_fsync: Option<u64>,
+    /// File handles that have a failed writeback still to hear about.
+    errored: HashSet<u64>,
 }
 
 struct CrashFs {
@@ -688,7 +694,9 @@ impl Filesystem for CrashFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.lock().handles.remove(&fh.0);
+        let mut st = self.lock();
+        st.handles.remove(&fh.0);
+        st.errored.remove(&fh.0);
         reply.ok();
     }
 
@@ -696,22 +704,37 @@ impl Filesystem for CrashFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
         let mut st = self.lock();
         live!(st, reply);
         let wal = matches!(st.ino_path.get(&ino.0), Some(Some(p)) if is_wal(p));
+        // Counted: the WAL's fsyncs that have writes to make durable (a
+        // commit's), not those that find nothing pending.
+        let writes = st
+            .pending_data
+            .get(&ino.0)
+            .is_some_and(|ops| ops.iter().any(|op| matches!(op, DataOp::Write { .. })));
         let mut nth = 0;
-        if wal {
+        if wal && writes {
             st.wal_fsyncs += 1;
             nth = st.wal_fsyncs;
             if st.fail_wal_fsync == Some(nth) {
-                // A failed writeback: the error is reported once and the
-                // pages it could not write are forgotten (clean in the
-                // page cache, never on disk).
+                // A failed writeback: the pages it could not write are
+                // forgotten (clean in the page cache, never on disk), and
+                // as Linux does (errseq), the error is reported to this
+                // fsync and once to every other file description open on
+                // the file, at its next fsync.
                 st.pending_data.remove(&ino.0);
+                let others: Vec<u64> = st
+                    .handles
+                    .iter()
+                    .filter(|(h, (i, _))| *i == ino.0 && **h != fh.0)
+                    .map(|(h, _)| *h)
+                    .collect();
+                st.errored.extend(others);
                 eprintln!("crashfs: failing WAL fsync #{nth} with EIO");
                 reply.error(Errno::EIO);
                 return;
@@ -720,6 +743,12 @@ impl Filesystem for CrashFs {
         st.commit_meta();
         if let Err(e) = st.commit_data(ino.0) {
             reply.error(errno(&e));
+            return;
+        }
+        if st.errored.remove(&fh.0) {
+            // What is pending now was written; the earlier error is
+            // still this file description's to hear.
+            reply.error(Errno::EIO);
             return;
         }
         if wal && st.crash_at_wal_fsync == Some(nth) {
@@ -905,6 +934,7 @@ fn main() {
         wal_fsyncs: 0,
         crash_at_wal_fsync: opts.crash_at_wal_fsync,
         fail_wal_fsync: opts.fail_wal_fsync,
+        errored: HashSet::new(),
     }));
     let fs = CrashFs {
         state: Arc::clone(&state),
