@@ -24,6 +24,7 @@
 //! except under `CI=true`, where they fail.
 
 use std::collections::HashSet;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,7 +74,8 @@ fn available(test: &str) -> bool {
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         panic!("CI is set but the power-loss test cannot run: {why}");
     }
-    eprintln!("\n*** SKIPPED: {test}: {why} ***\n");
+    // To the real stderr, past the test harness's capture.
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {test}: {why} ***\n");
     false
 }
 
