@@ -947,7 +947,11 @@ fn main() {
     let session = match fuser::Session::new(fs, &opts.mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("crashfs: mount on {}: {e}", opts.mountpoint.display());
+            eprintln!(
+                "crashfs: mount on {}: {e} (it mounts with mount(2), which needs root with \
+                 CAP_SYS_ADMIN, else through fusermount3, from Debian's fuse3)",
+                opts.mountpoint.display()
+            );
             std::process::exit(1);
         }
     };
