@@ -13,14 +13,19 @@
 //! with its ledger row exactly once and its forward job; no ledger row
 //! without its event; and a redelivery of each acknowledged id is a
 //! duplicate. The negative control: with `durability = "normal"` the same
-//! run loses acknowledged events, so the test can see a loss.
+//! run loses acknowledged events, so the test can see a loss. A third test
+//! fails the K-th WAL fsync with EIO (its writes forgotten, as Linux may):
+//! that commit's deliveries get 503, and the next power cut loses nothing
+//! acknowledged.
 //!
 //! SQLite only: the claim is about idemhook and SQLite against the POSIX
-//! fsync contract (PostgreSQL has its own WAL and its own such tests).
-//! Seeds: `IDEMHOOK_POWERLOSS_SEEDS=N` runs seeds 0..N (default 10),
+//! fsync contract (on PostgreSQL, durability is the server's `fsync` and
+//! `synchronous_commit`, not tested here). Seeds:
+//! `IDEMHOOK_POWERLOSS_SEEDS=N` runs seeds 0..N (default 10),
 //! `IDEMHOOK_POWERLOSS_SEED=S` runs seed S alone; a failure names its
-//! seed, and with `IDEMHOOK_POWERLOSS_KEEP=1` keeps its folder (the
-//! backing folder as the cut left it in `backing-at-cut`). Without root or `/dev/fuse` the tests say SKIPPED and pass,
+//! seed, and with `IDEMHOOK_POWERLOSS_KEEP=1` keeps its folder (with the
+//! backing folder as the cut left it in `backing-at-cut`). Without root
+//! allowed to mount or without `/dev/fuse` the tests say SKIPPED and pass,
 //! except under `CI=true`, where they fail.
 
 use std::collections::HashSet;
@@ -283,9 +288,10 @@ impl Rng {
 enum Moment {
     /// After this many acknowledgements (senders keep sending).
     Acks(u64),
-    /// Right after this many WAL fsyncs, counted once serve listens.
+    /// Right after this many WAL fsyncs carrying writes (commits), counted
+    /// once serve listens.
     WalFsyncs(u64),
-    /// The K-th WAL fsync once serve listens fails with EIO (its writes
+    /// The K-th WAL fsync carrying writes once serve listens fails with EIO (its writes
     /// forgotten, as Linux may); the cut comes after `acks_after` more
     /// acknowledgements (or a while, if none come).
     FailedWalFsync { k: u64, acks_after: u64 },
