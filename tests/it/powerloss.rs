@@ -374,6 +374,8 @@ struct Outcome {
     refused: Vec<u16>,
     /// serve's output before the cut.
     serve_logs: String,
+    /// What `/readyz` answered just before the cut (failed-fsync runs).
+    readyz: Option<String>,
 }
 
 /// One power cut with `seed`: serve on crashfs, senders, the cut, kill -9,
@@ -436,6 +438,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
         .collect();
 
     let acks = || acked.lock().unwrap().len() as u64;
+    let mut readyz = None;
     match moment {
         Moment::Acks(n) => {
             wait_until(
@@ -465,6 +468,12 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
             while acks() < before + acks_after && started.elapsed() < Duration::from_secs(1) {
                 std::thread::sleep(Duration::from_millis(5));
             }
+            readyz = Some(
+                match Client::new(Duration::from_secs(5)).try_get(&server.url("/readyz")) {
+                    Ok(resp) => describe(&resp),
+                    Err(e) => format!("no answer: {e}"),
+                },
+            );
             mount.crash_now();
         }
     }
@@ -598,6 +607,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
         summary,
         refused,
         serve_logs,
+        readyz,
     }
 }
 
@@ -745,10 +755,11 @@ fn a_failed_wal_fsync_is_never_acknowledged() {
         let said = |what: &str| after.iter().filter(|l| l.contains(what)).count();
         eprintln!(
             "  serve from the failure on: {} deliveries answered 200, {} answered 503, \
-             {} errors \"database disk image is malformed\"",
+             {} errors \"database disk image is malformed\"; /readyz then: {}",
             said("status=200"),
             said("status=503"),
-            said("malformed")
+            said("malformed"),
+            out.readyz.as_deref().unwrap_or("not asked")
         );
         if !out.lost.is_empty() || !out.violations.is_empty() || unavailable == 0 {
             failures.push(format!(
