@@ -17,6 +17,10 @@
 //! - a `-shm` file's data never: SQLite's shared-memory index is rebuilt
 //!   from the WAL by the first connection after a crash, it is no data.
 //!
+//! Every file is served through the kernel's page cache (no `direct_io`),
+//! so SQLite's shared `mmap` of the `-shm` works on the mount; without
+//! FUSE's writeback cache, each `write(2)` still reaches crashfs at once.
+//!
 //! The power cut: when the file `CONTROL` appears (or at the K-th fsync
 //! of a `-wal` file with `--crash-at-wal-fsync K`, right after that fsync
 //! was made durable), the file system freezes (every later operation
@@ -36,7 +40,9 @@
 //! `CONTROL.crash-after-wal-fsyncs` or `CONTROL.fail-wal-fsync`.
 //!
 //! Usage: `crashfs BACKING MOUNTPOINT SCRATCH CONTROL [--model drop|tear]
-//! [--seed N] [--crash-at-wal-fsync K] [--fail-wal-fsync K]`. It writes
+//! [--seed N] [--crash-at-wal-fsync K] [--fail-wal-fsync K] [--counted
+//! SUFFIX]`; `--counted` counts the fsyncs of the files whose names end
+//! in SUFFIX instead of `-wal`'s. It writes
 //! `CONTROL.ready` once mounted, and exits when the mount is unmounted
 //! (`umount -l MOUNTPOINT`).
 
@@ -74,6 +80,8 @@ struct Options {
     seed: u64,
     crash_at_wal_fsync: Option<u64>,
     fail_wal_fsync: Option<u64>,
+    /// The end of the names whose fsyncs are counted.
+    counted: String,
 }
 
 enum DataOp {
@@ -141,8 +149,10 @@ fn is_shm(path: &Path) -> bool {
     path.as_os_str().as_bytes().ends_with(b"-shm")
 }
 
-fn is_wal(path: &Path) -> bool {
-    path.as_os_str().as_bytes().ends_with(b"-wal")
+/// Whether `path` is one whose fsyncs are counted (`--counted`, by
+/// default SQLite's WAL: a name ending in `-wal`).
+fn is_counted(path: &Path, suffix: &str) -> bool {
+    path.as_os_str().as_bytes().ends_with(suffix.as_bytes())
 }
 
 fn errno(e: &io::Error) -> Errno {
@@ -710,7 +720,8 @@ impl Filesystem for CrashFs {
     ) {
         let mut st = self.lock();
         live!(st, reply);
-        let wal = matches!(st.ino_path.get(&ino.0), Some(Some(p)) if is_wal(p));
+        let wal =
+            matches!(st.ino_path.get(&ino.0), Some(Some(p)) if is_counted(p, &st.opts.counted));
         // Counted: the WAL's fsyncs that have writes to make durable (a
         // commit's), not those that find nothing pending.
         let writes = st
@@ -857,7 +868,7 @@ fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
 
 fn parse_args() -> Result<Options, String> {
     let usage = "usage: crashfs BACKING MOUNTPOINT SCRATCH CONTROL [--model drop|tear] [--seed N] \
-                 [--crash-at-wal-fsync K] [--fail-wal-fsync K]";
+                 [--crash-at-wal-fsync K] [--fail-wal-fsync K] [--counted SUFFIX]";
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 4 {
         return Err(usage.to_string());
@@ -870,6 +881,7 @@ fn parse_args() -> Result<Options, String> {
         model: Model::Drop,
         seed: 0,
         crash_at_wal_fsync: None,
+        counted: "-wal".to_string(),
         fail_wal_fsync: None,
     };
     let mut rest = args[4..].iter();
@@ -893,6 +905,7 @@ fn parse_args() -> Result<Options, String> {
             "--seed" => opts.seed = number()?,
             "--crash-at-wal-fsync" => opts.crash_at_wal_fsync = Some(number()?),
             "--fail-wal-fsync" => opts.fail_wal_fsync = Some(number()?),
+            "--counted" => opts.counted = value.clone(),
             other => return Err(format!("unknown flag {other}\n{usage}")),
         }
     }
