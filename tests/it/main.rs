@@ -34,6 +34,7 @@ mod pg_ops;
 mod pg_review;
 mod pg_schema;
 mod pg_serve_ops;
+mod powerloss;
 mod providers;
 mod receiver;
 mod replay_pg;
