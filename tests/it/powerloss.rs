@@ -376,6 +376,8 @@ struct Outcome {
     serve_logs: String,
     /// What `/readyz` answered just before the cut (failed-fsync runs).
     readyz: Option<String>,
+    /// serve's exit status when it exited by itself (failed-fsync runs).
+    exit_code: Option<i32>,
 }
 
 /// One power cut with `seed`: serve on crashfs, senders, the cut, kill -9,
@@ -439,6 +441,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
 
     let acks = || acked.lock().unwrap().len() as u64;
     let mut readyz = None;
+    let mut exit_code = None;
     match moment {
         Moment::Acks(n) => {
             wait_until(
@@ -474,13 +477,23 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
                     Err(e) => format!("no answer: {e}"),
                 },
             );
+            // After a failed fsync serve commits nothing more and exits
+            // with status 3 for its supervisor.
+            exit_code = Some(
+                server
+                    .wait_exit(Duration::from_secs(10))
+                    .code()
+                    .unwrap_or(-1),
+            );
             mount.crash_now();
         }
     }
     wait_until(Duration::from_secs(10), "crashfs to cut the power", || {
         mount.crashed()
     });
-    server.kill9();
+    if exit_code.is_none() {
+        server.kill9();
+    }
     stop.store(true, Ordering::SeqCst);
     for s in senders {
         s.join().expect("sender thread panicked");
@@ -608,6 +621,7 @@ fn run(seed: u64, durability: &str, model: CrashModel, moment: Moment) -> Outcom
         refused,
         serve_logs,
         readyz,
+        exit_code,
     }
 }
 
@@ -755,12 +769,23 @@ fn a_failed_wal_fsync_is_never_acknowledged() {
         let said = |what: &str| after.iter().filter(|l| l.contains(what)).count();
         eprintln!(
             "  serve from the failure on: {} deliveries answered 200, {} answered 503, \
-             {} errors \"database disk image is malformed\"; /readyz then: {}",
+             {} errors \"database disk image is malformed\"; /readyz then: {}; exit status {:?}",
             said("status=200"),
             said("status=503"),
             said("malformed"),
-            out.readyz.as_deref().unwrap_or("not asked")
+            out.readyz.as_deref().unwrap_or("not asked"),
+            out.exit_code
         );
+        // Never a 2xx from the file handle whose fsync failed: serve
+        // commits nothing more and exits 3 for its supervisor.
+        if said("status=200") > 0 || out.exit_code != Some(3) {
+            failures.push(format!(
+                "seed {seed} ({moment:?}): after the failed fsync serve answered {} deliveries 200 \
+                 and exited with {:?}\n  expected: none answered 200, exit status 3",
+                said("status=200"),
+                out.exit_code
+            ));
+        }
         if !out.lost.is_empty() || !out.violations.is_empty() || unavailable == 0 {
             failures.push(format!(
                 "seed {seed} ({moment:?}; rerun alone with IDEMHOOK_POWERLOSS_SEED={seed}): \

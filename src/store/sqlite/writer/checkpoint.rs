@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 
 use super::Shared;
+use super::file_watch::{is_failed_sync, note_failed_sync};
 use crate::config::Durability;
 use crate::store::StoreError;
 
@@ -76,6 +77,11 @@ pub(super) fn bound_wal(conn: &Connection, shared: &Shared, last_try: &mut Optio
     });
     if restore.is_ok() {
         let _ = conn.busy_timeout(shared.busy_timeout);
+    }
+    if let Err(e) = &result
+        && is_failed_sync(e)
+    {
+        note_failed_sync("the writer's checkpoint");
     }
     if let Ok((0, _, _)) = result {
         // Restarted: the next commit writes from the WAL's beginning.
@@ -195,6 +201,11 @@ fn checkpoint_loop(
         let result = conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
             Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
         });
+        if let Err(e) = &result
+            && is_failed_sync(e)
+        {
+            note_failed_sync("a checkpoint");
+        }
         if let Ok((log, done)) = result {
             wal_frames = log;
             wal_gauge.store(log, Ordering::Relaxed);

@@ -1,12 +1,21 @@
-//! The database file the writer opened, watched by its path. Deleted,
-//! moved or replaced while serve runs, the file the writer still holds is
-//! one the next start will not open (it would create an empty database
-//! that takes every redelivery as new), so nothing committed to it may be
-//! acknowledged: each group's commit is checked here before its callers
-//! hear of it, one `stat` of the path per commit.
+//! When the database file can no longer be trusted, so that nothing
+//! committed to it may be acknowledged.
+//!
+//! - Watched by its path ([`FileWatch`]): deleted, moved or replaced while
+//!   serve runs, the file the writer still holds is one the next start
+//!   will not open (it would create an empty database that takes every
+//!   redelivery as new). Each group's commit is checked before its callers
+//!   hear of it, one `stat` of the path per commit.
+//! - A failed fsync ([`note_failed_sync`]): the kernel may have dropped the
+//!   pages it could not write, and a later fsync on the same file may
+//!   report success for less than was written ("fsyncgate"). From then on
+//!   no commit runs on this process's handles, and serve exits with status
+//!   3 for its supervisor to start it again on what the disk holds.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -74,6 +83,73 @@ impl FileWatch {
             message,
         })
     }
+}
+
+/// Set by the first failed fsync of the database or its WAL (a commit's
+/// or a checkpoint's). One per process, as serve runs one writer.
+static SYNC_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// How long serve goes on answering (503) after a failed fsync before it
+/// exits, so the deliveries of the failed commit hear their 503.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether SQLite's error is a failed fsync (of the WAL, the database or
+/// its folder).
+pub(super) fn is_failed_sync(e: &rusqlite::Error) -> bool {
+    use rusqlite::ffi::{SQLITE_IOERR_DIR_FSYNC, SQLITE_IOERR_FSYNC};
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.extended_code == SQLITE_IOERR_FSYNC || f.extended_code == SQLITE_IOERR_DIR_FSYNC)
+}
+
+/// Records a failed fsync (`during`: what was syncing): every later
+/// commit fails at once, and the process exits with status 3 after
+/// [`EXIT_GRACE`]. Only the first call acts.
+pub(super) fn note_failed_sync(during: &str) {
+    if SYNC_FAILED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    crate::log::error(
+        "an fsync of the database failed",
+        &[
+            ("during", &during),
+            (
+                "effect",
+                &"no more commits on this file; serve exits with status 3 for its supervisor to restart it",
+            ),
+        ],
+    );
+    let exit = || {
+        std::thread::sleep(EXIT_GRACE);
+        crate::log::error(
+            "exiting after a failed fsync",
+            &[
+                ("status", &3),
+                ("restart", &"the supervisor's (systemd: Restart=on-failure)"),
+            ],
+        );
+        std::process::exit(3);
+    };
+    if std::thread::Builder::new()
+        .name("idemhook-fsync-exit".into())
+        .spawn(exit)
+        .is_err()
+    {
+        std::process::exit(3);
+    }
+}
+
+/// Err while a failed fsync stands: no commit may run on this process's
+/// handles any more.
+pub(super) fn after_failed_sync() -> Result<(), StoreError> {
+    if SYNC_FAILED.load(Ordering::SeqCst) {
+        return Err(StoreError {
+            kind: StoreErrorKind::Io,
+            message: "an fsync of the database failed earlier: the kernel may have dropped \
+                      writes, so nothing more is committed on this file until serve restarts"
+                .to_string(),
+        });
+    }
+    Ok(())
 }
 
 fn identity(path: &Path) -> std::io::Result<Identity> {

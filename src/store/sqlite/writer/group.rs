@@ -11,7 +11,7 @@ use std::time::Instant;
 use rusqlite::Connection;
 
 use super::checkpoint::{Kick, bound_wal, wants_checkpoint};
-use super::file_watch::FileWatch;
+use super::file_watch::{FileWatch, after_failed_sync, is_failed_sync, note_failed_sync};
 use super::{AfterCommit, Answers, Guard, MAX_GROUP, Msg, Op, Shared, Waits};
 use crate::store::StoreError;
 use crate::time::now_ms;
@@ -123,12 +123,13 @@ fn run_transaction(
     conn: &Connection,
     group: &mut Vec<(Op, Guard, Waits)>,
 ) -> (Result<(), StoreError>, Vec<(AfterCommit, Waits)>) {
-    let begin = conn
-        .prepare_cached("BEGIN IMMEDIATE")
-        .and_then(|mut s| s.execute([]));
+    let begin = after_failed_sync().and_then(|()| {
+        conn.prepare_cached("BEGIN IMMEDIATE")
+            .and_then(|mut s| s.execute([]))
+            .map_err(StoreError::from)
+    });
     match begin {
-        Err(e) => {
-            let err = StoreError::from(e);
+        Err(err) => {
             // The ops do not run; they are told why.
             let dones: Vec<(AfterCommit, Waits)> = group
                 .drain(..)
@@ -148,7 +149,12 @@ fn run_transaction(
                 conn.prepare_cached("COMMIT")
                     .and_then(|mut s| s.execute([]))
                     .map(|_| ())
-                    .map_err(StoreError::from)
+                    .map_err(|e| {
+                        if is_failed_sync(&e) {
+                            note_failed_sync("a commit");
+                        }
+                        StoreError::from(e)
+                    })
             };
             if commit.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
