@@ -27,11 +27,12 @@ mod raw;
 mod source;
 #[cfg(test)]
 mod tests;
+mod toml_error;
 mod values;
 mod warnings;
 
 pub use kind::Kind;
-pub use values::{format_duration, parse_duration, resolve_secret};
+pub use values::{format_duration, parse_duration, resolve_secret, without_secrets};
 
 /// A configuration problem, with the file it came from when there was one.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +46,9 @@ impl ConfigError {
     fn new(origin: &str, message: impl Into<String>) -> ConfigError {
         ConfigError {
             origin: origin.to_string(),
-            message: message.into(),
+            // Whatever produced it, a config error never shows a URL's
+            // password.
+            message: toml_error::redact_urls(&message.into()),
         }
     }
 }

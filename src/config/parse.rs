@@ -43,8 +43,8 @@ impl Config {
         base: &Path,
         file: Option<PathBuf>,
     ) -> Result<Config, ConfigError> {
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| ConfigError::new(origin, e.to_string()))?;
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::new(origin, super::toml_error::describe(text, e)))?;
         let err = |msg: String| ConfigError::new(origin, msg);
         no_unset_variables(&raw).map_err(err)?;
         let mut warnings = shell_variable_warnings(&raw);
@@ -213,6 +213,9 @@ fn no_unset_variables(raw: &RawConfig) -> Result<(), String> {
     ))
 }
 
+/// The shortest admin token accepted, however it is given.
+const MIN_ADMIN_TOKEN: usize = 32;
+
 /// The admin token, and the name of its `env:` variable when that is not
 /// set. An unset variable turns the admin API off (a config may name
 /// IDEMHOOK_ADMIN_TOKEN and leave it unset where no admin API is wanted),
@@ -228,11 +231,23 @@ fn admin_token_of(
         .filter(|name| std::env::var_os(name).is_none())
         .map(str::to_string);
     let admin_token = match &raw.admin_token {
+        // An operator command serves no admin API.
+        Some(_) if !super::values::secrets_needed() => None,
         Some(_) if admin_token_unset.is_some() => None,
         Some(spec) => {
             let token = resolve_secret(spec, base).map_err(|e| format!("admin_token: {e}"))?;
             if token.expose().is_empty() {
                 return Err("admin_token: the token is empty".into());
+            }
+            if token.expose().chars().count() < MIN_ADMIN_TOKEN {
+                let hint = if super::warnings::looks_like_shell_variable(spec) {
+                    " (the literal looks like a shell variable: write \"env:NAME\" to read it from the environment)"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "admin_token: the token is shorter than {MIN_ADMIN_TOKEN} characters: make one with `openssl rand -hex 32`{hint}"
+                ));
             }
             Some(token)
         }

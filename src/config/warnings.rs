@@ -33,8 +33,11 @@ fn secret_specs(raw: &RawConfig) -> Vec<(String, &str)> {
 /// The `env:` variables that are not set, each with its key: all of them
 /// at once, so one run of `check` lists everything to export.
 pub(super) fn unset_variables(raw: &RawConfig) -> Vec<(String, String)> {
+    let needed = super::values::secrets_needed();
     secret_specs(raw)
         .into_iter()
+        // Without secrets (an operator command), only `database` counts.
+        .filter(|(key, _)| needed || key == "database")
         .filter_map(|(key, spec)| {
             let name = spec.strip_prefix("env:")?;
             std::env::var_os(name)

@@ -14,6 +14,7 @@ mod database;
 mod downstream;
 mod edge;
 mod first_hour;
+mod harden;
 mod harness;
 mod helpers;
 mod hostile;

@@ -1,0 +1,204 @@
+//! Hardening: config errors that never echo a secret, weak admin tokens
+//! refused, libpq keyword strings refused, operator commands that need no
+//! webhook secret, file modes, the admin throttle, `/readyz` coalesced,
+//! the inspector behind a TLS-terminating proxy.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::backend::{Backend, both_backends};
+use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary};
+use crate::helpers::{StripeHook, stripe_source};
+
+/// `idemhook ARGS --config idemhook.toml` in `dir`, where the config is
+/// `text`, with `env` as the whole environment.
+fn run_with(dir: &Path, text: &str, args: &[&str], env: &[(&str, &str)]) -> CliOutput {
+    let path = dir.join("idemhook.toml");
+    std::fs::write(&path, text).expect("write config");
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    all.push("--config".into());
+    all.push(path.display().to_string());
+    let env: BTreeMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    run_binary(dir, &env, &all, CLI_TIMEOUT)
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("idemhook-it-harden-")
+        .tempdir()
+        .expect("tempdir")
+}
+
+/// `check` and `serve` both refuse `text`; returns their stderr, each
+/// asserted free of `secret`.
+fn refused_by_check_and_serve(text: &str, env: &[(&str, &str)], secret: &str) -> Vec<String> {
+    let mut said = Vec::new();
+    for verb in ["check", "serve"] {
+        let dir = tempdir();
+        let out = run_with(dir.path(), text, &[verb], env);
+        assert!(!out.success(), "`{verb}` accepted it: {out:?}");
+        let all = format!("{}{}", out.stdout, out.stderr);
+        assert!(!all.contains(secret), "`{verb}` printed the secret: {all}");
+        said.push(out.stderr);
+    }
+    said
+}
+
+const LISTEN: &str = "listen = \"127.0.0.1:0\"\n";
+
+#[test]
+fn a_toml_type_error_names_file_line_column_and_key_never_the_value() {
+    let secret = "whsec_typed_where_a_list_belongs_81f2";
+    let text = format!("{LISTEN}[sources.stripe]\nkind = \"stripe\"\nsecrets = \"{secret}\"\n");
+    for said in refused_by_check_and_serve(&text, &[], secret) {
+        assert!(said.contains("idemhook.toml"), "{said}");
+        assert!(said.contains("line 4, column 11"), "{said}");
+        assert!(said.contains("sources.stripe.secrets"), "{said}");
+        assert!(said.contains("expected a sequence"), "{said}");
+    }
+}
+
+#[test]
+fn a_toml_syntax_error_names_the_key_never_the_line() {
+    let secret = "0123456789abcdef-unterminated-admin-token-77";
+    let text = format!(
+        "{LISTEN}admin_token = \"{secret}\n[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"s\"]\n"
+    );
+    for said in refused_by_check_and_serve(&text, &[], secret) {
+        assert!(said.contains("line 2, column"), "{said}");
+        assert!(said.contains("key admin_token"), "{said}");
+    }
+}
+
+#[test]
+fn a_url_password_in_a_refused_forward_is_redacted() {
+    let text = format!(
+        "{LISTEN}[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"s\"]\n\
+         [[sources.stripe.actions]]\nname = \"q\"\nforward = \"amqp://user:broker-pw-5c1a@mq:5672/vh\"\n"
+    );
+    for said in refused_by_check_and_serve(&text, &[], "broker-pw-5c1a") {
+        assert!(said.contains("forward"), "{said}");
+        assert!(said.contains("[REDACTED]"), "{said}");
+    }
+}
+
+#[test]
+fn a_libpq_keyword_database_is_refused_with_a_hint_never_its_password() {
+    let secret = "pg-pass-never-shown-93d1";
+    let text = format!(
+        "{LISTEN}database = \"host=db port=5432 dbname=app user=idemhook password={secret}\"\n\
+         [sources.stripe]\nkind = \"stripe\"\nsecrets = [\"s\"]\n"
+    );
+    for verb in ["check", "serve"] {
+        let dir = tempdir();
+        let out = run_with(dir.path(), &text, &[verb], &[]);
+        assert!(!out.success(), "`{verb}` accepted it: {out:?}");
+        let all = format!("{}{}", out.stdout, out.stderr);
+        assert!(
+            !all.contains(secret),
+            "`{verb}` printed the password: {all}"
+        );
+        assert!(all.contains("postgres://"), "{all}");
+        assert!(all.contains("URL"), "{all}");
+        let files: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("read dir")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            files,
+            vec!["idemhook.toml".to_string()],
+            "{verb} created a file"
+        );
+    }
+}
+
+#[test]
+fn an_admin_token_under_32_characters_is_refused_however_given() {
+    let short = "short-admin-token-4f1";
+    let source = "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"s\"]\n";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (
+            format!("{LISTEN}admin_token = \"{short}\"\n{source}"),
+            vec![],
+        ),
+        (
+            format!("{LISTEN}admin_token = \"env:ADMIN_TOKEN\"\n{source}"),
+            vec![("ADMIN_TOKEN", short)],
+        ),
+        (
+            format!("{LISTEN}admin_token = \"file:admin.token\"\n{source}"),
+            vec![],
+        ),
+    ];
+    for (text, env) in cases {
+        for verb in ["check", "serve"] {
+            let dir = tempdir();
+            std::fs::write(dir.path().join("admin.token"), format!("{short}\n")).expect("write");
+            let out = run_with(dir.path(), &text, &[verb], &env);
+            assert!(!out.success(), "`{verb}` accepted a short token: {out:?}");
+            let all = format!("{}{}", out.stdout, out.stderr);
+            assert!(!all.contains(short), "printed the token: {all}");
+            assert!(all.contains("admin_token"), "{all}");
+            assert!(all.contains("openssl rand -hex 32"), "{all}");
+        }
+    }
+    // 32 characters pass.
+    let dir = tempdir();
+    let long = "a".repeat(32);
+    let out = run_with(
+        dir.path(),
+        &format!("{LISTEN}admin_token = \"{long}\"\n{source}"),
+        &["check"],
+        &[],
+    );
+    out.assert_success();
+}
+
+const SECRET: &str = "whsec_it_harden_secret_0123456789";
+const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
+
+both_backends!(operator_commands_need_no_secret_set);
+
+/// A cron-style `reconcile` and `events list`/`show` on a host that holds
+/// none of the webhook or forward secrets exit 0 and see the events;
+/// `check` still needs them.
+fn operator_commands_need_no_secret_set(backend: Backend) {
+    let config = ServerConfig::new().tables(&stripe_source(
+        "stripe",
+        "[[sources.stripe.actions]]\nname = \"app\"\nforward = \"http://127.0.0.1:9/in\"\n\
+         sign_secret = \"env:FORWARD_SIGN_SECRET\"\n",
+    ));
+    let server = Server::start_on(
+        backend,
+        &config,
+        &[
+            ("STRIPE_SECRET", SECRET),
+            (
+                "FORWARD_SIGN_SECRET",
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            ),
+        ],
+    );
+    let body = br#"{"id":"evt_cron_1","object":"event","type":"charge.succeeded"}"#;
+    STRIPE.deliver_ok(&server, body);
+    let config_path = server.config_path().expect("config").display().to_string();
+    let bare = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.push("--config".into());
+        all.push(config_path.clone());
+        run_binary(server.dir(), &BTreeMap::new(), &all, CLI_TIMEOUT)
+    };
+    bare(&["reconcile"]).assert_success();
+    let list = bare(&["events", "list", "--json"]);
+    list.assert_success();
+    assert!(list.stdout.contains("evt_cron_1"), "{}", list.stdout);
+    bare(&["events", "show", "stripe", "evt_cron_1"]).assert_success();
+    bare(&["prune", "--dry-run"]).assert_success();
+    let check = bare(&["check"]);
+    assert!(!check.success(), "check resolves every secret: {check:?}");
+    assert!(check.stderr.contains("STRIPE_SECRET"), "{}", check.stderr);
+}
