@@ -8,7 +8,6 @@
 //! `clientState`) lives in `custom.rs`.
 
 use base64::Engine as _;
-use subtle::ConstantTimeEq as _;
 
 use super::{
     Encoding, HmacAlgorithm, Key, MalformedReason, Request, Verdict, Verifier, VerifyError,
@@ -643,7 +642,7 @@ fn match_keys(
     let keys = verifier.keys_now();
     keys.iter().position(|key| match (rule.alg, key) {
         (Alg::Hmac(alg), Key::Hmac(k)) => super::hmac_matches(alg, k, message, signatures),
-        (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| bool::from(s.ct_eq(k))),
+        (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| super::same_secret(s, k)),
         (Alg::Ed25519, Key::Ed25519(k)) => {
             let content = content.get_or_insert_with(joined);
             signatures.iter().any(|s| {

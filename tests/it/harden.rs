@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::backend::{Backend, both_backends};
-use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary};
-use crate::helpers::{StripeHook, stripe_source};
+use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
+use crate::helpers::{StripeHook, api, stripe_source};
 
 /// `idemhook ARGS --config idemhook.toml` in `dir`, where the config is
 /// `text`, with `env` as the whole environment.
@@ -201,4 +201,75 @@ fn operator_commands_need_no_secret_set(backend: Backend) {
     let check = bare(&["check"]);
     assert!(!check.success(), "check resolves every secret: {check:?}");
     assert!(check.stderr.contains("STRIPE_SECRET"), "{}", check.stderr);
+}
+
+const ADMIN_TOKEN: &str = "it-harden-admin-token-0123456789abcdef0123";
+
+both_backends!(graph_client_state_is_never_shown);
+
+/// Graph's clientState, its only verification secret, is `[REDACTED]` in
+/// `events show` (text and JSON) and in the admin API the inspector reads.
+fn graph_client_state_is_never_shown(backend: Backend) {
+    let state = "graph-client-state-secret-6b2e";
+    let config = ServerConfig::new()
+        .set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN"))
+        .tables("[sources.graph]\nkind = \"msgraph\"\nsecrets = [\"env:GRAPH_STATE\"]\n");
+    let server = Server::start_on(
+        backend,
+        &config,
+        &[
+            ("GRAPH_STATE", state),
+            ("IDEMHOOK_ADMIN_TOKEN", ADMIN_TOKEN),
+        ],
+    );
+    let body = format!(
+        r#"{{"value":[{{"id":"g-1","subscriptionId":"s1","changeType":"created","resource":"Users/1/Messages/2","clientState":"{state}","tenantId":"t1"}}]}}"#
+    );
+    let resp = server.post(
+        "/hooks/graph",
+        &[("Content-Type".to_string(), "application/json".to_string())],
+        body.as_bytes(),
+    );
+    assert!(resp.status / 100 == 2, "{} {}", resp.status, resp.text());
+    let list = server.run_cli(&["events", "list", "--json"]);
+    list.assert_success();
+    let listed = list.json();
+    let id = listed
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(|e| e["event_id"].as_str())
+        .unwrap_or_else(|| panic!("one event: {listed}"))
+        .to_string();
+    for args in [
+        vec!["events", "show", "graph", id.as_str()],
+        vec!["events", "show", "graph", id.as_str(), "--json"],
+    ] {
+        let out = server.run_cli(&args);
+        out.assert_success();
+        assert!(
+            !out.stdout.contains(state),
+            "{args:?} shows it: {}",
+            out.stdout
+        );
+        assert!(out.stdout.contains("[REDACTED]"), "{}", out.stdout);
+    }
+    let (status, shown) = api(
+        &server,
+        "GET",
+        &format!("/api/events/graph/{id}?details=true"),
+        Some(ADMIN_TOKEN),
+        Vec::new(),
+    );
+    assert_eq!(status, 200, "{shown}");
+    let text = shown.to_string();
+    assert!(!text.contains(state), "the admin API shows it: {text}");
+    assert!(text.contains("[REDACTED]"), "{text}");
+    // It is stored as received: only what is shown hides it.
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM events WHERE source = 'graph' AND event_id = ?1",
+            &[&id.as_str()]
+        ),
+        1
+    );
 }
