@@ -28,6 +28,7 @@ pub fn run(mut config: Config) -> Result<()> {
     // Info lines in batches while serving; dropped last, so every line is
     // out before run returns.
     let _log = crate::log::buffer_lines();
+    crate::failpoint::warn_if_armed();
     let dev_default = config.file.is_none();
     let run_token = run_token(&mut config, dev_default);
     let start = Start {

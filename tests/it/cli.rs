@@ -742,6 +742,8 @@ fn the_example_systemd_unit_verifies() {
         "PrivateTmp=yes",
         "RestrictAddressFamilies=",
         "CapabilityBoundingSet=",
+        "LimitCORE=0",
+        "LoadCredential=",
     ] {
         assert!(unit.contains(key), "the example unit lacks {key:?}");
     }

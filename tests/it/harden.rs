@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::backend::{Backend, both_backends};
-use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
-use crate::helpers::{StripeHook, api, stripe_source};
+use crate::harness::{
+    CLI_TIMEOUT, CliOutput, HTTP_TIMEOUT, Server, ServerConfig, run_binary, toml_str, wait_until,
+};
+use crate::helpers::{StripeHook, api, stripe_config, stripe_source};
 
 /// `idemhook ARGS --config idemhook.toml` in `dir`, where the config is
 /// `text`, with `env` as the whole environment.
@@ -272,4 +274,31 @@ fn graph_client_state_is_never_shown(backend: Backend) {
         ),
         1
     );
+}
+
+/// A process with `IDEMHOOK_FAILPOINTS` set says so loudly at start; one
+/// without says nothing of failpoints.
+#[test]
+fn armed_failpoints_are_a_loud_warning_at_start() {
+    let config = stripe_config("");
+    let armed = Server::start(
+        &config,
+        &[
+            ("STRIPE_SECRET", SECRET),
+            ("IDEMHOOK_FAILPOINTS", "outbox.idle=sleep(50)"),
+        ],
+    );
+    wait_until(HTTP_TIMEOUT, "the failpoint warning", || {
+        armed.stderr().contains("FAILPOINTS ARMED")
+    });
+    let line = armed
+        .stderr()
+        .lines()
+        .find(|l| l.contains("FAILPOINTS ARMED"))
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("outbox.idle=sleep(50)"), "{line}");
+    let plain = Server::start(&config, &[("STRIPE_SECRET", SECRET)]);
+    assert!(!plain.stderr().contains("FAILPOINTS"), "{}", plain.stderr());
 }
