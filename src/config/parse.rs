@@ -48,6 +48,7 @@ impl Config {
         let err = |msg: String| ConfigError::new(origin, msg);
         no_unset_variables(&raw).map_err(err)?;
         let mut warnings = shell_variable_warnings(&raw);
+        warnings.extend(super::warnings::loose_secret_files(&raw, base));
 
         let durability = durability_of(&raw).map_err(err)?;
         let (admin_token, admin_token_unset) = admin_token_of(&raw, base).map_err(err)?;

@@ -302,3 +302,62 @@ fn armed_failpoints_are_a_loud_warning_at_start() {
     let plain = Server::start(&config, &[("STRIPE_SECRET", SECRET)]);
     assert!(!plain.stderr().contains("FAILPOINTS"), "{}", plain.stderr());
 }
+
+/// `serve` creates the database, `-wal` and `-shm` readable by their owner
+/// only; an existing database keeps its mode.
+#[test]
+fn the_sqlite_files_are_created_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut server = Server::start(&stripe_config(""), &[("STRIPE_SECRET", SECRET)]);
+    let body = br#"{"id":"evt_mode_1","object":"event","type":"charge.succeeded"}"#;
+    STRIPE.deliver_ok(&server, body);
+    let db = server.db_path();
+    let mode = |suffix: &str| {
+        let path = format!("{}{suffix}", db.display());
+        std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    for suffix in ["", "-wal", "-shm"] {
+        assert_eq!(mode(suffix), 0o600, "idemhook.db{suffix}");
+    }
+    // An operator's own choice on an existing file stands.
+    server.kill9();
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    server.restart();
+    STRIPE.deliver_ok(
+        &server,
+        br#"{"id":"evt_mode_2","object":"event","type":"x"}"#,
+    );
+    assert_eq!(mode(""), 0o640);
+}
+
+/// `check` warns, naming the key and the file, when a `file:` secret is
+/// readable by every user; not when it is the owner's only.
+#[test]
+fn check_warns_about_a_secret_file_others_may_read() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempdir();
+    let text = format!(
+        "{LISTEN}[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"file:stripe.secret\"]\n"
+    );
+    let secret_path = dir.path().join("stripe.secret");
+    std::fs::write(&secret_path, format!("{SECRET}\n")).expect("write");
+    std::fs::set_permissions(&secret_path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let loose = run_with(dir.path(), &text, &["check"], &[]);
+    loose.assert_success();
+    assert!(
+        loose.stderr.contains("warning: sources.stripe.secrets[0]")
+            && loose.stderr.contains("stripe.secret")
+            && loose.stderr.contains("readable by every user"),
+        "{}",
+        loose.stderr
+    );
+    assert!(!loose.stderr.contains(SECRET), "{}", loose.stderr);
+    std::fs::set_permissions(&secret_path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let tight = run_with(dir.path(), &text, &["check"], &[]);
+    tight.assert_success();
+    assert!(!tight.stderr.contains("readable"), "{}", tight.stderr);
+}
