@@ -235,6 +235,8 @@ impl<B: Backend> App<B> {
                 .unwrap_or(0.0);
             g
         });
-        self.metrics.render(jobs.as_ref(), &storage)
+        let mut out = self.metrics.render(jobs.as_ref(), &storage);
+        self.admin_limiter.render_metrics(&mut out);
+        out
     }
 }

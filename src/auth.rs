@@ -14,12 +14,47 @@ const IDLE_MS: i64 = 12 * 3600 * 1000;
 /// The most sessions kept; the least recently used goes first.
 const MAX_SESSIONS: usize = 1000;
 
-/// Limits failed admin authentications per client address: after
+/// Limits failed admin authentications per client address (an IPv4
+/// address, an IPv6 /64: one host usually holds a whole /64): after
 /// `MAX_FAILURES` within a window, further failures from that address get
 /// 429 until the window ends (the right token still passes). Bounded in
-/// memory: the table is cleared when it grows too large.
+/// memory: the table is cleared when it grows too large. What it refuses is
+/// counted (`idemhook_admin_throttled_total`) and summarised in the log,
+/// a line at most every `SUMMARY_MS`, never a line per refusal.
 pub struct AuthLimiter {
     failures: std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>,
+    throttled: std::sync::atomic::AtomicU64,
+    /// When the last summary line was written, and the refusals since.
+    summary: Mutex<(i64, u64)>,
+}
+
+/// The shortest time between two summary lines of throttled requests.
+const SUMMARY_MS: i64 = 10_000;
+
+/// The throttle's key for a client (`ip:port` or `[ipv6]:port`): the IPv4
+/// address, or the IPv6 /64 (an IPv4-mapped IPv6 address as IPv4).
+pub fn client_key(remote: &str) -> String {
+    use std::net::{IpAddr, SocketAddr};
+    let ip = match remote.parse::<SocketAddr>() {
+        Ok(addr) => addr.ip(),
+        Err(_) => match remote.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => return remote.to_string(),
+        },
+    };
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!(
+                    "{}/64",
+                    std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0)
+                )
+            }
+        },
+    }
 }
 
 const MAX_FAILURES: u32 = 10;
@@ -30,20 +65,76 @@ impl Default for AuthLimiter {
     fn default() -> AuthLimiter {
         AuthLimiter {
             failures: std::sync::Mutex::new(std::collections::HashMap::new()),
+            throttled: std::sync::atomic::AtomicU64::new(0),
+            summary: Mutex::new((i64::MIN, 0)),
         }
     }
 }
 
 impl AuthLimiter {
-    /// Seconds to wait, when `ip` is blocked.
-    pub fn blocked(&self, ip: &str, now: i64) -> Option<i64> {
-        let map = self.failures.lock().ok()?;
-        let (count, since) = map.get(ip)?;
-        let left = since + WINDOW_MS - now;
-        (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
+    /// Seconds to wait, when the client at `remote` is blocked: a refusal,
+    /// counted and summarised.
+    pub fn blocked(&self, remote: &str, now: i64) -> Option<i64> {
+        let key = client_key(remote);
+        let wait = {
+            let map = self.failures.lock().ok()?;
+            let (count, since) = map.get(&key)?;
+            let left = since + WINDOW_MS - now;
+            (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
+        }?;
+        self.throttled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.summarise(&key, now);
+        Some(wait)
     }
 
-    pub fn failed(&self, ip: &str, now: i64) {
+    /// One line for the refusals since the last line, when that is
+    /// `SUMMARY_MS` ago (the first refusal is told at once).
+    fn summarise(&self, key: &str, now: i64) {
+        let refused = {
+            let Ok(mut s) = self.summary.lock() else {
+                return;
+            };
+            s.1 += 1;
+            if s.0 != i64::MIN && now - s.0 < SUMMARY_MS {
+                return;
+            }
+            let refused = s.1;
+            *s = (now, 0);
+            refused
+        };
+        crate::log::warn(
+            "admin authentications throttled",
+            &[
+                ("refused", &refused),
+                ("last_client", &key),
+                (
+                    "note",
+                    &"429 after repeated failed admin authentications from one address; the count is idemhook_admin_throttled_total",
+                ),
+            ],
+        );
+    }
+
+    /// Requests refused by the throttle since start.
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The throttle's counter, in Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        out.push_str("# HELP idemhook_admin_throttled_total Admin and inspector authentications refused (429) by the throttle on repeated wrong tokens.\n");
+        out.push_str("# TYPE idemhook_admin_throttled_total counter\n");
+        out.push_str(&format!(
+            "idemhook_admin_throttled_total {}\n",
+            self.throttled()
+        ));
+    }
+
+    /// A wrong token from the client at `remote`.
+    pub fn failed(&self, remote: &str, now: i64) {
+        let ip = client_key(remote);
+        let ip = ip.as_str();
         if let Ok(mut map) = self.failures.lock() {
             if map.len() >= MAX_TRACKED {
                 map.retain(|_, (_, since)| now - *since < WINDOW_MS);
@@ -139,12 +230,31 @@ mod tests {
     fn failed_authentications_are_limited_per_address() {
         let l = AuthLimiter::default();
         for _ in 0..MAX_FAILURES {
-            assert_eq!(l.blocked("1.2.3.4", 1_000), None);
-            l.failed("1.2.3.4", 1_000);
+            assert_eq!(l.blocked("1.2.3.4:5", 1_000), None);
+            l.failed("1.2.3.4:5", 1_000);
         }
-        assert_eq!(l.blocked("1.2.3.4", 1_000), Some(60));
-        assert_eq!(l.blocked("5.6.7.8", 1_000), None);
-        assert_eq!(l.blocked("1.2.3.4", 1_000 + WINDOW_MS), None);
+        assert_eq!(l.blocked("1.2.3.4:6", 1_000), Some(60));
+        assert_eq!(l.blocked("5.6.7.8:5", 1_000), None);
+        assert_eq!(l.blocked("1.2.3.4:5", 1_000 + WINDOW_MS), None);
+        assert_eq!(l.throttled(), 1);
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_64() {
+        assert_eq!(
+            client_key("[2001:db8:1:2:aaaa::1]:443"),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            client_key("[2001:db8:1:2:bbbb::9]:80"),
+            client_key("[2001:db8:1:2::7]:1")
+        );
+        assert_ne!(
+            client_key("[2001:db8:1:3::1]:1"),
+            client_key("[2001:db8:1:2::1]:1")
+        );
+        assert_eq!(client_key("[::ffff:10.0.0.1]:1"), "10.0.0.1");
+        assert_eq!(client_key("127.0.0.1:9"), "127.0.0.1");
     }
 
     #[test]

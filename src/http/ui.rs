@@ -366,17 +366,12 @@ fn session<B: Backend>(
             let Some(given) = given else {
                 return Reply::error(400, "expected a JSON body {\"token\": \"...\"}");
             };
-            let ip = rq
-                .remote
-                .rsplit_once(':')
-                .map_or(rq.remote.as_str(), |(ip, _)| ip)
-                .to_string();
             if !crate::auth::same_token(&given.token, token) {
-                if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
+                if let Some(wait) = app.admin_limiter.blocked(&rq.remote, now_ms()) {
                     return Reply::error(429, "too many failed admin authentications; retry later")
                         .with_header("Retry-After", wait.to_string());
                 }
-                app.admin_limiter.failed(&ip, now_ms());
+                app.admin_limiter.failed(&rq.remote, now_ms());
                 crate::log::warn(
                     "inspector sign-in failed",
                     &[("remote", &rq.remote), ("path", &rq.path)],

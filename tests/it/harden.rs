@@ -8,7 +8,8 @@ use std::path::Path;
 
 use crate::backend::{Backend, both_backends};
 use crate::harness::{
-    CLI_TIMEOUT, CliOutput, HTTP_TIMEOUT, Server, ServerConfig, run_binary, toml_str, wait_until,
+    CLI_TIMEOUT, CliOutput, Client, HTTP_TIMEOUT, Server, ServerConfig, headers, run_binary,
+    toml_str, wait_until,
 };
 use crate::helpers::{StripeHook, api, stripe_config, stripe_source};
 
@@ -360,4 +361,63 @@ fn check_warns_about_a_secret_file_others_may_read() {
     let tight = run_with(dir.path(), &text, &["check"], &[]);
     tight.assert_success();
     assert!(!tight.stderr.contains("readable"), "{}", tight.stderr);
+}
+
+/// The admin throttle's refusals are counted in
+/// `idemhook_admin_throttled_total` and summarised in the log: one line,
+/// not a line per refusal.
+#[test]
+fn admin_throttle_refusals_are_counted_and_summarised() {
+    let server = Server::start(
+        &stripe_config("").set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN")),
+        &[
+            ("STRIPE_SECRET", SECRET),
+            ("IDEMHOOK_ADMIN_TOKEN", ADMIN_TOKEN),
+        ],
+    );
+    let throttled = || {
+        let resp = Client::new(HTTP_TIMEOUT).get_with(
+            &server.url("/metrics"),
+            &headers(&[("Authorization", &format!("Bearer {ADMIN_TOKEN}"))]),
+        );
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        resp.text()
+            .lines()
+            .find_map(|l| l.strip_prefix("idemhook_admin_throttled_total "))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no idemhook_admin_throttled_total:\n{}", resp.text()))
+    };
+    assert_eq!(throttled(), "0");
+    let wrong = "wrong-token-0123456789abcdef0123456789";
+    for _ in 0..10 {
+        assert_eq!(
+            api(&server, "GET", "/api/overview", Some(wrong), Vec::new()).0,
+            401
+        );
+    }
+    for _ in 0..7 {
+        assert_eq!(
+            api(&server, "GET", "/api/overview", Some(wrong), Vec::new()).0,
+            429
+        );
+    }
+    assert_eq!(throttled(), "7");
+    wait_until(HTTP_TIMEOUT, "the summary line", || {
+        server.stderr().contains("admin authentications throttled")
+    });
+    let lines = server
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("admin authentications throttled"))
+        .count();
+    assert_eq!(
+        lines,
+        1,
+        "one summary, not a line per refusal:\n{}",
+        server.stderr()
+    );
+    assert!(
+        !server.stderr().contains(wrong),
+        "the token sent is never logged"
+    );
 }
