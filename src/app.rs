@@ -26,6 +26,8 @@ pub struct App<B: Backend> {
     pub ui_sign_ins: crate::auth::SignIns,
     /// The inspector's overview: delivery counts of minutes that are over.
     pub overview_cache: crate::ops::inspector::OverviewCache,
+    /// `/readyz` probes, at most one in flight.
+    pub readiness: crate::readiness::Coalesced,
 }
 
 impl<B: Backend> App<B> {
@@ -218,8 +220,10 @@ impl<B: Backend> App<B> {
     }
 
     /// Ready when the database takes a write now (`Backend::ready`).
+    /// Probes are coalesced: a request waits for the next one to start
+    /// rather than adding a write of its own.
     pub fn ready(&self) -> Result<(), StoreError> {
-        self.backend.ready()
+        self.readiness.ready(|| self.backend.ready())
     }
 
     pub fn render_metrics(&self) -> String {

@@ -134,6 +134,7 @@ fn launch<B: Backend>(
         admin_limiter: Default::default(),
         ui_sign_ins: Default::default(),
         overview_cache: Default::default(),
+        readiness: Default::default(),
     });
     if let Err(e) = app.learn_handshake_secrets()
         && !migrating

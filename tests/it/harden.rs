@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::backend::{Backend, both_backends};
 use crate::harness::{
@@ -419,5 +420,65 @@ fn admin_throttle_refusals_are_counted_and_summarised() {
     assert!(
         !server.stderr().contains(wrong),
         "the token sent is never logged"
+    );
+}
+
+/// `/readyz` probes are coalesced: probes that arrive while one runs
+/// share the next one (at most one probe write in flight) instead of a
+/// write each, and every one of them is answered 200. The database's write
+/// lock is held meanwhile, so that they all arrive while the first runs.
+#[test]
+fn concurrent_readyz_probes_share_their_writes() {
+    use std::io::{Read as _, Write as _};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const PROBES: usize = 40;
+    // Enough workers for every probe to reach the handler at once (each
+    // holds one while it waits).
+    let config = stripe_config("").set("http_workers", "64");
+    let server = Server::start(&config, &[("STRIPE_SECRET", SECRET)]);
+    let operations = || -> u64 {
+        let resp = Client::new(HTTP_TIMEOUT).get_with(&server.url("/metrics"), &[]);
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        resp.text()
+            .lines()
+            .find_map(|l| l.strip_prefix("idemhook_committed_operations_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no idemhook_committed_operations_total:\n{}", resp.text()))
+    };
+    assert_eq!(server.get("/readyz").status, 200);
+    let before = operations();
+    let lock = server.db_rw();
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("hold the write lock");
+    let sent = Arc::new(AtomicUsize::new(0));
+    let addr = server.addr();
+    let threads: Vec<_> = (0..PROBES)
+        .map(|_| {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+                conn.set_read_timeout(Some(HTTP_TIMEOUT * 4))
+                    .expect("timeout");
+                conn.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .expect("send");
+                sent.fetch_add(1, Ordering::SeqCst);
+                let mut answer = String::new();
+                let _ = conn.read_to_string(&mut answer);
+                answer
+            })
+        })
+        .collect();
+    wait_until(HTTP_TIMEOUT, "every probe sent", || {
+        sent.load(Ordering::SeqCst) == PROBES
+    });
+    lock.execute_batch("COMMIT").expect("release");
+    for t in threads {
+        let answer = t.join().expect("probe thread");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    let writes = operations() - before;
+    assert!(
+        (1..=PROBES as u64 / 4).contains(&writes),
+        "{PROBES} probes arriving together made {writes} probe writes"
     );
 }
