@@ -10,7 +10,9 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256};
 
 /// A session unused this long ends (milliseconds).
-const IDLE_MS: i64 = 12 * 3600 * 1000;
+const IDLE_MS: i64 = 2 * 3600 * 1000;
+/// A session ends this long after its sign-in, however used (milliseconds).
+pub const LIFETIME_MS: i64 = 12 * 3600 * 1000;
 /// The most sessions kept; the least recently used goes first.
 const MAX_SESSIONS: usize = 1000;
 
@@ -167,7 +169,14 @@ pub fn same_token(given: &str, token: &str) -> bool {
 /// the SHA-256 of the cookie's value, so the table holds no usable secret.
 #[derive(Default)]
 pub struct SignIns {
-    map: Mutex<HashMap<[u8; 32], i64>>,
+    /// Sign-in time and last use, by the cookie's digest.
+    map: Mutex<HashMap<[u8; 32], (i64, i64)>>,
+}
+
+/// Whether a session signed in at `created` and last used at `seen` is
+/// still alive at `now`.
+fn alive((created, seen): (i64, i64), now: i64) -> bool {
+    now - seen < IDLE_MS && now - created < LIFETIME_MS
 }
 
 impl SignIns {
@@ -175,13 +184,16 @@ impl SignIns {
     pub fn create(&self, now: i64) -> Option<String> {
         let value = random_token()?;
         let mut map = self.map.lock().ok()?;
-        map.retain(|_, seen| now - *seen < IDLE_MS);
+        map.retain(|_, times| alive(*times, now));
         if map.len() >= MAX_SESSIONS
-            && let Some(oldest) = map.iter().min_by_key(|(_, seen)| **seen).map(|(k, _)| *k)
+            && let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, (_, seen))| *seen)
+                .map(|(k, _)| *k)
         {
             map.remove(&oldest);
         }
-        map.insert(Sha256::digest(value.as_bytes()).into(), now);
+        map.insert(Sha256::digest(value.as_bytes()).into(), (now, now));
         Some(value)
     }
 
@@ -192,8 +204,8 @@ impl SignIns {
             return false;
         };
         match map.get_mut(&key) {
-            Some(seen) if now - *seen < IDLE_MS => {
-                *seen = now;
+            Some(times) if alive(*times, now) => {
+                times.1 = now;
                 true
             }
             Some(_) => {
@@ -264,7 +276,15 @@ mod tests {
         assert!(s.touch(&v, 1000));
         assert!(!s.touch("other", 1000));
         assert!(s.touch(&v, 1000 + IDLE_MS - 1));
-        assert!(!s.touch(&v, 1000 + 2 * IDLE_MS));
+        assert!(!s.touch(&v, 1000 + 3 * IDLE_MS));
+        // Used all along, a session still ends LIFETIME_MS after sign-in.
+        let u = s.create(0).unwrap();
+        let mut t = 0;
+        while t + IDLE_MS / 2 < LIFETIME_MS {
+            t += IDLE_MS / 2;
+            assert!(s.touch(&u, t), "alive at {t}");
+        }
+        assert!(!s.touch(&u, LIFETIME_MS));
         let w = s.create(0).unwrap();
         s.end(&w);
         assert!(!s.touch(&w, 1));

@@ -23,6 +23,7 @@ pub mod database_url;
 mod kind;
 mod parse;
 pub mod presets;
+pub mod public_origin;
 mod raw;
 mod source;
 #[cfg(test)]
@@ -103,6 +104,10 @@ pub struct Config {
     /// Events one batch delivery may carry; more is refused (413).
     pub max_batch_items: usize,
     pub sources: Vec<Source>,
+    /// Where browsers reach idemhook behind a TLS-terminating proxy
+    /// (`public_origin`): the inspector's cookie is `Secure` when it is
+    /// https, and its same-origin check accepts it.
+    pub public_origin: Option<public_origin::PublicOrigin>,
     /// What is valid but will likely misbehave (a secret that looks like a
     /// shell variable, a retention shorter than the provider retries):
     /// `check` prints these and `serve` logs them at start.

@@ -69,6 +69,12 @@ impl Config {
         let database = with_schema(database, &pg_schema);
         let tls = tls_of(&raw, base).map_err(err)?;
         let http = http_limits_of(&raw).map_err(err)?;
+        let public_origin = raw
+            .public_origin
+            .as_deref()
+            .map(super::public_origin::PublicOrigin::parse)
+            .transpose()
+            .map_err(err)?;
         let max_batch_items = raw.max_batch_items.unwrap_or(1000);
         if !(1..=100_000).contains(&max_batch_items) {
             return Err(err(format!(
@@ -109,6 +115,7 @@ impl Config {
             http,
             max_batch_items,
             sources,
+            public_origin,
             warnings,
         })
     }

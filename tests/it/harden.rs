@@ -482,3 +482,122 @@ fn concurrent_readyz_probes_share_their_writes() {
         "{PROBES} probes arriving together made {writes} probe writes"
     );
 }
+
+/// One request on its own connection: (status, head, body).
+fn exchange(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut request = format!("{method} {path} HTTP/1.1\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(HTTP_TIMEOUT * 2))
+        .expect("timeout");
+    stream.write_all(request.as_bytes()).expect("write head");
+    stream.write_all(body).expect("write body");
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), body.to_string())
+}
+
+/// Behind a TLS-terminating proxy (`public_origin = "https://..."`), the
+/// inspector's sign-in from the public origin works, its cookie is
+/// `Secure` with a lifetime, and a state-changing request the cookie
+/// carries from that origin passes the same-origin check; another origin
+/// is still refused.
+#[test]
+fn the_inspector_works_behind_a_tls_terminating_proxy() {
+    let public_host = "hooks.example.test";
+    let public = format!("https://{public_host}");
+    let config = stripe_config(
+        "[[sources.stripe.actions]]\nname = \"notify\"\nforward = \"http://127.0.0.1:9/in\"\n",
+    )
+    .set("admin_token", &toml_str("env:IDEMHOOK_ADMIN_TOKEN"))
+    .set("public_origin", &toml_str(&public));
+    let server = Server::start(
+        &config,
+        &[
+            ("STRIPE_SECRET", SECRET),
+            ("IDEMHOOK_ADMIN_TOKEN", ADMIN_TOKEN),
+        ],
+    );
+    let addr = server.addr();
+    let body = format!(r#"{{"token":"{ADMIN_TOKEN}"}}"#);
+    let (status, head, text) = exchange(
+        addr,
+        "POST",
+        "/ui/session",
+        &[
+            ("Host", public_host),
+            ("Origin", &public),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    assert_eq!(status, 204, "sign-in through the proxy: {head}\n{text}");
+    let set = head
+        .lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("set-cookie"))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .expect("a session cookie");
+    assert!(set.contains("; Secure"), "{set}");
+    assert!(set.contains("Max-Age=43200"), "{set}");
+    let cookie = set.split(';').next().expect("name=value").to_string();
+    let pause = "/api/actions/stripe/notify/pause";
+    let (status, _, text) = exchange(
+        addr,
+        "POST",
+        pause,
+        &[
+            ("Host", public_host),
+            ("Cookie", &cookie),
+            ("Origin", &public),
+        ],
+        b"",
+    );
+    assert_eq!(
+        status, 200,
+        "a state-changing request from the public origin: {text}"
+    );
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM paused_actions WHERE source = 'stripe' AND action = 'notify'",
+            &[]
+        ),
+        1,
+        "the pause took effect"
+    );
+    let (status, _, text) = exchange(
+        addr,
+        "POST",
+        "/api/actions/stripe/notify/resume",
+        &[
+            ("Host", public_host),
+            ("Cookie", &cookie),
+            ("Origin", "https://elsewhere.example.test"),
+        ],
+        b"",
+    );
+    assert_eq!(status, 403, "another origin: {text}");
+}
