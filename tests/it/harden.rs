@@ -601,3 +601,47 @@ fn the_inspector_works_behind_a_tls_terminating_proxy() {
     );
     assert_eq!(status, 403, "another origin: {text}");
 }
+
+/// A PostgreSQL role that may connect but not create idemhook's schema
+/// gets from `check` and `serve` the statement to run; once run, `check`
+/// passes.
+#[test]
+fn a_connect_only_postgres_role_is_told_the_grant_to_run() {
+    let Some(cluster) = crate::pg_cluster::cluster() else {
+        crate::pg_cluster::skipped("a_connect_only_postgres_role_is_told_the_grant_to_run");
+        return;
+    };
+    let admin_url = cluster.create_database("connect_only");
+    let database = admin_url
+        .split('?')
+        .next()
+        .and_then(|head| head.rsplit('/').next())
+        .expect("a database name")
+        .to_string();
+    let role = format!("connect_only_{}", std::process::id());
+    let mut admin = postgres::Client::connect(&admin_url, postgres::NoTls).expect("connect");
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN"
+        ))
+        .expect("create the role");
+    let role_url = admin_url.replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(role_url, admin_url, "the test cluster's URL names its user");
+    let text = format!(
+        "{LISTEN}database = {}\n[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"s\"]\n",
+        toml_str(&role_url)
+    );
+    let grant = format!("GRANT CREATE ON DATABASE {database} TO {role};");
+    for verb in ["check", "serve"] {
+        let dir = tempdir();
+        let out = run_with(dir.path(), &text, &[verb], &[]);
+        assert!(
+            !out.success(),
+            "`{verb}` went on without the right: {out:?}"
+        );
+        assert!(out.stderr.contains(&grant), "`{verb}`: {}", out.stderr);
+    }
+    admin.batch_execute(&grant).expect("the grant it names");
+    let dir = tempdir();
+    run_with(dir.path(), &text, &["check"], &[]).assert_success();
+}
