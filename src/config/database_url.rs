@@ -174,11 +174,7 @@ fn libpq_keywords(value: &str) -> bool {
         "require_auth",
         "channel_binding",
     ];
-    let first = value
-        .trim_start()
-        .split_whitespace()
-        .next()
-        .unwrap_or_default();
+    let first = value.split_whitespace().next().unwrap_or_default();
     first
         .split_once('=')
         .is_some_and(|(k, _)| KEYWORDS.iter().any(|w| k.trim().eq_ignore_ascii_case(w)))
