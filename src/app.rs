@@ -26,6 +26,8 @@ pub struct App<B: Backend> {
     pub ui_sign_ins: crate::auth::SignIns,
     /// The inspector's overview: delivery counts of minutes that are over.
     pub overview_cache: crate::ops::inspector::OverviewCache,
+    /// `/readyz` probes, at most one in flight.
+    pub readiness: crate::readiness::Coalesced,
 }
 
 impl<B: Backend> App<B> {
@@ -218,8 +220,10 @@ impl<B: Backend> App<B> {
     }
 
     /// Ready when the database takes a write now (`Backend::ready`).
+    /// Probes are coalesced: a request waits for the next one to start
+    /// rather than adding a write of its own.
     pub fn ready(&self) -> Result<(), StoreError> {
-        self.backend.ready()
+        self.readiness.ready(|| self.backend.ready())
     }
 
     pub fn render_metrics(&self) -> String {
@@ -235,6 +239,8 @@ impl<B: Backend> App<B> {
                 .unwrap_or(0.0);
             g
         });
-        self.metrics.render(jobs.as_ref(), &storage)
+        let mut out = self.metrics.render(jobs.as_ref(), &storage);
+        self.admin_limiter.render_metrics(&mut out);
+        out
     }
 }

@@ -10,16 +10,53 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256};
 
 /// A session unused this long ends (milliseconds).
-const IDLE_MS: i64 = 12 * 3600 * 1000;
+const IDLE_MS: i64 = 2 * 3600 * 1000;
+/// A session ends this long after its sign-in, however used (milliseconds).
+pub const LIFETIME_MS: i64 = 12 * 3600 * 1000;
 /// The most sessions kept; the least recently used goes first.
 const MAX_SESSIONS: usize = 1000;
 
-/// Limits failed admin authentications per client address: after
+/// Limits failed admin authentications per client address (an IPv4
+/// address, an IPv6 /64: one host usually holds a whole /64): after
 /// `MAX_FAILURES` within a window, further failures from that address get
 /// 429 until the window ends (the right token still passes). Bounded in
-/// memory: the table is cleared when it grows too large.
+/// memory: the table is cleared when it grows too large. What it refuses is
+/// counted (`idemhook_admin_throttled_total`) and summarised in the log,
+/// a line at most every `SUMMARY_MS`, never a line per refusal.
 pub struct AuthLimiter {
     failures: std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>,
+    throttled: std::sync::atomic::AtomicU64,
+    /// When the last summary line was written, and the refusals since.
+    summary: Mutex<(i64, u64)>,
+}
+
+/// The shortest time between two summary lines of throttled requests.
+const SUMMARY_MS: i64 = 10_000;
+
+/// The throttle's key for a client (`ip:port` or `[ipv6]:port`): the IPv4
+/// address, or the IPv6 /64 (an IPv4-mapped IPv6 address as IPv4).
+pub fn client_key(remote: &str) -> String {
+    use std::net::{IpAddr, SocketAddr};
+    let ip = match remote.parse::<SocketAddr>() {
+        Ok(addr) => addr.ip(),
+        Err(_) => match remote.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => return remote.to_string(),
+        },
+    };
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!(
+                    "{}/64",
+                    std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0)
+                )
+            }
+        },
+    }
 }
 
 const MAX_FAILURES: u32 = 10;
@@ -30,20 +67,76 @@ impl Default for AuthLimiter {
     fn default() -> AuthLimiter {
         AuthLimiter {
             failures: std::sync::Mutex::new(std::collections::HashMap::new()),
+            throttled: std::sync::atomic::AtomicU64::new(0),
+            summary: Mutex::new((i64::MIN, 0)),
         }
     }
 }
 
 impl AuthLimiter {
-    /// Seconds to wait, when `ip` is blocked.
-    pub fn blocked(&self, ip: &str, now: i64) -> Option<i64> {
-        let map = self.failures.lock().ok()?;
-        let (count, since) = map.get(ip)?;
-        let left = since + WINDOW_MS - now;
-        (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
+    /// Seconds to wait, when the client at `remote` is blocked: a refusal,
+    /// counted and summarised.
+    pub fn blocked(&self, remote: &str, now: i64) -> Option<i64> {
+        let key = client_key(remote);
+        let wait = {
+            let map = self.failures.lock().ok()?;
+            let (count, since) = map.get(&key)?;
+            let left = since + WINDOW_MS - now;
+            (*count >= MAX_FAILURES && left > 0).then(|| (left + 999) / 1000)
+        }?;
+        self.throttled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.summarise(&key, now);
+        Some(wait)
     }
 
-    pub fn failed(&self, ip: &str, now: i64) {
+    /// One line for the refusals since the last line, when that is
+    /// `SUMMARY_MS` ago (the first refusal is told at once).
+    fn summarise(&self, key: &str, now: i64) {
+        let refused = {
+            let Ok(mut s) = self.summary.lock() else {
+                return;
+            };
+            s.1 += 1;
+            if s.0 != i64::MIN && now - s.0 < SUMMARY_MS {
+                return;
+            }
+            let refused = s.1;
+            *s = (now, 0);
+            refused
+        };
+        crate::log::warn(
+            "admin authentications throttled",
+            &[
+                ("refused", &refused),
+                ("last_client", &key),
+                (
+                    "note",
+                    &"429 after repeated failed admin authentications from one address; the count is idemhook_admin_throttled_total",
+                ),
+            ],
+        );
+    }
+
+    /// Requests refused by the throttle since start.
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The throttle's counter, in Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        out.push_str("# HELP idemhook_admin_throttled_total Admin and inspector authentications refused (429) by the throttle on repeated wrong tokens.\n");
+        out.push_str("# TYPE idemhook_admin_throttled_total counter\n");
+        out.push_str(&format!(
+            "idemhook_admin_throttled_total {}\n",
+            self.throttled()
+        ));
+    }
+
+    /// A wrong token from the client at `remote`.
+    pub fn failed(&self, remote: &str, now: i64) {
+        let ip = client_key(remote);
+        let ip = ip.as_str();
         if let Ok(mut map) = self.failures.lock() {
             if map.len() >= MAX_TRACKED {
                 map.retain(|_, (_, since)| now - *since < WINDOW_MS);
@@ -76,7 +169,14 @@ pub fn same_token(given: &str, token: &str) -> bool {
 /// the SHA-256 of the cookie's value, so the table holds no usable secret.
 #[derive(Default)]
 pub struct SignIns {
-    map: Mutex<HashMap<[u8; 32], i64>>,
+    /// Sign-in time and last use, by the cookie's digest.
+    map: Mutex<HashMap<[u8; 32], (i64, i64)>>,
+}
+
+/// Whether a session signed in at `created` and last used at `seen` is
+/// still alive at `now`.
+fn alive((created, seen): (i64, i64), now: i64) -> bool {
+    now - seen < IDLE_MS && now - created < LIFETIME_MS
 }
 
 impl SignIns {
@@ -84,13 +184,16 @@ impl SignIns {
     pub fn create(&self, now: i64) -> Option<String> {
         let value = random_token()?;
         let mut map = self.map.lock().ok()?;
-        map.retain(|_, seen| now - *seen < IDLE_MS);
+        map.retain(|_, times| alive(*times, now));
         if map.len() >= MAX_SESSIONS
-            && let Some(oldest) = map.iter().min_by_key(|(_, seen)| **seen).map(|(k, _)| *k)
+            && let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, (_, seen))| *seen)
+                .map(|(k, _)| *k)
         {
             map.remove(&oldest);
         }
-        map.insert(Sha256::digest(value.as_bytes()).into(), now);
+        map.insert(Sha256::digest(value.as_bytes()).into(), (now, now));
         Some(value)
     }
 
@@ -101,8 +204,8 @@ impl SignIns {
             return false;
         };
         match map.get_mut(&key) {
-            Some(seen) if now - *seen < IDLE_MS => {
-                *seen = now;
+            Some(times) if alive(*times, now) => {
+                times.1 = now;
                 true
             }
             Some(_) => {
@@ -139,12 +242,31 @@ mod tests {
     fn failed_authentications_are_limited_per_address() {
         let l = AuthLimiter::default();
         for _ in 0..MAX_FAILURES {
-            assert_eq!(l.blocked("1.2.3.4", 1_000), None);
-            l.failed("1.2.3.4", 1_000);
+            assert_eq!(l.blocked("1.2.3.4:5", 1_000), None);
+            l.failed("1.2.3.4:5", 1_000);
         }
-        assert_eq!(l.blocked("1.2.3.4", 1_000), Some(60));
-        assert_eq!(l.blocked("5.6.7.8", 1_000), None);
-        assert_eq!(l.blocked("1.2.3.4", 1_000 + WINDOW_MS), None);
+        assert_eq!(l.blocked("1.2.3.4:6", 1_000), Some(60));
+        assert_eq!(l.blocked("5.6.7.8:5", 1_000), None);
+        assert_eq!(l.blocked("1.2.3.4:5", 1_000 + WINDOW_MS), None);
+        assert_eq!(l.throttled(), 1);
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_64() {
+        assert_eq!(
+            client_key("[2001:db8:1:2:aaaa::1]:443"),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            client_key("[2001:db8:1:2:bbbb::9]:80"),
+            client_key("[2001:db8:1:2::7]:1")
+        );
+        assert_ne!(
+            client_key("[2001:db8:1:3::1]:1"),
+            client_key("[2001:db8:1:2::1]:1")
+        );
+        assert_eq!(client_key("[::ffff:10.0.0.1]:1"), "10.0.0.1");
+        assert_eq!(client_key("127.0.0.1:9"), "127.0.0.1");
     }
 
     #[test]
@@ -154,7 +276,15 @@ mod tests {
         assert!(s.touch(&v, 1000));
         assert!(!s.touch("other", 1000));
         assert!(s.touch(&v, 1000 + IDLE_MS - 1));
-        assert!(!s.touch(&v, 1000 + 2 * IDLE_MS));
+        assert!(!s.touch(&v, 1000 + 3 * IDLE_MS));
+        // Used all along, a session still ends LIFETIME_MS after sign-in.
+        let u = s.create(0).unwrap();
+        let mut t = 0;
+        while t + IDLE_MS / 2 < LIFETIME_MS {
+            t += IDLE_MS / 2;
+            assert!(s.touch(&u, t), "alive at {t}");
+        }
+        assert!(!s.touch(&u, LIFETIME_MS));
         let w = s.create(0).unwrap();
         s.end(&w);
         assert!(!s.touch(&w, 1));

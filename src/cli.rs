@@ -456,6 +456,20 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             return crate::tooling::completions(&shell, Cli::command());
         }
         Command::Man { dir } => return crate::tooling::man(dir.as_deref(), Cli::command()),
+        // The operator commands verify and sign nothing: they need no
+        // webhook, forward or notify secret set (a cron `reconcile` on a
+        // host that holds none).
+        Command::Events { .. }
+        | Command::Replay(_)
+        | Command::Resolve(_)
+        | Command::Reconcile { .. }
+        | Command::Pause { .. }
+        | Command::Resume { .. }
+        | Command::Prune { .. }
+        | Command::Erase { .. }
+        | Command::Backup { .. } => {
+            crate::config::without_secrets(|| load_config(cli.config.as_deref()))?
+        }
         _ => load_config(cli.config.as_deref())?,
     };
     if let crate::config::database_url::DatabaseUrl::Postgres(url) = &config.database

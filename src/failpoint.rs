@@ -56,6 +56,24 @@ fn parse(spec: &str) -> Vec<(String, Action)> {
         .collect()
 }
 
+/// At start, a loud warning when `IDEMHOOK_FAILPOINTS` is set: such a
+/// process may kill itself, panic or stall on purpose, which only a test
+/// wants.
+pub fn warn_if_armed() {
+    if let Some(spec) = std::env::var_os("IDEMHOOK_FAILPOINTS").filter(|s| !s.is_empty()) {
+        crate::log::warn(
+            "FAILPOINTS ARMED",
+            &[
+                ("IDEMHOOK_FAILPOINTS", &spec.to_string_lossy()),
+                (
+                    "note",
+                    &"this process may kill itself, panic or stall on purpose (crash tests only): unset IDEMHOOK_FAILPOINTS outside tests",
+                ),
+            ],
+        );
+    }
+}
+
 /// Runs the action configured for `name`, if any.
 pub fn hit(name: &str) {
     let points = configured();

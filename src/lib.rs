@@ -22,6 +22,7 @@ pub mod log;
 pub mod metrics;
 pub mod ops;
 pub mod outbox;
+pub mod readiness;
 pub mod retry;
 pub mod send;
 pub mod serve;

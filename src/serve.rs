@@ -28,6 +28,7 @@ pub fn run(mut config: Config) -> Result<()> {
     // Info lines in batches while serving; dropped last, so every line is
     // out before run returns.
     let _log = crate::log::buffer_lines();
+    crate::failpoint::warn_if_armed();
     let dev_default = config.file.is_none();
     let run_token = run_token(&mut config, dev_default);
     let start = Start {
@@ -133,6 +134,7 @@ fn launch<B: Backend>(
         admin_limiter: Default::default(),
         ui_sign_ins: Default::default(),
         overview_cache: Default::default(),
+        readiness: Default::default(),
     });
     if let Err(e) = app.learn_handshake_secrets()
         && !migrating

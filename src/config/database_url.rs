@@ -93,6 +93,12 @@ impl DatabaseUrl {
         if value.is_empty() {
             return Err("is empty: write a file path or a postgres:// URL".to_string());
         }
+        if libpq_keywords(value) {
+            // Taken as a file name it would create `host=db ... password=...`
+            // beside the config; its text is never echoed (it holds the
+            // password).
+            return Err("looks like a libpq keyword string (host=... dbname=...): write it as a URL instead, postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=require (percent-encode special characters in the password)".to_string());
+        }
         if let Some(path) = value.strip_prefix("sqlite:") {
             // `sqlite://PATH` reads as a URL to some; accept it as the path.
             let path = path.strip_prefix("//").unwrap_or(path);
@@ -143,6 +149,35 @@ impl DatabaseUrl {
             DatabaseUrl::Postgres(_) => None,
         }
     }
+}
+
+/// Whether `value` is libpq's keyword form (`host=db port=5432 ...`): its
+/// first word is `KEYWORD=` for one of libpq's connection keywords.
+fn libpq_keywords(value: &str) -> bool {
+    const KEYWORDS: &[&str] = &[
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "service",
+        "connect_timeout",
+        "application_name",
+        "options",
+        "target_session_attrs",
+        "require_auth",
+        "channel_binding",
+    ];
+    let first = value.split_whitespace().next().unwrap_or_default();
+    first
+        .split_once('=')
+        .is_some_and(|(k, _)| KEYWORDS.iter().any(|w| k.trim().eq_ignore_ascii_case(w)))
 }
 
 /// `pg_schema`: a plain identifier (lower-case letters, digits, `_`, not

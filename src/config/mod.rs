@@ -24,15 +24,17 @@ pub mod generic;
 mod kind;
 mod parse;
 pub mod presets;
+pub mod public_origin;
 mod raw;
 mod source;
 #[cfg(test)]
 mod tests;
+mod toml_error;
 mod values;
 mod warnings;
 
 pub use kind::Kind;
-pub use values::{format_duration, parse_duration, resolve_secret};
+pub use values::{format_duration, parse_duration, resolve_secret, without_secrets};
 
 /// A configuration problem, with the file it came from when there was one.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +48,9 @@ impl ConfigError {
     fn new(origin: &str, message: impl Into<String>) -> ConfigError {
         ConfigError {
             origin: origin.to_string(),
-            message: message.into(),
+            // Whatever produced it, a config error never shows a URL's
+            // password.
+            message: toml_error::redact_urls(&message.into()),
         }
     }
 }
@@ -101,6 +105,10 @@ pub struct Config {
     /// Events one batch delivery may carry; more is refused (413).
     pub max_batch_items: usize,
     pub sources: Vec<Source>,
+    /// Where browsers reach idemhook behind a TLS-terminating proxy
+    /// (`public_origin`): the inspector's cookie is `Secure` when it is
+    /// https, and its same-origin check accepts it.
+    pub public_origin: Option<public_origin::PublicOrigin>,
     /// What is valid but will likely misbehave (a secret that looks like a
     /// shell variable, a retention shorter than the provider retries):
     /// `check` prints these and `serve` logs them at start.

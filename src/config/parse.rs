@@ -43,11 +43,12 @@ impl Config {
         base: &Path,
         file: Option<PathBuf>,
     ) -> Result<Config, ConfigError> {
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| ConfigError::new(origin, e.to_string()))?;
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::new(origin, super::toml_error::describe(text, e)))?;
         let err = |msg: String| ConfigError::new(origin, msg);
         no_unset_variables(&raw).map_err(err)?;
         let mut warnings = shell_variable_warnings(&raw);
+        warnings.extend(super::warnings::loose_secret_files(&raw, base));
 
         let durability = durability_of(&raw).map_err(err)?;
         let (admin_token, admin_token_unset) = admin_token_of(&raw, base).map_err(err)?;
@@ -68,6 +69,12 @@ impl Config {
         let database = with_schema(database, &pg_schema);
         let tls = tls_of(&raw, base).map_err(err)?;
         let http = http_limits_of(&raw).map_err(err)?;
+        let public_origin = raw
+            .public_origin
+            .as_deref()
+            .map(super::public_origin::PublicOrigin::parse)
+            .transpose()
+            .map_err(err)?;
         let max_batch_items = raw.max_batch_items.unwrap_or(1000);
         if !(1..=100_000).contains(&max_batch_items) {
             return Err(err(format!(
@@ -108,6 +115,7 @@ impl Config {
             http,
             max_batch_items,
             sources,
+            public_origin,
             warnings,
         })
     }
@@ -213,6 +221,9 @@ fn no_unset_variables(raw: &RawConfig) -> Result<(), String> {
     ))
 }
 
+/// The shortest admin token accepted, however it is given.
+const MIN_ADMIN_TOKEN: usize = 32;
+
 /// The admin token, and the name of its `env:` variable when that is not
 /// set. An unset variable turns the admin API off (a config may name
 /// IDEMHOOK_ADMIN_TOKEN and leave it unset where no admin API is wanted),
@@ -228,11 +239,23 @@ fn admin_token_of(
         .filter(|name| std::env::var_os(name).is_none())
         .map(str::to_string);
     let admin_token = match &raw.admin_token {
+        // An operator command serves no admin API.
+        Some(_) if !super::values::secrets_needed() => None,
         Some(_) if admin_token_unset.is_some() => None,
         Some(spec) => {
             let token = resolve_secret(spec, base).map_err(|e| format!("admin_token: {e}"))?;
             if token.expose().is_empty() {
                 return Err("admin_token: the token is empty".into());
+            }
+            if token.expose().chars().count() < MIN_ADMIN_TOKEN {
+                let hint = if super::warnings::looks_like_shell_variable(spec) {
+                    " (the literal looks like a shell variable: write \"env:NAME\" to read it from the environment)"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "admin_token: the token is shorter than {MIN_ADMIN_TOKEN} characters: make one with `openssl rand -hex 32`{hint}"
+                ));
             }
             Some(token)
         }

@@ -30,6 +30,7 @@ pub(super) struct RawConfig {
     pub(super) body_timeout: Option<String>,
     pub(super) idle_timeout: Option<String>,
     pub(super) max_batch_items: Option<usize>,
+    pub(super) public_origin: Option<String>,
     #[serde(default)]
     pub(super) sources: BTreeMap<String, RawSource>,
 }

@@ -190,7 +190,7 @@ fn an_admin_token_from_an_unset_variable_turns_the_api_off() {
         .is_err()
     );
     // A literal token is on.
-    let c = parse("admin_token = \"t0k3n\"\n[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n")
+    let c = parse("admin_token = \"t0k3n-0123456789abcdef0123456789abcdef\"\n[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n")
         .expect("config");
     assert!(c.admin_token.is_some() && c.admin_token_unset.is_none());
 }
@@ -332,7 +332,7 @@ fn every_unset_variable_is_named_at_once() {
 #[test]
 fn check_warns_about_shell_variables_and_short_retention() {
     let c = parse(
-        "admin_token = \"${ADMIN}\"\n[sources.a]\nkind = \"stripe\"\nsecrets = [\"$STRIPE_SECRET\", \"whsec_$x1\"]\nretention = \"1d\"\n\
+        "admin_token = \"${IDEMHOOK_ADMIN_TOKEN_FOR_THIS_HOST}\"\n[sources.a]\nkind = \"stripe\"\nsecrets = [\"$STRIPE_SECRET\", \"whsec_$x1\"]\nretention = \"1d\"\n\
          [sources.b]\nkind = \"shopify\"\nsecrets = [\"s\"]\nretention = \"7d\"\n",
     )
     .expect("warnings are no errors");

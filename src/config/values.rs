@@ -6,9 +6,44 @@ use std::time::Duration;
 
 use crate::verify::Secret;
 
+thread_local! {
+    /// Whether the config being loaded on this thread resolves its
+    /// secrets: off for the operator commands (`events`, `reconcile`, ...),
+    /// which verify nothing and send nothing signed.
+    static SECRETS_NEEDED: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Runs `load` (a config load) with its webhook, forward and notify
+/// secrets left unresolved: an `env:` variable may be unset and a `file:`
+/// unreadable, and no source verifies anything. Only `serve`, `check`,
+/// `send` (and the commands that verify or send) resolve secrets.
+pub fn without_secrets<T>(load: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SECRETS_NEEDED.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(SECRETS_NEEDED.with(|c| c.replace(false)));
+    load()
+}
+
+/// Whether secrets are resolved by the load under way (see
+/// [`without_secrets`]).
+pub(super) fn secrets_needed() -> bool {
+    SECRETS_NEEDED.with(std::cell::Cell::get)
+}
+
+/// What an unresolved secret holds in a load [`without_secrets`]: never
+/// used, as such a config verifies and signs nothing.
+const UNRESOLVED: &str = "(not resolved: this command uses no secret)";
+
 /// Resolves a secret spec: a literal, `env:NAME` or `file:PATH` (relative to
 /// `base`, trailing newline trimmed). Errors never contain the secret.
 pub fn resolve_secret(spec: &str, base: &Path) -> Result<Secret, String> {
+    if !secrets_needed() && (spec.starts_with("env:") || spec.starts_with("file:")) {
+        return Ok(Secret::new(UNRESOLVED.to_string()));
+    }
     let value = if let Some(name) = spec.strip_prefix("env:") {
         std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))?
     } else if let Some(path) = spec.strip_prefix("file:") {

@@ -33,8 +33,11 @@ fn secret_specs(raw: &RawConfig) -> Vec<(String, &str)> {
 /// The `env:` variables that are not set, each with its key: all of them
 /// at once, so one run of `check` lists everything to export.
 pub(super) fn unset_variables(raw: &RawConfig) -> Vec<(String, String)> {
+    let needed = super::values::secrets_needed();
     secret_specs(raw)
         .into_iter()
+        // Without secrets (an operator command), only `database` counts.
+        .filter(|(key, _)| needed || key == "database")
         .filter_map(|(key, spec)| {
             let name = spec.strip_prefix("env:")?;
             std::env::var_os(name)
@@ -92,4 +95,34 @@ pub(super) fn retention_warning(source: &Source) -> Option<String> {
             source.kind
         )
     })
+}
+
+/// A `file:` secret (admin token, source secrets, `verify_token`,
+/// `sign_secret`) that every user on the host may read: named with its
+/// key and path, never its content.
+pub(super) fn loose_secret_files(raw: &RawConfig, base: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut specs = secret_specs(raw);
+    if let Some(spec) = &raw.admin_token {
+        specs.push(("admin_token".to_string(), spec.as_str()));
+    }
+    for (name, rs) in &raw.sources {
+        if let Some(spec) = &rs.verify_token {
+            specs.push((format!("sources.{name}.verify_token"), spec.as_str()));
+        }
+    }
+    specs
+        .into_iter()
+        .filter_map(|(key, spec)| {
+            let path = base.join(spec.strip_prefix("file:")?);
+            let mode = std::fs::metadata(&path).ok()?.permissions().mode();
+            (mode & 0o004 != 0).then(|| {
+                format!(
+                    "{key}: the secret file {} is readable by every user (mode {:o}): chmod 600 it (or 640 with the service's group)",
+                    path.display(),
+                    mode & 0o777
+                )
+            })
+        })
+        .collect()
 }

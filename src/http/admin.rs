@@ -120,11 +120,6 @@ fn only(
 /// The bearer token, with the throttle on wrong ones: `Err` is the answer
 /// (401, or 429 while the address is throttled).
 fn check_token<B: Backend>(app: &App<B>, rq: &Incoming<'_>, token: &str) -> Result<(), Reply> {
-    let ip = rq
-        .remote
-        .rsplit_once(':')
-        .map_or(rq.remote.as_str(), |(ip, _)| ip)
-        .to_string();
     // The throttle holds back guesses only: the right token always passes,
     // and a request with no Authorization at all (a CORS preflight, a
     // browser's first GET) is no guess, so it is answered 401 uncounted.
@@ -142,13 +137,13 @@ fn check_token<B: Backend>(app: &App<B>, rq: &Incoming<'_>, token: &str) -> Resu
         {
             return Err(unauthorized());
         }
-        if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
+        if let Some(wait) = app.admin_limiter.blocked(&rq.remote, now_ms()) {
             return Err(
                 Reply::error(429, "too many failed admin authentications; retry later")
                     .with_header("Retry-After", wait.to_string()),
             );
         }
-        app.admin_limiter.failed(&ip, now_ms());
+        app.admin_limiter.failed(&rq.remote, now_ms());
         // The address and path only: never what was sent as a token.
         crate::log::warn(
             "admin authentication failed",

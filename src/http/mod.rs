@@ -92,7 +92,10 @@ impl HttpServer {
         );
         let bind = |listen: &str, surface: Surface| {
             let for_handler = app.clone();
-            let listener = Arc::new(ui::Listener::new(listen, tls.is_some()));
+            let listener = Arc::new(
+                ui::Listener::new(listen, tls.is_some())
+                    .with_public_origin(app.config.public_origin.clone()),
+            );
             let for_checks = listener.clone();
             let handler = Box::new(move |rq: &mut server::Request| {
                 handle(&for_handler, rq, surface, &for_checks)

@@ -99,6 +99,8 @@ pub struct Listener {
     configured: String,
     bound: OnceLock<SocketAddr>,
     tls: bool,
+    /// Where browsers reach it through a proxy (`public_origin`).
+    public: Option<crate::config::public_origin::PublicOrigin>,
 }
 
 impl Listener {
@@ -107,7 +109,24 @@ impl Listener {
             configured: configured.to_string(),
             bound: OnceLock::new(),
             tls,
+            public: None,
         }
+    }
+
+    /// The same listener reached by browsers at `public` (a proxy in
+    /// front, which may terminate TLS).
+    pub fn with_public_origin(
+        mut self,
+        public: Option<crate::config::public_origin::PublicOrigin>,
+    ) -> Listener {
+        self.public = public;
+        self
+    }
+
+    /// Whether the browser reaches it over TLS (here or at the proxy): the
+    /// session cookie is then `Secure`.
+    fn secure_cookie(&self) -> bool {
+        self.tls || self.public.as_ref().is_some_and(|p| p.https)
     }
 
     /// Called once the socket is bound.
@@ -129,6 +148,13 @@ impl Listener {
             return false;
         };
         let host = host.trim();
+        if self
+            .public
+            .as_ref()
+            .is_some_and(|p| p.host.eq_ignore_ascii_case(host))
+        {
+            return true;
+        }
         let (name, port) = split_host(host);
         let port = match port {
             Some(p) => p,
@@ -253,7 +279,12 @@ fn same_origin(rq: &Incoming<'_>, listener: &Listener) -> bool {
     match rq.header("origin") {
         Some(origin) => {
             let host = rq.header("host").unwrap_or_default().trim();
-            origin.trim() == format!("{}://{host}", listener.scheme())
+            let origin = origin.trim();
+            origin == format!("{}://{host}", listener.scheme())
+                || listener
+                    .public
+                    .as_ref()
+                    .is_some_and(|p| origin.eq_ignore_ascii_case(&p.origin))
         }
         None => site.is_some(),
     }
@@ -366,17 +397,12 @@ fn session<B: Backend>(
             let Some(given) = given else {
                 return Reply::error(400, "expected a JSON body {\"token\": \"...\"}");
             };
-            let ip = rq
-                .remote
-                .rsplit_once(':')
-                .map_or(rq.remote.as_str(), |(ip, _)| ip)
-                .to_string();
             if !crate::auth::same_token(&given.token, token) {
-                if let Some(wait) = app.admin_limiter.blocked(&ip, now_ms()) {
+                if let Some(wait) = app.admin_limiter.blocked(&rq.remote, now_ms()) {
                     return Reply::error(429, "too many failed admin authentications; retry later")
                         .with_header("Retry-After", wait.to_string());
                 }
-                app.admin_limiter.failed(&ip, now_ms());
+                app.admin_limiter.failed(&rq.remote, now_ms());
                 crate::log::warn(
                     "inspector sign-in failed",
                     &[("remote", &rq.remote), ("path", &rq.path)],
@@ -387,7 +413,10 @@ fn session<B: Backend>(
                 return Reply::error(500, "cannot make a session: no randomness available");
             };
             Reply::text(204, "text/plain", String::new())
-                .with_header("Set-Cookie", cookie(&value, listener.tls, false))
+                .with_header(
+                    "Set-Cookie",
+                    cookie(&value, listener.secure_cookie(), false),
+                )
                 .with_header("Cache-Control", "no-store")
         }
         "DELETE" => {
@@ -400,7 +429,7 @@ fn session<B: Backend>(
                 app.ui_sign_ins.end(value);
             }
             Reply::text(204, "text/plain", String::new())
-                .with_header("Set-Cookie", cookie("", listener.tls, true))
+                .with_header("Set-Cookie", cookie("", listener.secure_cookie(), true))
         }
         _ => Reply::method_not_allowed("GET, POST, DELETE"),
     }
@@ -408,6 +437,10 @@ fn session<B: Backend>(
 
 fn cookie(value: &str, tls: bool, expire: bool) -> String {
     let mut c = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict");
+    if !expire {
+        // The browser forgets it when the session's lifetime is over.
+        c.push_str(&format!("; Max-Age={}", crate::auth::LIFETIME_MS / 1000));
+    }
     if tls {
         c.push_str("; Secure");
     }

@@ -172,7 +172,31 @@ fn payload_value(raw: &db::Value) -> Value {
     if nesting(bytes) > MAX_SHOWN_NESTING {
         return as_text();
     }
-    serde_json::from_slice(bytes).unwrap_or_else(|_| as_text())
+    match serde_json::from_slice(bytes) {
+        Ok(mut value) => {
+            hide_client_state(&mut value);
+            value
+        }
+        Err(_) => as_text(),
+    }
+}
+
+/// Microsoft Graph's `clientState` is its only verification secret, and it
+/// rides in every notification: shown as `[REDACTED]` (an item's own, and
+/// each one's in a `value` batch), by `events show` and the admin API
+/// alike, so the inspector never gets it either.
+fn hide_client_state(value: &mut Value) {
+    fn hide(item: &mut Value) {
+        if let Some(state) = item.get_mut("clientState")
+            && state.is_string()
+        {
+            *state = Value::String("[REDACTED]".to_string());
+        }
+    }
+    hide(value);
+    if let Some(items) = value.get_mut("value").and_then(Value::as_array_mut) {
+        items.iter_mut().for_each(hide);
+    }
 }
 
 /// Deeper than this, a stored body is shown as text, not as JSON (receipt

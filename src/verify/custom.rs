@@ -346,9 +346,7 @@ pub(super) fn msgraph_verify(
         let index = verifier
             .keys
             .iter()
-            .position(
-                |k| matches!(k, Key::Hmac(k) if bool::from(k.as_slice().ct_eq(state.as_bytes()))),
-            )
+            .position(|k| matches!(k, Key::Hmac(k) if super::same_secret(state.as_bytes(), k)))
             .ok_or(VerifyError::NoSignatureMatched)?;
         first.get_or_insert(index);
     }

@@ -23,12 +23,14 @@ mod hmac_generic;
 mod linear;
 mod paddle;
 pub mod rule;
+mod same;
 mod shopify;
 mod slack;
 mod standard;
 mod stripe;
 #[cfg(test)]
 mod test_support;
+pub use same::same_secret;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -483,9 +485,9 @@ impl Verifier {
 
     /// True when `secret` is one this verifier verifies with.
     pub fn knows(&self, secret: &str) -> bool {
-        self.keys_now().iter().any(|k| {
-            matches!(k, Key::Hmac(k) if bool::from(subtle::ConstantTimeEq::ct_eq(k.as_slice(), secret.as_bytes())))
-        })
+        self.keys_now()
+            .iter()
+            .any(|k| matches!(k, Key::Hmac(k) if same_secret(secret.as_bytes(), k)))
     }
 
     /// How many secrets verify now (configured and learned).

@@ -8,7 +8,6 @@
 //! `clientState`) lives in `custom.rs`.
 
 use base64::Engine as _;
-use subtle::ConstantTimeEq as _;
 
 use super::{
     Encoding, HmacAlgorithm, Key, MalformedReason, Request, Verdict, Verifier, VerifyError,
@@ -668,7 +667,7 @@ fn match_keys(
     let keys = verifier.keys_now();
     keys.iter().position(|key| match (rule.alg, key) {
         (Alg::Hmac(alg), Key::Hmac(k)) => super::hmac_matches(alg, k, message, signatures),
-        (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| token_matches(s, k)),
+        (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| super::same_secret(s, k)),
         (Alg::Ed25519, Key::Ed25519(k)) => {
             let content = content.get_or_insert_with(joined);
             signatures.iter().any(|s| {
@@ -686,16 +685,6 @@ fn match_keys(
         }
         _ => false,
     })
-}
-
-/// A sent token against a secret, in constant time whatever their
-/// lengths: their SHA-256 digests are compared, never the texts (a
-/// byte comparison returns early when the lengths differ).
-fn token_matches(sent: &[u8], secret: &[u8]) -> bool {
-    use sha2::Digest as _;
-    let sent = sha2::Sha256::digest(sent);
-    let secret = sha2::Sha256::digest(secret);
-    bool::from(sent.as_slice().ct_eq(secret.as_slice()))
 }
 
 fn parse_time(rule: &SignedRule, t: &Timestamp, raw: &str) -> Result<i64, VerifyError> {

@@ -18,7 +18,7 @@ use crate::helpers::{StripeHook, api, assert_accepted, job_status, stripe_source
 
 const SECRET: &str = "whsec_it_check_secret_0123456789";
 const STRIPE: StripeHook = StripeHook::new(SOURCE, SECRET);
-const ADMIN_TOKEN: &str = "it-check-admin-token-51c2";
+const ADMIN_TOKEN: &str = "it-check-admin-token-51c2-0123456789abcdef0123456789abcdef";
 const SOURCE: &str = "stripe";
 const ACTION: &str = "notify";
 const JOBS_TIMEOUT: Duration = Duration::from_secs(40);

@@ -19,7 +19,7 @@ use crate::sign;
 
 const SECRET: &str = "whsec_it_cli_secret_0123456789";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
-const ADMIN_TOKEN: &str = "it-cli-admin-token-5d1e";
+const ADMIN_TOKEN: &str = "it-cli-admin-token-5d1e-0123456789abcdef0123456789abcdef";
 
 fn env() -> Vec<(&'static str, &'static str)> {
     vec![
@@ -742,6 +742,8 @@ fn the_example_systemd_unit_verifies() {
         "PrivateTmp=yes",
         "RestrictAddressFamilies=",
         "CapabilityBoundingSet=",
+        "LimitCORE=0",
+        "LoadCredential=",
     ] {
         assert!(unit.contains(key), "the example unit lacks {key:?}");
     }

@@ -1381,7 +1381,7 @@ fn host_http10_absolute_form_methods_and_late_bodies_follow_rfc_9112() {
 
 #[test]
 fn metrics_on_the_public_listener_take_the_admin_token_when_one_is_set() {
-    let token = "edge-admin-token-0123456789";
+    let token = "edge-admin-token-0123456789-0123456789abcdef0123456789abcdef";
     let server = Server::start(
         &stripe_config("").set("admin_token", &toml_str("env:ADMIN_TOKEN")),
         &[("STRIPE_SECRET", SECRET), ("ADMIN_TOKEN", token)],

@@ -326,7 +326,10 @@ fn start_and_stop_lines_match(backend: Backend) {
 
     // Started again with the token: the inspector's address, and no notice
     // of a new database.
-    server.set_env("IDEMHOOK_ADMIN_TOKEN", "first-hour-token-0123456789");
+    server.set_env(
+        "IDEMHOOK_ADMIN_TOKEN",
+        "first-hour-token-0123456789-0123456789abcdef0123456789abcdef",
+    );
     server.restart();
     wait_until(Duration::from_secs(30), "the inspector line", || {
         server.stdout().contains("idemhook inspector on")

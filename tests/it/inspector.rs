@@ -22,7 +22,7 @@ use crate::downstream::{Behavior, Downstream};
 use crate::harness::{Server, ServerConfig, count, toml_str, wait_for, wait_until};
 use crate::sign;
 
-const TOKEN: &str = "inspector-test-token";
+const TOKEN: &str = "inspector-test-token-0123456789abcdef0123456789abcdef";
 const SECRET: &str = "gh-secret";
 /// Bound on waiting for something the page should show.
 const PAGE_TIMEOUT: Duration = Duration::from_secs(20);

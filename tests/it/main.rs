@@ -18,6 +18,7 @@ mod downstream;
 mod edge;
 mod first_hour;
 mod generic;
+mod harden;
 mod harness;
 mod helpers;
 mod hostile;

@@ -14,7 +14,7 @@ use crate::sign;
 
 const SECRET: &str = "whsec_metrics_test_secret_abcdef";
 const FORWARD_SECRET: &str = "whsec_Zm9yd2FyZC1zaWduaW5nLXNlY3JldC10ZXN0";
-const ADMIN_TOKEN: &str = "admin-token-never-logged-123";
+const ADMIN_TOKEN: &str = "admin-token-never-logged-123-0123456789abcdef0123456789abcdef";
 
 fn event(id: &str, amount: i64) -> Vec<u8> {
     serde_json::json!({"id": id, "type": "charge.succeeded",

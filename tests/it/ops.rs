@@ -20,7 +20,7 @@ use crate::sign;
 
 const SECRET: &str = "whsec_it_ops_secret_0123456789";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
-const ADMIN_TOKEN: &str = "it-admin-token-7f3a9c";
+const ADMIN_TOKEN: &str = "it-admin-token-7f3a9c-0123456789abcdef0123456789abcdef";
 
 fn env() -> Vec<(&'static str, &'static str)> {
     vec![

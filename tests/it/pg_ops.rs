@@ -18,7 +18,7 @@ use crate::helpers::{StripeHook, api, job_status};
 
 const SECRET: &str = "whsec_it_pg_ops_0123456789";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
-const TOKEN: &str = "it-pg-ops-token-5e1d";
+const TOKEN: &str = "it-pg-ops-token-5e1d-0123456789abcdef0123456789abcdef";
 const JOBS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Written once for both backends: the types and the CHECK are both

@@ -15,7 +15,7 @@ use crate::helpers::{StripeHook, api, job_status};
 
 const SECRET: &str = "whsec_it_replay_pg_0123456789";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
-const ADMIN_TOKEN: &str = "it-admin-token-replay-pg";
+const ADMIN_TOKEN: &str = "it-admin-token-replay-pg-0123456789abcdef0123456789abcdef";
 
 fn env() -> Vec<(&'static str, &'static str)> {
     vec![

@@ -14,7 +14,7 @@ use crate::helpers::{StripeHook, api, event_state, job_status, stripe_config};
 
 const SECRET: &str = "whsec_it_store_secret_0123456789";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
-const ADMIN_TOKEN: &str = "it-store-admin-token-51c2";
+const ADMIN_TOKEN: &str = "it-store-admin-token-51c2-0123456789abcdef0123456789abcdef";
 
 fn env() -> Vec<(&'static str, &'static str)> {
     vec![

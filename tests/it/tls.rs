@@ -141,7 +141,13 @@ fn admin_listen_serves_the_admin_api_and_metrics_apart() {
         .set("admin_listen", &toml_str("127.0.0.1:0"))
         .set("admin_token", &toml_str("env:ADMIN_TOKEN"))
         .tables(stripe_table());
-    let server = Server::start(&config, &[("PAY_SECRET", SECRET), ("ADMIN_TOKEN", "t0ken")]);
+    let server = Server::start(
+        &config,
+        &[
+            ("PAY_SECRET", SECRET),
+            ("ADMIN_TOKEN", "t0ken-0123456789abcdef0123456789abcdef"),
+        ],
+    );
     let admin_line = server
         .stdout()
         .lines()

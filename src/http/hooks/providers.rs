@@ -10,7 +10,6 @@ use std::sync::Arc;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq as _;
 
 use super::{Refused, refused};
 use crate::app::App;
@@ -149,7 +148,7 @@ fn meta(source: &Source, rq: &Incoming<'_>) -> Result<Reply, Refused> {
     };
     let token = query_value(rq.query, "hub.verify_token").unwrap_or_default();
     let expected = source.verify_token.as_ref().map_or("", Secret::expose);
-    if expected.is_empty() || !bool::from(token.as_bytes().ct_eq(expected.as_bytes())) {
+    if expected.is_empty() || !crate::verify::same_secret(token.as_bytes(), expected.as_bytes()) {
         return Err(bad_token("hub.verify_token"));
     }
     let challenge = challenge_text(challenge)?;

@@ -11,6 +11,7 @@
 
 pub mod claimers;
 pub mod copy;
+mod grant;
 pub mod group;
 pub mod maint;
 mod pass;
@@ -316,7 +317,7 @@ pub fn migrate(client: &mut Client, schema: &str) -> Result<(), StoreError> {
 pub fn migrate_in(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<bool, StoreError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     // `schema` is a plain name (config::database_url::valid_schema).
-    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))?;
+    grant::create_schema(tx, schema)?;
     move_into_own_schema(tx, schema)?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS idemhook_migrations (

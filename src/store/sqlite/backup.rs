@@ -52,6 +52,7 @@ pub enum BackupError {
 /// Copies `source` into the (new, empty) file at `path`, leaves it a
 /// single file out of WAL mode, and checks it.
 pub fn write(path: &Path, source: &Connection) -> Result<BackupReport, BackupError> {
+    super::open::create_private(path).map_err(BackupError::Open)?;
     let mut dest = Connection::open(path)
         .map_err(with_causes)
         .map_err(BackupError::Open)?;

@@ -33,6 +33,32 @@ pub fn read_pool(path: &Path, busy: Duration) -> Result<ReadPool, StoreError> {
         .map_err(|e| StoreError::other(format!("cannot open the read pool: {e}")))
 }
 
+/// Creates the database file, when it does not exist yet, readable and
+/// writable by its owner only (0600) before SQLite writes a byte: it holds
+/// payloads and the secrets Asana and Notion hand over. SQLite creates the
+/// `-wal` and `-shm` files with the database file's mode, so they are
+/// 0600 too. An existing file keeps its mode.
+pub fn create_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if path.to_str().is_some_and(|p| p.starts_with("file:")) {
+        // A URI SQLite resolves itself.
+        return Ok(());
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::other(format!(
+            "cannot create the database {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
 /// Opens a read-write connection: WAL, the durability's synchronous level,
 /// a busy timeout, foreign keys on. Creates the database file when it is
 /// missing, but never a missing folder: a mistyped `database` path must
@@ -53,6 +79,7 @@ pub fn open(
             ),
         });
     }
+    create_private(path)?;
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE

@@ -133,7 +133,8 @@ fuzz_target!(|case: Case| {
         assert!(verdict.is_ok(), "verify(sign(x)) failed: {verdict:?}\n  scheme: {:?}", verifier.scheme());
         if !case.body.is_empty() && case.flip_mask != 0 {
             let mut tampered = case.body.clone();
-            tampered[case.flip_at % tampered.len()] ^= case.flip_mask;
+            let at = case.flip_at % tampered.len();
+            tampered[at] ^= case.flip_mask;
             let verdict = verifier.verify_request(&Request::post(&signed, &tampered), now);
             assert!(verdict.is_err(), "a changed body verified: {verdict:?}\n  scheme: {:?}", verifier.scheme());
         }
