@@ -24,6 +24,7 @@ mod kind;
 mod parse;
 pub mod presets;
 mod raw;
+pub mod rejected;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -153,6 +154,10 @@ pub struct Source {
     pub public_url: Option<String>,
     /// Meta's subscription handshake token.
     pub verify_token: Option<Secret>,
+    /// How long refused deliveries are kept (zero: none are).
+    pub keep_rejected: Duration,
+    /// The bytes of refused deliveries kept at most (the oldest go first).
+    pub keep_rejected_bytes: u64,
 }
 
 impl Source {

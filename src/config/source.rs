@@ -52,6 +52,7 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         _ => Vec::new(),
     };
     let on_mismatch = on_mismatch_of(&rs)?;
+    let (keep_rejected, keep_rejected_bytes) = super::rejected::keep_of(&rs)?;
     let actions = actions_of(rs.actions, base)?;
 
     Ok(Source {
@@ -73,6 +74,8 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         actions,
         public_url,
         verify_token,
+        keep_rejected,
+        keep_rejected_bytes,
     })
 }
 

@@ -58,6 +58,42 @@ pub struct Refusal {
     pub remote: String,
     pub detail: String,
     pub at: i64,
+    /// The request whole, when the source keeps its refusals (401, 400).
+    pub kept: Option<KeptRefusal>,
+}
+
+/// What of a refused request is kept for `reingest` (`store::rejected`).
+pub struct KeptRefusal {
+    pub query: String,
+    /// The headers as a JSON array of `[name, value]`.
+    pub headers: String,
+    pub body: Vec<u8>,
+    /// The source's `keep_rejected_bytes`.
+    pub cap: u64,
+}
+
+impl Refusal {
+    /// Keeps the request in `rejected`, when it is to be kept, in the
+    /// caller's transaction (after its delivery row).
+    pub fn keep(&self, db: &Db<'_>) -> Result<(), StoreError> {
+        let Some(k) = &self.kept else {
+            return Ok(());
+        };
+        crate::store::rejected::keep(
+            db,
+            &crate::store::rejected::NewKept {
+                source: &self.source,
+                received_at: self.at,
+                reason: &self.detail,
+                remote: &self.remote,
+                query: &k.query,
+                headers: &k.headers,
+                body: &k.body,
+            },
+            k.cap,
+        )?;
+        Ok(())
+    }
 }
 
 /// Jobs per status (from counters kept in the transactions that change

@@ -26,6 +26,7 @@ pub(crate) mod pg_cluster;
 pub mod postgres;
 pub mod prune;
 pub mod replays;
+pub mod rejected;
 pub mod rules;
 pub mod sqlite;
 pub mod tx;

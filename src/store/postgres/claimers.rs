@@ -855,7 +855,8 @@ fn run_batch(
                         r.outcome.as_str(),
                         &r.remote,
                         Some(&r.detail),
-                    )
+                    )?;
+                    r.keep(&crate::store::db::Db::postgres(tx.client()))
                 }),
             },
         })
