@@ -561,9 +561,11 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         Command::Migrate { to, yes } => ops::migrate::cmd(&config, &to, yes),
         Command::Backup { path } => ops::backup::cmd(&config, &path),
         Command::Rejected { command } => match command {
-            RejectedCommand::List { source, since, json } => {
-                ops::rejected::list_cmd(&config, source.as_deref(), since.as_deref(), json)
-            }
+            RejectedCommand::List {
+                source,
+                since,
+                json,
+            } => ops::rejected::list_cmd(&config, source.as_deref(), since.as_deref(), json),
             RejectedCommand::Show { id, json } => ops::rejected::show_cmd(&config, id, json),
         },
         Command::Reingest(args) => ops::reingest::cmd(

@@ -104,7 +104,7 @@ pub struct Metrics {
     /// (source, action) pairs in config order.
     actions: Vec<(String, String)>,
     /// [source index (last = unknown)][outcome]
-    deliveries: Vec<[AtomicU64; 8]>,
+    deliveries: Vec<[AtomicU64; Delivery::ALL.len()]>,
     attempts: Vec<[AtomicU64; 3]>,
     /// [action index][answer], rendered for actions with a `check` only.
     checks: Vec<[AtomicU64; 3]>,
@@ -219,6 +219,10 @@ impl Metrics {
                 // The unknown row only has unknown_source deliveries, and
                 // a configured source never has them.
                 if (i == self.sources.len()) != (*d == Delivery::UnknownSource) {
+                    continue;
+                }
+                // Re-ingests are counted apart (idemhook_reingested_total).
+                if *d == Delivery::Reingested {
                     continue;
                 }
                 let _ = writeln!(

@@ -155,13 +155,14 @@ pub fn list(
         Some(s) => db.query(
             &format!(
                 "SELECT {COLUMNS} FROM rejected WHERE source = ?1 AND received_at >= ?2
-                 ORDER BY id LIMIT ?3"
+                 ORDER BY received_at, id LIMIT ?3"
             ),
             args![s, since, limit],
         )?,
         None => db.query(
             &format!(
-                "SELECT {COLUMNS} FROM rejected WHERE received_at >= ?1 ORDER BY id LIMIT ?2"
+                "SELECT {COLUMNS} FROM rejected WHERE received_at >= ?1
+                 ORDER BY received_at, id LIMIT ?2"
             ),
             args![since, limit],
         )?,

@@ -32,6 +32,7 @@ mod pg_schema;
 mod pg_serve_ops;
 mod providers;
 mod receiver;
+mod rejected;
 mod replay_pg;
 mod send;
 mod sign;

@@ -254,8 +254,8 @@ fn accept_batch<B: Backend>(
     received_at: i64,
     started: Instant,
 ) -> Result<Reply, Refused> {
-    let (items, delivery) = providers::items(batch, &body, app.config.max_batch_items)
-        .map_err(|r| r.keeping(&body))?;
+    let (items, delivery) =
+        providers::items(batch, &body, app.config.max_batch_items).map_err(|r| r.keeping(&body))?;
     if items.is_empty() {
         // A heartbeat (Asana's `{"events":[]}`): nothing to store.
         return Ok(providers::batch_answer(source, &[], &[]).1);
