@@ -544,6 +544,7 @@ params = { amount = "json:/amount" }
             received_at: crate::time::now_ms(),
             remote: "test".to_string(),
             batch: None,
+            reingest: false,
         }
     }
 
