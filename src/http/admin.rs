@@ -13,6 +13,8 @@
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+mod rejected;
+
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
@@ -97,9 +99,9 @@ fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, token: &str, by_cookie
         },
         ["api", "actions"] => only(rq, "GET", |_| actions_route(app)),
         ["api", "overview"] => only(rq, "GET", |_| overview_route(app)),
-        ["api", "rejected"] => only(rq, "GET", |rq| rejected_list(app, rq)),
-        ["api", "rejected", id] => only(rq, "GET", |_| rejected_show(app, id)),
-        ["api", "reingest"] => only(rq, "POST", |rq| reingest_route(app, rq)),
+        ["api", "rejected"] => only(rq, "GET", |rq| rejected::list(app, rq)),
+        ["api", "rejected", id] => only(rq, "GET", |_| rejected::show(app, id)),
+        ["api", "reingest"] => only(rq, "POST", |rq| rejected::reingest(app, rq)),
         _ => Reply::error(404, "no such admin route"),
     }
 }
@@ -808,93 +810,4 @@ mod tests {
         ];
         assert!(!authorized(&incoming_with(twice), "s3cret"));
     }
-}
-
-/// `GET /api/rejected?source=&since=`: the kept refused requests.
-fn rejected_list<B: Backend>(app: &App<B>, rq: &Incoming<'_>) -> Reply {
-    let pairs = match query_pairs(rq.query) {
-        Ok(p) => p,
-        Err(m) => return Reply::error(400, &m),
-    };
-    let (mut source, mut since) = (None, None);
-    for (k, v) in pairs {
-        let v = Some(v).filter(|v| !v.is_empty());
-        match k.as_str() {
-            "source" => source = v,
-            "since" => since = v,
-            other => {
-                return Reply::error(
-                    400,
-                    &format!("unknown query parameter {other:?}: use source, since"),
-                );
-            }
-        }
-    }
-    match read(app, |db| {
-        crate::ops::rejected::list(db, source.as_deref(), since.as_deref())
-    }) {
-        Ok(list) => Reply::json(200, &list),
-        Err(e) => op_error(e),
-    }
-}
-
-/// `GET /api/rejected/{id}`: one kept request with its headers and body.
-fn rejected_show<B: Backend>(app: &App<B>, id: &str) -> Reply {
-    let Ok(id) = id.parse::<i64>() else {
-        return Reply::error(400, "the id of a kept request is a number");
-    };
-    match read(app, |db| crate::ops::rejected::show(db, id)) {
-        Ok(shown) => Reply::json(200, &shown),
-        Err(e) => op_error(e),
-    }
-}
-
-/// `POST /api/reingest` with `{"source", "since", "id", "dry_run"}`:
-/// as `idemhook reingest` (`dry_run` as without `--yes`), each kept
-/// request in a write of its own. Answers `{source, dry_run, requests,
-/// totals}`.
-fn reingest_route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
-    use crate::ops::reingest;
-    let request: reingest::Request = match body(app, rq) {
-        Ok(r) => r,
-        Err(reply) => return reply,
-    };
-    if request.source.is_empty() {
-        return Reply::error(
-            400,
-            "source: name the source whose kept requests to re-ingest",
-        );
-    }
-    let config = app.config.clone();
-    let ids = match read(app, |db| reingest::plan_ids(db, &config, &request)) {
-        Ok(ids) => ids,
-        Err(e) => return op_error(e),
-    };
-    let mut requests = Vec::with_capacity(ids.len());
-    for id in ids {
-        let (config, source, dry_run) =
-            (app.config.clone(), request.source.clone(), request.dry_run);
-        let one = if dry_run {
-            read(app, |db| reingest::one(db, &config, &source, id, true))
-        } else {
-            write(app, move |db| {
-                reingest::one(db, &config, &source, id, false)
-            })
-        };
-        match one {
-            Ok(v) if v.is_null() => {}
-            Ok(v) => requests.push(v),
-            Err(e) => return op_error(e),
-        }
-    }
-    let totals = reingest::summary(&requests, request.dry_run);
-    Reply::json(
-        200,
-        &serde_json::json!({
-            "source": request.source,
-            "dry_run": request.dry_run,
-            "requests": requests,
-            "totals": totals,
-        }),
-    )
 }

@@ -166,12 +166,11 @@ fn mistyped_secret_fixed_and_reingested(backend: Backend) {
     wait_until(WAIT, "three forwards, once each", || {
         downstream.total_effects() == 3
     });
-    for id in ["evt_a", "evt_b", "evt_c"] {
-        assert_eq!(
-            crate::helpers::event_state(&server, "stripe", id).as_deref(),
-            Some("completed")
-        );
-    }
+    wait_until(WAIT, "the three events completed", || {
+        ["evt_a", "evt_b", "evt_c"].iter().all(|id| {
+            crate::helpers::event_state(&server, "stripe", id).as_deref() == Some("completed")
+        })
+    });
 
     let again = server
         .run_cli(&["reingest", "--source", "stripe", "--yes"])
@@ -234,10 +233,7 @@ fn tolerance_at_receipt_and_a_still_failing_request_stays(backend: Backend) {
         .stdout
         .clone();
     assert!(out.contains("1 new, 0 duplicate; 1 still refused"), "{out}");
-    assert_eq!(
-        crate::helpers::event_state(&server, "stripe", "evt_fresh").is_some(),
-        true
-    );
+    assert!(crate::helpers::event_state(&server, "stripe", "evt_fresh").is_some());
     assert!(crate::helpers::event_state(&server, "stripe", "evt_stale").is_none());
     assert_eq!(kept(&server), 1);
     let after = stale_reason(&server).expect("the stale one stays");
