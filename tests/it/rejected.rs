@@ -504,3 +504,40 @@ fn strangers_cannot_fill_the_disk() {
         "{lines} log lines for 10,000 requests"
     );
 }
+
+/// `keep_rejected` is enforced by the pruner (here `idemhook prune`), and
+/// the gauge follows; `keep_rejected_bytes` that is not a size is a
+/// config error naming the key.
+fn the_pruner_drops_what_is_past_keep_rejected(backend: Backend) {
+    let config = backend.config(
+        ServerConfig::new()
+            .set("admin_token", &toml_str(TOKEN))
+            .tables(&stripe_source("stripe", "keep_rejected = \"1s\"")),
+    );
+    let server = Server::start_on(backend, &config, &[("STRIPE_SECRET", WRONG)]);
+    let hook = StripeHook::new("stripe", RIGHT);
+    assert_eq!(hook.deliver(&server, &event("evt_old")).status, 401);
+    wait_until(WAIT, "kept", || kept(&server) == 1);
+    // Past keep_rejected (1 s).
+    std::thread::sleep(Duration::from_millis(1_500));
+    server.run_cli(&["prune"]).assert_success();
+    assert_eq!(kept(&server), 0);
+    let metrics = crate::harness::Client::new(WAIT)
+        .get_with(
+            &server.url("/metrics"),
+            &[("Authorization".to_string(), format!("Bearer {TOKEN}"))],
+        )
+        .text();
+    assert!(
+        metrics.contains("idemhook_rejected_kept_bytes{source=\"stripe\"} 0"),
+        "{metrics}"
+    );
+
+    let bad = crate::harness::check_config(&ServerConfig::new().tables(
+        "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"whsec_literal\"]\n\
+             keep_rejected_bytes = \"lots\"\n",
+    ));
+    assert!(!bad.success(), "{bad:?}");
+    assert!(bad.stderr.contains("keep_rejected_bytes"), "{}", bad.stderr);
+}
+both_backends!(the_pruner_drops_what_is_past_keep_rejected);
