@@ -74,7 +74,12 @@ pub struct KeptRefusal {
 
 impl Refusal {
     /// Keeps the request in `rejected`, when it is to be kept, in the
-    /// caller's transaction (after its delivery row).
+    /// caller's transaction (after its delivery row). This is the one
+    /// place a source's kept refusals grow, on both backends (the writer
+    /// on SQLite, a claimer's group on PostgreSQL): where
+    /// `store::rejected::keep` answers true, something that must follow
+    /// the growth (the `rejected` notification) is written in the same
+    /// transaction.
     pub fn keep(&self, db: &Db<'_>) -> Result<(), StoreError> {
         let Some(k) = &self.kept else {
             return Ok(());
