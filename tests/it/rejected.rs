@@ -541,3 +541,45 @@ fn the_pruner_drops_what_is_past_keep_rejected(backend: Backend) {
     assert!(bad.stderr.contains("keep_rejected_bytes"), "{}", bad.stderr);
 }
 both_backends!(the_pruner_drops_what_is_past_keep_rejected);
+
+/// A batch delivery (GoCardless: several events in one signed body) kept
+/// and re-ingested: every event of it claimed, as the delivery would have.
+fn a_kept_batch_is_reingested_event_by_event(backend: Backend) {
+    let config = backend.config(
+        ServerConfig::new()
+            .tables("[sources.gc]\nkind = \"gocardless\"\nsecrets = [\"env:GC_SECRET\"]\n"),
+    );
+    let mut server = Server::start_on(backend, &config, &[("GC_SECRET", WRONG)]);
+    let body = json!({
+        "events": [
+            {"id": "EV1", "resource_type": "payments", "action": "confirmed"},
+            {"id": "EV2", "resource_type": "payments", "action": "paid_out"},
+        ],
+        "meta": {"webhook_id": "WB1"},
+    })
+    .to_string();
+    let signature = hex::encode(sign::hmac_sha256(RIGHT.as_bytes(), &[body.as_bytes()]));
+    let headers = vec![
+        ("Webhook-Signature".to_string(), signature),
+        sign::json_content_type(),
+    ];
+    assert_eq!(
+        server.post("/hooks/gc", &headers, body.as_bytes()).status,
+        401
+    );
+    wait_until(WAIT, "the batch kept", || kept(&server) == 1);
+    server.set_env("GC_SECRET", RIGHT);
+    server.restart();
+    let out = server
+        .run_cli(&["reingest", "--source", "gc", "--yes"])
+        .assert_success()
+        .stdout
+        .clone();
+    assert!(out.contains("EV1 accepted, EV2 accepted"), "{out}");
+    assert_eq!(kept(&server), 0);
+    assert_eq!(
+        server.texts("SELECT event_id FROM events ORDER BY event_id", &[]),
+        ["EV1", "EV2"]
+    );
+}
+both_backends!(a_kept_batch_is_reingested_event_by_event);
