@@ -98,6 +98,7 @@ pub fn one(
         "secret": null,
         "reason": null,
     });
+    learn_handed_over(db, source)?;
     let passed = match reverify(source, config.max_batch_items, &k) {
         Ok(passed) => passed,
         Err(reason) => {
@@ -147,6 +148,29 @@ pub fn one(
     }
     out["events"] = Value::Array(events);
     Ok(out)
+}
+
+/// A source whose provider hands its secret over in a handshake (Asana,
+/// Notion) and that has none in the config verifies with the one kept in
+/// the database, as `serve` does.
+fn learn_handed_over(db: &Db<'_>, source: &crate::config::Source) -> Result<(), OpError> {
+    use crate::config::presets::Handshake;
+    let hands_over = matches!(
+        source.kind.preset().map(|p| p.handshake),
+        Some(Handshake::Asana | Handshake::Notion)
+    );
+    if !hands_over || source.secret_count > 0 {
+        return Ok(());
+    }
+    if let Some(secret) = crate::store::meta::handed_over(db, &source.name)?
+        && !source.verifier.knows(&secret)
+    {
+        source
+            .verifier
+            .learn(&crate::verify::Secret::new(secret))
+            .map_err(|e| OpError::Store(crate::store::StoreError::other(e)))?;
+    }
+    Ok(())
 }
 
 /// Totals of a run's requests: (accepted, duplicate, failed) as the

@@ -583,3 +583,41 @@ fn a_kept_batch_is_reingested_event_by_event(backend: Backend) {
     );
 }
 both_backends!(a_kept_batch_is_reingested_event_by_event);
+
+/// Events that came before Asana's handshake handed its secret over are
+/// refused and kept; `reingest` (another process) verifies them with the
+/// secret the handshake left in the database.
+fn events_before_a_handshake_are_reingested_with_the_handed_over_secret(backend: Backend) {
+    let config = backend.config(ServerConfig::new().tables("[sources.asana]\nkind = \"asana\"\n"));
+    let server = Server::start_on(backend, &config, &[]);
+    let item = br#"{"events":[{"action":"changed","created_at":"2026-01-01T00:00:00Z","resource":{"gid":"7","resource_type":"task"}}]}"#;
+    let sig = hex::encode(sign::hmac_sha256(b"hs-early", &[item]));
+    let early = server.post(
+        "/hooks/asana",
+        &[("X-Hook-Signature".to_string(), sig)],
+        item,
+    );
+    assert_eq!(early.status, 401, "{}", early.text());
+    wait_until(WAIT, "the early event kept", || kept(&server) == 1);
+    let handshake = server.post(
+        "/hooks/asana",
+        &[("X-Hook-Secret".to_string(), "hs-early".to_string())],
+        b"",
+    );
+    assert_eq!(handshake.status, 200, "{}", handshake.text());
+    let plan = server
+        .run_cli(&["reingest", "--source", "asana"])
+        .assert_success()
+        .stdout
+        .clone();
+    assert!(plan.contains("would pass, with secret #0"), "{plan}");
+    server
+        .run_cli(&["reingest", "--source", "asana", "--yes"])
+        .assert_success();
+    assert_eq!(kept(&server), 0);
+    assert_eq!(
+        server.count("SELECT count(*) FROM events WHERE source = 'asana'", &[]),
+        1
+    );
+}
+both_backends!(events_before_a_handshake_are_reingested_with_the_handed_over_secret);
