@@ -70,6 +70,46 @@ pub struct KeptRefusal {
     pub body: Vec<u8>,
     /// The source's `keep_rejected_bytes`.
     pub cap: u64,
+    /// Its share of [`KEPT_IN_FLIGHT_BYTES`], given back when it is
+    /// written (or dropped).
+    _held: Held,
+}
+
+/// The bytes of kept refused requests that may wait for the disk at once
+/// (queued, not yet written), all sources together: a flood of refused
+/// requests with large bodies holds at most this much memory; past it a
+/// refusal is recorded without its request.
+pub const KEPT_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
+
+static KEPT_IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+struct Held(usize);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        KEPT_IN_FLIGHT.fetch_sub(self.0, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl KeptRefusal {
+    /// The request to keep, or None while [`KEPT_IN_FLIGHT_BYTES`] are
+    /// waiting for the disk already.
+    pub fn new(query: String, headers: String, body: Vec<u8>, cap: u64) -> Option<KeptRefusal> {
+        use std::sync::atomic::Ordering;
+        let n = query.len() + headers.len() + body.len();
+        KEPT_IN_FLIGHT
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&t| t <= KEPT_IN_FLIGHT_BYTES)
+            })
+            .ok()?;
+        Some(KeptRefusal {
+            query,
+            headers,
+            body,
+            cap,
+            _held: Held(n),
+        })
+    }
 }
 
 impl Refusal {

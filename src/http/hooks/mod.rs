@@ -655,12 +655,19 @@ fn kept_refusal<B: Backend>(
     if !matches!(r.status, 400 | 401) || source.keep_rejected.is_zero() {
         return None;
     }
-    Some(crate::store::backend::KeptRefusal {
-        query: rq.query.to_string(),
-        headers: serde_json::to_string(&rq.headers).ok()?,
+    let kept = crate::store::backend::KeptRefusal::new(
+        rq.query.to_string(),
+        serde_json::to_string(&rq.headers).ok()?,
         body,
-        cap: source.keep_rejected_bytes,
-    })
+        source.keep_rejected_bytes,
+    );
+    if kept.is_none() {
+        // Too much waits for the disk already: recorded without it.
+        app.metrics
+            .dropped_records
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    kept
 }
 
 /// Answers a refused delivery: counts it, records it (without waiting for
