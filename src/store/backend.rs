@@ -253,3 +253,25 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Stops the storage's threads after their last commits.
     fn stop(&self);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{KEPT_IN_FLIGHT_BYTES, KeptRefusal};
+
+    /// Kept requests waiting for the disk hold at most their budget; a
+    /// share comes back when one is dropped (written, or its record
+    /// dropped).
+    #[test]
+    fn kept_requests_in_flight_are_bounded() {
+        let big = KeptRefusal::new(
+            String::new(),
+            String::new(),
+            vec![0; KEPT_IN_FLIGHT_BYTES],
+            1,
+        )
+        .expect("the first fits");
+        assert!(KeptRefusal::new(String::new(), String::new(), vec![0; 1], 1).is_none());
+        drop(big);
+        assert!(KeptRefusal::new(String::new(), String::new(), vec![0; 1], 1).is_some());
+    }
+}
