@@ -269,3 +269,34 @@ CREATE TABLE IF NOT EXISTS replays (
     origin      TEXT NOT NULL       -- cli or api
 );
 CREATE INDEX IF NOT EXISTS replays_job ON replays (job_id);
+
+-- Refused deliveries (401, 400) to configured sources, kept whole for
+-- `idemhook reingest`: per source within keep_rejected (the pruner) and
+-- keep_rejected_bytes (enforced as each is written: the oldest go first).
+-- `stored` is what counts against the cap: the body's and the headers'
+-- bytes. Requests to unknown sources, 413s and 405s are never kept.
+CREATE TABLE IF NOT EXISTS rejected (
+    id          INTEGER PRIMARY KEY,
+    source      TEXT NOT NULL,
+    received_at INTEGER NOT NULL,
+    reason      TEXT NOT NULL,
+    remote      TEXT NOT NULL,
+    query       TEXT NOT NULL,
+    headers     TEXT NOT NULL,      -- a JSON array of [name, value]
+    body        BLOB NOT NULL,
+    bytes       INTEGER NOT NULL,   -- the body's size
+    stored      INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rejected_source ON rejected (source, id);
+CREATE INDEX IF NOT EXISTS rejected_received ON rejected (received_at);
+
+-- Per source: the bytes of `rejected` (kept with each write, never a sum
+-- over the table) and what re-ingests did (idemhook_reingested_total,
+-- counted here so the command's runs in another process count too).
+CREATE TABLE IF NOT EXISTS rejected_totals (
+    source     TEXT PRIMARY KEY,
+    stored     INTEGER NOT NULL DEFAULT 0,
+    accepted   INTEGER NOT NULL DEFAULT 0,
+    duplicate  INTEGER NOT NULL DEFAULT 0,
+    failed     INTEGER NOT NULL DEFAULT 0
+);

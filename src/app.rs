@@ -206,6 +206,7 @@ impl<B: Backend> App<B> {
         remote: &str,
         detail: &str,
         at: i64,
+        kept: Option<crate::store::backend::KeptRefusal>,
     ) {
         let queued = self.backend.record_refusal(Refusal {
             source: source.to_string(),
@@ -213,6 +214,7 @@ impl<B: Backend> App<B> {
             remote: remote.to_string(),
             detail: detail.to_string(),
             at,
+            kept,
         });
         if !queued {
             self.metrics.dropped_records.fetch_add(1, Ordering::Relaxed);
@@ -241,6 +243,11 @@ impl<B: Backend> App<B> {
         });
         let mut out = self.metrics.render(jobs.as_ref(), &storage);
         self.admin_limiter.render_metrics(&mut out);
+        // Left out while the storage cannot be read, as the job gauges are.
+        if let Ok(totals) = self.backend.read(crate::store::rejected::totals) {
+            let names: Vec<String> = self.config.sources.iter().map(|s| s.name.clone()).collect();
+            out.push_str(&crate::metrics::render_rejected(&names, &totals));
+        }
         out
     }
 }

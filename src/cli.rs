@@ -139,6 +139,14 @@ pub enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Show the refused deliveries kept for reingest (401s and 400s).
+    Rejected {
+        #[command(subcommand)]
+        command: RejectedCommand,
+    },
+    /// Verify kept refused deliveries again with the current secrets and
+    /// take in those that pass; dry run without --yes.
+    Reingest(ReingestArgs),
     /// Print the shell completion script for bash, zsh or fish.
     Completions {
         /// The shell to complete in.
@@ -241,6 +249,47 @@ pub struct ResolveArgs {
     /// Do it; without this only print what would be done.
     #[arg(long)]
     pub yes: bool,
+}
+
+/// `idemhook reingest`'s arguments (`ops::reingest::Request`).
+#[derive(clap::Args, Debug)]
+pub struct ReingestArgs {
+    /// The source whose kept refused deliveries to verify again.
+    #[arg(long)]
+    pub source: String,
+    /// Only those received within this duration, e.g. 2h.
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Only this kept request (its id in `idemhook rejected list`).
+    #[arg(long)]
+    pub id: Option<i64>,
+    /// Do it; without this only print, per request, whether it would pass.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RejectedCommand {
+    /// Oldest first: id, source, received, bytes, remote, reason.
+    List {
+        /// Only those of this source.
+        #[arg(long)]
+        source: Option<String>,
+        /// Only those received within this duration, e.g. 2h.
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One kept request with its headers and body.
+    Show {
+        /// Its id (from `idemhook rejected list`).
+        id: i64,
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -467,7 +516,8 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         | Command::Resume { .. }
         | Command::Prune { .. }
         | Command::Erase { .. }
-        | Command::Backup { .. } => {
+        | Command::Backup { .. }
+        | Command::Rejected { .. } => {
             crate::config::without_secrets(|| load_config(cli.config.as_deref()))?
         }
         _ => load_config(cli.config.as_deref())?,
@@ -525,6 +575,23 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         } => ops::erase::cmd(&config, &source, &event_id, yes),
         Command::Migrate { to, yes } => ops::migrate::cmd(&config, &to, yes),
         Command::Backup { path } => ops::backup::cmd(&config, &path),
+        Command::Rejected { command } => match command {
+            RejectedCommand::List {
+                source,
+                since,
+                json,
+            } => ops::rejected::list_cmd(&config, source.as_deref(), since.as_deref(), json),
+            RejectedCommand::Show { id, json } => ops::rejected::show_cmd(&config, id, json),
+        },
+        Command::Reingest(args) => ops::reingest::cmd(
+            &config,
+            &ops::reingest::Request {
+                source: args.source,
+                since: args.since,
+                id: args.id,
+                dry_run: !args.yes,
+            },
+        ),
         // Answered before the config is loaded.
         Command::Completions { .. } | Command::Man { .. } => Ok(Outcome::Done),
     }

@@ -47,6 +47,9 @@ pub struct Claim {
     /// For an event of a batch delivery: which delivery, and which of its
     /// events (kept as the delivery row's detail).
     pub batch: Option<String>,
+    /// A kept refused request taken in by `reingest`: its delivery row's
+    /// outcome is `reingested`.
+    pub reingest: bool,
 }
 
 /// What the claim decided.
@@ -183,7 +186,11 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decisio
         &source.name,
         Some(&c.event_id),
         c.received_at,
-        outcome.delivery().as_str(),
+        if c.reingest {
+            Delivery::Reingested.as_str()
+        } else {
+            outcome.delivery().as_str()
+        },
         &c.remote,
         c.batch.as_deref(),
     )?;
@@ -537,6 +544,7 @@ params = { amount = "json:/amount" }
             received_at: crate::time::now_ms(),
             remote: "test".to_string(),
             batch: None,
+            reingest: false,
         }
     }
 

@@ -104,7 +104,7 @@ pub struct Metrics {
     /// (source, action) pairs in config order.
     actions: Vec<(String, String)>,
     /// [source index (last = unknown)][outcome]
-    deliveries: Vec<[AtomicU64; 8]>,
+    deliveries: Vec<[AtomicU64; Delivery::ALL.len()]>,
     attempts: Vec<[AtomicU64; 3]>,
     /// [action index][answer], rendered for actions with a `check` only.
     checks: Vec<[AtomicU64; 3]>,
@@ -219,6 +219,10 @@ impl Metrics {
                 // The unknown row only has unknown_source deliveries, and
                 // a configured source never has them.
                 if (i == self.sources.len()) != (*d == Delivery::UnknownSource) {
+                    continue;
+                }
+                // Re-ingests are counted apart (idemhook_reingested_total).
+                if *d == Delivery::Reingested {
                     continue;
                 }
                 let _ = writeln!(
@@ -339,6 +343,42 @@ fn render_jobs(out: &mut String, j: &JobGauges) {
         "idemhook_oldest_pending_age_seconds {}",
         j.oldest_pending_age_secs
     );
+}
+
+/// The kept refused deliveries' bytes and the re-ingests, per configured
+/// source, from the database's `rejected_totals` (so `idemhook reingest`
+/// run in another process counts too).
+pub fn render_rejected(sources: &[String], totals: &[crate::store::rejected::Totals]) -> String {
+    use std::fmt::Write as _;
+    let of = |name: &str| totals.iter().find(|t| t.source == name);
+    let mut out = String::new();
+    out.push_str("# HELP idemhook_rejected_kept_bytes Bytes of refused deliveries kept for reingest (bodies and headers).\n");
+    out.push_str("# TYPE idemhook_rejected_kept_bytes gauge\n");
+    for s in sources {
+        let _ = writeln!(
+            out,
+            "idemhook_rejected_kept_bytes{{source=\"{}\"}} {}",
+            escape(s),
+            of(s).map_or(0, |t| t.stored)
+        );
+    }
+    out.push_str("# HELP idemhook_reingested_total Kept refused deliveries re-ingested, by outcome (accepted: a new event, duplicate, failed: still refused).\n");
+    out.push_str("# TYPE idemhook_reingested_total counter\n");
+    for s in sources {
+        let t = of(s);
+        for (outcome, n) in [
+            ("accepted", t.map_or(0, |t| t.accepted)),
+            ("duplicate", t.map_or(0, |t| t.duplicate)),
+            ("failed", t.map_or(0, |t| t.failed)),
+        ] {
+            let _ = writeln!(
+                out,
+                "idemhook_reingested_total{{source=\"{}\",outcome=\"{outcome}\"}} {n}",
+                escape(s)
+            );
+        }
+    }
+    out
 }
 
 fn escape(v: &str) -> String {

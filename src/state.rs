@@ -176,6 +176,9 @@ vocabulary! {
         UnknownSource = "unknown_source",
         TooLarge = "too_large",
         Unavailable = "unavailable",
+        /// A kept refused request taken in by `reingest` (its event new or
+        /// a duplicate).
+        Reingested = "reingested",
     }
 }
 

@@ -26,6 +26,7 @@ mod parse;
 pub mod presets;
 pub mod public_origin;
 mod raw;
+pub mod rejected;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -169,6 +170,10 @@ pub struct Source {
     pub empty_batch: generic::EmptyBatch,
     /// What a stored (or duplicate) delivery is answered.
     pub answer: generic::Answer,
+    /// How long refused deliveries are kept (zero: none are).
+    pub keep_rejected: Duration,
+    /// The bytes of refused deliveries kept at most (the oldest go first).
+    pub keep_rejected_bytes: u64,
 }
 
 impl Source {

@@ -73,6 +73,9 @@ pub(super) struct RawSource {
     pub(super) answer: Option<String>,
     #[serde(default)]
     pub(super) actions: Vec<RawAction>,
+    // refused deliveries kept for `reingest`
+    pub(super) keep_rejected: Option<String>,
+    pub(super) keep_rejected_bytes: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -51,6 +51,7 @@ pub(super) fn resolve_source(name: &str, mut rs: RawSource, base: &Path) -> Resu
         _ => Vec::new(),
     };
     let on_mismatch = on_mismatch_of(&rs)?;
+    let (keep_rejected, keep_rejected_bytes) = super::rejected::keep_of(&rs)?;
     let actions = actions_of(rs.actions, base)?;
 
     Ok(Source {
@@ -75,6 +76,8 @@ pub(super) fn resolve_source(name: &str, mut rs: RawSource, base: &Path) -> Resu
         batch_items: shape.batch_items,
         empty_batch: shape.empty_batch,
         answer: shape.answer,
+        keep_rejected,
+        keep_rejected_bytes,
     })
 }
 

@@ -13,6 +13,8 @@
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+mod rejected;
+
 use super::Incoming;
 use super::reply::Reply;
 use crate::app::App;
@@ -97,6 +99,9 @@ fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, token: &str, by_cookie
         },
         ["api", "actions"] => only(rq, "GET", |_| actions_route(app)),
         ["api", "overview"] => only(rq, "GET", |_| overview_route(app)),
+        ["api", "rejected"] => only(rq, "GET", |rq| rejected::list(app, rq)),
+        ["api", "rejected", id] => only(rq, "GET", |_| rejected::show(app, id)),
+        ["api", "reingest"] => only(rq, "POST", |rq| rejected::reingest(app, rq)),
         _ => Reply::error(404, "no such admin route"),
     }
 }

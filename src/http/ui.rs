@@ -46,7 +46,7 @@ const INDEX: Asset = Asset {
     body: include_bytes!("ui/index.html"),
 };
 
-const ASSETS: [Asset; 5] = [
+const ASSETS: [Asset; 6] = [
     Asset {
         name: "app.js",
         content_type: "text/javascript; charset=utf-8",
@@ -71,6 +71,11 @@ const ASSETS: [Asset; 5] = [
         name: "style.css",
         content_type: "text/css; charset=utf-8",
         body: include_bytes!("ui/style.css"),
+    },
+    Asset {
+        name: "refused.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("ui/refused.js"),
     },
 ];
 

@@ -19,6 +19,8 @@ pub mod open;
 pub mod pause;
 pub mod prune;
 pub mod reconcile;
+pub mod reingest;
+pub mod rejected;
 pub mod replay;
 pub mod resolve;
 pub mod text;

@@ -43,6 +43,8 @@ struct Cutoffs {
     source: String,
     keys_before: i64,
     bodies_before: i64,
+    /// Kept refused requests received before this go (`keep_rejected`).
+    kept_before: i64,
 }
 
 fn cutoffs(config: &Config, now: i64) -> Vec<Cutoffs> {
@@ -54,6 +56,7 @@ fn cutoffs(config: &Config, now: i64) -> Vec<Cutoffs> {
             source: s.name.clone(),
             keys_before: now.saturating_sub(ms(s.retention)),
             bodies_before: now.saturating_sub(ms(s.payload_retention)),
+            kept_before: now.saturating_sub(ms(s.keep_rejected)),
         })
         .collect()
 }
@@ -102,6 +105,15 @@ fn prune_source(
             before: c.keys_before,
         })?;
         counts.deliveries += n;
+        if n < BATCH as u64 || stop() {
+            break;
+        }
+    }
+    loop {
+        let (n, _) = batch(Batch::Kept {
+            source: c.source.clone(),
+            before: c.kept_before,
+        })?;
         if n < BATCH as u64 || stop() {
             break;
         }

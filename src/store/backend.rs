@@ -58,6 +58,87 @@ pub struct Refusal {
     pub remote: String,
     pub detail: String,
     pub at: i64,
+    /// The request whole, when the source keeps its refusals (401, 400).
+    pub kept: Option<KeptRefusal>,
+}
+
+/// What of a refused request is kept for `reingest` (`store::rejected`).
+pub struct KeptRefusal {
+    pub query: String,
+    /// The headers as a JSON array of `[name, value]`.
+    pub headers: String,
+    pub body: Vec<u8>,
+    /// The source's `keep_rejected_bytes`.
+    pub cap: u64,
+    /// Its share of [`KEPT_IN_FLIGHT_BYTES`], given back when it is
+    /// written (or dropped).
+    _held: Held,
+}
+
+/// The bytes of kept refused requests that may wait for the disk at once
+/// (queued, not yet written), all sources together: a flood of refused
+/// requests with large bodies holds at most this much memory; past it a
+/// refusal is recorded without its request.
+pub const KEPT_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
+
+static KEPT_IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+struct Held(usize);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        KEPT_IN_FLIGHT.fetch_sub(self.0, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl KeptRefusal {
+    /// The request to keep, or None while [`KEPT_IN_FLIGHT_BYTES`] are
+    /// waiting for the disk already.
+    pub fn new(query: String, headers: String, body: Vec<u8>, cap: u64) -> Option<KeptRefusal> {
+        use std::sync::atomic::Ordering;
+        let n = query.len() + headers.len() + body.len();
+        KEPT_IN_FLIGHT
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&t| t <= KEPT_IN_FLIGHT_BYTES)
+            })
+            .ok()?;
+        Some(KeptRefusal {
+            query,
+            headers,
+            body,
+            cap,
+            _held: Held(n),
+        })
+    }
+}
+
+impl Refusal {
+    /// Keeps the request in `rejected`, when it is to be kept, in the
+    /// caller's transaction (after its delivery row). This is the one
+    /// place a source's kept refusals grow, on both backends (the writer
+    /// on SQLite, a claimer's group on PostgreSQL): where
+    /// `store::rejected::keep` answers true, something that must follow
+    /// the growth (the `rejected` notification) is written in the same
+    /// transaction.
+    pub fn keep(&self, db: &Db<'_>) -> Result<(), StoreError> {
+        let Some(k) = &self.kept else {
+            return Ok(());
+        };
+        crate::store::rejected::keep(
+            db,
+            &crate::store::rejected::NewKept {
+                source: &self.source,
+                received_at: self.at,
+                reason: &self.detail,
+                remote: &self.remote,
+                query: &k.query,
+                headers: &k.headers,
+                body: &k.body,
+            },
+            k.cap,
+        )?;
+        Ok(())
+    }
 }
 
 /// Jobs per status (from counters kept in the transactions that change
@@ -171,4 +252,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Stops the storage's threads after their last commits.
     fn stop(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KEPT_IN_FLIGHT_BYTES, KeptRefusal};
+
+    /// Kept requests waiting for the disk hold at most their budget; a
+    /// share comes back when one is dropped (written, or its record
+    /// dropped).
+    #[test]
+    fn kept_requests_in_flight_are_bounded() {
+        let big = KeptRefusal::new(
+            String::new(),
+            String::new(),
+            vec![0; KEPT_IN_FLIGHT_BYTES],
+            1,
+        )
+        .expect("the first fits");
+        assert!(KeptRefusal::new(String::new(), String::new(), vec![0; 1], 1).is_none());
+        drop(big);
+        assert!(KeptRefusal::new(String::new(), String::new(), vec![0; 1], 1).is_some());
+    }
 }

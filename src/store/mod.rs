@@ -25,6 +25,7 @@ pub mod paused;
 pub(crate) mod pg_cluster;
 pub mod postgres;
 pub mod prune;
+pub mod rejected;
 pub mod replays;
 pub mod rules;
 pub mod sqlite;

@@ -40,6 +40,8 @@ pub enum Batch {
     Refused { source: String, before: i64 },
     /// Refused deliveries of sources no longer in the config.
     UnknownRefused { known: Vec<String>, before: i64 },
+    /// Kept refused requests past `keep_rejected`.
+    Kept { source: String, before: i64 },
 }
 
 impl Batch {
@@ -63,6 +65,10 @@ impl Batch {
                     *before,
                     BATCH,
                 )?,
+                0,
+            )),
+            Batch::Kept { source, before } => Ok((
+                crate::store::rejected::prune_batch(&Db::sqlite(conn), source, *before, BATCH)?,
                 0,
             )),
         }
@@ -107,6 +113,10 @@ impl Batch {
             )),
             Batch::UnknownRefused { known, before } => Ok((
                 maint::delete_unknown_refused_batch(client, known, *before, BATCH)?,
+                0,
+            )),
+            Batch::Kept { source, before } => Ok((
+                crate::store::rejected::prune_batch(&Db::postgres(client), source, *before, BATCH)?,
                 0,
             )),
         }

@@ -202,6 +202,7 @@ fn operator_commands_need_no_secret_set(backend: Backend) {
     assert!(list.stdout.contains("evt_cron_1"), "{}", list.stdout);
     bare(&["events", "show", "stripe", "evt_cron_1"]).assert_success();
     bare(&["prune", "--dry-run"]).assert_success();
+    bare(&["rejected", "list"]).assert_success();
     let check = bare(&["check"]);
     assert!(!check.success(), "check resolves every secret: {check:?}");
     assert!(check.stderr.contains("STRIPE_SECRET"), "{}", check.stderr);

@@ -1612,3 +1612,64 @@ fn browser_a_token_link_opened_on_the_sign_in_page_signs_in() {
     assert_eq!(browser.eval("return window.__same_page"), json!("yes"));
     browser.screenshot("token-link-wrong-token");
 }
+
+/// The Refused view: kept refusals listed and opened, and a re-ingest
+/// whose plan changes nothing until the confirming click.
+#[test]
+fn browser_refused_view_reingests_after_a_confirming_click() {
+    const RIGHT: &str = "whsec_inspector_right";
+    let config = ServerConfig::new()
+        .set("admin_token", &toml_str(TOKEN))
+        .tables("[sources.pay]\nkind = \"stripe\"\nsecrets = [\"env:PAY_SECRET\"]\n");
+    let mut server = Server::start(&config, &[("PAY_SECRET", "whsec_mistyped")]);
+    for id in ["evt_r1", "evt_r2"] {
+        let body = json!({"id": id, "type": "charge.succeeded"}).to_string();
+        let r = server.post(
+            "/hooks/pay",
+            &sign::stripe_now(RIGHT, body.as_bytes()),
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 401, "{}", r.text());
+    }
+    let kept = |server: &Server| count(&server.db(), "SELECT count(*) FROM rejected", []);
+    wait_until(PAGE_TIMEOUT, "two refusals kept", || kept(&server) == 2);
+    server.set_env("PAY_SECRET", RIGHT);
+    server.restart();
+
+    let Some(browser) = browser() else { return };
+    browser.resize(1280, 900);
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/refused", server.base_url()));
+    browser.wait_for("the kept refusals", "#refused tr[data-id]");
+    browser.click("#refused a[data-id]");
+    browser.wait_for("one opened", "#refused-detail section pre.payload");
+    assert!(
+        browser
+            .text("#refused-detail")
+            .contains("no signature matched"),
+        "{}",
+        browser.text("#refused-detail")
+    );
+    browser.click("#reingest-sources button.reingest[data-source='pay']");
+    browser.wait_for("the plan", "#reingest-plan #confirm-reingest");
+    let plan = browser.text("#reingest-plan");
+    assert!(
+        plan.contains("dry run") && plan.matches("would pass").count() == 2,
+        "{plan}"
+    );
+    browser.screenshot("refused-plan");
+    assert_eq!(kept(&server), 2, "the plan changed nothing");
+    assert_eq!(count(&server.db(), "SELECT count(*) FROM events", []), 0);
+
+    browser.click("#confirm-reingest");
+    browser.wait_for(
+        "the result",
+        "#reingest-result a[href='/ui/events/pay/evt_r1']",
+    );
+    assert_eq!(kept(&server), 0);
+    assert_eq!(count(&server.db(), "SELECT count(*) FROM events", []), 2);
+    browser.wait_for("the emptied list", "#refused td.empty");
+    browser.screenshot("refused-done");
+    browser.assert_no_policy_violations();
+}

@@ -38,6 +38,7 @@ mod pg_serve_ops;
 mod powerloss;
 mod providers;
 mod receiver;
+mod rejected;
 mod replay_pg;
 mod send;
 mod sign;

@@ -14,7 +14,7 @@ use crate::downstream::Downstream;
 use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
 
 /// The commands a user types, as `idemhook help` lists them.
-const COMMANDS: [&str; 16] = [
+const COMMANDS: [&str; 18] = [
     "serve",
     "check",
     "send",
@@ -28,6 +28,8 @@ const COMMANDS: [&str; 16] = [
     "erase",
     "backup",
     "migrate",
+    "rejected",
+    "reingest",
     "completions",
     "man",
     "help",
@@ -309,11 +311,16 @@ fn man_dir_writes_a_page_per_command_into_an_existing_folder_only() {
     let out = idemhook(dir.path(), &["man", "--dir", "man1"]);
     out.assert_success();
     let listed: BTreeSet<PathBuf> = out.stdout.lines().map(PathBuf::from).collect();
-    let mut expected: BTreeSet<PathBuf> =
-        ["idemhook", "idemhook-events-list", "idemhook-events-show"]
-            .iter()
-            .map(|name| Path::new("man1").join(format!("{name}.1")))
-            .collect();
+    let mut expected: BTreeSet<PathBuf> = [
+        "idemhook",
+        "idemhook-events-list",
+        "idemhook-events-show",
+        "idemhook-rejected-list",
+        "idemhook-rejected-show",
+    ]
+    .iter()
+    .map(|name| Path::new("man1").join(format!("{name}.1")))
+    .collect();
     for command in COMMANDS.iter().filter(|c| **c != "help") {
         expected.insert(Path::new("man1").join(format!("idemhook-{command}.1")));
     }

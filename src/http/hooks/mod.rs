@@ -9,6 +9,8 @@ use std::time::Instant;
 use serde_json::Value;
 
 mod providers;
+pub mod reverify;
+mod unknown;
 #[cfg(test)]
 mod vectors;
 
@@ -33,6 +35,9 @@ struct Refused {
     status: u16,
     message: String,
     failed: Option<&'static str>,
+    /// The body, for a refusal after it was read (kept when it is a 401
+    /// or 400 and the source keeps its refusals).
+    body: Option<Vec<u8>>,
 }
 
 fn refused(outcome: Delivery, status: u16, message: impl Into<String>) -> Refused {
@@ -41,12 +46,19 @@ fn refused(outcome: Delivery, status: u16, message: impl Into<String>) -> Refuse
         status,
         message: message.into(),
         failed: None,
+        body: None,
     }
 }
 
 impl Refused {
     fn failed(mut self, part: &'static str) -> Refused {
         self.failed = Some(part);
+        self
+    }
+
+    /// The refusal with the request's body, to be kept.
+    fn keeping(mut self, body: &[u8]) -> Refused {
+        self.body = Some(body.to_vec());
         self
     }
 }
@@ -62,8 +74,9 @@ pub fn receive<B: Backend>(app: &Arc<App<B>>, source_name: &str, rq: &mut Incomi
     };
     match result {
         Ok(reply) => reply,
-        Err(r) => {
-            let reply = refuse(app, index, source_name, &rq.remote, &r, received_at);
+        Err(mut r) => {
+            let kept = kept_refusal(app, index, rq, &mut r);
+            let reply = refuse(app, index, source_name, &rq.remote, &r, received_at, kept);
             // (After a 413 the server closes the connection itself: the
             // rest of the body was never read.)
             if r.status == 405 {
@@ -129,10 +142,12 @@ fn accept<B: Backend>(
             } else {
                 refused(Delivery::BadSignature, 401, e.to_string()).failed(part)
             }
+            .keeping(&body)
         })?;
 
     // 2. Only now, the body, and what the source's rules read in it.
-    let (json, doc) = read_json(source, rq.header("content-type"), &body)?;
+    let (json, doc) =
+        read_json(source, rq.header("content-type"), &body).map_err(|r| r.keeping(&body))?;
     let form = form_of(source, rq.header("content-type"), &body);
     let input = Input {
         headers: &rq.headers,
@@ -164,8 +179,8 @@ fn accept<B: Backend>(
             started,
         );
     }
-    let event_id = event_id_of(source, &input)?;
-    let event_type = event_type_of(source, &rq.headers, &input)?;
+    let event_id = event_id_of(source, &input).map_err(|r| r.keeping(&body))?;
+    let event_type = event_type_of(source, &rq.headers, &input).map_err(|r| r.keeping(&body))?;
     let hash = hash_of(source, &body, &input);
     let kept_headers = kept_headers(source, &rq.headers);
     let content_type = rq.header("content-type").map(str::to_string);
@@ -183,6 +198,7 @@ fn accept<B: Backend>(
         received_at,
         remote: rq.remote.clone(),
         batch: None,
+        reingest: false,
     };
 
     // 3. The claim, committed before we answer.
@@ -240,7 +256,8 @@ fn accept_batch<B: Backend>(
     received_at: i64,
     started: Instant,
 ) -> Result<Reply, Refused> {
-    let (items, delivery) = providers::items(batch, &body, app.config.max_batch_items)?;
+    let (items, delivery) =
+        providers::items(batch, &body, app.config.max_batch_items).map_err(|r| r.keeping(&body))?;
     if items.is_empty() {
         if source.empty_batch == crate::config::generic::EmptyBatch::Reject {
             return Err(refused(
@@ -265,8 +282,9 @@ fn accept_batch<B: Backend>(
         } else {
             None
         };
-        let doc = RawDoc::parse(text)
-            .map_err(|e| refused(Delivery::BadRequest, 400, format!("batch item {i}: {e}")))?;
+        let doc = RawDoc::parse(text).map_err(|e| {
+            refused(Delivery::BadRequest, 400, format!("batch item {i}: {e}")).keeping(&body)
+        })?;
         let input = Input {
             headers: &rq.headers,
             json: Some(json.as_ref().map_or(Json::Raw(&doc), Json::Parsed)),
@@ -278,9 +296,10 @@ fn accept_batch<B: Backend>(
                 "batch item {i} of {n}: {}; nothing of the batch was stored",
                 r.message
             );
-            r
+            r.keeping(&body)
         })?;
-        let event_type = event_type_of(source, &rq.headers, &input)?;
+        let event_type =
+            event_type_of(source, &rq.headers, &input).map_err(|r| r.keeping(&body))?;
         let hash = hash_of(source, text.as_bytes(), &input);
         ids.push(event_id.clone());
         claims.push(Claim {
@@ -297,6 +316,7 @@ fn accept_batch<B: Backend>(
             received_at,
             remote: rq.remote.clone(),
             batch: Some(format!("{delivery} (event {} of {n})", i + 1)),
+            reingest: false,
         });
     }
     if let Some(permit) = rq.permit.as_mut() {
@@ -594,7 +614,8 @@ fn incident_level(delivery: Delivery) -> crate::log::Level {
         | Delivery::Duplicate
         | Delivery::BadRequest
         | Delivery::UnknownSource
-        | Delivery::TooLarge => crate::log::Level::Info,
+        | Delivery::TooLarge
+        | Delivery::Reingested => crate::log::Level::Info,
     }
 }
 
@@ -629,8 +650,39 @@ fn take_body(rq: &mut Incoming<'_>, limit: usize) -> Result<Vec<u8>, Refused> {
     Ok(body)
 }
 
-/// Answers a refused delivery: counts it, records it (without the body,
-/// and without waiting for the disk), logs it.
+/// What of a refused request is kept (`keep_rejected`): the request
+/// whole for a 401 or 400 to a configured source that keeps its
+/// refusals, refused once its body was read; nothing otherwise (413, 405,
+/// unknown sources, a malformed head).
+fn kept_refusal<B: Backend>(
+    app: &App<B>,
+    index: Option<usize>,
+    rq: &Incoming<'_>,
+    r: &mut Refused,
+) -> Option<crate::store::backend::KeptRefusal> {
+    let body = r.body.take()?;
+    let source = app.config.sources.get(index?)?;
+    if !matches!(r.status, 400 | 401) || source.keep_rejected.is_zero() {
+        return None;
+    }
+    let kept = crate::store::backend::KeptRefusal::new(
+        rq.query.to_string(),
+        serde_json::to_string(&rq.headers).ok()?,
+        body,
+        source.keep_rejected_bytes,
+    );
+    if kept.is_none() {
+        // Too much waits for the disk already: recorded without it.
+        app.metrics
+            .dropped_records
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    kept
+}
+
+/// Answers a refused delivery: counts it, records it (without waiting for
+/// the disk; the request whole when `kept`), logs it. A request to an
+/// unknown source is counted and summarised in the log, never recorded.
 fn refuse<B: Backend>(
     app: &App<B>,
     index: Option<usize>,
@@ -638,12 +690,17 @@ fn refuse<B: Backend>(
     remote: &str,
     r: &Refused,
     received_at: i64,
+    kept: Option<crate::store::backend::KeptRefusal>,
 ) -> Reply {
     let (outcome, status, message) = (r.outcome, r.status, r.message.as_str());
     app.metrics.delivery(index, outcome);
-    // Request data never becomes a metric label; the database row keeps
-    // the name asked for (bounded by the URL limit), for the operator.
-    app.record_refusal(source_name, outcome, remote, message, received_at);
+    if index.is_none() {
+        // Whatever the number of names asked for, nothing is stored and
+        // one line a minute is logged (request data never becomes a label).
+        unknown::note(source_name, remote, received_at);
+        return Reply::error(status, message);
+    }
+    app.record_refusal(source_name, outcome, remote, message, received_at, kept);
     let outcome_word = outcome.as_str();
     let mut fields: Vec<(&str, &dyn std::fmt::Display)> = vec![
         ("source", &source_name),
@@ -678,7 +735,7 @@ pub fn refused_head<B: Backend>(
         Delivery::BadRequest
     };
     let r = refused(outcome, status, message);
-    let _ = refuse(app, Some(index), source_name, remote, &r, now_ms());
+    let _ = refuse(app, Some(index), source_name, remote, &r, now_ms(), None);
 }
 
 /// True for a JSON media type (`application/json`, `*/*+json`): such a

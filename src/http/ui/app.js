@@ -4,6 +4,7 @@
 
 import { el, replace, ApiError } from "./util.js";
 import * as views from "./views.js";
+import { refused } from "./refused.js";
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -21,6 +22,7 @@ function route(path) {
   if (parts.length === 1 && parts[0] === "actions") return { name: "actions", render: views.actions };
   if (parts.length === 1 && parts[0] === "reconcile") return { name: "reconcile", render: views.reconcile };
   if (parts.length === 1 && parts[0] === "overview") return { name: "overview", render: views.overview };
+  if (parts.length === 1 && parts[0] === "refused") return { name: "refused", render: refused };
   return { name: "", render: (m) => replace(m, el("p", { class: "error" }, "No such view.")) };
 }
 

@@ -242,5 +242,6 @@ fn stored_claim(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Cl
         received_at: at,
         remote: "replay".to_string(),
         batch: None,
+        reingest: false,
     }))
 }

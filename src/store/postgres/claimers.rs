@@ -240,6 +240,10 @@ struct Queue {
     waiting: Mutex<Vec<Arc<dyn Waiting>>>,
 }
 
+/// A refusal's record is dropped rather than queued behind this many jobs
+/// (SQLite's writer queue holds as many).
+const REFUSALS_QUEUED_AT_MOST: usize = 4096;
+
 /// `serve` on PostgreSQL: the claimers, a small pool for reads and the
 /// admin API's writes, the LISTEN thread, and (when serve started on a
 /// host that refused writes) the migrator waiting for a writable one.
@@ -577,7 +581,14 @@ impl Backend for Postgres {
         self.push(Job::Claim(waiting));
     }
 
+    /// Dropped (false) while the claimers' queue holds
+    /// [`REFUSALS_QUEUED_AT_MOST`] jobs or more: a flood of refused requests
+    /// (kept ones carry their bodies) never grows it without bound nor
+    /// holds back the claims, as SQLite's bounded writer queue does.
     fn record_refusal(&self, refusal: Refusal) -> bool {
+        if self.queued() >= REFUSALS_QUEUED_AT_MOST {
+            return false;
+        }
         self.push(Job::Refusal(refusal));
         true
     }
@@ -855,7 +866,8 @@ fn run_batch(
                         r.outcome.as_str(),
                         &r.remote,
                         Some(&r.detail),
-                    )
+                    )?;
+                    r.keep(&crate::store::db::Db::postgres(tx.client()))
                 }),
             },
         })

@@ -159,11 +159,43 @@ pub const TABLES: &[Table] = &[
             ("value", 't'),
         ],
     },
+    Table {
+        name: "rejected",
+        columns: &[
+            ("id", 'i'),
+            ("source", 't'),
+            ("received_at", 'i'),
+            ("reason", 't'),
+            ("remote", 't'),
+            ("query", 't'),
+            ("headers", 't'),
+            ("body", 'b'),
+            ("bytes", 'i'),
+            ("stored", 'i'),
+        ],
+    },
+    Table {
+        name: "rejected_totals",
+        columns: &[
+            ("source", 't'),
+            ("stored", 'i'),
+            ("accepted", 'i'),
+            ("duplicate", 'i'),
+            ("failed", 'i'),
+        ],
+    },
 ];
 
 /// Tables whose ids come from an identity column: its sequence is moved
 /// past the copied ids.
-const IDENTITY: &[&str] = &["jobs", "checks", "deliveries", "incidents", "replays"];
+const IDENTITY: &[&str] = &[
+    "jobs",
+    "checks",
+    "deliveries",
+    "incidents",
+    "replays",
+    "rejected",
+];
 
 /// meta rows that belong to one backend (SQLite's schema version; the
 /// readiness probe's row).

@@ -237,6 +237,7 @@ params = { instance = "header:x-instance" }
             received_at: now_ms(),
             remote: "test".to_string(),
             batch: None,
+            reingest: false,
         }
     }
 

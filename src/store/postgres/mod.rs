@@ -58,6 +58,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "partial job indexes",
         include_str!("../../../migrations/postgres/0005_partial_job_indexes.sql"),
     ),
+    (
+        8,
+        "rejected",
+        include_str!("../../../migrations/postgres/0008_rejected.sql"),
+    ),
 ];
 
 /// Moves the appended job-count changes into their base rows, in one
@@ -89,6 +94,8 @@ const TABLES: &[&str] = &[
     "replays",
     "action_limits",
     "order_marks",
+    "rejected",
+    "rejected_totals",
 ];
 
 /// The key of the advisory lock held while migrating, so instances that

@@ -189,7 +189,8 @@ impl Backend for Sqlite {
                 r.outcome.as_str(),
                 &r.remote,
                 Some(&r.detail),
-            )
+            )?;
+            r.keep(&crate::store::db::Db::sqlite(conn))
         })
     }
 

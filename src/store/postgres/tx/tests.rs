@@ -137,6 +137,7 @@ fn claim_for(id: &str, hash: &str) -> Claim {
         received_at: now_ms(),
         remote: "test".to_string(),
         batch: None,
+        reingest: false,
     }
 }
 
