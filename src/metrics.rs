@@ -104,7 +104,7 @@ pub struct Metrics {
     /// (source, action) pairs in config order.
     actions: Vec<(String, String)>,
     /// [source index (last = unknown)][outcome]
-    deliveries: Vec<[AtomicU64; 8]>,
+    deliveries: Vec<[AtomicU64; Delivery::ALL.len()]>,
     attempts: Vec<[AtomicU64; 3]>,
     /// [action index][answer], rendered for actions with a `check` only.
     checks: Vec<[AtomicU64; 3]>,

@@ -26,6 +26,7 @@ pub mod presets;
 mod raw;
 pub mod rejected;
 mod source;
+pub mod catchup;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -158,6 +159,8 @@ pub struct Source {
     pub keep_rejected: Duration,
     /// The bytes of refused deliveries kept at most (the oldest go first).
     pub keep_rejected_bytes: u64,
+    /// Asking the provider's API what was missed (`[sources.NAME.catchup]`).
+    pub catchup: Option<catchup::Catchup>,
 }
 
 impl Source {

@@ -53,6 +53,7 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
     };
     let on_mismatch = on_mismatch_of(&rs)?;
     let (keep_rejected, keep_rejected_bytes) = super::rejected::keep_of(&rs)?;
+    let catchup = super::catchup::catchup_of(kind, rs.catchup, base)?;
     let actions = actions_of(rs.actions, base)?;
 
     Ok(Source {
@@ -76,6 +77,7 @@ pub(super) fn resolve_source(name: &str, rs: RawSource, base: &Path) -> Result<S
         verify_token,
         keep_rejected,
         keep_rejected_bytes,
+        catchup,
     })
 }
 

@@ -197,6 +197,7 @@ fn accept<B: Backend>(
         remote: rq.remote.clone(),
         batch: None,
         reingest: false,
+        catchup: false,
     };
 
     // 3. The claim, committed before we answer.
@@ -307,6 +308,7 @@ fn accept_batch<B: Backend>(
             remote: rq.remote.clone(),
             batch: Some(format!("{delivery} (event {} of {n})", i + 1)),
             reingest: false,
+            catchup: false,
         });
     }
     if let Some(permit) = rq.permit.as_mut() {
@@ -605,7 +607,8 @@ fn incident_level(delivery: Delivery) -> crate::log::Level {
         | Delivery::BadRequest
         | Delivery::UnknownSource
         | Delivery::TooLarge
-        | Delivery::Reingested => crate::log::Level::Info,
+        | Delivery::Reingested
+        | Delivery::Catchup => crate::log::Level::Info,
     }
 }
 

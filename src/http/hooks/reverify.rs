@@ -54,6 +54,7 @@ pub fn reverify(source: &Source, max_batch_items: usize, k: &KeptRequest) -> Res
         remote: k.kept.remote.clone(),
         batch,
         reingest: true,
+        catchup: false,
     };
     if let Some(batch) = source.batch() {
         let (items, delivery) =
