@@ -558,6 +558,8 @@ params = { amount = "json:/amount" }
             received_at: crate::time::now_ms(),
             remote: "test".to_string(),
             batch: None,
+            reingest: false,
+            catchup: false,
         }
     }
 

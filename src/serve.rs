@@ -140,11 +140,13 @@ fn launch<B: Backend>(
         return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
     }
     let pruner = crate::ops::prune::Background::start(config.clone(), backend.clone());
+    let catchup = crate::catchup::Background::start(app.clone());
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
     let mut signals = stop_signals()?;
     announce_start(&config, &http, &backend.describe(), start);
     let _ = signals.forever().next();
     announce_stopping(&config, &outbox);
+    catchup.stop();
     stop(&config, http, pruner, outbox, app, backend);
     Ok(())
 }

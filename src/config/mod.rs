@@ -18,6 +18,7 @@ use crate::verify::{Secret, Verifier};
 use database_url::DatabaseUrl;
 
 mod action;
+pub mod catchup;
 pub mod check_template;
 pub mod database_url;
 mod kind;
@@ -26,7 +27,6 @@ pub mod presets;
 mod raw;
 pub mod rejected;
 mod source;
-pub mod catchup;
 #[cfg(test)]
 mod tests;
 mod values;

@@ -62,7 +62,14 @@ mod tests {
         assert_eq!(parse_size("1000"), Ok(1000));
         assert_eq!(parse_size("2 MB"), Ok(2_000_000));
         assert_eq!(parse_size("0B"), Ok(0));
-        for bad in ["", "MiB", "64 mebibytes", "-1", "1.5MiB", "99999999999999999GiB"] {
+        for bad in [
+            "",
+            "MiB",
+            "64 mebibytes",
+            "-1",
+            "1.5MiB",
+            "99999999999999999GiB",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad} was accepted");
         }
     }

@@ -860,7 +860,10 @@ fn reingest_route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
         Err(reply) => return reply,
     };
     if request.source.is_empty() {
-        return Reply::error(400, "source: name the source whose kept requests to re-ingest");
+        return Reply::error(
+            400,
+            "source: name the source whose kept requests to re-ingest",
+        );
     }
     let config = app.config.clone();
     let ids = match read(app, |db| reingest::plan_ids(db, &config, &request)) {
@@ -869,15 +872,14 @@ fn reingest_route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
     };
     let mut requests = Vec::with_capacity(ids.len());
     for id in ids {
-        let (config, source, dry_run) = (
-            app.config.clone(),
-            request.source.clone(),
-            request.dry_run,
-        );
+        let (config, source, dry_run) =
+            (app.config.clone(), request.source.clone(), request.dry_run);
         let one = if dry_run {
             read(app, |db| reingest::one(db, &config, &source, id, true))
         } else {
-            write(app, move |db| reingest::one(db, &config, &source, id, false))
+            write(app, move |db| {
+                reingest::one(db, &config, &source, id, false)
+            })
         };
         match one {
             Ok(v) if v.is_null() => {}

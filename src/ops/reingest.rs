@@ -190,7 +190,11 @@ pub fn cmd(config: &Config, r: &Request) -> Result<Outcome, CommandError> {
     }
     let totals = summary(&requests, r.dry_run);
     if requests.is_empty() {
-        writeln!(out, "no kept refused requests of {} to re-ingest", clean(&r.source))?;
+        writeln!(
+            out,
+            "no kept refused requests of {} to re-ingest",
+            clean(&r.source)
+        )?;
     } else if r.dry_run {
         writeln!(
             out,

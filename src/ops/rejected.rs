@@ -150,13 +150,19 @@ pub fn show_cmd(config: &Config, id: i64, as_json: bool) -> Result<Outcome, Comm
     writeln!(
         out,
         "received: {}",
-        shown["received_at"].as_i64().map_or("-".to_string(), fmt_time)
+        shown["received_at"]
+            .as_i64()
+            .map_or("-".to_string(), fmt_time)
     )?;
     writeln!(out, "remote:   {}", field("remote"))?;
     writeln!(out, "reason:   {}", field("reason"))?;
     writeln!(out, "bytes:    {}", shown["bytes"])?;
     writeln!(out, "\nheaders:")?;
-    for h in shown["headers"].as_array().map(Vec::as_slice).unwrap_or_default() {
+    for h in shown["headers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
         writeln!(
             out,
             "  {}: {}",

@@ -11,6 +11,7 @@
 
 pub mod attempts;
 pub mod backend;
+pub mod catchup;
 pub mod control;
 pub mod db;
 pub mod deliveries;
@@ -25,8 +26,8 @@ pub mod paused;
 pub(crate) mod pg_cluster;
 pub mod postgres;
 pub mod prune;
-pub mod replays;
 pub mod rejected;
+pub mod replays;
 pub mod rules;
 pub mod sqlite;
 pub mod tx;

@@ -160,9 +160,7 @@ pub fn list(
             args![s, since, limit],
         )?,
         None => db.query(
-            &format!(
-                "SELECT {COLUMNS} FROM rejected WHERE received_at >= ?1 ORDER BY id LIMIT ?2"
-            ),
+            &format!("SELECT {COLUMNS} FROM rejected WHERE received_at >= ?1 ORDER BY id LIMIT ?2"),
             args![since, limit],
         )?,
     };

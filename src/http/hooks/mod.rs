@@ -217,7 +217,7 @@ fn event_id_of(source: &Source, input: &Input<'_>) -> Result<String, Refused> {
 
 /// The payload hash: of the `hash` parts, or of the body less the members
 /// the kind's provider rewrites on every attempt, or of the whole body.
-fn hash_of(source: &Source, body: &[u8], input: &Input<'_>) -> String {
+pub(crate) fn hash_of(source: &Source, body: &[u8], input: &Input<'_>) -> String {
     if source.hash.is_empty() && !source.hash_without.is_empty() {
         payload_hash_without(&source.hash_without, body, input)
     } else {
@@ -255,8 +255,8 @@ fn accept_batch<B: Backend>(
     received_at: i64,
     started: Instant,
 ) -> Result<Reply, Refused> {
-    let (items, delivery) = providers::items(batch, &body, app.config.max_batch_items)
-        .map_err(|r| r.keeping(&body))?;
+    let (items, delivery) =
+        providers::items(batch, &body, app.config.max_batch_items).map_err(|r| r.keeping(&body))?;
     if items.is_empty() {
         // A heartbeat (Asana's `{"events":[]}`): nothing to store.
         return Ok(providers::batch_answer(source, &[], &[]).1);

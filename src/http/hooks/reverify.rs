@@ -5,9 +5,7 @@
 
 use serde_json::Value;
 
-use super::{
-    event_id_of, event_type_of, form_of, hash_of, kept_headers, providers, read_json,
-};
+use super::{event_id_of, event_type_of, form_of, hash_of, kept_headers, providers, read_json};
 use crate::config::Source;
 use crate::ingest::Claim;
 use crate::key::{Input, Json, RawDoc};
@@ -23,7 +21,11 @@ pub struct Passed {
 }
 
 /// Verifies `k` again for `source`; the reason when it still fails.
-pub fn reverify(source: &Source, max_batch_items: usize, k: &KeptRequest) -> Result<Passed, String> {
+pub fn reverify(
+    source: &Source,
+    max_batch_items: usize,
+    k: &KeptRequest,
+) -> Result<Passed, String> {
     let received_at = k.kept.received_at;
     let body = k.body.as_slice();
     let headers = &k.headers;

@@ -62,6 +62,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "rejected",
         include_str!("../../../migrations/postgres/0008_rejected.sql"),
     ),
+    (
+        9,
+        "catchup",
+        include_str!("../../../migrations/postgres/0009_catchup.sql"),
+    ),
 ];
 
 /// Moves the appended job-count changes into their base rows, in one
