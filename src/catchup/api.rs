@@ -210,7 +210,8 @@ pub fn link_rel(header: &str, rel: &str) -> Option<String> {
         let url = &rest[start + 1..end];
         let after = &rest[end + 1..];
         let params_end = after.find('<').unwrap_or(after.len());
-        let params = &after[..params_end];
+        // This link's parameters, up to the comma before the next one.
+        let params = after[..params_end].trim_end().trim_end_matches(',');
         let matches = params.split(';').any(|p| {
             let Some((name, value)) = p.split_once('=') else {
                 return false;

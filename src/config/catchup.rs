@@ -178,6 +178,57 @@ pub fn valid_hook(hook: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::valid_hook;
+    use crate::config::Config;
+
+    fn parse(source: &str) -> Result<Config, String> {
+        Config::parse(source, "unit", std::path::Path::new("/"), None).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_catchup_table_resolves_with_its_defaults() {
+        let c = parse(
+            "[sources.s]\nkind = \"stripe\"\nsecrets = [\"whsec_x\"]\n[sources.s.catchup]\napi_key = \"rk_live_secret\"\n",
+        )
+        .unwrap();
+        let cu = c.sources[0].catchup.as_ref().unwrap();
+        assert_eq!(cu.interval, super::DEFAULT_INTERVAL);
+        assert_eq!(cu.window, super::DEFAULT_WINDOW);
+        assert_eq!(cu.api_url, "https://api.stripe.com");
+        assert!(!format!("{c:?}").contains("rk_live_secret"), "the key is printed");
+    }
+
+    #[test]
+    fn bad_catchup_tables_are_config_errors_naming_the_key() {
+        for (table, expected) in [
+            (
+                "[sources.s]\nkind = \"shopify\"\nsecrets = [\"x\"]\n[sources.s.catchup]\napi_key = \"k\"\n",
+                "sources.s.catchup: kind \"shopify\" has no API to catch up from; catchup is supported for stripe, github",
+            ),
+            (
+                "[sources.s]\nkind = \"github\"\nsecrets = [\"x\"]\n[sources.s.catchup]\napi_key = \"k\"\nhook = \"repos/acme/hooks/1\"\n",
+                "sources.s.catchup.hook: \"repos/acme/hooks/1\" is neither",
+            ),
+            (
+                "[sources.s]\nkind = \"github\"\nsecrets = [\"x\"]\n[sources.s.catchup]\napi_key = \"k\"\n",
+                "sources.s.catchup.hook: needed for github",
+            ),
+            (
+                "[sources.s]\nkind = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.catchup]\napi_key = \"k\"\nwindow = \"31d\"\n",
+                "sources.s.catchup.window: 31d is over 30d: Stripe lists the events of the last 30 days only",
+            ),
+            (
+                "[sources.s]\nkind = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.catchup]\ninterval = \"5m\"\n",
+                "sources.s.catchup.api_key: needed",
+            ),
+            (
+                "[sources.s]\nkind = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.catchup]\napi_key = \"k\"\nhook = \"orgs/a/hooks/1\"\n",
+                "sources.s.catchup.hook: only github sources take a hook",
+            ),
+        ] {
+            let err = parse(table).map(|_| ()).unwrap_err();
+            assert!(err.contains(expected), "expected: {expected}\n     got: {err}");
+        }
+    }
 
     #[test]
     fn hooks_of_repos_and_orgs_pass_and_others_are_refused() {
