@@ -17,6 +17,13 @@ struct EventList {
     has_more: bool,
 }
 
+/// What a query value escapes: all but RFC 3986's unreserved characters.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// A run never reads more pages than this (100 events each).
 const MAX_PAGES: usize = 10_000;
 
@@ -33,10 +40,7 @@ impl ProviderApi for Stripe {
             );
             if let Some(id) = &after {
                 url.push_str("&starting_after=");
-                url.extend(percent_encoding::utf8_percent_encode(
-                    id,
-                    percent_encoding::NON_ALPHANUMERIC,
-                ));
+                url.extend(percent_encoding::utf8_percent_encode(id, QUERY_VALUE));
             }
             let page = match self.client.call("GET", &url, &[], what) {
                 Ok(page) => page,

@@ -194,7 +194,10 @@ mod tests {
         assert_eq!(cu.interval, super::DEFAULT_INTERVAL);
         assert_eq!(cu.window, super::DEFAULT_WINDOW);
         assert_eq!(cu.api_url, "https://api.stripe.com");
-        assert!(!format!("{c:?}").contains("rk_live_secret"), "the key is printed");
+        assert!(
+            !format!("{c:?}").contains("rk_live_secret"),
+            "the key is printed"
+        );
     }
 
     #[test]
@@ -226,7 +229,10 @@ mod tests {
             ),
         ] {
             let err = parse(table).map(|_| ()).unwrap_err();
-            assert!(err.contains(expected), "expected: {expected}\n     got: {err}");
+            assert!(
+                err.contains(expected),
+                "expected: {expected}\n     got: {err}"
+            );
         }
     }
 

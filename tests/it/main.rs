@@ -7,6 +7,7 @@
 //! signers in `sign`, a fake downstream in `downstream`.
 
 mod backend;
+mod catchup;
 mod check;
 mod cli;
 mod control;
