@@ -474,3 +474,81 @@ fn two_postgres_instances_catch_up_the_same_window_once() {
     };
     assert_eq!(claimed(&a) + claimed(&b), 300);
 }
+
+/// The pinned version of Stripe's official Python library the Stripe fake
+/// is proven against (`.ci/run` installs it).
+const STRIPE_PYTHON: &str = "11.6.0";
+
+/// The Stripe fake is the API Stripe's own client expects: the official
+/// library, pointed at it with `stripe.api_base`, lists every event with
+/// auto-pagination, newest first, and a wrong key gets its
+/// AuthenticationError. Skipped loudly without the library (a failure
+/// under CI=true).
+#[test]
+fn the_stripe_fake_satisfies_stripes_official_client() {
+    let has = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import stripe, sys; sys.exit(0 if stripe.VERSION == sys.argv[1] else 1)",
+            STRIPE_PYTHON,
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "Stripe's Python library {STRIPE_PYTHON} is not installed under CI=true"
+        );
+        eprintln!(
+            "SKIPPED the_stripe_fake_satisfies_stripes_official_client: pip install stripe=={STRIPE_PYTHON} to run it"
+        );
+        return;
+    }
+    let now = now_secs();
+    let all = events(230, now);
+    let fake = fakes::stripe(API_KEY, all.clone());
+    let script = r#"
+import json, sys, stripe
+stripe.api_base = sys.argv[1]
+stripe.api_key = sys.argv[2]
+try:
+    ids = [e.id for e in stripe.Event.list(limit=100, created={"gte": int(sys.argv[3])}).auto_paging_iter()]
+    print(json.dumps({"ids": ids}))
+except stripe.error.AuthenticationError as e:
+    print(json.dumps({"auth_error": e.user_message}))
+"#;
+    let run = |key: &str| -> Value {
+        let out = std::process::Command::new("python3")
+            .args(["-c", script, &fake.url(), key, &(now - 86_400).to_string()])
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("the script prints JSON")
+    };
+    let listed = run(API_KEY);
+    let expected: Vec<&str> = all.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let got: Vec<&str> = listed["ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(got, expected, "the official client's auto-pagination");
+    let pages: Vec<_> = fake
+        .seen()
+        .into_iter()
+        .filter(|s| s.status == 200)
+        .collect();
+    assert_eq!(pages.len(), 3, "{pages:?}");
+    let refused = run("rk_test_wrong");
+    assert!(
+        refused["auth_error"]
+            .as_str()
+            .is_some_and(|m| m.contains("Invalid API Key")),
+        "{refused}"
+    );
+}
