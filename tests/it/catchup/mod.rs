@@ -552,3 +552,50 @@ except stripe.error.AuthenticationError as e:
         "{refused}"
     );
 }
+
+/// Upgrading: an event stored while the `stripe` kind hashed the whole
+/// body (its stored hash set back to that) and redelivered with the same
+/// body is a duplicate, not a mismatch; one whose data changed is still a
+/// mismatch.
+fn a_redelivery_of_an_event_stored_under_the_whole_body_hash_is_a_duplicate(backend: Backend) {
+    let ds = Downstream::start();
+    let fake = fakes::stripe(API_KEY, Vec::new());
+    let server = Server::start_on(backend, &stripe_config(&fake.url(), &ds, "0s"), &env());
+    let event = stripe_event("evt_old_rule", now_secs() - 60, 500);
+    let body = serde_json::to_vec(&event).unwrap();
+    STRIPE.deliver_ok(&server, &body);
+    let old_hash = crate::sign::sha256_hex(&body);
+    let placeholder = match backend {
+        Backend::Sqlite => "?1",
+        Backend::Postgres => "$1",
+    };
+    assert_eq!(
+        server.exec(
+            &format!(
+                "UPDATE events SET payload_hash = {placeholder} WHERE event_id = 'evt_old_rule'"
+            ),
+            &[&old_hash],
+        ),
+        1
+    );
+    let again = STRIPE.deliver_ok(&server, &body);
+    assert_eq!(
+        again.json_status().as_deref(),
+        Some("duplicate"),
+        "{}",
+        again.text()
+    );
+    assert_eq!(server.count("SELECT count(*) FROM incidents", &[]), 0);
+    let mut changed = event.clone();
+    changed["data"]["object"]["amount"] = 999.into();
+    let changed = serde_json::to_vec(&changed).unwrap();
+    STRIPE.deliver_ok(&server, &changed);
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM deliveries WHERE outcome = 'mismatch'",
+            &[]
+        ),
+        1
+    );
+}
+both_backends!(a_redelivery_of_an_event_stored_under_the_whole_body_hash_is_a_duplicate);
