@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Report, RunDb, claim_of, claim_write, found_events, owner_name, run};
+use super::{Report, RunDb, claim_of, claim_write, conclude, found_events, owner_name, run};
 use crate::app::App;
 use crate::config::Config;
 use crate::ingest::Decision;
@@ -180,17 +180,7 @@ fn run_in_serve<B: Backend>(app: &Arc<App<B>>, name: &str) {
     }
     let api = super::api_for(c);
     let result = run(&mut db, &app.config, source, c.window, false, api.as_ref());
-    let now = crate::time::now_ms();
-    let record = match &result {
-        Ok(report) => report.record(now),
-        Err(e) => RunRecord {
-            source: name.to_string(),
-            last_run_at: Some(now),
-            error: Some(format!("storage: {e}")),
-            ..RunRecord::default()
-        },
-    };
-    if let Err(e) = db.finish(&owner, record) {
+    if let Err(e) = conclude(&mut db, &owner, name, &result) {
         crate::log::warn("catchup not recorded", &[("source", &name), ("error", &e)]);
     }
     match result {

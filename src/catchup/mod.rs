@@ -137,9 +137,33 @@ impl Report {
 }
 
 /// Whether a run found events idemhook had missed: the one place this is
-/// decided, where the `catchup` notification is raised.
+/// decided. [`conclude`] asks it after every run (serve's and the
+/// command's): the `catchup` notification is raised there.
 pub fn found_events(report: &Report) -> bool {
     !report.dry_run && (!report.claimed.is_empty() || !report.redelivery_requested.is_empty())
+}
+
+/// The end of a run that held the lease (serve's and `idemhook catchup
+/// --yes`): the run recorded in `catchup_runs` and the lease given back.
+/// Returns whether it found events ([`found_events`]).
+pub fn conclude(
+    db: &mut dyn RunDb,
+    owner: &str,
+    source: &str,
+    result: &Result<Report, OpError>,
+) -> Result<bool, OpError> {
+    let now = crate::time::now_ms();
+    let record = match result {
+        Ok(report) => report.record(now),
+        Err(e) => RunRecord {
+            source: source.to_string(),
+            last_run_at: Some(now),
+            error: Some(format!("storage: {e}")),
+            ..RunRecord::default()
+        },
+    };
+    db.finish(owner, record)?;
+    Ok(result.as_ref().is_ok_and(found_events))
 }
 
 /// One run for `source` over the last `since`: lists what the provider

@@ -12,7 +12,7 @@ use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::{open_db_read, open_db_write};
 use super::text::{clean, stdout};
-use crate::catchup::{Report, RunDb, claim_of, claim_write, owner_name, run};
+use crate::catchup::{Report, RunDb, claim_of, claim_write, conclude, owner_name, run};
 use crate::config::{Config, parse_duration};
 use crate::ingest::Decision;
 use crate::store::catchup::{self, RunRecord};
@@ -103,17 +103,7 @@ pub fn cmd(
             )));
         }
         let result = run(&mut db, &config, source, window, false, api.as_ref());
-        let now = crate::time::now_ms();
-        let record = match &result {
-            Ok(r) => r.record(now),
-            Err(e) => RunRecord {
-                source: source.name.clone(),
-                last_run_at: Some(now),
-                error: Some(format!("storage: {e}")),
-                ..RunRecord::default()
-            },
-        };
-        db.finish(&owner, record)?;
+        conclude(&mut db, &owner, &source.name, &result)?;
         result?
     } else {
         run(&mut db, &config, source, window, true, api.as_ref())?
