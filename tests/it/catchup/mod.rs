@@ -2,7 +2,7 @@
 //! against local fakes of Stripe's and GitHub's APIs (`fakes`), on both
 //! backends, with the real binary.
 
-mod fakes;
+pub(crate) mod fakes;
 
 use std::time::Duration;
 
