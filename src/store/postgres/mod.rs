@@ -100,6 +100,7 @@ const TABLES: &[&str] = &[
     "order_marks",
     "rejected",
     "rejected_totals",
+    "catchup_runs",
 ];
 
 /// The key of the advisory lock held while migrating, so instances that
