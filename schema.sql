@@ -300,3 +300,21 @@ CREATE TABLE IF NOT EXISTS rejected_totals (
     duplicate  INTEGER NOT NULL DEFAULT 0,
     failed     INTEGER NOT NULL DEFAULT 0
 );
+
+-- Catch-up from the provider's API, per source with a `catchup` table:
+-- the lease one run holds (so two instances on one PostgreSQL database do
+-- not run the same source's catch-up at once; taken with the database's
+-- clock, released at the run's end, lost after lease_until) and what the
+-- last run found, for `reconcile` and the inspector.
+CREATE TABLE IF NOT EXISTS catchup_runs (
+    source               TEXT PRIMARY KEY,
+    lease_owner          TEXT,
+    lease_until          INTEGER,   -- unix ms
+    last_run_at          INTEGER,   -- unix ms, when the last run ended
+    window_from          INTEGER,   -- unix ms, how far back it looked
+    claimed              INTEGER NOT NULL DEFAULT 0,
+    redelivery_requested INTEGER NOT NULL DEFAULT 0,
+    already_stored       INTEGER NOT NULL DEFAULT 0,
+    error                TEXT,      -- the API's or the storage's, NULL when it went through
+    next_run_after       INTEGER    -- unix ms: a Retry-After the API asked for
+);

@@ -147,6 +147,10 @@ pub enum Command {
     /// Verify kept refused deliveries again with the current secrets and
     /// take in those that pass; dry run without --yes.
     Reingest(ReingestArgs),
+    /// Ask the source's provider API what idemhook missed (Stripe: claim
+    /// the events not stored; GitHub: ask for their redelivery); dry run
+    /// without --yes.
+    Catchup(CatchupArgs),
     /// Print the shell completion script for bash, zsh or fish.
     Completions {
         /// The shell to complete in.
@@ -249,6 +253,22 @@ pub struct ResolveArgs {
     /// Do it; without this only print what would be done.
     #[arg(long)]
     pub yes: bool,
+}
+
+/// `idemhook catchup`'s arguments (`ops::catchup`).
+#[derive(clap::Args, Debug)]
+pub struct CatchupArgs {
+    /// The source whose provider to ask (it needs a catchup table).
+    pub source: String,
+    /// Look this far back instead of the table's window, e.g. 96h.
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Do it; without this only print what would be claimed or asked for.
+    #[arg(long)]
+    pub yes: bool,
+    /// Print the run as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `idemhook reingest`'s arguments (`ops::reingest::Request`).
@@ -591,6 +611,13 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
                 id: args.id,
                 dry_run: !args.yes,
             },
+        ),
+        Command::Catchup(args) => ops::catchup::cmd(
+            std::sync::Arc::new(config),
+            &args.source,
+            args.since.as_deref(),
+            args.yes,
+            args.json,
         ),
         // Answered before the config is loaded.
         Command::Completions { .. } | Command::Man { .. } => Ok(Outcome::Done),

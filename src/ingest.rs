@@ -50,6 +50,9 @@ pub struct Claim {
     /// A kept refused request taken in by `reingest`: its delivery row's
     /// outcome is `reingested`.
     pub reingest: bool,
+    /// An event listed by the provider's API and claimed by `catchup`:
+    /// its delivery row's outcome is `catchup`.
+    pub catchup: bool,
 }
 
 /// What the claim decided.
@@ -188,6 +191,8 @@ pub fn claim_in<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decisio
         c.received_at,
         if c.reingest {
             Delivery::Reingested.as_str()
+        } else if c.catchup {
+            Delivery::Catchup.as_str()
         } else {
             outcome.delivery().as_str()
         },
@@ -240,7 +245,7 @@ fn run_actions<T: Tx>(
 /// when the payload hash differs from the stored one.
 fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decision, StoreError> {
     let (state, stored_hash) = tx.event_state_and_hash(&source.name, &c.event_id)?;
-    if stored_hash == c.payload_hash {
+    if stored_hash == c.payload_hash || same_whole_body(&stored_hash, c) {
         return Ok(Decision::Duplicate { state });
     }
     tx.insert_mismatch(
@@ -257,6 +262,15 @@ fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decision,
         &c.body,
     )?;
     Ok(Decision::Mismatch { state })
+}
+
+/// True when the stored hash is this body's whole-body hash: the event
+/// was stored under an older hash rule (the `stripe` kind hashed the whole
+/// body before it hashed id, type and data), and this is the same body
+/// again. Only a losing claim with a differing hash computes it.
+fn same_whole_body(stored_hash: &str, c: &Claim) -> bool {
+    use sha2::Digest as _;
+    stored_hash.len() == 64 && stored_hash == hex::encode(sha2::Sha256::digest(&c.body))
 }
 
 fn short(hash: &str) -> &str {
@@ -545,6 +559,7 @@ params = { amount = "json:/amount" }
             remote: "test".to_string(),
             batch: None,
             reingest: false,
+            catchup: false,
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod catchup;
 pub mod check;
 pub mod cli;
 pub mod config;

@@ -142,11 +142,13 @@ fn launch<B: Backend>(
         return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
     }
     let pruner = crate::ops::prune::Background::start(config.clone(), backend.clone());
+    let catchup = crate::catchup::Background::start(app.clone());
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
     let mut signals = stop_signals()?;
     announce_start(&config, &http, &backend.describe(), start);
     let _ = signals.forever().next();
     announce_stopping(&config, &outbox);
+    catchup.stop();
     stop(&config, http, pruner, outbox, app, backend);
     Ok(())
 }
@@ -460,7 +462,14 @@ fn record_key_rules(db: &store::db::Db<'_>, config: &Config) -> Result<()> {
                         ("now", &hash_rule),
                         (
                             "risk",
-                            &"redeliveries of stored events will be reported as payload mismatches",
+                            // A stored whole-body hash is compared too
+                            // (`ingest::lost_claim`): the same body stays
+                            // a duplicate.
+                            if old_hash == "body" {
+                                &"redeliveries of stored events with the same body stay duplicates; others are compared by the new rule"
+                            } else {
+                                &"redeliveries of stored events will be reported as payload mismatches"
+                            },
                         ),
                     ],
                 );

@@ -179,6 +179,8 @@ vocabulary! {
         /// A kept refused request taken in by `reingest` (its event new or
         /// a duplicate).
         Reingested = "reingested",
+        /// An event the provider's API listed and `catchup` claimed.
+        Catchup = "catchup",
     }
 }
 

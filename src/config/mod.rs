@@ -18,6 +18,7 @@ use crate::verify::{Secret, Verifier};
 use database_url::DatabaseUrl;
 
 mod action;
+pub mod catchup;
 pub mod check_template;
 pub mod database_url;
 pub mod generic;
@@ -174,6 +175,8 @@ pub struct Source {
     pub keep_rejected: Duration,
     /// The bytes of refused deliveries kept at most (the oldest go first).
     pub keep_rejected_bytes: u64,
+    /// Asking the provider's API what was missed (`[sources.NAME.catchup]`).
+    pub catchup: Option<catchup::Catchup>,
 }
 
 impl Source {

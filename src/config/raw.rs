@@ -76,6 +76,8 @@ pub(super) struct RawSource {
     // refused deliveries kept for `reingest`
     pub(super) keep_rejected: Option<String>,
     pub(super) keep_rejected_bytes: Option<String>,
+    // asking the provider's API what was missed
+    pub(super) catchup: Option<super::catchup::RawCatchup>,
 }
 
 #[derive(Deserialize)]

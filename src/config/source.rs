@@ -52,6 +52,7 @@ pub(super) fn resolve_source(name: &str, mut rs: RawSource, base: &Path) -> Resu
     };
     let on_mismatch = on_mismatch_of(&rs)?;
     let (keep_rejected, keep_rejected_bytes) = super::rejected::keep_of(&rs)?;
+    let catchup = super::catchup::catchup_of(kind, rs.catchup, base)?;
     let actions = actions_of(rs.actions, base)?;
 
     Ok(Source {
@@ -78,6 +79,7 @@ pub(super) fn resolve_source(name: &str, mut rs: RawSource, base: &Path) -> Resu
         answer: shape.answer,
         keep_rejected,
         keep_rejected_bytes,
+        catchup,
     })
 }
 

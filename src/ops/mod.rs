@@ -9,6 +9,7 @@
 //! database (`open`), terminal output (`text`).
 
 pub mod backup;
+pub mod catchup;
 pub mod command;
 pub mod erase;
 pub mod error;

@@ -1673,3 +1673,44 @@ fn browser_refused_view_reingests_after_a_confirming_click() {
     browser.screenshot("refused-done");
     browser.assert_no_policy_violations();
 }
+
+/// The reconcile view shows each source's last catch-up, its API error as
+/// text.
+#[test]
+fn browser_reconcile_shows_the_last_catch_up_and_its_error() {
+    use crate::catchup::fakes::{self, HookTarget};
+    let fake = fakes::github(
+        "the-right-token",
+        "repos/acme/shop/hooks/1",
+        Vec::new(),
+        HookTarget {
+            url: Default::default(),
+            secret: SECRET.to_string(),
+        },
+    );
+    let server = Server::start(
+        &config_with(&format!(
+            "[sources.gh.catchup]\napi_key = \"a-wrong-token\"\nhook = \"repos/acme/shop/hooks/1\"\n\
+             interval = \"0s\"\napi_url = {}\n",
+            toml_str(&fake.url())
+        )),
+        &[],
+    );
+    let run = server.run_cli(&["catchup", "gh", "--yes"]);
+    assert_eq!(run.status.code(), Some(1), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("answered 401: Bad credentials"),
+        "{}",
+        run.stdout
+    );
+
+    let Some(browser) = browser() else { return };
+    sign_in_in_browser(&browser, &server, TOKEN);
+    browser.wait_for("the list", "#events");
+    browser.go(&format!("{}/ui/reconcile", server.base_url()));
+    browser.wait_for("the catch-up card", "#reconcile li.catchup");
+    let text = browser.text("#reconcile li.catchup");
+    assert!(text.contains("gh") && text.contains("0 claimed"), "{text}");
+    assert!(text.contains("answered 401: Bad credentials"), "{text}");
+    assert!(!text.contains("a-wrong-token"), "{text}");
+}

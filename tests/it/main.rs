@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod backend;
+mod catchup;
 mod check;
 mod cli;
 mod clock;

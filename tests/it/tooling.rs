@@ -14,7 +14,7 @@ use crate::downstream::Downstream;
 use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
 
 /// The commands a user types, as `idemhook help` lists them.
-const COMMANDS: [&str; 18] = [
+const COMMANDS: [&str; 19] = [
     "serve",
     "check",
     "send",
@@ -30,6 +30,7 @@ const COMMANDS: [&str; 18] = [
     "migrate",
     "rejected",
     "reingest",
+    "catchup",
     "completions",
     "man",
     "help",

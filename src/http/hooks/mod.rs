@@ -199,6 +199,7 @@ fn accept<B: Backend>(
         remote: rq.remote.clone(),
         batch: None,
         reingest: false,
+        catchup: false,
     };
 
     // 3. The claim, committed before we answer.
@@ -218,7 +219,7 @@ fn event_id_of(source: &Source, input: &Input<'_>) -> Result<String, Refused> {
 
 /// The payload hash: of the `hash` parts, or of the body less the members
 /// the kind's provider rewrites on every attempt, or of the whole body.
-fn hash_of(source: &Source, body: &[u8], input: &Input<'_>) -> String {
+pub(crate) fn hash_of(source: &Source, body: &[u8], input: &Input<'_>) -> String {
     if source.hash.is_empty() && !source.hash_without.is_empty() {
         payload_hash_without(&source.hash_without, body, input)
     } else {
@@ -317,6 +318,7 @@ fn accept_batch<B: Backend>(
             remote: rq.remote.clone(),
             batch: Some(format!("{delivery} (event {} of {n})", i + 1)),
             reingest: false,
+            catchup: false,
         });
     }
     if let Some(permit) = rq.permit.as_mut() {
@@ -615,7 +617,8 @@ fn incident_level(delivery: Delivery) -> crate::log::Level {
         | Delivery::BadRequest
         | Delivery::UnknownSource
         | Delivery::TooLarge
-        | Delivery::Reingested => crate::log::Level::Info,
+        | Delivery::Reingested
+        | Delivery::Catchup => crate::log::Level::Info,
     }
 }
 

@@ -56,6 +56,7 @@ pub fn reverify(
         remote: k.kept.remote.clone(),
         batch,
         reingest: true,
+        catchup: false,
     };
     if let Some(batch) = source.batch() {
         let (items, delivery) =

@@ -622,10 +622,28 @@ export async function reconcile(main) {
         return item;
       }),
       section("paused", "Paused", data.paused || [], (p) => el("li", {}, el("a", { href: "/ui/actions", "data-link": true }, `${p.source}/${p.action}`), ` · paused `, time(p.paused_at), ` · ${p.waiting} waiting`)),
+      catchupSection(data.catchup || []),
     );
   };
   await load();
   return poll(load);
+}
+
+// The last catch-up run of each source with a catchup table (none: no card).
+function catchupSection(runs) {
+  if (!runs.length) return null;
+  const row = (c) =>
+    el(
+      "li",
+      { class: "catchup" },
+      el("span", { class: "mono" }, c.source),
+      ` · ${c.provider} · `,
+      c.last_run_at
+        ? el("span", {}, "last run ", time(c.last_run_at), ` · ${c.claimed} claimed · ${c.redelivery_requested} redelivery requested · ${c.already_stored} already stored`)
+        : el("span", { class: "muted" }, "no run yet"),
+      c.error ? el("div", { class: "error small" }, c.error) : null,
+    );
+  return el("section", { class: "card" }, el("h2", {}, "Catch-up from the provider's API"), el("ul", { class: "rec" }, runs.map(row)));
 }
 
 // ---------------------------------------------------------------------------

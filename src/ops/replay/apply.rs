@@ -243,5 +243,6 @@ fn stored_claim(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Option<Cl
         remote: "replay".to_string(),
         batch: None,
         reingest: false,
+        catchup: false,
     }))
 }

@@ -238,6 +238,7 @@ params = { instance = "header:x-instance" }
             remote: "test".to_string(),
             batch: None,
             reingest: false,
+            catchup: false,
         }
     }
 

@@ -63,6 +63,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "rejected",
         include_str!("../../../migrations/postgres/0008_rejected.sql"),
     ),
+    (
+        9,
+        "catchup",
+        include_str!("../../../migrations/postgres/0009_catchup.sql"),
+    ),
 ];
 
 /// Moves the appended job-count changes into their base rows, in one
@@ -96,6 +101,7 @@ const TABLES: &[&str] = &[
     "order_marks",
     "rejected",
     "rejected_totals",
+    "catchup_runs",
 ];
 
 /// The key of the advisory lock held while migrating, so instances that

@@ -138,6 +138,7 @@ fn claim_for(id: &str, hash: &str) -> Claim {
         remote: "test".to_string(),
         batch: None,
         reingest: false,
+        catchup: false,
     }
 }
 

@@ -1,0 +1,272 @@
+//! `serve`'s catch-ups: a thread that runs each source's catch-up at
+//! start and then every `interval` (sources with `interval = "0s"` only
+//! by command), under the source's lease in `catchup_runs` (one instance
+//! at a time on PostgreSQL; another instance's run in the meantime
+//! counts as this one's). A run's errors are logged and recorded, never
+//! fatal. The counts of `idemhook_catchup_events_total` are this serve's.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{Report, RunDb, claim_of, claim_write, conclude, found_events, owner_name, run};
+use crate::app::App;
+use crate::config::Config;
+use crate::ingest::Decision;
+use crate::ops::error::OpError;
+use crate::store::backend::Backend;
+use crate::store::catchup::{self, RunRecord};
+
+/// `idemhook_catchup_events_total{source,outcome}`, per source with a
+/// catchup table: [claimed, redelivery_requested, already_stored].
+pub struct Counts {
+    rows: Vec<(String, [AtomicU64; 3])>,
+}
+
+impl Counts {
+    pub fn new(config: &Config) -> Counts {
+        Counts {
+            rows: config
+                .sources
+                .iter()
+                .filter(|s| s.catchup.is_some())
+                .map(|s| (s.name.clone(), Default::default()))
+                .collect(),
+        }
+    }
+
+    pub fn add(&self, r: &Report) {
+        if let Some((_, row)) = self.rows.iter().find(|(name, _)| *name == r.source) {
+            row[0].fetch_add(r.claimed.len() as u64, Ordering::Relaxed);
+            row[1].fetch_add(r.redelivery_requested.len() as u64, Ordering::Relaxed);
+            row[2].fetch_add(r.already_stored as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The exposition's lines (nothing without a catchup table).
+    pub fn render(&self, out: &mut String, escape: impl Fn(&str) -> String) {
+        use std::fmt::Write as _;
+        if self.rows.is_empty() {
+            return;
+        }
+        out.push_str("# HELP idemhook_catchup_events_total Events a catch-up run of this serve found, by source and outcome (claimed, redelivery_requested, already_stored).\n");
+        out.push_str("# TYPE idemhook_catchup_events_total counter\n");
+        for (name, row) in &self.rows {
+            for (i, outcome) in ["claimed", "redelivery_requested", "already_stored"]
+                .iter()
+                .enumerate()
+            {
+                let _ = writeln!(
+                    out,
+                    "idemhook_catchup_events_total{{source=\"{}\",outcome=\"{outcome}\"}} {}",
+                    escape(name),
+                    row[i].load(Ordering::Relaxed)
+                );
+            }
+        }
+    }
+}
+
+/// The thread of `serve`'s catch-ups.
+pub struct Background {
+    inner: Option<(Arc<StopSignal>, JoinHandle<()>)>,
+}
+
+type StopSignal = (Mutex<bool>, Condvar);
+
+impl Background {
+    /// Starts the thread when any source catches up by itself.
+    pub fn start<B: Backend>(app: Arc<App<B>>) -> Background {
+        let any = app
+            .config
+            .sources
+            .iter()
+            .any(|s| s.catchup.as_ref().is_some_and(|c| !c.interval.is_zero()));
+        if !any {
+            return Background { inner: None };
+        }
+        let signal: Arc<StopSignal> = Arc::new((Mutex::new(false), Condvar::new()));
+        let thread_signal = signal.clone();
+        let spawned = std::thread::Builder::new()
+            .name("idemhook-catchup".into())
+            .spawn(move || schedule(&app, &thread_signal));
+        match spawned {
+            Ok(handle) => Background {
+                inner: Some((signal, handle)),
+            },
+            Err(e) => {
+                crate::log::error(
+                    "cannot start the catch-up thread",
+                    &[("error", &e), ("effect", &"no catch-up runs until restart")],
+                );
+                Background { inner: None }
+            }
+        }
+    }
+
+    /// Stops the thread after the run under way.
+    pub fn stop(self) {
+        if let Some((signal, handle)) = self.inner {
+            if let Ok(mut stopping) = signal.0.lock() {
+                *stopping = true;
+                signal.1.notify_all();
+            }
+            let _ = handle.join();
+        }
+    }
+}
+
+fn schedule<B: Backend>(app: &Arc<App<B>>, signal: &StopSignal) {
+    let sources: Vec<(String, Duration)> = app
+        .config
+        .sources
+        .iter()
+        .filter_map(|s| {
+            let c = s.catchup.as_ref()?;
+            (!c.interval.is_zero()).then(|| (s.name.clone(), c.interval))
+        })
+        .collect();
+    let started = Instant::now();
+    let mut due: Vec<Instant> = sources.iter().map(|_| started).collect();
+    loop {
+        let now = Instant::now();
+        for (i, (name, interval)) in sources.iter().enumerate() {
+            if due[i] <= now {
+                run_in_serve(app, name);
+                due[i] = Instant::now() + *interval;
+            }
+        }
+        let next = due.iter().min().copied().unwrap_or(now);
+        let Ok(guard) = signal.0.lock() else {
+            return;
+        };
+        if *guard {
+            return;
+        }
+        let wait = next.saturating_duration_since(Instant::now());
+        match signal.1.wait_timeout(guard, wait) {
+            Ok((guard, _)) if !*guard => {}
+            _ => return,
+        }
+    }
+}
+
+/// One run of `name`'s catch-up inside serve, logged and counted.
+fn run_in_serve<B: Backend>(app: &Arc<App<B>>, name: &str) {
+    let Some(source) = app.config.source(name) else {
+        return;
+    };
+    let Some(c) = &source.catchup else {
+        return;
+    };
+    let owner = owner_name();
+    let mut db = AppDb { app: app.clone() };
+    match db.lease(name, &owner, true) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            crate::log::warn(
+                "catchup skipped",
+                &[
+                    ("source", &name),
+                    ("error", &e),
+                    ("effect", &"tried again next interval"),
+                ],
+            );
+            return;
+        }
+    }
+    let api = super::api_for(c);
+    let result = run(&mut db, &app.config, source, c.window, false, api.as_ref());
+    if let Err(e) = conclude(&mut db, &owner, name, &result) {
+        crate::log::warn("catchup not recorded", &[("source", &name), ("error", &e)]);
+    }
+    match result {
+        Ok(report) => {
+            app.metrics.catchup.add(&report);
+            if !report.claimed.is_empty() {
+                (app.wake_outbox)();
+            }
+            log_report(&report);
+        }
+        Err(e) => crate::log::warn(
+            "catchup failed",
+            &[
+                ("source", &name),
+                ("error", &e),
+                ("effect", &"tried again next interval"),
+            ],
+        ),
+    }
+}
+
+/// The run's log line: info, or a warning naming the API's error.
+pub fn log_report(report: &Report) {
+    let fields: [(&str, &dyn std::fmt::Display); 5] = [
+        ("source", &report.source),
+        ("claimed", &report.claimed.len()),
+        ("redelivery_requested", &report.redelivery_requested.len()),
+        ("already_stored", &report.already_stored),
+        ("failed", &report.failed.len()),
+    ];
+    match &report.error {
+        Some(e) => {
+            let mut all = fields.to_vec();
+            all.push(("error", e));
+            all.push(("effect", &"the rest waits for the next run"));
+            crate::log::warn("catchup incomplete", &all);
+        }
+        None if found_events(report) => crate::log::info("catchup found events", &fields),
+        None => crate::log::info("catchup", &fields),
+    }
+}
+
+/// Serve's backend as a run's storage (on SQLite, writes go through the
+/// one writer).
+struct AppDb<B: Backend> {
+    app: Arc<App<B>>,
+}
+
+impl<B: Backend> RunDb for AppDb<B> {
+    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, OpError> {
+        self.app
+            .read(|db| catchup::stored_ids(db, source, ids).map_err(OpError::from))
+    }
+
+    fn claim(
+        &mut self,
+        config: &Arc<Config>,
+        source: &str,
+        body: Vec<u8>,
+    ) -> Result<Decision, OpError> {
+        let Some(s) = config.source(source) else {
+            return Err(OpError::NotFound(format!(
+                "source {source} is not in the config"
+            )));
+        };
+        let remote = s.catchup.as_ref().map_or("", |c| c.api_url.as_str());
+        let claim = claim_of(s, body, remote).map_err(OpError::Invalid)?;
+        let (config, source) = (config.clone(), source.to_string());
+        self.app.write(move |db| {
+            let s = config.source(&source).ok_or_else(|| {
+                OpError::NotFound(format!("source {source} is not in the config"))
+            })?;
+            claim_write(db, s, &claim)
+        })
+    }
+
+    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, OpError> {
+        let (source, owner) = (source.to_string(), owner.to_string());
+        self.app.write(move |db| {
+            catchup::take_lease(db, &source, &owner, super::LEASE_MS, honour).map_err(OpError::from)
+        })
+    }
+
+    fn finish(&mut self, owner: &str, record: RunRecord) -> Result<(), OpError> {
+        let owner = owner.to_string();
+        self.app
+            .write(move |db| catchup::finish(db, &owner, &record).map_err(OpError::from))
+    }
+}
