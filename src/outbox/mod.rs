@@ -56,6 +56,7 @@ use crate::store::tx::OutboxTx;
 use crate::time::now_ms;
 use crate::verify::{Scheme, Verifier};
 
+pub mod circuit;
 mod control;
 mod steps;
 mod worker;
@@ -152,7 +153,16 @@ impl Outbox {
                     tx.release_parked(now)
                 })
                 .context("cannot release the jobs waiting for other actions")?;
+            // Circuits of actions that no longer have one close; jobs
+            // waiting on a circuit that is not open are due.
+            let config = config.clone();
+            backend
+                .jobs(&mut backend.session(), Guard::Savepoint, move |tx| {
+                    circuit::close_unconfigured(tx, &config, now)
+                })
+                .context("cannot close the circuits of actions without one")?;
         }
+        let clean = Arc::new(circuit::Clean::default());
         let nonce = fastrand::u32(..);
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
@@ -167,6 +177,7 @@ impl Outbox {
                 waker: waker.clone(),
                 stop: stop.clone(),
                 in_flight: in_flight.clone(),
+                clean: clean.clone(),
             };
             let handle = std::thread::Builder::new()
                 .name(format!("idemhook-forward-{i}"))
@@ -263,6 +274,28 @@ struct Leased {
     /// The action has a `check` and an earlier attempt may have had its
     /// effect: ask the downstream before sending.
     needs_check: bool,
+    /// When its attempts started failing (`give_up_after`'s clock).
+    failing_since: Option<i64>,
+    /// Its failed attempts that were a probe (not counted).
+    probe_failures: i64,
+    /// This attempt is its action's circuit probe.
+    probe: bool,
+}
+
+/// An open circuit's probe by its `health` GET, claimed by this worker.
+#[derive(Debug)]
+struct HealthProbe {
+    source: String,
+    action: String,
+    url: String,
+    timeout: Duration,
+}
+
+/// What one take leased: jobs, health probes, and when to look again.
+struct Taken {
+    jobs: Vec<Leased>,
+    health: Vec<HealthProbe>,
+    next_due: Option<i64>,
 }
 
 /// What one attempt came to.
@@ -308,9 +341,8 @@ mod tests {
         )
         .unwrap();
         for now in [1_000, 2_000, 3_000] {
-            let (taken, _) =
-                take(&mut SqliteTx::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
-            assert!(taken.is_empty());
+            let taken = take(&mut SqliteTx::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
+            assert!(taken.jobs.is_empty());
         }
         use crate::store::sqlite::{DUE_JOBS, EXPIRED_JOBS};
         for sql in [EXPIRED_JOBS, DUE_JOBS] {

@@ -11,6 +11,7 @@
 
 pub mod attempts;
 pub mod backend;
+pub mod circuits;
 pub mod control;
 pub mod db;
 pub mod deliveries;

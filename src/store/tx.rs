@@ -244,6 +244,10 @@ pub struct Candidate {
     pub previous_owner: Option<String>,
     /// Pending and due (not a lease that ran out).
     pub pending: bool,
+    /// When its attempts started failing (`give_up_after`'s clock).
+    pub failing_since: Option<i64>,
+    /// Its failed attempts that were a circuit's probe.
+    pub probe_failures: i64,
 }
 
 /// What a forward needs of its event.

@@ -74,6 +74,8 @@ pub const TABLES: &[Table] = &[
             ("order_key", 't'),
             ("order_seq", 'i'),
             ("waiting", 't'),
+            ("failing_since", 'i'),
+            ("probe_failures", 'i'),
         ],
     },
     Table {

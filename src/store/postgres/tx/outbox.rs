@@ -16,6 +16,8 @@ fn candidate(r: &postgres::Row, pending: bool) -> Candidate {
         leased_at: r.get(5),
         previous_owner: r.get(6),
         pending,
+        failing_since: r.get(7),
+        probe_failures: r.get(8),
     }
 }
 
@@ -33,7 +35,8 @@ impl OutboxTx for PgTx<'_> {
         // SKIP LOCKED: a job another instance is taking right now is left
         // to it, not waited for.
         let s = self.prepared(
-            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner, failing_since,
+                    probe_failures FROM jobs
              WHERE status = 'processing' AND kind = 'forward' AND lease_until < $1
              LIMIT 16 FOR UPDATE SKIP LOCKED",
         )?;
@@ -47,7 +50,8 @@ impl OutboxTx for PgTx<'_> {
 
     fn due_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
         let s = self.prepared(
-            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner, failing_since,
+                    probe_failures FROM jobs
              WHERE status = 'pending' AND next_attempt_at <= $1 AND kind = 'forward'
              ORDER BY next_attempt_at LIMIT 16 FOR UPDATE SKIP LOCKED",
         )?;
@@ -283,7 +287,8 @@ impl OutboxTx for PgTx<'_> {
 
     fn release_parked(&mut self, now: i64) -> Result<(), StoreError> {
         let s = self.prepared(
-            "UPDATE jobs SET next_attempt_at = $1 WHERE status = 'pending' AND next_attempt_at IS NULL",
+            "UPDATE jobs SET next_attempt_at = $1 WHERE status = 'pending' AND next_attempt_at IS NULL
+               AND coalesce(waiting, '') <> 'circuit'",
         )?;
         self.client.execute(&s, &[&now])?;
         Ok(())
