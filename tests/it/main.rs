@@ -38,3 +38,4 @@ mod sign;
 mod store;
 mod tls;
 mod tooling;
+mod circuit;
