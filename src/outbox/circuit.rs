@@ -227,7 +227,8 @@ mod tests {
         let max = Duration::from_secs(300);
         assert_eq!(probe_wait(first, max, 0, 1.0), first);
         assert_eq!(probe_wait(first, max, 1, 1.0), first * 2);
-        assert_eq!(probe_wait(first, max, 3, 1.0), max);
+        assert_eq!(probe_wait(first, max, 3, 1.0), first * 8);
+        assert_eq!(probe_wait(first, max, 4, 1.0), max);
         assert_eq!(probe_wait(first, max, 40, 1.0), max);
         assert_eq!(probe_wait(first, max, 0, 0.0), first.mul_f64(0.75));
         for j in [0.0, 0.3, 0.99] {
