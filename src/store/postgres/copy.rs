@@ -161,6 +161,21 @@ pub const TABLES: &[Table] = &[
             ("value", 't'),
         ],
     },
+    Table {
+        name: "circuits",
+        columns: &[
+            ("source", 't'),
+            ("action", 't'),
+            ("failures", 'i'),
+            ("opened_at", 'i'),
+            ("next_probe_at", 'i'),
+            ("probes", 'i'),
+            ("opened_count", 'i'),
+            ("probe_owner", 't'),
+            ("probe_until", 'i'),
+            ("updated_at", 'i'),
+        ],
+    },
 ];
 
 /// Tables whose ids come from an identity column: its sequence is moved
