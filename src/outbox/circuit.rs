@@ -76,7 +76,7 @@ pub(super) struct OpenCircuits(Vec<CircuitRow>);
 
 impl OpenCircuits {
     pub(super) fn load<T: OutboxTx>(tx: &mut T, config: &Config) -> Result<Self, StoreError> {
-        let rows = steps::open(&tx.db())?;
+        let rows = tx.open_circuits()?;
         Ok(OpenCircuits(
             rows.into_iter()
                 .filter(|r| circuit_of(config, &r.source, &r.action).is_some())

@@ -41,17 +41,13 @@ fn circuit_row(r: &Row) -> Result<CircuitRow, StoreError> {
     })
 }
 
+/// The open circuits, by source and action.
+pub const OPEN: &str = "SELECT source, action, failures, opened_at, next_probe_at, probes, probe_owner,
+       probe_until, opened_count FROM circuits WHERE opened_at IS NOT NULL ORDER BY source, action";
+
 /// The open circuits (a handful of rows at most: one per action).
 pub fn open(db: &Db<'_>) -> Result<Vec<CircuitRow>, StoreError> {
-    db.query(
-        &format!(
-            "SELECT {COLUMNS} FROM circuits WHERE opened_at IS NOT NULL ORDER BY source, action"
-        ),
-        &[],
-    )?
-    .iter()
-    .map(circuit_row)
-    .collect()
+    db.query(OPEN, &[])?.iter().map(circuit_row).collect()
 }
 
 /// Every circuit row (the inspector, `/metrics`).
@@ -316,4 +312,56 @@ pub fn waiting_count(db: &Db<'_>, source: &str, action: &str) -> Result<i64, Sto
         args![source, action],
     )?
     .i64(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{self, sqlite::query_plan};
+    use rusqlite::params;
+
+    /// The probe's pick and the release at close go down the
+    /// `jobs_circuit` partial index: with 100,000 jobs waiting they cost
+    /// a step down an index, not a scan of `jobs`.
+    #[test]
+    fn the_waiting_jobs_are_found_through_their_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = store::sqlite::open(
+            &dir.path().join("plan.db"),
+            crate::config::Durability::Normal,
+            std::time::Duration::from_secs(5),
+        )
+        .unwrap();
+        store::sqlite::migrate(&mut conn).unwrap();
+        let oldest = query_plan(
+            &conn,
+            "SELECT id, event_id, n_attempts, updated_at, failing_since, probe_failures FROM jobs
+              WHERE source = ?1 AND action = ?2 AND waiting = 'circuit' AND status = 'pending'
+              ORDER BY updated_at, id LIMIT 1",
+            params!["s", "a"],
+        );
+        assert!(oldest.contains("INDEX jobs_circuit"), "{oldest}");
+        let db = Db::sqlite(&conn);
+        db.execute(
+            "INSERT INTO jobs (source, event_id, action, kind, status, next_attempt_at, created_at,
+                               updated_at, waiting, failing_since)
+             VALUES ('s', 'e1', 'a', 'forward', 'pending', NULL, 1, 100, 'circuit', 50),
+                    ('s', 'e2', 'a', 'forward', 'pending', NULL, 1, 200, 'circuit', NULL),
+                    ('s', 'e3', 'b', 'forward', 'pending', NULL, 1, 100, 'circuit', NULL)",
+            &[],
+        )
+        .unwrap();
+        let first = oldest_waiting(&db, "s", "a").unwrap().unwrap();
+        assert_eq!(first.event_id, "e1");
+        // Closed at 1,000: e1 waited 900 ms, its clock moves on by as much.
+        assert_eq!(release_waiting(&db, "s", "a", 1_000).unwrap(), 2);
+        let since = db
+            .query_one("SELECT failing_since FROM jobs WHERE event_id = 'e1'", &[])
+            .unwrap()
+            .i64(0)
+            .unwrap();
+        assert_eq!(since, 950);
+        assert!(oldest_waiting(&db, "s", "a").unwrap().is_none());
+        assert_eq!(waiting_count(&db, "s", "b").unwrap(), 1, "another action's jobs wait");
+    }
 }

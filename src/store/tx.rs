@@ -351,6 +351,10 @@ pub trait OutboxTx: Tx {
     fn clock(&mut self, local: i64) -> Result<i64, StoreError> {
         Ok(local)
     }
+    /// The open circuits, read once per take (a handful of rows at most).
+    fn open_circuits(&mut self) -> Result<Vec<crate::store::circuits::CircuitRow>, StoreError> {
+        crate::store::circuits::open(&self.db())
+    }
     /// Forward jobs whose lease ran out, at most [`TAKE_BATCH`].
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError>;
     /// Pending forward jobs that are due, the longest-due first, at most

@@ -2,6 +2,7 @@
 
 use crate::state::JobStatus;
 use crate::store::StoreError;
+use crate::store::circuits::CircuitRow;
 use crate::store::tx::{Candidate, CheckRow, ForwardEvent, NewAttempt, OutboxTx};
 
 use super::PgTx;
@@ -29,6 +30,27 @@ impl OutboxTx for PgTx<'_> {
     fn clock(&mut self, _local: i64) -> Result<i64, StoreError> {
         let s = self.prepared("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")?;
         Ok(self.client.query_one(&s, &[])?.get(0))
+    }
+
+    fn open_circuits(&mut self) -> Result<Vec<CircuitRow>, StoreError> {
+        // Prepared once per connection: every take reads it.
+        let s = self.prepared(crate::store::circuits::OPEN)?;
+        Ok(self
+            .client
+            .query(&s, &[])?
+            .iter()
+            .map(|r| CircuitRow {
+                source: r.get(0),
+                action: r.get(1),
+                failures: r.get(2),
+                opened_at: r.get(3),
+                next_probe_at: r.get(4),
+                probes: r.get(5),
+                probe_owner: r.get(6),
+                probe_until: r.get(7),
+                opened_count: r.get(8),
+            })
+            .collect())
     }
 
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
