@@ -14,7 +14,7 @@ use crate::downstream::Downstream;
 use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
 
 /// The commands a user types, as `idemhook help` lists them.
-const COMMANDS: [&str; 16] = [
+const COMMANDS: [&str; 17] = [
     "serve",
     "check",
     "send",
@@ -28,6 +28,7 @@ const COMMANDS: [&str; 16] = [
     "erase",
     "backup",
     "migrate",
+    "probe",
     "completions",
     "man",
     "help",
