@@ -313,7 +313,9 @@ impl Metrics {
                 );
             }
         }
-        out.push_str("# HELP idemhook_circuit_opened_total Times the forward action's circuit opened.\n");
+        out.push_str(
+            "# HELP idemhook_circuit_opened_total Times the forward action's circuit opened.\n",
+        );
         out.push_str("# TYPE idemhook_circuit_opened_total counter\n");
         for (i, (s, a)) in self.actions.iter().enumerate() {
             if self.has_circuit.get(i) == Some(&true) {

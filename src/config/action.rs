@@ -274,9 +274,8 @@ fn circuit_of(ra: &RawAction, retry_max: Duration) -> Result<Option<Circuit>, St
                 "circuit_failures: consecutive failed attempts that open the circuit, 0 for no circuit; got {n}"
             ));
         }
-        Some(n) => u32::try_from(n).map_err(|_| {
-            format!("circuit_failures: at most {}, got {n}", u32::MAX)
-        })?,
+        Some(n) => u32::try_from(n)
+            .map_err(|_| format!("circuit_failures: at most {}, got {n}", u32::MAX))?,
     };
     let probe = opt_duration(&ra.circuit_probe, "circuit_probe", "30s")?;
     if probe.is_zero() {
@@ -284,9 +283,7 @@ fn circuit_of(ra: &RawAction, retry_max: Duration) -> Result<Option<Circuit>, St
     }
     let health = match &ra.health {
         None => None,
-        Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
-            Some(url.clone())
-        }
+        Some(url) if url.starts_with("http://") || url.starts_with("https://") => Some(url.clone()),
         Some(url) => {
             return Err(format!(
                 "health: expected an http:// or https:// URL, got {url:?}"

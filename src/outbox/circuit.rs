@@ -96,7 +96,11 @@ impl OpenCircuits {
 }
 
 /// The circuit of a forward action, if it has one.
-pub(super) fn circuit_of<'c>(config: &'c Config, source: &str, action: &str) -> Option<&'c Circuit> {
+pub(super) fn circuit_of<'c>(
+    config: &'c Config,
+    source: &str,
+    action: &str,
+) -> Option<&'c Circuit> {
     match &config.source(source)?.action(action)?.kind {
         crate::config::ActionKind::Forward(f) => f.circuit.as_ref(),
         crate::config::ActionKind::Sql { .. } => None,
@@ -233,7 +237,10 @@ mod tests {
         assert_eq!(probe_wait(first, max, 0, 0.0), first.mul_f64(0.75));
         for j in [0.0, 0.3, 0.99] {
             let w = probe_wait(first, max, 2, j);
-            assert!(w >= Duration::from_secs(90) && w <= Duration::from_secs(120), "{w:?}");
+            assert!(
+                w >= Duration::from_secs(90) && w <= Duration::from_secs(120),
+                "{w:?}"
+            );
         }
     }
 }

@@ -10,13 +10,13 @@ use anyhow::Result;
 use super::circuit;
 use super::control::{self, Slot};
 use super::{Attempt, HealthProbe, Leased, Taken};
-use crate::retry::Verdict;
-use crate::store::circuits;
 use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state_in;
+use crate::retry::Verdict;
 use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::StoreError;
+use crate::store::circuits;
 use crate::store::tx::TAKE_BATCH;
 use crate::store::tx::{Candidate, CheckRow, ForwardEvent, NewAttempt, OutboxTx};
 
@@ -149,8 +149,8 @@ fn probe<T: OutboxTx>(
     let Some(circuit) = &fwd.circuit else {
         return Ok(Probe::Nothing);
     };
-    let hold = i64::try_from((fwd.lease + takeover_grace(fwd.lease)).as_millis())
-        .unwrap_or(i64::MAX / 4);
+    let hold =
+        i64::try_from((fwd.lease + takeover_grace(fwd.lease)).as_millis()).unwrap_or(i64::MAX / 4);
     if let Some(url) = &circuit.health {
         if !circuits::claim_probe(&tx.db(), source, action, owner, now + hold, now)? {
             return Ok(Probe::Nothing);

@@ -42,7 +42,8 @@ fn circuit_row(r: &Row) -> Result<CircuitRow, StoreError> {
 }
 
 /// The open circuits, by source and action.
-pub const OPEN: &str = "SELECT source, action, failures, opened_at, next_probe_at, probes, probe_owner,
+pub const OPEN: &str =
+    "SELECT source, action, failures, opened_at, next_probe_at, probes, probe_owner,
        probe_until, opened_count FROM circuits WHERE opened_at IS NOT NULL ORDER BY source, action";
 
 /// The open circuits (a handful of rows at most: one per action).
@@ -64,12 +65,7 @@ pub fn all(db: &Db<'_>) -> Result<Vec<CircuitRow>, StoreError> {
 /// The action's row (made closed, with no failures, when missing), locked
 /// until the transaction ends on PostgreSQL: every instance's decision on
 /// this circuit goes one at a time from here.
-pub fn locked(
-    db: &Db<'_>,
-    source: &str,
-    action: &str,
-    now: i64,
-) -> Result<CircuitRow, StoreError> {
+pub fn locked(db: &Db<'_>, source: &str, action: &str, now: i64) -> Result<CircuitRow, StoreError> {
     db.execute(
         "INSERT INTO circuits (source, action, failures, updated_at) VALUES (?1, ?2, 0, ?3)
          ON CONFLICT (source, action) DO NOTHING",
@@ -362,6 +358,10 @@ mod tests {
             .unwrap();
         assert_eq!(since, 950);
         assert!(oldest_waiting(&db, "s", "a").unwrap().is_none());
-        assert_eq!(waiting_count(&db, "s", "b").unwrap(), 1, "another action's jobs wait");
+        assert_eq!(
+            waiting_count(&db, "s", "b").unwrap(),
+            1,
+            "another action's jobs wait"
+        );
     }
 }

@@ -39,11 +39,7 @@ fn config(ds: &Downstream, extra: &str) -> ServerConfig {
 }
 
 fn start(backend: Backend, config: &ServerConfig) -> Server {
-    Server::start_on(
-        backend,
-        config,
-        &[("IDEMHOOK_ADMIN_TOKEN", ADMIN_TOKEN)],
-    )
+    Server::start_on(backend, config, &[("IDEMHOOK_ADMIN_TOKEN", ADMIN_TOKEN)])
 }
 
 fn event(id: &str) -> Vec<u8> {
@@ -131,7 +127,11 @@ fn a_downstream_down_longer_than_give_up_after_makes_no_dead_letter(backend: Bac
         assert_eq!(job["waiting_for"], "circuit", "{job}");
     }
     assert_eq!(
-        metric(&server, "idemhook_circuit_open{source=\"shop\",action=\"notify\"}").as_deref(),
+        metric(
+            &server,
+            "idemhook_circuit_open{source=\"shop\",action=\"notify\"}"
+        )
+        .as_deref(),
         Some("1")
     );
 
@@ -142,7 +142,11 @@ fn a_downstream_down_longer_than_give_up_after_makes_no_dead_letter(backend: Bac
     }
     assert_eq!(open_circuits(&server), 0);
     assert_eq!(
-        metric(&server, "idemhook_circuit_open{source=\"shop\",action=\"notify\"}").as_deref(),
+        metric(
+            &server,
+            "idemhook_circuit_open{source=\"shop\",action=\"notify\"}"
+        )
+        .as_deref(),
         Some("0")
     );
     assert_eq!(
@@ -217,9 +221,17 @@ fn a_job_the_downstream_refuses_while_others_succeed_still_fails(backend: Backen
         std::thread::sleep(Duration::from_millis(150));
         jobs_with(&server, "failed") == 2
     });
-    assert_eq!(ds.posts_for(&key("evt_refused")).len(), 1, "a 4xx fails at once");
+    assert_eq!(
+        ds.posts_for(&key("evt_refused")).len(),
+        1,
+        "a 4xx fails at once"
+    );
     let broken = ds.posts_for(&key("evt_broken"));
-    assert!(broken.len() >= 3, "retried until give_up_after: {}", broken.len());
+    assert!(
+        broken.len() >= 3,
+        "retried until give_up_after: {}",
+        broken.len()
+    );
     let span = broken[broken.len() - 1].at - broken[0].at;
     assert!(
         span >= Duration::from_millis(2_500),
@@ -244,9 +256,7 @@ fn a_pause_wins_over_probes(backend: Backend) {
         send(&server, &format!("evt_pause_{i}"));
     }
     wait_until(WAIT, "the circuit opens", || open_circuits(&server) == 1);
-    server
-        .run_cli(&["pause", "shop/notify"])
-        .assert_success();
+    server.run_cli(&["pause", "shop/notify"]).assert_success();
     std::thread::sleep(Duration::from_millis(1_200));
     let requests = ds.request_count();
     ds.set_down(false);
@@ -256,9 +266,7 @@ fn a_pause_wins_over_probes(backend: Backend) {
     assert_eq!(ds.request_count(), requests, "no probe while paused");
     assert_eq!(open_circuits(&server), 1);
 
-    server
-        .run_cli(&["resume", "shop/notify"])
-        .assert_success();
+    server.run_cli(&["resume", "shop/notify"]).assert_success();
     wait_until(WAIT, "every job done", || jobs_with(&server, "done") == 5);
     assert_eq!(open_circuits(&server), 0);
     assert_eq!(ds.total_effects(), 5);
@@ -299,9 +307,16 @@ fn reconcile_lists_an_open_circuit_and_probe_makes_it_due(backend: Backend) {
     assert!(circuit["opened_at"].is_i64(), "{circuit}");
     let next = circuit["next_probe_at"].as_i64().unwrap_or(0);
     let opened = circuit["opened_at"].as_i64().unwrap_or(0);
-    assert!(next - opened >= 2_000, "the first probe about 1 h away: {circuit}");
+    assert!(
+        next - opened >= 2_000,
+        "the first probe about 1 h away: {circuit}"
+    );
     let text = server.run_cli(&["reconcile"]);
-    assert!(text.stdout.contains("idemhook probe shop/notify"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("idemhook probe shop/notify"),
+        "{}",
+        text.stdout
+    );
     let (status, via_api) = api(&server, "GET", "/api/reconcile", Some(ADMIN_TOKEN), b"");
     assert_eq!(status, 200);
     assert_eq!(via_api["circuits"][0]["action"], "notify", "{via_api}");

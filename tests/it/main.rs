@@ -8,6 +8,7 @@
 
 mod backend;
 mod check;
+mod circuit;
 mod cli;
 mod control;
 mod database;
@@ -38,4 +39,3 @@ mod sign;
 mod store;
 mod tls;
 mod tooling;
-mod circuit;
