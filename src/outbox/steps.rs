@@ -79,9 +79,14 @@ pub(super) fn take<T: OutboxTx>(
         }
         if open.is_open(&candidate.source, &candidate.action) {
             // Its circuit is open: a due job waits on it, out of the take
-            // query's way; a lapsed lease is left until it closes.
+            // query's way; so does one whose lease ran out, its cut-short
+            // attempt recorded as a takeover would.
+            let (id, n) = (candidate.job_id, candidate.n_before);
             if candidate.pending {
-                circuits::park(&tx.db(), candidate.job_id, candidate.n_before, now)?;
+                circuits::park(&tx.db(), id, n, now)?;
+            } else if circuits::park_lapsed(&tx.db(), id, n, now)? {
+                let previous_owner = candidate.previous_owner.as_deref();
+                tx.record_cut_short(id, n, candidate.leased_at, now, previous_owner)?;
             }
             continue;
         }

@@ -122,20 +122,34 @@ impl<B: Backend> Worker<B> {
                 // workers in.
                 self.waker.wake();
             }
+            // Actions whose downstream failed during this batch (their
+            // circuit may have opened): the rest of their jobs go back to
+            // the take, which holds them while it is open.
+            let mut failing: Vec<(String, String)> = Vec::new();
             for job in jobs {
                 // A job whose lease could run out during the call is given
                 // back rather than sent: once the lease ends another worker
                 // may take it, and two workers would send it at once.
                 // A check before the send may take a timeout of its own.
                 let calls = if job.needs_check { 2 } else { 1 };
-                let timeout = self.forward_of(&job.source, &job.action).map_or(0, |f| {
+                let fwd = self.forward_of(&job.source, &job.action);
+                let timeout = fwd.map_or(0, |f| {
                     i64::try_from(f.timeout.as_millis()).unwrap_or(i64::MAX / 4) * calls
                 });
-                if self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends {
+                let has_circuit = fwd.is_some_and(|f| f.circuit.is_some());
+                let held = has_circuit
+                    && failing
+                        .iter()
+                        .any(|(s, a)| *s == job.source && *a == job.action);
+                if held || self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends
+                {
                     self.release(&job, None);
                     continue;
                 }
-                self.deliver(job);
+                let action = (job.source.clone(), job.action.clone());
+                if self.deliver(job) == Some(Verdict::Retry) && has_circuit {
+                    failing.push(action);
+                }
             }
         }
     }
@@ -147,16 +161,16 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    fn deliver(&self, job: Leased) {
-        let Some(fwd) = self.forward_of(&job.source, &job.action).cloned() else {
-            return;
-        };
+    /// Runs one attempt of a leased job and records it; its verdict, or
+    /// None when it was given back unsent.
+    fn deliver(&self, job: Leased) -> Option<Verdict> {
+        let fwd = self.forward_of(&job.source, &job.action).cloned()?;
         let clock = Instant::now();
         let asked = match &fwd.check {
             Some(template) if job.needs_check => match self.check_first(&job, &fwd, template) {
                 Some(asked) => Some(asked),
                 // Given back: no time left in the lease for the send.
-                None => return,
+                None => return None,
             },
             _ => None,
         };
@@ -187,11 +201,13 @@ impl<B: Backend> Worker<B> {
             );
             attempt.finished_at + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2)
         });
+        let verdict = attempt.verdict;
         self.record(job, asked, outcome, next_attempt_at, attempt);
         if next_attempt_at.is_some() {
             // Another worker may be asleep past this retry's due time.
             self.waker.wake();
         }
+        Some(verdict)
     }
 
     /// Asks the downstream's `check` URL before a send. None when the

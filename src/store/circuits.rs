@@ -267,6 +267,23 @@ pub fn park(db: &Db<'_>, job_id: i64, n_attempts: i64, now: i64) -> Result<(), S
     Ok(())
 }
 
+/// A job of an open circuit whose lease ran out (its worker crashed or
+/// hung mid-attempt) waits on the circuit like the others, rather than
+/// being taken over and sent. False when it is no longer that lease.
+pub fn park_lapsed(
+    db: &Db<'_>,
+    job_id: i64,
+    n_attempts: i64,
+    now: i64,
+) -> Result<bool, StoreError> {
+    Ok(db.execute(
+        "UPDATE jobs SET status = 'pending', lease_owner = NULL, lease_until = NULL,
+                next_attempt_at = NULL, waiting = 'circuit', updated_at = ?3
+          WHERE id = ?1 AND n_attempts = ?2 AND status = 'processing' AND lease_until < ?3",
+        args![job_id, n_attempts, now],
+    )? == 1)
+}
+
 /// The waiting job chosen as the probe is due now (the lease takes it),
 /// its wait credited to its `give_up_after` clock. Returns the clock.
 pub fn unpark_for_probe(db: &Db<'_>, w: &Waiting, now: i64) -> Result<bool, StoreError> {

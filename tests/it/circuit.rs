@@ -23,9 +23,14 @@ const ADMIN_TOKEN: &str = "it-circuit-admin-token-5e1d";
 const WAIT: Duration = Duration::from_secs(40);
 
 /// One forward action `shop/notify` to `ds`, a circuit after 3
-/// consecutive failures, probes from 200 ms (doubling up to 1 s), and a
+/// consecutive failures (unless `extra` says), probes from 200 ms (doubling up to 1 s), and a
 /// job given up after 3 s of failing; `extra` adds keys to the action.
 fn config(ds: &Downstream, extra: &str) -> ServerConfig {
+    let failures = if extra.contains("circuit_failures") {
+        ""
+    } else {
+        "circuit_failures = 3\n"
+    };
     ServerConfig::new()
         .set("forward_workers", "4")
         .set("admin_token", "\"env:IDEMHOOK_ADMIN_TOKEN\"")
@@ -33,7 +38,7 @@ fn config(ds: &Downstream, extra: &str) -> ServerConfig {
             "[sources.shop]\nkind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n\
              [[sources.shop.actions]]\nname = \"notify\"\nforward = \"{}/in\"\n\
              timeout = \"1s\"\nlease = \"2s\"\nretry_initial = \"100ms\"\nretry_max = \"1s\"\n\
-             give_up_after = \"3s\"\ncircuit_failures = 3\ncircuit_probe = \"200ms\"\n{extra}\n",
+             give_up_after = \"3s\"\n{failures}circuit_probe = \"200ms\"\n{extra}\n",
             ds.url()
         ))
 }
@@ -208,7 +213,12 @@ both_backends!(health_probes_leave_the_jobs_alone);
 /// `give_up_after`; neither opens the circuit.
 fn a_job_the_downstream_refuses_while_others_succeed_still_fails(backend: Backend) {
     let ds = Downstream::start();
-    let server = start(backend, &backend.config(config(&ds, "")));
+    // Ten failures in a row, not three: the broken job's quick first
+    // retries must not line up between two successes.
+    let server = start(
+        backend,
+        &backend.config(config(&ds, "circuit_failures = 10")),
+    );
     ds.script(&key("evt_refused"), Behavior::Reject400);
     ds.script(&key("evt_broken"), Behavior::Fail500(10_000));
     send(&server, "evt_refused");
