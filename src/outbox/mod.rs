@@ -359,4 +359,67 @@ mod tests {
         }
         assert_eq!(bound.get_status(StatementStatus::RePrepare), 2);
     }
+
+    /// An open circuit with 100,000 jobs waiting on it costs a take what
+    /// one with 10 does: the waiting jobs are out of the take query's way
+    /// and the probe's pick is one step down `jobs_circuit` (counted in
+    /// SQLite VM steps, so the test does not depend on the machine).
+    #[test]
+    fn an_open_circuit_with_100000_waiting_jobs_costs_a_take_nothing_more() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let config = Config::parse(
+            "[sources.s]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\n\
+             [[sources.s.actions]]\nname = \"a\"\nforward = \"http://127.0.0.1:9/\"\n",
+            "unit",
+            std::path::Path::new("/"),
+            None,
+        )
+        .unwrap();
+        let steps_of_a_take = |waiting: i64| -> (u64, Duration) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut conn = crate::store::sqlite::open(
+                &dir.path().join("waiting.db"),
+                crate::config::Durability::Normal,
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            crate::store::sqlite::migrate(&mut conn).unwrap();
+            conn.execute_batch(&format!(
+                "INSERT INTO circuits (source, action, failures, opened_at, next_probe_at, probes,
+                                       opened_count, updated_at)
+                 VALUES ('s', 'a', 5, 1000, 2000, 0, 1, 1000);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {waiting})
+                 INSERT INTO jobs (source, event_id, action, kind, status, next_attempt_at,
+                                   created_at, updated_at, waiting)
+                 SELECT 's', 'e' || i, 'a', 'forward', 'pending', NULL, i, i, 'circuit' FROM n;
+                 ANALYZE;"
+            ))
+            .unwrap();
+            // Warm the statement cache, then count one take's steps.
+            take(&mut SqliteTx::new(&conn), &config, "w", 1_500, TAKE_BATCH).unwrap();
+            let steps = std::sync::Arc::new(AtomicU64::new(0));
+            let counter = steps.clone();
+            conn.progress_handler(
+                1,
+                Some(move || {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    false
+                }),
+            )
+            .unwrap();
+            let clock = std::time::Instant::now();
+            let taken = take(&mut SqliteTx::new(&conn), &config, "w", 1_500, TAKE_BATCH).unwrap();
+            let took = clock.elapsed();
+            assert!(taken.jobs.is_empty(), "the probe is not due yet");
+            assert_eq!(taken.next_due, Some(2_000), "the next look is the probe's");
+            (steps.load(Ordering::Relaxed), took)
+        };
+        let (few, _) = steps_of_a_take(10);
+        let (many, took) = steps_of_a_take(100_000);
+        assert!(
+            few > 0 && many <= few + few / 2,
+            "a take with 100,000 jobs waiting ran {many} VM steps, with 10 {few}"
+        );
+        eprintln!("take with 100,000 jobs waiting on an open circuit: {many} VM steps, {took:?}");
+    }
 }
