@@ -125,12 +125,25 @@ fn a_downstream_down_longer_than_give_up_after_makes_no_dead_letter(backend: Bac
         (1..=12).contains(&probes),
         "a few probes (200 ms doubling to 1 s), not an attempt per job: {probes}"
     );
-    // What a pending job says it waits for.
-    let shown = server.run_cli(&["events", "show", "shop", &ids[19], "--json"]);
+    // What a job waiting on the circuit says, in the CLI and the API.
+    let parked = server.texts(
+        "SELECT event_id FROM jobs WHERE waiting = 'circuit' ORDER BY id DESC",
+        &[],
+    );
+    let parked = parked.first().expect("a job waits on the circuit");
+    let shown = server.run_cli(&["events", "show", "shop", parked, "--json"]);
     let job = &shown.json()["jobs"][0];
-    if job["status"] == "pending" && !job["waiting_for"].is_null() {
-        assert_eq!(job["waiting_for"], "circuit", "{job}");
-    }
+    assert_eq!(job["status"], "pending", "{job}");
+    assert_eq!(job["waiting_for"], "circuit", "{job}");
+    let (status, via_api) = api(
+        &server,
+        "GET",
+        &format!("/api/events/shop/{parked}"),
+        Some(ADMIN_TOKEN),
+        b"",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(via_api["jobs"][0]["waiting_for"], "circuit", "{via_api}");
     assert_eq!(
         metric(
             &server,
