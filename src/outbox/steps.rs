@@ -246,11 +246,14 @@ fn take_one<T: OutboxTx>(
         content_type,
     }) = tx.forward_event(&source, &event_id)?
     else {
+        let job = JobRef {
+            job_id,
+            source: &source,
+            event_id: &event_id,
+        };
         fail_and_refresh(
             tx,
-            job_id,
-            &source,
-            &event_id,
+            job,
             now,
             "the stored body was erased or pruned; nothing to forward",
         )?;
@@ -371,11 +374,14 @@ fn budget_after_takeover<T: OutboxTx>(
             .failing_since
             .is_some_and(|at| now - at >= ms(fwd.give_up_after));
         if used_up || too_long {
+            let job = JobRef {
+                job_id,
+                source: &candidate.source,
+                event_id: &candidate.event_id,
+            };
             fail_and_refresh(
                 tx,
-                job_id,
-                &candidate.source,
-                &candidate.event_id,
+                job,
                 now,
                 if used_up {
                     "max_attempts reached (the last attempt was cut short)"
@@ -389,34 +395,34 @@ fn budget_after_takeover<T: OutboxTx>(
     Ok(Some(budget_base))
 }
 
+/// Which job a step that ends one is about.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRef<'a> {
+    pub job_id: i64,
+    pub source: &'a str,
+    pub event_id: &'a str,
+}
+
 /// Fails a job with `error` and brings its event's state up to date.
 fn fail_and_refresh<T: OutboxTx>(
     tx: &mut T,
-    job_id: i64,
-    source: &str,
-    event_id: &str,
+    job: JobRef<'_>,
     now: i64,
     error: &str,
 ) -> Result<(), StoreError> {
-    let status = fail_job(tx, job_id, now, error)?;
+    let status = fail_job(tx, job.job_id, now, error)?;
     if status == JobStatus::Failed {
-        dead_letter(tx, job_id, source, event_id, now)
+        dead_letter(tx, job, now)
     } else {
-        refresh_event_state_in(tx, source, event_id, now).map(|_| ())
+        refresh_event_state_in(tx, job.source, job.event_id, now).map(|_| ())
     }
 }
 
 /// A forward job failed for good (a dead letter), in the transaction that
 /// wrote its status: its event's state follows (failed). The one place
 /// every dead letter of the outbox passes, after the job's row says so.
-pub fn dead_letter<T: OutboxTx>(
-    tx: &mut T,
-    _job_id: i64,
-    source: &str,
-    event_id: &str,
-    now: i64,
-) -> Result<(), StoreError> {
-    refresh_event_state_in(tx, source, event_id, now).map(|_| ())
+pub fn dead_letter<T: OutboxTx>(tx: &mut T, job: JobRef<'_>, now: i64) -> Result<(), StoreError> {
+    refresh_event_state_in(tx, job.source, job.event_id, now).map(|_| ())
 }
 
 fn ms(d: Duration) -> i64 {
@@ -577,7 +583,12 @@ pub(super) fn complete<T: OutboxTx>(
         worker: Some(owner),
     })?;
     if status == JobStatus::Failed {
-        dead_letter(tx, job.job_id, &job.source, &job.event_id, a.finished_at)?;
+        let dead = JobRef {
+            job_id: job.job_id,
+            source: &job.source,
+            event_id: &job.event_id,
+        };
+        dead_letter(tx, dead, a.finished_at)?;
     } else {
         refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
     }
