@@ -153,11 +153,30 @@ fn a_downstream_down_longer_than_give_up_after_makes_no_dead_letter(backend: Bac
         Some("1")
     );
 
+    // A job that failed before the circuit opened, more than
+    // give_up_after ago: its wait does not count, so one more failure
+    // after the circuit closes is retried, not its end.
+    let failing = server.texts(
+        "SELECT event_id FROM jobs WHERE failing_since IS NOT NULL AND waiting = 'circuit'
+          ORDER BY updated_at DESC",
+        &[],
+    );
+    let failing = failing
+        .first()
+        .expect("a job that failed before the circuit opened waits on it");
+    ds.script(&key(failing), Behavior::Fail500(1));
     ds.set_down(false);
     wait_until(WAIT, "every job done", || jobs_with(&server, "done") == 20);
     for id in &ids {
         assert_eq!(ds.effects(&key(id)), 1, "{id} delivered exactly once");
     }
+    let refused = ds.posts_for(&key(failing));
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.outcome == crate::downstream::Outcome::Failed500),
+        "{failing} failed once more after the circuit closed"
+    );
     assert_eq!(open_circuits(&server), 0);
     assert_eq!(
         metric(
@@ -178,6 +197,45 @@ fn a_downstream_down_longer_than_give_up_after_makes_no_dead_letter(backend: Bac
 }
 
 both_backends!(a_downstream_down_longer_than_give_up_after_makes_no_dead_letter);
+
+/// A probe's failure counts toward neither its job's `max_attempts` nor
+/// its `give_up_after`: with one failure opening the circuit and at most
+/// two attempts per job, the probes go round three jobs (each failed
+/// probe's job goes behind the others) for longer than `give_up_after`,
+/// and none fails.
+fn probes_count_toward_neither_max_attempts_nor_give_up_after(backend: Backend) {
+    let ds = Downstream::start();
+    ds.set_down(true);
+    let extra = "circuit_failures = 1\nmax_attempts = 2";
+    let server = start(backend, &backend.config(config(&ds, extra)));
+    send(&server, "evt_p0");
+    wait_until(WAIT, "the circuit opens", || open_circuits(&server) == 1);
+    send(&server, "evt_p1");
+    send(&server, "evt_p2");
+    let attempts = || server.count("SELECT count(*) FROM attempts", &[]);
+    // Probes 200 ms, 400 ms, 800 ms, then 1 s apart: seven take over 4 s.
+    wait_until(WAIT, "seven probes", || attempts() >= 8);
+    assert_eq!(jobs_with(&server, "failed"), 0, "no probe failure counted");
+    let probed: Vec<i64> = ["evt_p0", "evt_p1", "evt_p2"]
+        .iter()
+        .map(|id| {
+            server.count(
+                "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id
+                  WHERE j.event_id = ?1",
+                &[id],
+            )
+        })
+        .collect();
+    assert!(
+        probed.iter().all(|n| *n >= 2),
+        "the probes went round the jobs, each past max_attempts: {probed:?}"
+    );
+    ds.set_down(false);
+    wait_until(WAIT, "every job done", || jobs_with(&server, "done") == 3);
+    assert_eq!(ds.total_effects(), 3);
+}
+
+both_backends!(probes_count_toward_neither_max_attempts_nor_give_up_after);
 
 /// With `health`, a probe is a GET of it: no job is attempted while it
 /// fails, and the jobs flow once it answers 2xx.
