@@ -20,12 +20,18 @@
 //! under the same lease: 200 is done without a send (`confirmed`), 404
 //! sends, anything else is a retry (`check`) with nothing sent.
 //!
+//! A job fails for good once its attempts have failed for its action's
+//! `give_up_after` (or used up an optional `max_attempts`). An action whose
+//! downstream keeps failing opens its circuit (`circuit.rs`): its jobs
+//! wait (pending, `waiting = 'circuit'`) while one probe at a time finds
+//! out when the downstream is back.
+//!
 //! Job life cycle:
 //! ```text
 //!   (claim) --> pending --take--> processing --2xx (or check 200)--> done
 //!               ^  |                |  |
-//!   pause/resume|  v   retryable &  |  +--4xx or attempts used up--> failed
-//!             paused   attempts left|                                  |
+//!   pause/resume|  v   retryable &  |  +--4xx or give_up_after-----> failed
+//!             paused   time left    |                                  |
 //!               ^                   v                                  |
 //!               +------------- pending (next_attempt_at = backoff) <---+ replay
 //!
