@@ -81,6 +81,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- its event), 'order' (an earlier job of its order key), or
     -- 'concurrency' / 'rate' (its action's limits; due again soon).
     waiting         TEXT,
+    -- When the job's attempts started failing (its first failed attempt),
+    -- moved later by the time it waited on an open circuit: it fails for
+    -- good once now - failing_since reaches give_up_after (version 4).
+    failing_since   INTEGER,
+    -- Failed attempts that were a circuit's probe: counted toward neither
+    -- max_attempts nor give_up_after (version 4).
+    probe_failures  INTEGER NOT NULL DEFAULT 0,
     UNIQUE (source, event_id, action)
 );
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs (status, next_attempt_at);
@@ -318,3 +325,24 @@ CREATE TABLE IF NOT EXISTS catchup_runs (
     error                TEXT,      -- the API's or the storage's, NULL when it went through
     next_run_after       INTEGER    -- unix ms: a Retry-After the API asked for
 );
+-- A forward action's circuit (a row once it has failed): consecutive
+-- failed attempts (connection error, timeout, 408, 429, 5xx), and while
+-- open (opened_at set) when the next probe is due and who runs it. Written
+-- in the transactions that record attempts, so every worker agrees.
+CREATE TABLE IF NOT EXISTS circuits (
+    source        TEXT NOT NULL,
+    action        TEXT NOT NULL,
+    failures      INTEGER NOT NULL DEFAULT 0,
+    opened_at     INTEGER,          -- NULL while closed
+    next_probe_at INTEGER,          -- when open: the next probe's due time
+    probes        INTEGER NOT NULL DEFAULT 0,   -- failed probes since it opened
+    opened_count  INTEGER NOT NULL DEFAULT 0,   -- times it opened (idemhook_circuit_opened_total)
+    probe_owner   TEXT,             -- the worker running the probe now
+    probe_until   INTEGER,          -- after this, another worker may probe
+    updated_at    INTEGER NOT NULL,
+    PRIMARY KEY (source, action)
+);
+-- The jobs waiting on an open circuit (pending, no due time), oldest
+-- first: the probe is the first, and a failed probe's job goes last.
+CREATE INDEX IF NOT EXISTS jobs_circuit ON jobs (source, action, updated_at)
+    WHERE waiting = 'circuit';

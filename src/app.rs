@@ -239,6 +239,7 @@ impl<B: Backend> App<B> {
                 .oldest_pending
                 .map(|at| ((crate::time::now_ms() - at).max(0) as f64) / 1000.0)
                 .unwrap_or(0.0);
+            g.circuits = counts.circuits;
             g
         });
         let mut out = self.metrics.render(jobs.as_ref(), &storage);

@@ -97,6 +97,12 @@ pub enum Command {
         #[arg(value_name = "SOURCE/ACTION")]
         target: String,
     },
+    /// Make an open circuit's next probe due now (the downstream is back).
+    Probe {
+        /// The forward action whose circuit to probe, as SOURCE/ACTION.
+        #[arg(value_name = "SOURCE/ACTION")]
+        target: String,
+    },
     /// Delete keys and bodies past their retention.
     Prune {
         /// Print what would be deleted; change nothing.
@@ -586,6 +592,7 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         }
         Command::Pause { target } => ops::pause::cmd(&config, &target, true),
         Command::Resume { target } => ops::pause::cmd(&config, &target, false),
+        Command::Probe { target } => ops::probe::cmd(&config, &target),
         Command::Prune { dry_run } => ops::prune::cmd(&config, dry_run),
         Command::Reconcile { json, check, yes } => ops::reconcile::cmd(&config, json, check, yes),
         Command::Erase {

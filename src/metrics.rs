@@ -79,6 +79,8 @@ pub struct JobGauges {
     pub paused: i64,
     pub superseded: i64,
     pub oldest_pending_age_secs: f64,
+    /// Each circuit row: (source, action, open, times it opened).
+    pub circuits: Vec<(String, String, bool, i64)>,
 }
 
 impl JobGauges {
@@ -109,6 +111,8 @@ pub struct Metrics {
     /// [action index][answer], rendered for actions with a `check` only.
     checks: Vec<[AtomicU64; 3]>,
     has_check: Vec<bool>,
+    /// [action index]: the forward action has a circuit.
+    has_circuit: Vec<bool>,
     pub claim_duration: Histogram,
     pub downstream_duration: Histogram,
     /// Log lines or records dropped because a queue was full.
@@ -134,8 +138,18 @@ impl Metrics {
                 })
             })
             .collect();
+        let has_circuit = config
+            .sources
+            .iter()
+            .flat_map(|s| {
+                s.actions.iter().map(|a| {
+                    matches!(&a.kind, crate::config::ActionKind::Forward(f) if f.circuit.is_some())
+                })
+            })
+            .collect();
         Metrics {
             started: Instant::now(),
+            has_circuit,
             checks: actions
                 .iter()
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
@@ -201,6 +215,7 @@ impl Metrics {
         self.render_actions(&mut out);
         if let Some(j) = jobs {
             render_jobs(&mut out, j);
+            self.render_circuits(&mut out, j);
         }
         self.render_process(&mut out, storage);
         self.catchup.render(&mut out, escape);
@@ -282,6 +297,45 @@ impl Metrics {
         out.push_str("# TYPE idemhook_downstream_duration_seconds histogram\n");
         self.downstream_duration
             .render(out, "idemhook_downstream_duration_seconds", "");
+    }
+
+    /// Each forward action's circuit, from its row in the database (so
+    /// every instance on one database says the same).
+    fn render_circuits(&self, out: &mut String, j: &JobGauges) {
+        let row = |s: &str, a: &str| {
+            j.circuits
+                .iter()
+                .find(|(source, action, _, _)| source == s && action == a)
+                .map_or((false, 0), |(_, _, open, n)| (*open, *n))
+        };
+        out.push_str("# HELP idemhook_circuit_open Whether the forward action's circuit is open (1) or closed (0).\n");
+        out.push_str("# TYPE idemhook_circuit_open gauge\n");
+        for (i, (s, a)) in self.actions.iter().enumerate() {
+            if self.has_circuit.get(i) == Some(&true) {
+                let _ = writeln!(
+                    out,
+                    "idemhook_circuit_open{{source=\"{}\",action=\"{}\"}} {}",
+                    escape(s),
+                    escape(a),
+                    u8::from(row(s, a).0)
+                );
+            }
+        }
+        out.push_str(
+            "# HELP idemhook_circuit_opened_total Times the forward action's circuit opened.\n",
+        );
+        out.push_str("# TYPE idemhook_circuit_opened_total counter\n");
+        for (i, (s, a)) in self.actions.iter().enumerate() {
+            if self.has_circuit.get(i) == Some(&true) {
+                let _ = writeln!(
+                    out,
+                    "idemhook_circuit_opened_total{{source=\"{}\",action=\"{}\"}} {}",
+                    escape(s),
+                    escape(a),
+                    row(s, a).1
+                );
+            }
+        }
     }
 
     /// The process and its storage: uptime, file sizes, the writer's counters.

@@ -853,15 +853,33 @@ fn describe_action(out: &mut String, a: &crate::config::Action) {
         ActionKind::Forward(f) => {
             let _ = writeln!(
                 out,
-                "  action {} (forward) on {types} -> {}; timeout {}, lease {}, {} attempts, retry {}..{}",
+                "  action {} (forward) on {types} -> {}; timeout {}, lease {}, gives up after {}{}, retry {}..{}",
                 a.name,
                 f.url,
                 format_duration(f.timeout),
                 format_duration(f.lease),
-                f.max_attempts,
+                format_duration(f.give_up_after),
+                f.max_attempts
+                    .map_or(String::new(), |n| format!(" or {n} attempts")),
                 format_duration(f.retry_initial),
                 format_duration(f.retry_max)
             );
+            match &f.circuit {
+                Some(c) => {
+                    let _ = writeln!(
+                        out,
+                        "    circuit: opens after {} consecutive failures; probes {} from {}",
+                        c.failures,
+                        c.health
+                            .as_ref()
+                            .map_or("the oldest waiting job", |_| "a GET of health"),
+                        format_duration(c.probe)
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "    circuit: none (circuit_failures = 0)");
+                }
+            }
             if let Some(check) = &f.check {
                 let _ = writeln!(out, "    check before a resend: GET {check}");
             }

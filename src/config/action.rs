@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::raw::RawAction;
 use super::values::{format_duration, opt_duration, parse_duration, resolve_secret, valid_name};
-use super::{Action, ActionKind, Control, Forward, Rate, is_builtin_param};
+use super::{Action, ActionKind, Circuit, Control, Forward, Rate, is_builtin_param};
 use crate::key::{Part, Rule};
 
 pub(super) fn resolve_action(mut ra: RawAction, base: &Path) -> Result<Action, String> {
@@ -50,6 +50,10 @@ fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
         ("rate", ra.rate.is_some()),
         ("order", ra.order.is_some()),
         ("supersede", ra.supersede.is_some()),
+        ("give_up_after", ra.give_up_after.is_some()),
+        ("circuit_failures", ra.circuit_failures.is_some()),
+        ("circuit_probe", ra.circuit_probe.is_some()),
+        ("health", ra.health.is_some()),
     ];
     if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
         return Err(format!("{key}: only forward actions take this key"));
@@ -223,10 +227,19 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
     if retry_max < retry_initial {
         return Err("retry_max: must not be shorter than retry_initial".to_string());
     }
-    let max_attempts = ra.max_attempts.unwrap_or(12);
-    if max_attempts == 0 {
+    if ra.max_attempts == Some(0) {
         return Err("max_attempts: must be at least 1".to_string());
     }
+    let max_attempts = ra.max_attempts;
+    let give_up_after = opt_duration(&ra.give_up_after, "give_up_after", "72h")?;
+    if give_up_after < lease {
+        return Err(format!(
+            "give_up_after: must not be shorter than lease ({} < {}): a job would fail for good within one attempt's hold",
+            format_duration(give_up_after),
+            format_duration(lease)
+        ));
+    }
+    let circuit = circuit_of(ra, retry_max)?;
     let sign_secret = match &ra.sign_secret {
         Some(spec) => Some(resolve_secret(spec, base).map_err(|e| format!("sign_secret: {e}"))?),
         None => None,
@@ -235,6 +248,8 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
         url,
         timeout,
         max_attempts,
+        give_up_after,
+        circuit,
         retry_initial,
         retry_max,
         lease,
@@ -247,6 +262,42 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
         after: ra.after.take().unwrap_or_default(),
         control: control_of(ra)?,
     })))
+}
+
+/// `circuit_failures`, `circuit_probe` and `health`: the action's circuit
+/// (None with `circuit_failures = 0`).
+fn circuit_of(ra: &RawAction, retry_max: Duration) -> Result<Option<Circuit>, String> {
+    let failures = match ra.circuit_failures {
+        None => 5,
+        Some(n) if n < 0 => {
+            return Err(format!(
+                "circuit_failures: consecutive failed attempts that open the circuit, 0 for no circuit; got {n}"
+            ));
+        }
+        Some(n) => u32::try_from(n)
+            .map_err(|_| format!("circuit_failures: at most {}, got {n}", u32::MAX))?,
+    };
+    let probe = opt_duration(&ra.circuit_probe, "circuit_probe", "30s")?;
+    if probe.is_zero() {
+        return Err("circuit_probe: must be longer than 0s".to_string());
+    }
+    let health = match &ra.health {
+        None => None,
+        Some(url) if url.starts_with("http://") || url.starts_with("https://") => Some(url.clone()),
+        Some(url) => {
+            return Err(format!(
+                "health: expected an http:// or https:// URL, got {url:?}"
+            ));
+        }
+    };
+    if failures == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Circuit {
+        failures,
+        probe: probe.min(retry_max),
+        health,
+    }))
 }
 
 /// `concurrency`, `rate`, `order` and `supersede`: how a forward action's

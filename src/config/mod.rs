@@ -310,7 +310,15 @@ pub enum ActionKind {
 pub struct Forward {
     pub url: String,
     pub timeout: Duration,
-    pub max_attempts: u32,
+    /// An optional cap on attempts (no default); `give_up_after` is the
+    /// main end of a failing job.
+    pub max_attempts: Option<u32>,
+    /// A job fails for good once its attempts have failed this long (from
+    /// its first failed attempt, less the time it waited on an open
+    /// circuit).
+    pub give_up_after: Duration,
+    /// The action's circuit; None with `circuit_failures = 0`.
+    pub circuit: Option<Circuit>,
     pub retry_initial: Duration,
     pub retry_max: Duration,
     pub lease: Duration,
@@ -324,6 +332,17 @@ pub struct Forward {
     pub after: Vec<String>,
     /// Pacing and order of its deliveries.
     pub control: Control,
+}
+
+/// A forward action's circuit: `failures` consecutive failed attempts
+/// open it; while open, one probe at a time, the first `probe` after it
+/// opened, doubling up to `retry_max`; `health` is what a probe GETs
+/// (None: the oldest waiting job is the probe).
+#[derive(Debug, Clone)]
+pub struct Circuit {
+    pub failures: u32,
+    pub probe: Duration,
+    pub health: Option<String>,
 }
 
 /// A forward action's delivery control: at most `concurrency` attempts in

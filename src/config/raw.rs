@@ -101,4 +101,8 @@ pub(super) struct RawAction {
     pub(super) rate: Option<String>,
     pub(super) order: Option<Vec<String>>,
     pub(super) supersede: Option<String>,
+    pub(super) give_up_after: Option<String>,
+    pub(super) circuit_failures: Option<i64>,
+    pub(super) circuit_probe: Option<String>,
+    pub(super) health: Option<String>,
 }

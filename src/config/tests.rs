@@ -642,3 +642,56 @@ fn an_sql_action_that_would_end_the_claims_transaction_is_refused() {
         assert!(with(sql).is_ok(), "{sql}");
     }
 }
+
+#[test]
+fn give_up_after_and_the_circuit_default_and_bad_values_name_the_key() {
+    let c = with_actions(&forward_action("f", "")).unwrap();
+    let ActionKind::Forward(f) = &c.source("s").unwrap().action("f").unwrap().kind else {
+        panic!("f is a forward action");
+    };
+    assert_eq!(f.give_up_after, Duration::from_secs(72 * 3600));
+    assert_eq!(f.max_attempts, None, "no attempt cap by default");
+    let circuit = f.circuit.as_ref().expect("a circuit by default");
+    assert_eq!(circuit.failures, 5);
+    assert_eq!(circuit.probe, Duration::from_secs(30));
+    assert_eq!(circuit.health, None);
+
+    let c = with_actions(&forward_action(
+        "f",
+        "circuit_failures = 0\nmax_attempts = 12\ngive_up_after = \"2h\"",
+    ))
+    .unwrap();
+    let ActionKind::Forward(f) = &c.source("s").unwrap().action("f").unwrap().kind else {
+        panic!("f is a forward action");
+    };
+    assert!(f.circuit.is_none(), "0 turns the circuit off");
+    assert_eq!(f.max_attempts, Some(12));
+    assert_eq!(f.give_up_after, Duration::from_secs(7200));
+
+    let cases = [
+        (
+            forward_action("f", "give_up_after = \"30s\""),
+            "actions[0] (f).give_up_after: must not be shorter than lease",
+        ),
+        (
+            forward_action("f", "circuit_failures = -1"),
+            "actions[0] (f).circuit_failures: consecutive failed attempts",
+        ),
+        (
+            forward_action("f", "health = \"ftp://x/healthz\""),
+            "actions[0] (f).health: expected an http:// or https:// URL",
+        ),
+        (
+            forward_action("f", "circuit_probe = \"0s\""),
+            "actions[0] (f).circuit_probe: must be longer than 0s",
+        ),
+        (
+            format!("{}{}", sql_action("c"), "give_up_after = \"1h\"\n"),
+            "actions[0] (c).give_up_after: only forward actions take this key",
+        ),
+    ];
+    for (actions, want) in cases {
+        let e = with_actions(&actions).unwrap_err().to_string();
+        assert!(e.contains(want), "expected {want:?} in {e:?}");
+    }
+}

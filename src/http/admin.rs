@@ -92,6 +92,9 @@ fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, token: &str, by_cookie
                 pause_or_resume(app, source, action, pausing)
             })
         }
+        ["api", "actions", source, action, "probe"] => {
+            only(rq, "POST", |_| probe_route(app, source, action))
+        }
         ["api", "reconcile"] => match rq.method {
             "GET" | "HEAD" => reconcile_route(app, rq),
             "POST" => reconcile_apply(app, rq),
@@ -625,6 +628,22 @@ fn pause_or_resume<B: Backend>(app: &App<B>, source: &str, action: &str, pausing
     match result {
         Ok(v) => {
             if !pausing && v["jobs_resumed"].as_u64().unwrap_or(0) > 0 {
+                (app.wake_outbox)();
+            }
+            Reply::json(200, &v)
+        }
+        Err(e) => op_error(e),
+    }
+}
+
+fn probe_route<B: Backend>(app: &App<B>, source: &str, action: &str) -> Reply {
+    let config = app.config.clone();
+    let (source, action) = (source.to_string(), action.to_string());
+    match write(app, move |db| {
+        crate::ops::probe::probe(db, &config, &source, &action, now_ms())
+    }) {
+        Ok(v) => {
+            if v["probe_due"].as_bool() == Some(true) {
                 (app.wake_outbox)();
             }
             Reply::json(200, &v)

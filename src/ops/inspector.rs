@@ -38,6 +38,10 @@ pub fn actions(db: &Db<'_>, config: &Config) -> Result<Value, OpError> {
     for p in paused::all(db)? {
         paused_at.insert((p.source, p.action), p.paused_at);
     }
+    let mut circuit_rows = std::collections::HashMap::new();
+    for c in crate::store::circuits::all(db)? {
+        circuit_rows.insert((c.source.clone(), c.action.clone()), c);
+    }
     let mut out = Vec::new();
     for source in &config.sources {
         for action in &source.actions {
@@ -57,10 +61,36 @@ pub fn actions(db: &Db<'_>, config: &Config) -> Result<Value, OpError> {
                 "paused": paused_at.is_some(),
                 "paused_at": paused_at.map(|ms| ms_to_secs(*ms)),
                 "counts": c,
+                "circuit": circuit_json(
+                    action,
+                    circuit_rows.get(&(source.name.clone(), action.name.clone())),
+                ),
             }));
         }
     }
     Ok(Value::Array(out))
+}
+
+/// A forward action's circuit: `{state: "closed" | "open", failures,
+/// opened_at, next_probe_at}`; null for an action without one.
+fn circuit_json(
+    action: &crate::config::Action,
+    row: Option<&crate::store::circuits::CircuitRow>,
+) -> Value {
+    let has_circuit = match &action.kind {
+        crate::config::ActionKind::Forward(f) => f.circuit.is_some(),
+        crate::config::ActionKind::Sql { .. } => false,
+    };
+    if !has_circuit {
+        return Value::Null;
+    }
+    let opened_at = row.and_then(|r| r.opened_at);
+    json!({
+        "state": if opened_at.is_some() { "open" } else { "closed" },
+        "failures": row.map_or(0, |r| r.failures),
+        "opened_at": opened_at.map(ms_to_secs),
+        "next_probe_at": row.and_then(|r| r.next_probe_at).map(ms_to_secs),
+    })
 }
 
 /// Per-minute delivery counts of minutes that are over, kept between

@@ -18,6 +18,7 @@ pub mod inspector;
 pub mod migrate;
 pub mod open;
 pub mod pause;
+pub mod probe;
 pub mod prune;
 pub mod reconcile;
 pub mod reingest;

@@ -71,6 +71,9 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
     let paused = paused_actions(db)?;
     counts.push(("paused", paused.len() as i64));
     lists.push(("paused", Value::Array(paused)));
+    let circuits = open_circuits(db)?;
+    counts.push(("circuits", circuits.len() as i64));
+    lists.push(("circuits", Value::Array(circuits)));
 
     let clean = counts.iter().all(|(name, n)| *n == 0 || *name == "waiting");
     let mut out = json!({ "clean": clean });
@@ -126,6 +129,24 @@ fn paused_actions(db: &Db<'_>) -> Result<Vec<Value>, OpError> {
             })
         })
         .collect())
+}
+
+/// The open circuits: when each opened, its consecutive failures, when
+/// its next probe is due and how many jobs wait on it.
+fn open_circuits(db: &Db<'_>) -> Result<Vec<Value>, OpError> {
+    let mut out = Vec::new();
+    for c in crate::store::circuits::open(db)? {
+        let waiting = crate::store::circuits::waiting_count(db, &c.source, &c.action)?;
+        out.push(json!({
+            "source": c.source,
+            "action": c.action,
+            "opened_at": secs(c.opened_at),
+            "failures": c.failures,
+            "next_probe_at": secs(c.next_probe_at),
+            "waiting": waiting,
+        }));
+    }
+    Ok(out)
 }
 
 /// The jobs a parked job waits for: the actions its `after` names that are
@@ -444,7 +465,7 @@ fn render(report: &Value) -> String {
     if clean {
         let _ = writeln!(
             out,
-            "clean: no stuck, overdue or failed jobs and no paused action has waiting jobs"
+            "clean: no stuck, overdue or failed jobs, no paused action has waiting jobs, no circuit is open"
         );
         // Jobs held by `after` do not make the report unclean, but are
         // listed, as in the JSON.
@@ -492,6 +513,25 @@ fn render(report: &Value) -> String {
             cell(&p["waiting"]),
             cell(&p["source"]),
             cell(&p["action"]),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "circuits: {} open (the downstream is failing; one probe at a time, jobs wait without spending attempts)",
+        counts["circuits"]
+    );
+    for c in list(&report["circuits"]) {
+        let _ = writeln!(
+            out,
+            "  {}/{}  open since {}  {} failure(s)  next probe {}  {} job(s) waiting: idemhook probe {}/{} to probe now",
+            cell(&c["source"]),
+            cell(&c["action"]),
+            fmt_json_time(&c["opened_at"]),
+            cell(&c["failures"]),
+            fmt_json_time(&c["next_probe_at"]),
+            cell(&c["waiting"]),
+            cell(&c["source"]),
+            cell(&c["action"]),
         );
     }
     if let Some(checks) = checks {

@@ -20,12 +20,18 @@
 //! under the same lease: 200 is done without a send (`confirmed`), 404
 //! sends, anything else is a retry (`check`) with nothing sent.
 //!
+//! A job fails for good once its attempts have failed for its action's
+//! `give_up_after` (or used up an optional `max_attempts`). An action whose
+//! downstream keeps failing opens its circuit (`circuit.rs`): its jobs
+//! wait (pending, `waiting = 'circuit'`) while one probe at a time finds
+//! out when the downstream is back.
+//!
 //! Job life cycle:
 //! ```text
 //!   (claim) --> pending --take--> processing --2xx (or check 200)--> done
 //!               ^  |                |  |
-//!   pause/resume|  v   retryable &  |  +--4xx or attempts used up--> failed
-//!             paused   attempts left|                                  |
+//!   pause/resume|  v   retryable &  |  +--4xx or give_up_after-----> failed
+//!             paused   time left    |                                  |
 //!               ^                   v                                  |
 //!               +------------- pending (next_attempt_at = backoff) <---+ replay
 //!
@@ -56,6 +62,7 @@ use crate::store::tx::OutboxTx;
 use crate::time::now_ms;
 use crate::verify::{Scheme, Verifier};
 
+pub mod circuit;
 mod control;
 mod steps;
 mod worker;
@@ -152,7 +159,16 @@ impl Outbox {
                     tx.release_parked(now)
                 })
                 .context("cannot release the jobs waiting for other actions")?;
+            // Circuits of actions that no longer have one close; jobs
+            // waiting on a circuit that is not open are due.
+            let config = config.clone();
+            backend
+                .jobs(&mut backend.session(), Guard::Savepoint, move |tx| {
+                    circuit::close_unconfigured(tx, &config, now)
+                })
+                .context("cannot close the circuits of actions without one")?;
         }
+        let clean = Arc::new(circuit::Clean::default());
         let nonce = fastrand::u32(..);
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
@@ -167,6 +183,7 @@ impl Outbox {
                 waker: waker.clone(),
                 stop: stop.clone(),
                 in_flight: in_flight.clone(),
+                clean: clean.clone(),
             };
             let handle = std::thread::Builder::new()
                 .name(format!("idemhook-forward-{i}"))
@@ -263,6 +280,28 @@ struct Leased {
     /// The action has a `check` and an earlier attempt may have had its
     /// effect: ask the downstream before sending.
     needs_check: bool,
+    /// When its attempts started failing (`give_up_after`'s clock).
+    failing_since: Option<i64>,
+    /// Its failed attempts that were a probe (not counted).
+    probe_failures: i64,
+    /// This attempt is its action's circuit probe.
+    probe: bool,
+}
+
+/// An open circuit's probe by its `health` GET, claimed by this worker.
+#[derive(Debug)]
+struct HealthProbe {
+    source: String,
+    action: String,
+    url: String,
+    timeout: Duration,
+}
+
+/// What one take leased: jobs, health probes, and when to look again.
+struct Taken {
+    jobs: Vec<Leased>,
+    health: Vec<HealthProbe>,
+    next_due: Option<i64>,
 }
 
 /// What one attempt came to.
@@ -308,9 +347,8 @@ mod tests {
         )
         .unwrap();
         for now in [1_000, 2_000, 3_000] {
-            let (taken, _) =
-                take(&mut SqliteTx::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
-            assert!(taken.is_empty());
+            let taken = take(&mut SqliteTx::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
+            assert!(taken.jobs.is_empty());
         }
         use crate::store::sqlite::{DUE_JOBS, EXPIRED_JOBS};
         for sql in [EXPIRED_JOBS, DUE_JOBS] {
@@ -326,5 +364,68 @@ mod tests {
             bound.query([now, 16]).unwrap().next().unwrap();
         }
         assert_eq!(bound.get_status(StatementStatus::RePrepare), 2);
+    }
+
+    /// An open circuit with 100,000 jobs waiting on it costs a take what
+    /// one with 10 does: the waiting jobs are out of the take query's way
+    /// and the probe's pick is one step down `jobs_circuit` (counted in
+    /// SQLite VM steps, so the test does not depend on the machine).
+    #[test]
+    fn an_open_circuit_with_100000_waiting_jobs_costs_a_take_nothing_more() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let config = Config::parse(
+            "[sources.s]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\n\
+             [[sources.s.actions]]\nname = \"a\"\nforward = \"http://127.0.0.1:9/\"\n",
+            "unit",
+            std::path::Path::new("/"),
+            None,
+        )
+        .unwrap();
+        let steps_of_a_take = |waiting: i64| -> (u64, Duration) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut conn = crate::store::sqlite::open(
+                &dir.path().join("waiting.db"),
+                crate::config::Durability::Normal,
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            crate::store::sqlite::migrate(&mut conn).unwrap();
+            conn.execute_batch(&format!(
+                "INSERT INTO circuits (source, action, failures, opened_at, next_probe_at, probes,
+                                       opened_count, updated_at)
+                 VALUES ('s', 'a', 5, 1000, 2000, 0, 1, 1000);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {waiting})
+                 INSERT INTO jobs (source, event_id, action, kind, status, next_attempt_at,
+                                   created_at, updated_at, waiting)
+                 SELECT 's', 'e' || i, 'a', 'forward', 'pending', NULL, i, i, 'circuit' FROM n;
+                 ANALYZE;"
+            ))
+            .unwrap();
+            // Warm the statement cache, then count one take's steps.
+            take(&mut SqliteTx::new(&conn), &config, "w", 1_500, TAKE_BATCH).unwrap();
+            let steps = std::sync::Arc::new(AtomicU64::new(0));
+            let counter = steps.clone();
+            conn.progress_handler(
+                1,
+                Some(move || {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    false
+                }),
+            )
+            .unwrap();
+            let clock = std::time::Instant::now();
+            let taken = take(&mut SqliteTx::new(&conn), &config, "w", 1_500, TAKE_BATCH).unwrap();
+            let took = clock.elapsed();
+            assert!(taken.jobs.is_empty(), "the probe is not due yet");
+            assert_eq!(taken.next_due, Some(2_000), "the next look is the probe's");
+            (steps.load(Ordering::Relaxed), took)
+        };
+        let (few, _) = steps_of_a_take(10);
+        let (many, took) = steps_of_a_take(100_000);
+        assert!(
+            few > 0 && many <= few + few / 2,
+            "a take with 100,000 jobs waiting ran {many} VM steps, with 10 {few}"
+        );
+        eprintln!("take with 100,000 jobs waiting on an open circuit: {many} VM steps, {took:?}");
     }
 }

@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use super::circuit;
 use super::control::{self, Slot};
-use super::{Attempt, Leased};
+use super::{Attempt, HealthProbe, Leased, Taken};
 use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
 use crate::ingest::refresh_event_state_in;
+use crate::retry::Verdict;
 use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::StoreError;
+use crate::store::circuits;
 use crate::store::tx::TAKE_BATCH;
 use crate::store::tx::{Candidate, CheckRow, ForwardEvent, NewAttempt, OutboxTx};
 
@@ -51,8 +54,9 @@ fn takeover_grace(lease: Duration) -> Duration {
 }
 
 /// Takes up to `TAKE_BATCH` due jobs for `owner`: expired leases first, then
-/// pending jobs in due order. Returns them with the earliest time another
-/// job falls due, for the worker's sleep.
+/// pending jobs in due order, and the probes of open circuits that are due.
+/// Returns them with the earliest time another job or probe falls due,
+/// for the worker's sleep.
 /// Leases at most `batch` jobs (at most [`TAKE_BATCH`]).
 pub(super) fn take<T: OutboxTx>(
     tx: &mut T,
@@ -60,11 +64,12 @@ pub(super) fn take<T: OutboxTx>(
     owner: &str,
     local_now: i64,
     batch: usize,
-) -> Result<(Vec<Leased>, Option<i64>), StoreError> {
+) -> Result<Taken, StoreError> {
     // Decided by the storage's clock; what goes back to the worker (when
     // its lease ends, when to look again) by its own.
     let now = tx.clock(local_now)?;
     let skew = now - local_now;
+    let open = circuit::OpenCircuits::load(tx, config)?;
     let mut candidates: Vec<Candidate> = tx.expired_jobs(now)?;
     candidates.extend(tx.due_jobs(now)?);
     let mut taken = Vec::new();
@@ -72,15 +77,133 @@ pub(super) fn take<T: OutboxTx>(
         if taken.len() >= batch.min(TAKE_BATCH) {
             break;
         }
+        if open.is_open(&candidate.source, &candidate.action) {
+            // Its circuit is open: a due job waits on it, out of the take
+            // query's way; so does one whose lease ran out, its cut-short
+            // attempt recorded as a takeover would.
+            let (id, n) = (candidate.job_id, candidate.n_before);
+            if candidate.pending {
+                circuits::park(&tx.db(), id, n, now)?;
+            } else if circuits::park_lapsed(&tx.db(), id, n, now)? {
+                let previous_owner = candidate.previous_owner.as_deref();
+                tx.record_cut_short(id, n, candidate.leased_at, now, previous_owner)?;
+            }
+            continue;
+        }
         if let Some(job) = take_one(tx, config, owner, now, candidate)? {
             taken.push(job);
+        }
+    }
+    let mut health = Vec::new();
+    let mut next_due = tx.next_due()?;
+    for row in open.rows() {
+        let (source, action) = (row.source.as_str(), row.action.as_str());
+        // A pause wins: no probes while paused.
+        if tx.is_paused(source, action)? {
+            continue;
+        }
+        let due = circuit::due_at(row);
+        if due.is_some_and(|at| at > now) {
+            next_due = earliest(next_due, due);
+            continue;
+        }
+        match probe(tx, config, owner, now, row)? {
+            Probe::Job(job) => taken.push(*job),
+            Probe::Health(h) => health.push(h),
+            Probe::Nothing => {}
         }
     }
     for job in &mut taken {
         job.lease_ends -= skew;
     }
-    let next_due = tx.next_due()?.map(|at| at - skew);
-    Ok((taken, next_due))
+    Ok(Taken {
+        jobs: taken,
+        health,
+        next_due: next_due.map(|at| at - skew),
+    })
+}
+
+fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What a due probe of an open circuit came to in this take.
+enum Probe {
+    Job(Box<Leased>),
+    Health(HealthProbe),
+    /// Another worker claimed it, or no job waits to be the probe.
+    Nothing,
+}
+
+/// Claims the due probe of an open circuit: its `health` GET, else the
+/// job that has waited longest, leased as a real attempt.
+fn probe<T: OutboxTx>(
+    tx: &mut T,
+    config: &Config,
+    owner: &str,
+    now: i64,
+    row: &circuits::CircuitRow,
+) -> Result<Probe, StoreError> {
+    let (source, action) = (row.source.as_str(), row.action.as_str());
+    let Some(fwd) = forward_action(config, source, action) else {
+        return Ok(Probe::Nothing);
+    };
+    let Some(circuit) = &fwd.circuit else {
+        return Ok(Probe::Nothing);
+    };
+    let hold =
+        i64::try_from((fwd.lease + takeover_grace(fwd.lease)).as_millis()).unwrap_or(i64::MAX / 4);
+    if let Some(url) = &circuit.health {
+        if !circuits::claim_probe(&tx.db(), source, action, owner, now + hold, now)? {
+            return Ok(Probe::Nothing);
+        }
+        return Ok(Probe::Health(HealthProbe {
+            source: source.to_string(),
+            action: action.to_string(),
+            url: url.clone(),
+            timeout: fwd.timeout,
+        }));
+    }
+    let Some(waiting) = circuits::oldest_waiting(&tx.db(), source, action)? else {
+        return Ok(Probe::Nothing);
+    };
+    if !circuits::claim_probe(&tx.db(), source, action, owner, now + hold, now)? {
+        return Ok(Probe::Nothing);
+    }
+    if !circuits::unpark_for_probe(&tx.db(), &waiting, now)? {
+        circuit::probe_released(tx, source, action, owner, now)?;
+        return Ok(Probe::Nothing);
+    }
+    let failing_since = waiting
+        .failing_since
+        .map(|at| at + (now - waiting.updated_at));
+    let candidate = Candidate {
+        job_id: waiting.job_id,
+        source: source.to_string(),
+        event_id: waiting.event_id,
+        action: action.to_string(),
+        n_before: waiting.n_attempts,
+        leased_at: now,
+        previous_owner: None,
+        pending: true,
+        failing_since,
+        probe_failures: waiting.probe_failures,
+    };
+    match take_one(tx, config, owner, now, candidate)? {
+        Some(mut job) => {
+            job.probe = true;
+            Ok(Probe::Job(Box::new(job)))
+        }
+        None => {
+            // Held back (its `after`, its order, a slot) or ended: the
+            // next probe is another job, at once.
+            circuit::probe_released(tx, source, action, owner, now)?;
+            Ok(Probe::Nothing)
+        }
+    }
 }
 
 /// Leases one candidate, unless its action is gone, it waits for an
@@ -113,6 +236,8 @@ fn take_one<T: OutboxTx>(
         event_id,
         action,
         n_before,
+        failing_since,
+        probe_failures,
         ..
     } = candidate;
     let Some(ForwardEvent {
@@ -121,11 +246,14 @@ fn take_one<T: OutboxTx>(
         content_type,
     }) = tx.forward_event(&source, &event_id)?
     else {
+        let job = JobRef {
+            job_id,
+            source: &source,
+            event_id: &event_id,
+        };
         fail_and_refresh(
             tx,
-            job_id,
-            &source,
-            &event_id,
+            job,
             now,
             "the stored body was erased or pruned; nothing to forward",
         )?;
@@ -153,6 +281,9 @@ fn take_one<T: OutboxTx>(
         body,
         content_type,
         needs_check,
+        failing_since,
+        probe_failures,
+        probe: false,
     }))
 }
 
@@ -237,14 +368,26 @@ fn budget_after_takeover<T: OutboxTx>(
         // ran out (crash, or a hang past the lease).
         let previous_owner = candidate.previous_owner.as_deref();
         tx.record_cut_short(job_id, n_before, candidate.leased_at, now, previous_owner)?;
-        if n_before - budget_base >= i64::from(fwd.max_attempts) {
+        let counted = n_before - budget_base - candidate.probe_failures;
+        let used_up = fwd.max_attempts.is_some_and(|m| counted >= i64::from(m));
+        let too_long = candidate
+            .failing_since
+            .is_some_and(|at| now - at >= ms(fwd.give_up_after));
+        if used_up || too_long {
+            let job = JobRef {
+                job_id,
+                source: &candidate.source,
+                event_id: &candidate.event_id,
+            };
             fail_and_refresh(
                 tx,
-                job_id,
-                &candidate.source,
-                &candidate.event_id,
+                job,
                 now,
-                "max_attempts reached (the last attempt was cut short)",
+                if used_up {
+                    "max_attempts reached (the last attempt was cut short)"
+                } else {
+                    "give_up_after reached (the last attempt was cut short)"
+                },
             )?;
             return Ok(None);
         }
@@ -252,18 +395,38 @@ fn budget_after_takeover<T: OutboxTx>(
     Ok(Some(budget_base))
 }
 
+/// Which job a step that ends one is about.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRef<'a> {
+    pub job_id: i64,
+    pub source: &'a str,
+    pub event_id: &'a str,
+}
+
 /// Fails a job with `error` and brings its event's state up to date.
 fn fail_and_refresh<T: OutboxTx>(
     tx: &mut T,
-    job_id: i64,
-    source: &str,
-    event_id: &str,
+    job: JobRef<'_>,
     now: i64,
     error: &str,
 ) -> Result<(), StoreError> {
-    fail_job(tx, job_id, now, error)?;
-    refresh_event_state_in(tx, source, event_id, now)?;
-    Ok(())
+    let status = fail_job(tx, job.job_id, now, error)?;
+    if status == JobStatus::Failed {
+        dead_letter(tx, job, now)
+    } else {
+        refresh_event_state_in(tx, job.source, job.event_id, now).map(|_| ())
+    }
+}
+
+/// A forward job failed for good (a dead letter), in the transaction that
+/// wrote its status: its event's state follows (failed). The one place
+/// every dead letter of the outbox passes, after the job's row says so.
+pub fn dead_letter<T: OutboxTx>(tx: &mut T, job: JobRef<'_>, now: i64) -> Result<(), StoreError> {
+    refresh_event_state_in(tx, job.source, job.event_id, now).map(|_| ())
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
 /// The forward action a job belongs to, if the config still has it.
@@ -319,9 +482,15 @@ fn park<T: OutboxTx>(
     tx.park(job_id, n_attempts, &reason, now)
 }
 
-fn fail_job<T: OutboxTx>(tx: &mut T, job_id: i64, now: i64, error: &str) -> Result<(), StoreError> {
+fn fail_job<T: OutboxTx>(
+    tx: &mut T,
+    job_id: i64,
+    now: i64,
+    error: &str,
+) -> Result<JobStatus, StoreError> {
     let status = failed_status(tx, job_id)?;
-    tx.end_job(job_id, now, error, status.as_str())
+    tx.end_job(job_id, now, error, status.as_str())?;
+    Ok(status)
 }
 
 /// The status a job takes when an attempt fails for good: `failed`, except
@@ -337,7 +506,20 @@ fn failed_status<T: OutboxTx>(tx: &mut T, job_id: i64) -> Result<JobStatus, Stor
     })
 }
 
+/// What an attempt that is not a probe tells its action's circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CircuitNote {
+    /// Nothing to write: no circuit, another 4xx, or a 2xx while this
+    /// instance knows the count is 0 already.
+    Nothing,
+    /// A 2xx: the count goes back to 0 (an open circuit closes).
+    Success,
+    /// A failure that says the downstream is down.
+    Failure,
+}
+
 /// Records an attempt's result, if this worker still owns the job.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn complete<T: OutboxTx>(
     tx: &mut T,
     config: &Config,
@@ -346,6 +528,7 @@ pub(super) fn complete<T: OutboxTx>(
     outcome: AttemptOutcome,
     next_attempt_at: Option<i64>,
     a: &Attempt,
+    note: CircuitNote,
 ) -> Result<(), StoreError> {
     let status = match outcome {
         AttemptOutcome::Ok => JobStatus::Done,
@@ -399,7 +582,19 @@ pub(super) fn complete<T: OutboxTx>(
         response_head: a.response_head.as_deref(),
         worker: Some(owner),
     })?;
-    refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
+    if status == JobStatus::Failed {
+        let dead = JobRef {
+            job_id: job.job_id,
+            source: &job.source,
+            event_id: &job.event_id,
+        };
+        dead_letter(tx, dead, a.finished_at)?;
+    } else {
+        refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
+    }
+    if outcome == AttemptOutcome::Retry && !job.probe && job.failing_since.is_none() {
+        circuits::start_failing(&tx.db(), job.job_id, a.started_at)?;
+    }
     if let Some(fwd) = forward_action(config, &job.source, &job.action) {
         if status == JobStatus::Done {
             control::mark_delivered(tx, fwd, job.job_id, &job.body)?;
@@ -407,8 +602,42 @@ pub(super) fn complete<T: OutboxTx>(
         if fwd.control.concurrency.is_some() {
             control::release_slot(tx, &job.source, &job.action, a.finished_at)?;
         }
+        if let Some(c) = &fwd.circuit {
+            record_in_circuit(tx, c, fwd.retry_max, job, owner, a, note)?;
+        }
     }
     Ok(())
+}
+
+/// What the attempt tells its action's circuit, in the transaction that
+/// records it: a probe closes it, fails (its job goes behind the others,
+/// the failure not counted) or ends without a verdict (a 4xx); another
+/// attempt counts as `note` says.
+fn record_in_circuit<T: OutboxTx>(
+    tx: &mut T,
+    c: &crate::config::Circuit,
+    retry_max: Duration,
+    job: &Leased,
+    owner: &str,
+    a: &Attempt,
+    note: CircuitNote,
+) -> Result<(), StoreError> {
+    let (source, action, now) = (job.source.as_str(), job.action.as_str(), a.finished_at);
+    if job.probe {
+        return match a.verdict {
+            Verdict::Done => circuit::close_circuit(tx, source, action, now).map(|_| ()),
+            Verdict::Retry => {
+                circuit::probe_failed(tx, c, retry_max, (source, action), owner, now)?;
+                circuits::probe_job_back(&tx.db(), job.job_id, now)
+            }
+            Verdict::Fail => circuit::probe_released(tx, source, action, owner, now),
+        };
+    }
+    match note {
+        CircuitNote::Nothing => Ok(()),
+        CircuitNote::Success => circuit::count_success(tx, source, action, now),
+        CircuitNote::Failure => circuit::count_failure(tx, c, source, action, now),
+    }
 }
 
 /// Gives back a job taken but not sent, recording the check asked for
@@ -430,5 +659,13 @@ pub(super) fn give_back<T: OutboxTx>(
     } else {
         JobStatus::Pending
     };
-    tx.give_back(id, owner, n, status.as_str())
+    tx.give_back(id, owner, n, status.as_str())?;
+    // Were it the probe, the next probe may start at once (a no-op
+    // otherwise: the circuit's probe is not this worker's).
+    let now = now_of(tx)?;
+    circuit::probe_released(tx, source, action, owner, now)
+}
+
+fn now_of<T: OutboxTx>(tx: &mut T) -> Result<i64, StoreError> {
+    tx.clock(crate::time::now_ms())
 }

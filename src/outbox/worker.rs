@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::steps::{complete, give_back, record_check_in, take};
-use super::{Attempt, Leased, Waker};
+use super::circuit::{self, Clean};
+use super::steps::{CircuitNote, complete, give_back, record_check_in, take};
+use super::{Attempt, HealthProbe, Leased, Taken, Waker};
 use crate::check::{self, Asked};
 use crate::config::{ActionKind, Config, Forward};
 use crate::metrics::Metrics;
@@ -19,7 +20,7 @@ use crate::retry::{self, Verdict};
 use crate::state::{Answer, AttemptOutcome};
 use crate::store::StoreError;
 use crate::store::backend::{Backend, Guard};
-use crate::store::tx::TAKE_BATCH;
+use crate::store::tx::{OutboxTx, TAKE_BATCH};
 use crate::time::now_ms;
 use crate::verify::Verifier;
 
@@ -40,6 +41,8 @@ pub(super) struct Worker<B: Backend> {
     pub(super) waker: Waker,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) in_flight: Arc<AtomicUsize>,
+    /// The actions this instance knows to have no failures counted.
+    pub(super) clean: Arc<Clean>,
 }
 
 /// Whether the forward workers' storage is failing now: the first worker
@@ -86,7 +89,11 @@ impl<B: Backend> Worker<B> {
             // Leases and completions fail only when storage does: no
             // savepoint of their own (Guard::Group).
             let taken = self.jobs(move |tx| take(tx, &config, &owner, now_ms(), batch));
-            let (jobs, next_due) = match taken {
+            let Taken {
+                jobs,
+                health,
+                next_due,
+            } = match taken {
                 Ok(t) => {
                     storage_back();
                     t
@@ -97,6 +104,9 @@ impl<B: Backend> Worker<B> {
                     continue;
                 }
             };
+            for probe in health {
+                self.probe_health(probe);
+            }
             if jobs.is_empty() {
                 let max_idle = crate::failpoint::duration("outbox.idle").unwrap_or(MAX_IDLE);
                 let wait = next_due
@@ -112,20 +122,34 @@ impl<B: Backend> Worker<B> {
                 // workers in.
                 self.waker.wake();
             }
+            // Actions whose downstream failed during this batch (their
+            // circuit may have opened): the rest of their jobs go back to
+            // the take, which holds them while it is open.
+            let mut failing: Vec<(String, String)> = Vec::new();
             for job in jobs {
                 // A job whose lease could run out during the call is given
                 // back rather than sent: once the lease ends another worker
                 // may take it, and two workers would send it at once.
                 // A check before the send may take a timeout of its own.
                 let calls = if job.needs_check { 2 } else { 1 };
-                let timeout = self.forward_of(&job.source, &job.action).map_or(0, |f| {
+                let fwd = self.forward_of(&job.source, &job.action);
+                let timeout = fwd.map_or(0, |f| {
                     i64::try_from(f.timeout.as_millis()).unwrap_or(i64::MAX / 4) * calls
                 });
-                if self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends {
+                let has_circuit = fwd.is_some_and(|f| f.circuit.is_some());
+                let held = has_circuit
+                    && failing
+                        .iter()
+                        .any(|(s, a)| *s == job.source && *a == job.action);
+                if held || self.stop.load(Ordering::Relaxed) || now_ms() + timeout >= job.lease_ends
+                {
                     self.release(&job, None);
                     continue;
                 }
-                self.deliver(job);
+                let action = (job.source.clone(), job.action.clone());
+                if self.deliver(job) == Some(Verdict::Retry) && has_circuit {
+                    failing.push(action);
+                }
             }
         }
     }
@@ -137,16 +161,16 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    fn deliver(&self, job: Leased) {
-        let Some(fwd) = self.forward_of(&job.source, &job.action).cloned() else {
-            return;
-        };
+    /// Runs one attempt of a leased job and records it; its verdict, or
+    /// None when it was given back unsent.
+    fn deliver(&self, job: Leased) -> Option<Verdict> {
+        let fwd = self.forward_of(&job.source, &job.action).cloned()?;
         let clock = Instant::now();
         let asked = match &fwd.check {
             Some(template) if job.needs_check => match self.check_first(&job, &fwd, template) {
                 Some(asked) => Some(asked),
                 // Given back: no time left in the lease for the send.
-                None => return,
+                None => return None,
             },
             _ => None,
         };
@@ -164,13 +188,7 @@ impl<B: Backend> Worker<B> {
             }
         };
 
-        let outcome = match attempt.verdict {
-            Verdict::Done => AttemptOutcome::Ok,
-            Verdict::Retry if job.n - job.budget_base < i64::from(fwd.max_attempts) => {
-                AttemptOutcome::Retry
-            }
-            Verdict::Retry | Verdict::Fail => AttemptOutcome::Failed,
-        };
+        let outcome = outcome_of(&job, &fwd, &attempt);
         self.metrics.attempt(&job.source, &job.action, outcome);
         log_attempt(&job, outcome, &attempt, clock);
         let next_attempt_at = (outcome == AttemptOutcome::Retry).then(|| {
@@ -183,11 +201,13 @@ impl<B: Backend> Worker<B> {
             );
             attempt.finished_at + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2)
         });
+        let verdict = attempt.verdict;
         self.record(job, asked, outcome, next_attempt_at, attempt);
         if next_attempt_at.is_some() {
             // Another worker may be asleep past this retry's due time.
             self.waker.wake();
         }
+        Some(verdict)
     }
 
     /// Asks the downstream's `check` URL before a send. None when the
@@ -233,6 +253,24 @@ impl<B: Backend> Worker<B> {
     ) {
         let owner = self.owner.clone();
         let config = self.config.clone();
+        let has_circuit = self
+            .forward_of(&job.source, &job.action)
+            .is_some_and(|f| f.circuit.is_some());
+        // A success writes nothing while this instance knows the count
+        // is 0 already; a failure always does.
+        let note = match attempt.verdict {
+            _ if !has_circuit || job.probe => CircuitNote::Nothing,
+            Verdict::Done if self.clean.contains(&job.source, &job.action) => CircuitNote::Nothing,
+            Verdict::Done => CircuitNote::Success,
+            Verdict::Retry => CircuitNote::Failure,
+            Verdict::Fail => CircuitNote::Nothing,
+        };
+        if has_circuit {
+            let clean = attempt.verdict == Verdict::Done
+                || (attempt.verdict == Verdict::Fail
+                    && self.clean.contains(&job.source, &job.action));
+            self.clean.set(&job.source, &job.action, clean);
+        }
         let recorded = self.jobs_queued(Guard::Group, move |tx| {
             if let Some(asked) = &asked {
                 record_check_in(tx, job.job_id, job.n, &owner, asked)?;
@@ -245,6 +283,7 @@ impl<B: Backend> Worker<B> {
                 outcome,
                 next_attempt_at,
                 &attempt,
+                note,
             )
         });
         if recorded.is_err() {
@@ -257,6 +296,66 @@ impl<B: Backend> Worker<B> {
                     ("error", &"completion not recorded"),
                 ],
             );
+        }
+    }
+
+    /// Runs an open circuit's `health` probe claimed by this worker: a GET,
+    /// 2xx closes the circuit, anything else makes the next probe wait
+    /// twice as long. No job is touched.
+    fn probe_health(&self, probe: HealthProbe) {
+        let answer = self
+            .agent
+            .get(&probe.url)
+            .config()
+            .timeout_global(Some(probe.timeout))
+            .timeout_connect(Some(probe.timeout.min(Duration::from_secs(5))))
+            .build()
+            .call();
+        let (up, what) = match answer {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                let _ = response.body_mut().read_to_vec();
+                (
+                    retry::classify_status(status) == Verdict::Done,
+                    format!("answered {status}"),
+                )
+            }
+            Err(e) => (false, retry::classify_error(&e).1),
+        };
+        crate::log::info(
+            "circuit probe",
+            &[
+                ("source", &probe.source),
+                ("action", &probe.action),
+                ("up", &up),
+                ("health", &what),
+            ],
+        );
+        let Some(fwd) = self.forward_of(&probe.source, &probe.action).cloned() else {
+            return;
+        };
+        let Some(circuit) = fwd.circuit.clone() else {
+            return;
+        };
+        let owner = self.owner.clone();
+        let recorded = self.jobs(move |tx| {
+            let now = tx.clock(now_ms())?;
+            if up {
+                circuit::close_circuit(tx, &probe.source, &probe.action, now).map(|_| ())
+            } else {
+                circuit::probe_failed(
+                    tx,
+                    &circuit,
+                    fwd.retry_max,
+                    (&probe.source, &probe.action),
+                    &owner,
+                    now,
+                )
+            }
+        });
+        if up && recorded.is_ok() {
+            // Its waiting jobs are due now.
+            self.waker.wake();
         }
     }
 
@@ -378,6 +477,31 @@ impl Attempt {
             response_head: asked.response_head.clone(),
             retry_after: asked.retry_after,
             verdict: if found { Verdict::Done } else { Verdict::Retry },
+        }
+    }
+}
+
+/// What an attempt comes to: done on a 2xx; another 4xx fails the job at
+/// once; a retryable failure is retried unless the job's attempts have
+/// failed for `give_up_after` (from its first failed attempt, less the
+/// time it waited on an open circuit) or used up `max_attempts`. A probe's
+/// failure counts toward neither.
+fn outcome_of(job: &Leased, fwd: &Forward, attempt: &Attempt) -> AttemptOutcome {
+    match attempt.verdict {
+        Verdict::Done => AttemptOutcome::Ok,
+        Verdict::Fail => AttemptOutcome::Failed,
+        Verdict::Retry if job.probe => AttemptOutcome::Retry,
+        Verdict::Retry => {
+            let since = job.failing_since.unwrap_or(attempt.started_at);
+            let give_up = i64::try_from(fwd.give_up_after.as_millis()).unwrap_or(i64::MAX);
+            let counted = job.n - job.budget_base - job.probe_failures;
+            let too_long = attempt.finished_at - since >= give_up;
+            let used_up = fwd.max_attempts.is_some_and(|m| counted >= i64::from(m));
+            if too_long || used_up {
+                AttemptOutcome::Failed
+            } else {
+                AttemptOutcome::Retry
+            }
         }
     }
 }

@@ -148,6 +148,8 @@ impl Refusal {
 pub struct JobCounts {
     pub by_status: Vec<(JobStatus, i64)>,
     pub oldest_pending: Option<i64>,
+    /// Each circuit row: (source, action, open, times it opened).
+    pub circuits: Vec<(String, String, bool, i64)>,
 }
 
 /// The storage's own gauges.

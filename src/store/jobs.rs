@@ -271,7 +271,8 @@ pub fn reopen(
 ) -> Result<u64, StoreError> {
     db.execute(
         "UPDATE jobs SET status = ?4, next_attempt_at = ?2, lease_owner = NULL,
-                lease_until = NULL, waiting = NULL, updated_at = ?2
+                lease_until = NULL, waiting = NULL, updated_at = ?2,
+                failing_since = NULL, probe_failures = 0
          WHERE id = ?1 AND status = ?3",
         args![job_id, now, from, to],
     )
@@ -418,7 +419,7 @@ impl Attention {
             ),
             Attention::Waiting => (
                 "status = 'pending' AND next_attempt_at IS NULL \
-                 AND (waiting IS NULL OR waiting <> 'order')",
+                 AND (waiting IS NULL OR waiting NOT IN ('order', 'circuit'))",
                 "created_at",
             ),
         }
@@ -519,5 +520,9 @@ pub fn gauges(db: &Db<'_>) -> Result<JobCounts, StoreError> {
     Ok(JobCounts {
         by_status: counts(db)?,
         oldest_pending,
+        circuits: crate::store::circuits::all(db)?
+            .into_iter()
+            .map(|c| (c.source, c.action, c.opened_at.is_some(), c.opened_count))
+            .collect(),
     })
 }

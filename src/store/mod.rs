@@ -12,6 +12,7 @@
 pub mod attempts;
 pub mod backend;
 pub mod catchup;
+pub mod circuits;
 pub mod control;
 pub mod db;
 pub mod deliveries;

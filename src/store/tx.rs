@@ -244,6 +244,10 @@ pub struct Candidate {
     pub previous_owner: Option<String>,
     /// Pending and due (not a lease that ran out).
     pub pending: bool,
+    /// When its attempts started failing (`give_up_after`'s clock).
+    pub failing_since: Option<i64>,
+    /// Its failed attempts that were a circuit's probe.
+    pub probe_failures: i64,
 }
 
 /// What a forward needs of its event.
@@ -346,6 +350,10 @@ pub trait OutboxTx: Tx {
     /// still holds; `local` (this process's) where there is one writer.
     fn clock(&mut self, local: i64) -> Result<i64, StoreError> {
         Ok(local)
+    }
+    /// The open circuits, read once per take (a handful of rows at most).
+    fn open_circuits(&mut self) -> Result<Vec<crate::store::circuits::CircuitRow>, StoreError> {
+        crate::store::circuits::open(&self.db())
     }
     /// Forward jobs whose lease ran out, at most [`TAKE_BATCH`].
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError>;

@@ -89,6 +89,10 @@ pub enum Outcome {
     },
     CheckFailed500,
     CheckHung,
+    /// The downstream was down ([`Downstream::set_down`]): 503, no effect.
+    Down503,
+    /// `GET /healthz` while up: 200.
+    Healthy,
 }
 
 /// One request as received.
@@ -157,6 +161,9 @@ struct Shared {
     max_in_flight: AtomicUsize,
     /// False: every processed request is an effect, repeats too.
     dedupe: bool,
+    /// While set, the downstream is down: every request (forwards, checks,
+    /// `GET /healthz`) answers 503 with no effect.
+    down: AtomicBool,
 }
 
 /// The running fake downstream. Stops accepting on drop.
@@ -200,6 +207,7 @@ impl Downstream {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             dedupe,
+            down: AtomicBool::new(false),
         });
         let accept_shared = Arc::clone(&shared);
         std::thread::spawn(move || {
@@ -363,6 +371,27 @@ impl Downstream {
             .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
+    /// Take the whole downstream down (`true`: every request answers 503,
+    /// `GET /healthz` too) or bring it back up (`GET /healthz` answers 200).
+    pub fn set_down(&self, down: bool) {
+        self.shared.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Start counting [`Downstream::max_in_flight`] afresh from the
+    /// requests under way now.
+    pub fn reset_max_in_flight(&self) {
+        let now = self.shared.in_flight.load(Ordering::SeqCst);
+        self.shared.max_in_flight.store(now, Ordering::SeqCst);
+    }
+
+    /// The `GET /healthz` requests received so far.
+    pub fn health_checks(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == "/healthz")
+            .count()
+    }
+
     /// Drop the remaining scripted steps for `key` (e.g. end a `Reject400`).
     pub fn clear_script(&self, key: &str) {
         self.shared.state.lock().unwrap().scripts.remove(key);
@@ -434,7 +463,12 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
                 .then(|| request.path.strip_prefix("/effects/"))
                 .flatten()
                 .map(percent_decode);
-            let (outcome, hang) = if let Some(k) = check_key {
+            let health = request.method == "GET" && request.path == "/healthz";
+            let (outcome, hang) = if shared.down.load(Ordering::SeqCst) {
+                (Outcome::Down503, None)
+            } else if health {
+                (Outcome::Healthy, None)
+            } else if let Some(k) = check_key {
                 match next_check_step(&mut state, &k) {
                     Some(CheckBehavior::Fail500(_)) => (Outcome::CheckFailed500, None),
                     Some(CheckBehavior::Hang(d)) => (Outcome::CheckHung, Some(d)),
@@ -514,6 +548,15 @@ fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
                 br#"{"error":"scripted check 500"}"#,
                 keep_alive,
             ),
+            Outcome::Down503 => respond(
+                &mut writer,
+                503,
+                "Service Unavailable",
+                rid,
+                br#"{"error":"down"}"#,
+                keep_alive,
+            ),
+            Outcome::Healthy => respond(&mut writer, 200, "OK", rid, br#"{"up":true}"#, keep_alive),
             Outcome::ProcessedThenDropped { .. } => false,
             Outcome::Hung | Outcome::CheckHung | Outcome::ProcessedThenHung { .. } => {
                 let until = Instant::now() + hang.unwrap_or_default();

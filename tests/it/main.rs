@@ -11,6 +11,7 @@
 mod backend;
 mod catchup;
 mod check;
+mod circuit;
 mod cli;
 mod clock;
 mod control;

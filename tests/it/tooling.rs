@@ -14,7 +14,7 @@ use crate::downstream::Downstream;
 use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
 
 /// The commands a user types, as `idemhook help` lists them.
-const COMMANDS: [&str; 19] = [
+const COMMANDS: [&str; 20] = [
     "serve",
     "check",
     "send",
@@ -31,6 +31,7 @@ const COMMANDS: [&str; 19] = [
     "rejected",
     "reingest",
     "catchup",
+    "probe",
     "completions",
     "man",
     "help",

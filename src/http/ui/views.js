@@ -546,7 +546,7 @@ export async function actions(main) {
     main,
     heading("Actions"),
     el("p", { class: "muted" }, "Pausing a forward action holds its jobs (status paused) until it is resumed; nothing is lost."),
-    el("div", { class: "scroll" }, el("table", { class: "list" }, el("thead", {}, el("tr", {}, ["Source", "Action", "Kind", "Pending", "Processing", "Failed", "Paused", ""].map((h) => el("th", {}, h)))), tbody)),
+    el("div", { class: "scroll" }, el("table", { class: "list" }, el("thead", {}, el("tr", {}, ["Source", "Action", "Kind", "Pending", "Processing", "Failed", "Paused", "Circuit", ""].map((h) => el("th", {}, h)))), tbody)),
     note,
   );
   const load = async () => {
@@ -577,13 +577,23 @@ export async function actions(main) {
         el("td", {}, el("strong", {}, a.action), a.paused ? [" ", badge("paused")] : null),
         el("td", {}, a.kind),
         n(c.pending), n(c.processing), n(c.failed), n(c.paused),
+        el("td", {}, circuitCell(a.circuit)),
         el("td", {}, control),
       );
     });
-    replace(tbody, rows.length ? rows : el("tr", {}, el("td", { colspan: 8, class: "muted empty" }, "No actions configured.")));
+    replace(tbody, rows.length ? rows : el("tr", {}, el("td", { colspan: 9, class: "muted empty" }, "No actions configured.")));
   };
   await load();
   return poll(load);
+}
+
+/** An action's circuit: none, closed (with failures counted) or open (since, next probe). */
+function circuitCell(c) {
+  if (!c) return el("span", { class: "muted small" }, "none");
+  if (c.state === "open") {
+    return el("span", {}, badge("open", "warn"), el("div", { class: "muted small" }, "since ", time(c.opened_at), ` · ${c.failures} failures · next probe `, time(c.next_probe_at)));
+  }
+  return el("span", {}, badge("closed"), c.failures > 0 ? el("span", { class: "muted small" }, ` ${c.failures} failure${c.failures === 1 ? "" : "s"}`) : null);
 }
 
 // ---------------------------------------------------------------------------
@@ -623,6 +633,7 @@ export async function reconcile(main) {
       }),
       section("paused", "Paused", data.paused || [], (p) => el("li", {}, el("a", { href: "/ui/actions", "data-link": true }, `${p.source}/${p.action}`), ` · paused `, time(p.paused_at), ` · ${p.waiting} waiting`)),
       catchupSection(data.catchup || []),
+      section("circuits", "Open circuits", data.circuits || [], (c) => el("li", {}, el("a", { href: "/ui/actions", "data-link": true }, `${c.source}/${c.action}`), ` · open since `, time(c.opened_at), ` · ${c.failures} failures · next probe `, time(c.next_probe_at), ` · ${c.waiting} waiting`)),
     );
   };
   await load();

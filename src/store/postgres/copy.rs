@@ -74,6 +74,8 @@ pub const TABLES: &[Table] = &[
             ("order_key", 't'),
             ("order_seq", 'i'),
             ("waiting", 't'),
+            ("failing_since", 'i'),
+            ("probe_failures", 'i'),
         ],
     },
     Table {
@@ -182,6 +184,21 @@ pub const TABLES: &[Table] = &[
             ("accepted", 'i'),
             ("duplicate", 'i'),
             ("failed", 'i'),
+        ],
+    },
+    Table {
+        name: "circuits",
+        columns: &[
+            ("source", 't'),
+            ("action", 't'),
+            ("failures", 'i'),
+            ("opened_at", 'i'),
+            ("next_probe_at", 'i'),
+            ("probes", 'i'),
+            ("opened_count", 'i'),
+            ("probe_owner", 't'),
+            ("probe_until", 'i'),
+            ("updated_at", 'i'),
         ],
     },
 ];

@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../migrations/postgres/0005_partial_job_indexes.sql"),
     ),
     (
+        6,
+        "circuits",
+        include_str!("../../../migrations/postgres/0006_circuits.sql"),
+    ),
+    (
         8,
         "rejected",
         include_str!("../../../migrations/postgres/0008_rejected.sql"),
@@ -102,6 +107,7 @@ const TABLES: &[&str] = &[
     "rejected",
     "rejected_totals",
     "catchup_runs",
+    "circuits",
 ];
 
 /// The key of the advisory lock held while migrating, so instances that

@@ -15,7 +15,7 @@ pub const SCHEMA: &str = include_str!("../../../schema.sql");
 
 /// The schema version this build writes. A database with a higher version
 /// was written by a newer idemhook and is refused.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// A pool of read-only connections (the admin API's reads, the gauges).
 pub type ReadPool = r2d2::Pool<r2d2_sqlite::SqliteConnectionManager>;
@@ -176,6 +176,14 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         if !has_note {
             tx.execute_batch(ATTEMPTS_NOTE)?;
         }
+        let has_failing_since: bool = tx.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('jobs') WHERE name = 'failing_since'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_failing_since {
+            tx.execute_batch(JOBS_CIRCUIT)?;
+        }
         tx.execute(
             "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?1)",
             [SCHEMA_VERSION.to_string()],
@@ -228,6 +236,7 @@ fn rebuild_jobs_if_old(conn: &mut Connection) -> Result<(), StoreError> {
 /// that a migrated database has the schema of a new one.
 const ATTEMPTS_NOTE: &str = include_str!("../../../migrations/sqlite/0002_attempts_note.sql");
 const JOBS_V3: &str = include_str!("../../../migrations/sqlite/0003_jobs_superseded.sql");
+const JOBS_CIRCUIT: &str = include_str!("../../../migrations/sqlite/0004_circuit.sql");
 
 /// One step of giving the pages that deletes freed back to the file
 /// system: frees up to [`INCREMENTAL_PAGES`] of them, in the caller's

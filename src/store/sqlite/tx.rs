@@ -299,18 +299,22 @@ fn candidate(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
         leased_at: r.get(5)?,
         previous_owner: r.get(6)?,
         pending: true,
+        failing_since: r.get(7)?,
+        probe_failures: r.get(8)?,
     })
 }
 
 /// Forward jobs whose lease ran out (their worker crashed or hung). The
 /// LIMIT is `TAKE_BATCH` as a literal (a test checks they agree).
 pub const EXPIRED_JOBS: &str =
-    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner, failing_since,
+            probe_failures FROM jobs
      WHERE status = 'processing' AND kind = 'forward' AND lease_until < ?1
      LIMIT 16";
 /// Pending forward jobs that are due, the longest-due first.
 pub const DUE_JOBS: &str =
-    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+    "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner, failing_since,
+            probe_failures FROM jobs
      WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'forward'
      ORDER BY next_attempt_at LIMIT 16";
 
@@ -573,7 +577,8 @@ impl OutboxTx for SqliteTx<'_> {
         self.conn
             .prepare_cached(
                 "UPDATE jobs SET next_attempt_at = ?1
-                 WHERE status = 'pending' AND next_attempt_at IS NULL",
+                 WHERE status = 'pending' AND next_attempt_at IS NULL
+                   AND coalesce(waiting, '') <> 'circuit'",
             )?
             .execute([now])?;
         Ok(())

@@ -2,6 +2,7 @@
 
 use crate::state::JobStatus;
 use crate::store::StoreError;
+use crate::store::circuits::CircuitRow;
 use crate::store::tx::{Candidate, CheckRow, ForwardEvent, NewAttempt, OutboxTx};
 
 use super::PgTx;
@@ -16,6 +17,8 @@ fn candidate(r: &postgres::Row, pending: bool) -> Candidate {
         leased_at: r.get(5),
         previous_owner: r.get(6),
         pending,
+        failing_since: r.get(7),
+        probe_failures: r.get(8),
     }
 }
 
@@ -29,11 +32,33 @@ impl OutboxTx for PgTx<'_> {
         Ok(self.client.query_one(&s, &[])?.get(0))
     }
 
+    fn open_circuits(&mut self) -> Result<Vec<CircuitRow>, StoreError> {
+        // Prepared once per connection: every take reads it.
+        let s = self.prepared(crate::store::circuits::OPEN)?;
+        Ok(self
+            .client
+            .query(&s, &[])?
+            .iter()
+            .map(|r| CircuitRow {
+                source: r.get(0),
+                action: r.get(1),
+                failures: r.get(2),
+                opened_at: r.get(3),
+                next_probe_at: r.get(4),
+                probes: r.get(5),
+                probe_owner: r.get(6),
+                probe_until: r.get(7),
+                opened_count: r.get(8),
+            })
+            .collect())
+    }
+
     fn expired_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
         // SKIP LOCKED: a job another instance is taking right now is left
         // to it, not waited for.
         let s = self.prepared(
-            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner, failing_since,
+                    probe_failures FROM jobs
              WHERE status = 'processing' AND kind = 'forward' AND lease_until < $1
              LIMIT 16 FOR UPDATE SKIP LOCKED",
         )?;
@@ -47,7 +72,8 @@ impl OutboxTx for PgTx<'_> {
 
     fn due_jobs(&mut self, now: i64) -> Result<Vec<Candidate>, StoreError> {
         let s = self.prepared(
-            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner FROM jobs
+            "SELECT id, source, event_id, action, n_attempts, updated_at, lease_owner, failing_since,
+                    probe_failures FROM jobs
              WHERE status = 'pending' AND next_attempt_at <= $1 AND kind = 'forward'
              ORDER BY next_attempt_at LIMIT 16 FOR UPDATE SKIP LOCKED",
         )?;
@@ -283,7 +309,8 @@ impl OutboxTx for PgTx<'_> {
 
     fn release_parked(&mut self, now: i64) -> Result<(), StoreError> {
         let s = self.prepared(
-            "UPDATE jobs SET next_attempt_at = $1 WHERE status = 'pending' AND next_attempt_at IS NULL",
+            "UPDATE jobs SET next_attempt_at = $1 WHERE status = 'pending' AND next_attempt_at IS NULL
+               AND coalesce(waiting, '') <> 'circuit'",
         )?;
         self.client.execute(&s, &[&now])?;
         Ok(())
