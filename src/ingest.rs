@@ -142,7 +142,11 @@ impl Claims for DeliveryClaims {
             .claims
             .get(i)
             .ok_or_else(|| StoreError::other("claim index out of range"))?;
-        claim_in(tx, source, claim)
+        let decision = claim_in(tx, source, claim)?;
+        if matches!(decision, Decision::Mismatch { .. }) {
+            crate::notify::mismatch(tx, &self.config, &source.name, &claim.event_id, claim.received_at)?;
+        }
+        Ok(decision)
     }
 }
 

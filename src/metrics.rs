@@ -113,6 +113,8 @@ pub struct Metrics {
     pub downstream_duration: Histogram,
     /// Log lines or records dropped because a queue was full.
     pub dropped_records: AtomicU64,
+    /// Notifications: what is counted in memory, and messages by outcome.
+    pub notify: crate::notify::Watch,
 }
 
 impl Metrics {
@@ -151,6 +153,7 @@ impl Metrics {
             claim_duration: Histogram::new(),
             downstream_duration: Histogram::new(),
             dropped_records: AtomicU64::new(0),
+            notify: crate::notify::Watch::new(config),
         }
     }
 
@@ -200,6 +203,7 @@ impl Metrics {
             render_jobs(&mut out, j);
         }
         self.render_process(&mut out, storage);
+        self.notify.render(&mut out);
         out
     }
 

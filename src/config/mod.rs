@@ -21,6 +21,7 @@ mod action;
 pub mod check_template;
 pub mod database_url;
 mod kind;
+pub mod notify;
 mod parse;
 pub mod presets;
 mod raw;
@@ -104,6 +105,8 @@ pub struct Config {
     /// shell variable, a retention shorter than the provider retries):
     /// `check` prints these and `serve` logs them at start.
     pub warnings: Vec<String>,
+    /// `[[notify]]` targets, `coalesce`, `ui_url`.
+    pub notify: notify::NotifySettings,
 }
 
 #[derive(Debug, Clone)]

@@ -80,6 +80,7 @@ impl Config {
                 "no [sources.NAME] table: at least one source is needed".into(),
             ));
         }
+        let notify = super::notify::notify_of(&raw, base).map_err(err)?;
         let mut sources = Vec::new();
         for (name, rs) in raw.sources {
             let source =
@@ -109,6 +110,7 @@ impl Config {
             max_batch_items,
             sources,
             warnings,
+            notify,
         })
     }
 }

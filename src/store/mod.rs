@@ -18,6 +18,7 @@ pub mod events;
 pub mod incidents;
 pub mod jobs;
 pub mod meta;
+pub mod notifications;
 pub mod named;
 pub mod paused;
 #[cfg(test)]

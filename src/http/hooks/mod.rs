@@ -125,6 +125,7 @@ fn accept<B: Backend>(
             if e.is_bad_request() {
                 refused(Delivery::BadRequest, 400, e.to_string())
             } else {
+                app.metrics.notify.bad_signature(index, received_at);
                 refused(Delivery::BadSignature, 401, e.to_string()).failed(part)
             }
         })?;
@@ -326,8 +327,12 @@ fn committed<'a, T, B: Backend>(
             "internal error: source index out of range",
         ));
     };
+    if result.is_ok() {
+        app.metrics.notify.storage_ok();
+    }
     result.map(|outcome| (source, outcome)).map_err(|e| {
         app.metrics.delivery(Some(index), Delivery::Unavailable);
+        app.metrics.notify.storage_failed(crate::time::now_ms());
         crate::log::warn(
             "delivery",
             &[

@@ -57,6 +57,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "partial job indexes",
         include_str!("../../../migrations/postgres/0005_partial_job_indexes.sql"),
     ),
+    (
+        7,
+        "notifications",
+        include_str!("../../../migrations/postgres/0007_notifications.sql"),
+    ),
 ];
 
 /// Moves the appended job-count changes into their base rows, in one

@@ -1,0 +1,239 @@
+//! The `notifications` table: one row per message to one `[[notify]]`
+//! target, written in the transaction of its cause (`notify::raise`) and
+//! delivered afterwards by the notifier (`notify::Notifier`) like a
+//! forward job: taken, sent, recorded, retried.
+//!
+//! Coalescing lives in the rows: the first occurrence of a (target,
+//! condition, source, action) is a row due now; a later one within
+//! `coalesce` of the latest row's `due_at` opens a collecting row due at
+//! the window's end (or adds one to its `count` when it is still
+//! collecting: pending, no attempt, `due_at` ahead). Source and action
+//! are stored as '' when the condition has none (shown as null).
+//!
+//! A take sets the row's `next_attempt_at` a lease ahead and counts the
+//! attempt; the result is recorded fenced by that attempt number, so a
+//! notifier that died mid-send leaves the row due again after the lease,
+//! and on PostgreSQL a row another instance is taking is skipped
+//! (`FOR UPDATE SKIP LOCKED`): one instance sends each.
+
+use serde_json::{Value as Json, json};
+
+use super::StoreError;
+use super::db::{Db, Dialect};
+use crate::args;
+
+/// What one row says, for `notify list` and the admin API.
+pub const LIST_COLUMNS: &str = "id, notify, condition, source, action, event_id, count, status, \
+     attempts, created_at, sent_at, summary, details, last_error";
+
+/// One occurrence of a condition, as written for one target.
+pub struct NewRow<'a> {
+    pub notify: &'a str,
+    pub condition: &'a str,
+    pub source: &'a str,
+    pub action: &'a str,
+    pub event_id: Option<&'a str>,
+    pub summary: &'a str,
+    pub details: &'a str,
+}
+
+/// Writes `row` in the open transaction of its cause, coalesced: a new
+/// row due now, a collecting row due at the window's end, or one more in
+/// the collecting row. Returns true when it was coalesced.
+pub fn put(db: &Db<'_>, row: &NewRow<'_>, now: i64, coalesce_ms: i64) -> Result<bool, StoreError> {
+    let latest = db.query_opt(
+        "SELECT id, status, attempts, due_at FROM notifications
+         WHERE notify = ?1 AND condition = ?2 AND source = ?3 AND action = ?4
+         ORDER BY id DESC LIMIT 1",
+        args![row.notify, row.condition, row.source, row.action],
+    )?;
+    let due_at = match latest {
+        Some(r) => {
+            let (id, status, attempts, due_at) = (r.i64(0)?, r.string(1)?, r.i64(2)?, r.i64(3)?);
+            if status == "pending" && attempts == 0 && due_at > now {
+                db.execute(
+                    "UPDATE notifications SET count = count + 1, event_id = ?2, summary = ?3,
+                            details = ?4
+                      WHERE id = ?1",
+                    args![id, row.event_id, row.summary, row.details],
+                )?;
+                return Ok(true);
+            }
+            if due_at + coalesce_ms > now {
+                due_at + coalesce_ms
+            } else {
+                now
+            }
+        }
+        None => now,
+    };
+    db.execute(
+        "INSERT INTO notifications (notify, condition, source, action, event_id, count, summary,
+                                    details, status, attempts, due_at, next_attempt_at, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, 'pending', 0, ?8, ?8, ?9)",
+        args![
+            row.notify,
+            row.condition,
+            row.source,
+            row.action,
+            row.event_id,
+            row.summary,
+            row.details,
+            due_at,
+            now
+        ],
+    )?;
+    Ok(false)
+}
+
+/// A row taken for sending.
+#[derive(Debug, Clone)]
+pub struct Taken {
+    pub id: i64,
+    pub notify: String,
+    pub condition: String,
+    pub source: String,
+    pub action: String,
+    pub event_id: Option<String>,
+    pub count: i64,
+    pub summary: String,
+    pub details: String,
+    /// This attempt's number (1-based).
+    pub attempt: i64,
+    pub due_at: i64,
+    pub created_at: i64,
+}
+
+/// True when some row is due (a read, so an idle notifier costs the
+/// writer nothing).
+pub fn any_due(db: &Db<'_>, now: i64) -> Result<bool, StoreError> {
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM notifications WHERE status = 'pending' AND next_attempt_at <= ?1 LIMIT 1",
+            args![now],
+        )?
+        .is_some())
+}
+
+/// Takes up to `limit` due rows: each one's attempt counted and its next
+/// attempt a lease ahead (a notifier that dies mid-send leaves it due
+/// again then).
+pub fn take(db: &Db<'_>, now: i64, lease_ms: i64, limit: i64) -> Result<Vec<Taken>, StoreError> {
+    let lock = match db.dialect() {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+    };
+    let rows = db.query(
+        &format!(
+            "SELECT id, notify, condition, source, action, event_id, count, summary, details,
+                    attempts, due_at, created_at
+               FROM notifications WHERE status = 'pending' AND next_attempt_at <= ?1
+              ORDER BY next_attempt_at LIMIT ?2{lock}"
+        ),
+        args![now, limit],
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let t = Taken {
+            id: r.i64(0)?,
+            notify: r.string(1)?,
+            condition: r.string(2)?,
+            source: r.string(3)?,
+            action: r.string(4)?,
+            event_id: r.opt_string(5)?,
+            count: r.i64(6)?,
+            summary: r.string(7)?,
+            details: r.string(8)?,
+            attempt: r.i64(9)? + 1,
+            due_at: r.i64(10)?,
+            created_at: r.i64(11)?,
+        };
+        let changed = db.execute(
+            "UPDATE notifications SET attempts = ?2, next_attempt_at = ?3
+              WHERE id = ?1 AND attempts = ?4 AND status = 'pending'",
+            args![t.id, t.attempt, now + lease_ms, t.attempt - 1],
+        )?;
+        if changed == 1 {
+            out.push(t);
+        }
+    }
+    Ok(out)
+}
+
+/// How an attempt ended.
+pub enum Ended {
+    Sent,
+    /// Again at `next` (unix ms).
+    Retry { next: i64, error: String },
+    Failed { error: String },
+}
+
+/// Records an attempt's result, fenced by its number: false when the row
+/// was taken again meanwhile (this notifier's lease ran out).
+pub fn record(db: &Db<'_>, t: &Taken, result: &Ended, now: i64) -> Result<bool, StoreError> {
+    let (status, next, error, sent_at): (&str, Option<i64>, Option<&str>, Option<i64>) =
+        match result {
+            Ended::Sent => ("sent", None, None, Some(now)),
+            Ended::Retry { next, error } => ("pending", Some(*next), Some(error), None),
+            Ended::Failed { error } => ("failed", None, Some(error), None),
+        };
+    let changed = db.execute(
+        "UPDATE notifications SET status = ?3, next_attempt_at = ?4, last_error = ?5, sent_at = ?6
+          WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
+        args![t.id, t.attempt, status, next, error, sent_at],
+    )?;
+    Ok(changed == 1)
+}
+
+/// Records a message sent from memory (storage was down when it went):
+/// `status` sent or failed, one attempt.
+pub fn put_sent(db: &Db<'_>, row: &NewRow<'_>, status: &str, at: i64, now: i64) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO notifications (notify, condition, source, action, event_id, count, summary,
+                                    details, status, attempts, due_at, next_attempt_at, created_at,
+                                    sent_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, 1, 0, NULL, ?9, ?10)",
+        args![
+            row.notify,
+            row.condition,
+            row.source,
+            row.action,
+            row.event_id,
+            row.summary,
+            row.details,
+            status,
+            at,
+            (status == "sent").then_some(now)
+        ],
+    )?;
+    Ok(())
+}
+
+/// The newest `limit` notifications, newest first, in the contract's
+/// shape (`notify list --json`, `GET /api/notifications`).
+pub fn list(db: &Db<'_>, limit: i64) -> Result<Vec<Json>, StoreError> {
+    let rows = db.query(
+        &format!("SELECT {LIST_COLUMNS} FROM notifications ORDER BY id DESC LIMIT ?1"),
+        args![limit],
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let blank = |s: String| if s.is_empty() { None } else { Some(s) };
+        out.push(json!({
+            "id": r.i64(0)?,
+            "notify": r.string(1)?,
+            "condition": r.string(2)?,
+            "source": blank(r.string(3)?),
+            "action": blank(r.string(4)?),
+            "event_id": r.opt_string(5)?,
+            "count": r.i64(6)?,
+            "status": r.string(7)?,
+            "attempts": r.i64(8)?,
+            "created_at": r.i64(9)? / 1000,
+            "sent_at": r.opt_i64(10)?.map(|t| t / 1000),
+            "summary": r.string(11)?,
+            "last_error": r.opt_string(13)?,
+        }));
+    }
+    Ok(out)
+}
