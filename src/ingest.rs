@@ -144,7 +144,13 @@ impl Claims for DeliveryClaims {
             .ok_or_else(|| StoreError::other("claim index out of range"))?;
         let decision = claim_in(tx, source, claim)?;
         if matches!(decision, Decision::Mismatch { .. }) {
-            crate::notify::mismatch(tx, &self.config, &source.name, &claim.event_id, claim.received_at)?;
+            crate::notify::mismatch(
+                tx,
+                &self.config,
+                &source.name,
+                &claim.event_id,
+                claim.received_at,
+            )?;
         }
         Ok(decision)
     }

@@ -72,7 +72,11 @@ impl TargetKind {
             TargetKind::Webhook { url, sign_secret } => format!(
                 "webhook {}{}",
                 redact_url(url.expose()),
-                if sign_secret.is_some() { " (signed)" } else { "" }
+                if sign_secret.is_some() {
+                    " (signed)"
+                } else {
+                    ""
+                }
             ),
             TargetKind::Email { smtp, from, to } => format!(
                 "email {} from {from} to {}",
@@ -116,7 +120,10 @@ pub(super) fn notify_of(raw: &RawConfig, base: &Path) -> Result<NotifySettings, 
     Ok(NotifySettings {
         targets,
         coalesce,
-        ui_url: raw.ui_url.as_ref().map(|u| u.trim_end_matches('/').to_string()),
+        ui_url: raw
+            .ui_url
+            .as_ref()
+            .map(|u| u.trim_end_matches('/').to_string()),
     })
 }
 
@@ -125,18 +132,20 @@ fn target_of(rn: &RawNotify, base: &Path) -> Result<NotifyTarget, String> {
         .name
         .clone()
         .ok_or("name: each [[notify]] needs a name")?;
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
         return Err(format!(
             "name: letters, digits, '-', '_' and '.' only, got {name:?}"
         ));
     }
-    let given = [
-        rn.slack.is_some(),
-        rn.webhook.is_some(),
-        rn.email.is_some(),
-    ];
+    let given = [rn.slack.is_some(), rn.webhook.is_some(), rn.email.is_some()];
     match given.iter().filter(|g| **g).count() {
-        0 => return Err("slack, webhook or email: each [[notify]] needs exactly one target".into()),
+        0 => {
+            return Err("slack, webhook or email: each [[notify]] needs exactly one target".into());
+        }
         1 => {}
         _ => {
             return Err(
@@ -155,10 +164,7 @@ fn target_of(rn: &RawNotify, base: &Path) -> Result<NotifyTarget, String> {
             .any(|s| secret.expose().starts_with(&format!("{s}://")));
         if !ok {
             // The value may be a secret: named by its scheme only.
-            return Err(format!(
-                "{key}: expected a {} URL",
-                schemes.join(" or ")
-            ));
+            return Err(format!("{key}: expected a {} URL", schemes.join(" or ")));
         }
         Ok(secret)
     };
@@ -178,8 +184,14 @@ fn target_of(rn: &RawNotify, base: &Path) -> Result<NotifyTarget, String> {
             sign_secret,
         }
     } else if let Some(email) = &rn.email {
-        let smtp = email.smtp.as_deref().ok_or("email.smtp: the SMTP server's URL is needed")?;
-        let from = email.from.clone().ok_or("email.from: the sender's address is needed")?;
+        let smtp = email
+            .smtp
+            .as_deref()
+            .ok_or("email.smtp: the SMTP server's URL is needed")?;
+        let from = email
+            .from
+            .clone()
+            .ok_or("email.from: the sender's address is needed")?;
         let to = email.to.clone().unwrap_or_default();
         if to.is_empty() {
             return Err("email.to: at least one recipient is needed".into());
@@ -190,7 +202,8 @@ fn target_of(rn: &RawNotify, base: &Path) -> Result<NotifyTarget, String> {
             }
         }
         let smtp = url("email.smtp", smtp, &["smtp", "smtps"])?;
-        crate::notify::send::check_smtp_url(smtp.expose()).map_err(|e| format!("email.smtp: {e}"))?;
+        crate::notify::send::check_smtp_url(smtp.expose())
+            .map_err(|e| format!("email.smtp: {e}"))?;
         TargetKind::Email { smtp, from, to }
     } else {
         return Err("slack, webhook or email: each [[notify]] needs exactly one target".into());
@@ -236,7 +249,10 @@ mod tests {
     #[test]
     fn bad_targets_are_config_errors_naming_the_key() {
         let cases = [
-            ("[[notify]]\nname = \"a\"\n", "notify[0] (a).slack, webhook or email"),
+            (
+                "[[notify]]\nname = \"a\"\n",
+                "notify[0] (a).slack, webhook or email",
+            ),
             (
                 "[[notify]]\nname = \"a\"\nslack = \"https://x/1\"\nwebhook = \"https://x/2\"\n",
                 "exactly one target",
@@ -260,7 +276,9 @@ mod tests {
             ("coalesce = \"soon\"\n", "coalesce"),
         ];
         for (text, want) in cases {
-            let err = parse(text).err().unwrap_or_else(|| panic!("accepted: {text}"));
+            let err = parse(text)
+                .err()
+                .unwrap_or_else(|| panic!("accepted: {text}"));
             assert!(err.contains(want), "{text}\nwanted {want:?}\ngot {err}");
             assert!(!err.contains("SECRET"), "{err}");
         }

@@ -645,11 +645,14 @@ fn actions_route<B: Backend>(app: &App<B>) -> Reply {
 /// `notify list --json` prints them.
 fn notifications_route<B: Backend>(app: &App<B>) -> Reply {
     match read(app, |db| {
-        crate::store::notifications::list(db, crate::notify::cmd::LIST_LIMIT).map_err(OpError::Store)
+        crate::store::notifications::list(db, crate::notify::cmd::LIST_LIMIT)
+            .map_err(OpError::Store)
     }) {
         Ok(list) => {
-            let shaped: Vec<serde_json::Value> =
-                list.iter().map(crate::notify::cmd::contract_shape).collect();
+            let shaped: Vec<serde_json::Value> = list
+                .iter()
+                .map(crate::notify::cmd::contract_shape)
+                .collect();
             Reply::json(200, &shaped)
         }
         Err(e) => op_error(e),

@@ -21,7 +21,12 @@ pub const LIST_LIMIT: i64 = 100;
 /// 1 when the target refused it or could not be reached.
 pub fn test_cmd(config: &Config, name: &str) -> Result<Outcome, CommandError> {
     let Some(target) = config.notify.target(name) else {
-        let known: Vec<&str> = config.notify.targets.iter().map(|t| t.name.as_str()).collect();
+        let known: Vec<&str> = config
+            .notify
+            .targets
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
         return Err(CommandError::NotFound(format!(
             "no [[notify]] named {}: the config has {}",
             clean(name),
@@ -37,11 +42,21 @@ pub fn test_cmd(config: &Config, name: &str) -> Result<Outcome, CommandError> {
     let mut out = stdout();
     match send(target, &m, &format!("ntf_test_{now}"), now) {
         Ok(()) => {
-            writeln!(out, "{}: the test message was accepted ({})", target.name, target.kind.describe())?;
+            writeln!(
+                out,
+                "{}: the test message was accepted ({})",
+                target.name,
+                target.kind.describe()
+            )?;
             Ok(Outcome::Done)
         }
         Err(e) => {
-            writeln!(out, "{}: the test message was not accepted: {}", target.name, clean(&e))?;
+            writeln!(
+                out,
+                "{}: the test message was not accepted: {}",
+                target.name,
+                clean(&e)
+            )?;
             Ok(Outcome::Attention)
         }
     }

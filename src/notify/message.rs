@@ -169,8 +169,9 @@ mod tests {
             event_id: Some("evt_1".into()),
             count,
             summary: "dead letter on stripe/notify-app".into(),
-            details: r#"{"error_kind":"status","http_status":500,"error":"downstream answered 500"}"#
-                .into(),
+            details:
+                r#"{"error_kind":"status","http_status":500,"error":"downstream answered 500"}"#
+                    .into(),
             attempt: 1,
             due_at,
             created_at: 1_000_000,
@@ -181,7 +182,8 @@ mod tests {
     fn a_window_message_says_how_many_it_stands_for() {
         let m = Message::of_row(&row(1_300_000, 41), None);
         assert!(
-            m.summary.starts_with("41 more dead letters on stripe/notify-app"),
+            m.summary
+                .starts_with("41 more dead letters on stripe/notify-app"),
             "{}",
             m.summary
         );
@@ -191,7 +193,12 @@ mod tests {
         assert_eq!(hook["type"], "idemhook.dead_letter");
         assert_eq!(hook["details"]["http_status"], 500);
         assert_eq!(hook["details"]["link"], "https://ui.example.com/ui/");
-        assert!(first.slack()["text"].as_str().unwrap().contains("http_status: 500"));
+        assert!(
+            first.slack()["text"]
+                .as_str()
+                .unwrap()
+                .contains("http_status: 500")
+        );
         assert!(first.email().0.starts_with("[idemhook] "));
     }
 }

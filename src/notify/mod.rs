@@ -164,7 +164,11 @@ pub fn raise_db(
 ) -> Result<(), StoreError> {
     let details = o.details.to_string();
     let coalesce_ms = i64::try_from(settings.coalesce.as_millis()).unwrap_or(i64::MAX / 4);
-    for t in settings.targets.iter().filter(|t| t.on.contains(&o.condition)) {
+    for t in settings
+        .targets
+        .iter()
+        .filter(|t| t.on.contains(&o.condition))
+    {
         notifications::put(
             db,
             &NewRow {
@@ -283,7 +287,12 @@ impl Watch {
                 .iter()
                 .map(|_| std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
-            targets: config.notify.targets.iter().map(|t| t.name.clone()).collect(),
+            targets: config
+                .notify
+                .targets
+                .iter()
+                .map(|t| t.name.clone())
+                .collect(),
             target_on: config.notify.targets.iter().map(|t| t.on.clone()).collect(),
         }
     }

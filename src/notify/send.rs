@@ -90,7 +90,10 @@ fn post(
                 Err(format!("the target answered {status}"))
             }
         }
-        Err(e) => Err(scrub(&format!("cannot reach the target: {e}"), url.expose())),
+        Err(e) => Err(scrub(
+            &format!("cannot reach the target: {e}"),
+            url.expose(),
+        )),
     }
 }
 
@@ -171,10 +174,19 @@ pub fn check_smtp_url(url: &str) -> Result<(), String> {
     parse_smtp(url).map(|_| ())
 }
 
-fn mail(smtp: &Secret, from: &str, to: &[String], subject: &str, body: String) -> Result<(), String> {
+fn mail(
+    smtp: &Secret,
+    from: &str,
+    to: &[String],
+    subject: &str,
+    body: String,
+) -> Result<(), String> {
     let u = parse_smtp(smtp.expose())?;
     let mut builder = lettre::Message::builder()
-        .from(from.parse().map_err(|_| format!("{from:?} is not an email address"))?)
+        .from(
+            from.parse()
+                .map_err(|_| format!("{from:?} is not an email address"))?,
+        )
         .subject(subject)
         .header(ContentType::TEXT_PLAIN);
     for addr in to {
@@ -201,10 +213,12 @@ fn mail(smtp: &Secret, from: &str, to: &[String], subject: &str, body: String) -
     if let Some((user, pass)) = u.credentials {
         transport = transport.credentials(Credentials::new(user, pass));
     }
-    let response = transport
-        .build()
-        .send(&email)
-        .map_err(|e| scrub(&format!("the SMTP server refused the mail: {e}"), smtp.expose()))?;
+    let response = transport.build().send(&email).map_err(|e| {
+        scrub(
+            &format!("the SMTP server refused the mail: {e}"),
+            smtp.expose(),
+        )
+    })?;
     if response.is_positive() {
         Ok(())
     } else {

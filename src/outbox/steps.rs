@@ -403,7 +403,17 @@ pub(super) fn complete<T: OutboxTx>(
         let (kind, error) = (a.error_kind, a.error.as_deref());
         let (source, action, event_id) = (&job.source, &job.action, &job.event_id);
         let now = a.finished_at;
-        crate::notify::dead_letter(tx, config, source, action, event_id, kind, a.http_status, error, now)?;
+        crate::notify::dead_letter(
+            tx,
+            config,
+            source,
+            action,
+            event_id,
+            kind,
+            a.http_status,
+            error,
+            now,
+        )?;
     }
     refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
     if let Some(fwd) = forward_action(config, &job.source, &job.action) {

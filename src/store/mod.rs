@@ -18,8 +18,8 @@ pub mod events;
 pub mod incidents;
 pub mod jobs;
 pub mod meta;
-pub mod notifications;
 pub mod named;
+pub mod notifications;
 pub mod paused;
 #[cfg(test)]
 #[path = "../../tests/support/pg_cluster.rs"]

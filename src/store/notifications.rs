@@ -164,8 +164,13 @@ pub fn take(db: &Db<'_>, now: i64, lease_ms: i64, limit: i64) -> Result<Vec<Take
 pub enum Ended {
     Sent,
     /// Again at `next` (unix ms).
-    Retry { next: i64, error: String },
-    Failed { error: String },
+    Retry {
+        next: i64,
+        error: String,
+    },
+    Failed {
+        error: String,
+    },
 }
 
 /// Records an attempt's result, fenced by its number: false when the row
@@ -187,7 +192,13 @@ pub fn record(db: &Db<'_>, t: &Taken, result: &Ended, now: i64) -> Result<bool, 
 
 /// Records a message sent from memory (storage was down when it went):
 /// `status` sent or failed, one attempt.
-pub fn put_sent(db: &Db<'_>, row: &NewRow<'_>, status: &str, at: i64, now: i64) -> Result<(), StoreError> {
+pub fn put_sent(
+    db: &Db<'_>,
+    row: &NewRow<'_>,
+    status: &str,
+    at: i64,
+    now: i64,
+) -> Result<(), StoreError> {
     db.execute(
         "INSERT INTO notifications (notify, condition, source, action, event_id, count, summary,
                                     details, status, attempts, due_at, next_attempt_at, created_at,
