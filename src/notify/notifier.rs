@@ -170,7 +170,15 @@ fn backoff(attempt: i64) -> i64 {
 /// Storage that refused deliveries: when it was told (from memory).
 #[derive(Default)]
 struct StorageDown {
-    told: Option<(i64, Vec<(String, bool)>, String)>,
+    told: Option<Told>,
+}
+
+/// A `storage_unavailable` message sent from memory, to record later.
+struct Told {
+    at: i64,
+    /// Each target's name and whether it accepted the message.
+    outcomes: Vec<(String, bool)>,
+    summary: String,
 }
 
 /// `storage_unavailable`: deliveries refused for storage for 60 s in a
@@ -228,10 +236,18 @@ fn storage_watch<B: Backend>(
             );
             outcomes.push((target.name.clone(), ok));
         }
-        down.told = Some((now, outcomes, summary));
+        down.told = Some(Told {
+            at: now,
+            outcomes,
+            summary,
+        });
     }
     if since == 0
-        && let Some((at, outcomes, summary)) = down.told.take()
+        && let Some(Told {
+            at,
+            outcomes,
+            summary,
+        }) = down.told.take()
     {
         let c = config.clone();
         let recorded = backend.write(move |db| {

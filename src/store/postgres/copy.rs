@@ -159,11 +159,39 @@ pub const TABLES: &[Table] = &[
             ("value", 't'),
         ],
     },
+    Table {
+        name: "notifications",
+        columns: &[
+            ("id", 'i'),
+            ("notify", 't'),
+            ("condition", 't'),
+            ("source", 't'),
+            ("action", 't'),
+            ("event_id", 't'),
+            ("count", 'i'),
+            ("summary", 't'),
+            ("details", 't'),
+            ("status", 't'),
+            ("attempts", 'i'),
+            ("due_at", 'i'),
+            ("next_attempt_at", 'i'),
+            ("last_error", 't'),
+            ("created_at", 'i'),
+            ("sent_at", 'i'),
+        ],
+    },
 ];
 
 /// Tables whose ids come from an identity column: its sequence is moved
 /// past the copied ids.
-const IDENTITY: &[&str] = &["jobs", "checks", "deliveries", "incidents", "replays"];
+const IDENTITY: &[&str] = &[
+    "jobs",
+    "checks",
+    "deliveries",
+    "incidents",
+    "replays",
+    "notifications",
+];
 
 /// meta rows that belong to one backend (SQLite's schema version; the
 /// readiness probe's row).
