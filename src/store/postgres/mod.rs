@@ -93,6 +93,7 @@ const TABLES: &[&str] = &[
     "replays",
     "action_limits",
     "order_marks",
+    "notifications",
 ];
 
 /// The key of the advisory lock held while migrating, so instances that
