@@ -14,7 +14,7 @@ use crate::downstream::Downstream;
 use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
 
 /// The commands a user types, as `idemhook help` lists them.
-const COMMANDS: [&str; 16] = [
+const COMMANDS: [&str; 17] = [
     "serve",
     "check",
     "send",
@@ -30,6 +30,7 @@ const COMMANDS: [&str; 16] = [
     "migrate",
     "completions",
     "man",
+    "notify",
     "help",
 ];
 
@@ -309,11 +310,16 @@ fn man_dir_writes_a_page_per_command_into_an_existing_folder_only() {
     let out = idemhook(dir.path(), &["man", "--dir", "man1"]);
     out.assert_success();
     let listed: BTreeSet<PathBuf> = out.stdout.lines().map(PathBuf::from).collect();
-    let mut expected: BTreeSet<PathBuf> =
-        ["idemhook", "idemhook-events-list", "idemhook-events-show"]
-            .iter()
-            .map(|name| Path::new("man1").join(format!("{name}.1")))
-            .collect();
+    let mut expected: BTreeSet<PathBuf> = [
+        "idemhook",
+        "idemhook-events-list",
+        "idemhook-events-show",
+        "idemhook-notify-test",
+        "idemhook-notify-list",
+    ]
+    .iter()
+    .map(|name| Path::new("man1").join(format!("{name}.1")))
+    .collect();
     for command in COMMANDS.iter().filter(|c| **c != "help") {
         expected.insert(Path::new("man1").join(format!("idemhook-{command}.1")));
     }
