@@ -28,6 +28,10 @@ const RETRY_INITIAL_MS: i64 = 1_000;
 const RETRY_MAX_MS: i64 = 10 * 60_000;
 /// A message still not accepted this long after it was due has failed.
 const GIVE_UP_MS: i64 = 24 * 3_600_000;
+/// Sent and failed notifications are kept this long, then deleted.
+pub const KEEP_MS: i64 = 30 * 24 * 3_600_000;
+/// How often the old ones are looked for.
+const PRUNE_EVERY_MS: i64 = 3_600_000;
 
 pub struct Notifier {
     stop: Arc<AtomicBool>,
@@ -50,8 +54,13 @@ impl Notifier {
             .name("idemhook-notify".to_string())
             .spawn(move || {
                 let mut down = StorageDown::default();
+                let mut pruned_at = 0;
                 while !flag.load(Ordering::Relaxed) {
                     let now = now_ms();
+                    if now - pruned_at >= PRUNE_EVERY_MS {
+                        pruned_at = now;
+                        prune_old(&*backend, now);
+                    }
                     write_watched(&config, &*backend, &metrics);
                     storage_watch(&config, &*backend, &metrics, &mut down, now);
                     if let Err(e) = round(&config, &*backend, &metrics, &flag) {
@@ -67,6 +76,21 @@ impl Notifier {
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.handle.join();
+    }
+}
+
+/// Deletes sent and failed notifications older than [`KEEP_MS`], in
+/// batches of 500 (each its own short write).
+fn prune_old<B: Backend>(backend: &B, now: i64) {
+    loop {
+        match backend.write(move |db| notifications::prune(db, now - KEEP_MS, 500)) {
+            Ok(500) => continue,
+            Ok(_) => break,
+            Err(e) => {
+                crate::log::warn("notify", &[("error", &e.message)]);
+                break;
+            }
+        }
     }
 }
 

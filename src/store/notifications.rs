@@ -248,3 +248,111 @@ pub fn list(db: &Db<'_>, limit: i64) -> Result<Vec<Json>, StoreError> {
     }
     Ok(out)
 }
+
+/// Deletes up to `limit` sent or failed notifications created before
+/// `before` (the notifier's own retention); returns how many.
+pub fn prune(db: &Db<'_>, before: i64, limit: i64) -> Result<u64, StoreError> {
+    db.execute(
+        "DELETE FROM notifications WHERE id IN (
+           SELECT id FROM notifications
+            WHERE status IN ('sent', 'failed') AND created_at < ?1
+            ORDER BY id LIMIT ?2)",
+        args![before, limit],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> rusqlite::Connection {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(crate::store::sqlite::SCHEMA).unwrap();
+        conn
+    }
+
+    fn row<'a>(event_id: &'a str) -> NewRow<'a> {
+        NewRow {
+            notify: "ops",
+            condition: "dead_letter",
+            source: "stripe",
+            action: "app",
+            event_id: Some(event_id),
+            summary: "dead letter",
+            details: "{}",
+        }
+    }
+
+    /// (count, due_at, status) of every row, oldest first.
+    fn rows(conn: &rusqlite::Connection) -> Vec<(i64, i64, String)> {
+        let mut stmt = conn
+            .prepare("SELECT count, due_at, status FROM notifications ORDER BY id")
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn the_first_goes_at_once_and_the_window_collects_the_rest() {
+        let conn = db();
+        let db = Db::sqlite(&conn);
+        let w = 300_000;
+        assert!(!put(&db, &row("e1"), 1_000, w).unwrap());
+        assert!(!put(&db, &row("e2"), 2_000, w).unwrap());
+        assert!(put(&db, &row("e3"), 3_000, w).unwrap());
+        assert!(put(&db, &row("e4"), 4_000, w).unwrap());
+        assert_eq!(
+            rows(&conn),
+            [(1, 1_000, "pending".into()), (3, 301_000, "pending".into())]
+        );
+        // Another target, condition, source or action is its own key.
+        let other = NewRow {
+            action: "other",
+            ..row("e5")
+        };
+        assert!(!put(&db, &other, 5_000, w).unwrap());
+        assert_eq!(rows(&conn)[2], (1, 5_000, "pending".into()));
+
+        // Only the first is due now; taking it counts the attempt.
+        let taken = take(&db, 5_000, 60_000, 8).unwrap();
+        let ids: Vec<i64> = taken.iter().map(|t| t.id).collect();
+        assert_eq!(ids.len(), 2, "{taken:?}");
+        assert!(take(&db, 5_000, 60_000, 8).unwrap().is_empty(), "leased");
+        assert!(record(&db, &taken[0], &Ended::Sent, 6_000).unwrap());
+        assert!(
+            !record(&db, &taken[0], &Ended::Sent, 6_000).unwrap(),
+            "fenced"
+        );
+        let gone = Ended::Failed {
+            error: "the target answered 404".into(),
+        };
+        assert!(record(&db, &taken[1], &gone, 6_000).unwrap());
+        // Once the window's message is being sent, the next occurrence
+        // opens the next window.
+        let window = take(&db, 301_000, 60_000, 8).unwrap();
+        assert_eq!(window.len(), 1);
+        assert_eq!(window[0].count, 3);
+        assert!(!put(&db, &row("e6"), 302_000, w).unwrap());
+        assert_eq!(rows(&conn)[3], (1, 601_000, "pending".into()));
+        // Long after, the first goes at once again.
+        assert!(!put(&db, &row("e7"), 2_000_000, w).unwrap());
+        assert_eq!(rows(&conn)[4], (1, 2_000_000, "pending".into()));
+
+        // A retry waits for its time; sent rows are pruned, pending kept.
+        let r = Ended::Retry {
+            next: 400_000,
+            error: "the target answered 503".into(),
+        };
+        assert!(record(&db, &window[0], &r, 302_000).unwrap());
+        assert!(
+            take(&db, 399_999, 60_000, 8)
+                .unwrap()
+                .iter()
+                .all(|t| t.id != window[0].id)
+        );
+        assert_eq!(prune(&db, 10_000_000, 100).unwrap(), 2);
+        assert_eq!(rows(&conn).len(), 3);
+    }
+}
