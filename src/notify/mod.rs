@@ -220,6 +220,36 @@ pub fn dead_letter<T: Tx>(
     raise(tx, &config.notify, &o, now)
 }
 
+/// An SQL action's job failed in the claim (its statement's error):
+/// `dead_letter` too, a job failed for good until replayed.
+pub fn sql_failed<T: Tx>(
+    tx: &mut T,
+    config: &Config,
+    source: &str,
+    action: &str,
+    event_id: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    if !config.notify.wants(Condition::DeadLetter) {
+        return Ok(());
+    }
+    let error = match tx.shared_db() {
+        Some(db) => notifications::job_error(&db, source, event_id, action)?,
+        None => return Ok(()),
+    };
+    dead_letter(
+        tx,
+        config,
+        source,
+        action,
+        event_id,
+        Some("sql"),
+        None,
+        error.as_deref(),
+        now,
+    )
+}
+
 /// A duplicate came with a different payload: `mismatch`.
 pub fn mismatch<T: Tx>(
     tx: &mut T,

@@ -249,6 +249,22 @@ pub fn list(db: &Db<'_>, limit: i64) -> Result<Vec<Json>, StoreError> {
     Ok(out)
 }
 
+/// A job's last error (an SQL action's, for its dead letter).
+pub fn job_error(
+    db: &Db<'_>,
+    source: &str,
+    event_id: &str,
+    action: &str,
+) -> Result<Option<String>, StoreError> {
+    match db.query_opt(
+        "SELECT last_error FROM jobs WHERE source = ?1 AND event_id = ?2 AND action = ?3",
+        args![source, event_id, action],
+    )? {
+        Some(r) => r.opt_string(0),
+        None => Ok(None),
+    }
+}
+
 /// Deletes up to `limit` sent or failed notifications created before
 /// `before` (the notifier's own retention); returns how many.
 pub fn prune(db: &Db<'_>, before: i64, limit: i64) -> Result<u64, StoreError> {

@@ -412,7 +412,39 @@ fn a_target_down_at_first_gets_it_after_a_restart(backend: Backend) {
     assert_no_secret(&server.logs(), "the log");
 }
 
+fn a_failed_sql_action_is_a_dead_letter(backend: Backend) {
+    let cap = Capture::start();
+    let action = "[[sources.stripe.actions]]\nname = \"ledger\"\nsql = \"INSERT INTO ledger (n) VALUES (0)\"\n";
+    let config = ServerConfig::new()
+        .set(
+            "setup_sql",
+            &toml_str("CREATE TABLE IF NOT EXISTS ledger (n INTEGER CHECK (n > 0));"),
+        )
+        .tables(&stripe_source("stripe", action))
+        .tables(
+            "[[notify]]\nname = \"pager\"\nwebhook = \"env:HOOK_URL\"\non = [\"dead_letter\"]\n",
+        );
+    let server = start(backend, &config, &env(&cap));
+    STRIPE.deliver_ok(&server, &event("evt_sql"));
+    wait_until(WAIT, "the SQL action's dead letter", || {
+        !hooks_of(&cap, "idemhook.dead_letter").is_empty()
+    });
+    let m = &hooks_of(&cap, "idemhook.dead_letter")[0];
+    assert_eq!(m["action"], "ledger", "{m}");
+    assert_eq!(m["event_id"], "evt_sql", "{m}");
+    assert_eq!(m["details"]["error_kind"], "sql", "{m}");
+    assert!(
+        m["details"]["error"]
+            .as_str()
+            .is_some_and(|e| e.to_lowercase().contains("check")),
+        "{m}"
+    );
+    // One failed job, one notification.
+    assert_eq!(server.count("SELECT count(*) FROM notifications", &[]), 1);
+}
+
 both_backends!(
+    a_failed_sql_action_is_a_dead_letter,
     dead_letters_reach_slack_and_a_signed_webhook_coalesced,
     mismatch_and_signature_failures_are_told,
     a_target_down_at_first_gets_it_after_a_restart,
