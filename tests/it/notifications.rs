@@ -623,3 +623,49 @@ fn smtp_credentials_never_print() {
     assert_no_secret(&format!("{}{}", test.stdout, test.stderr), "notify test");
     assert_no_secret(&check.stdout, "check");
 }
+
+/// A notification commits with its cause or not at all: a mismatch whose
+/// claim group is killed before COMMIT (PostgreSQL's failpoint) leaves no
+/// incident and no notification, and nothing is sent after the restart.
+/// (`mismatch_and_signature_failures_are_told` is the control: the same
+/// mismatch, committed, is told.)
+#[test]
+fn a_mismatch_rolled_back_is_never_told() {
+    if !Backend::Postgres.available("a_mismatch_rolled_back_is_never_told") {
+        return;
+    }
+    let cap = Capture::start();
+    let mut server = start(Backend::Postgres, &config(&cap, "5m", ""), &env(&cap));
+    STRIPE.deliver_ok(&server, &event("evt_rb"));
+    server.set_env("IDEMHOOK_FAILPOINTS", "pg.group.before_commit=kill");
+    server.restart();
+    let other = br#"{"id":"evt_rb","type":"invoice.paid","data":{"n":2}}"#;
+    let answer = STRIPE.try_deliver(
+        &crate::harness::Client::new(crate::harness::HTTP_TIMEOUT),
+        &server,
+        other,
+    );
+    assert!(
+        answer.as_ref().map_or(true, |r| r.status != 200),
+        "no 2xx for a claim never committed"
+    );
+    let status = server.wait_exit(WAIT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "the failpoint killed the process before COMMIT: {status:?}"
+    );
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    // The notifier looks every 250 ms: a row would have gone by now.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(server.count("SELECT count(*) FROM incidents", &[]), 0);
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM notifications WHERE condition = 'mismatch'",
+            &[]
+        ),
+        0
+    );
+    assert!(hooks_of(&cap, "idemhook.mismatch").is_empty());
+}
