@@ -445,3 +445,53 @@ impl Watch {
 pub const SENT: usize = 0;
 pub const FAILED: usize = 1;
 pub const COALESCED: usize = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(on: &str) -> Config {
+        let text = format!(
+            "[[notify]]\nname = \"a\"\nwebhook = \"http://127.0.0.1:9/x\"\non = {on}\n\n[sources.s]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\n"
+        );
+        Config::parse(&text, "t", std::path::Path::new("."), None).unwrap()
+    }
+
+    #[test]
+    fn ten_bad_signatures_within_five_minutes_make_one_occurrence() {
+        let w = Watch::new(&config("[\"signature_failures\"]"));
+        for i in 0..9 {
+            w.bad_signature(0, 1_000 + i);
+        }
+        assert!(w.take_pending().is_empty());
+        // The first ones age out of the window: still nine within it.
+        w.bad_signature(0, 1_000 + SIGNATURE_WINDOW_MS);
+        assert!(w.take_pending().is_empty());
+        for i in 0..9 {
+            w.bad_signature(0, 2_000 + SIGNATURE_WINDOW_MS + i);
+        }
+        let raised = w.take_pending();
+        assert_eq!(raised.len(), 1);
+        assert_eq!(raised[0].condition, Condition::SignatureFailures);
+        assert_eq!(raised[0].source, "s");
+        // Counted afresh after it was raised.
+        w.bad_signature(0, 3_000 + SIGNATURE_WINDOW_MS);
+        assert!(w.take_pending().is_empty());
+    }
+
+    #[test]
+    fn storage_refusals_in_a_row_are_timed_from_the_first() {
+        let w = Watch::new(&config("[\"storage_unavailable\"]"));
+        w.storage_failed(5_000);
+        w.storage_failed(9_000);
+        assert_eq!(w.unavailable_since.load(Ordering::Relaxed), 5_000);
+        w.storage_ok();
+        assert_eq!(w.unavailable_since.load(Ordering::Relaxed), 0);
+        // Not wanted: nothing is counted.
+        let off = Watch::new(&config("[\"dead_letter\"]"));
+        off.storage_failed(5_000);
+        off.bad_signature(0, 1);
+        assert_eq!(off.unavailable_since.load(Ordering::Relaxed), 0);
+        assert!(off.signatures.lock().unwrap()[0].is_empty());
+    }
+}
