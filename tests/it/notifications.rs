@@ -500,7 +500,7 @@ impl Drop for Smtp {
 
 /// Starts the capture, or None (said loudly) when aiosmtpd is not
 /// installed; under CI=true that is a failure.
-fn smtp() -> Option<Smtp> {
+fn smtp(credentials: Option<&str>) -> Option<Smtp> {
     let has = Command::new("python3")
         .args(["-c", "import aiosmtpd"])
         .stdout(Stdio::null())
@@ -527,6 +527,7 @@ fn smtp() -> Option<Smtp> {
         .arg(script)
         .arg(port.to_string())
         .arg(&dir)
+        .args(credentials)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -564,7 +565,7 @@ impl Smtp {
 }
 
 fn a_dead_letter_is_mailed(backend: Backend) {
-    let Some(smtp) = smtp() else { return };
+    let Some(smtp) = smtp(None) else { return };
     let cap = Capture::start();
     let mail = "[[notify]]\nname = \"ops-mail\"\nemail = { smtp = \"env:SMTP_URL\", from = \"idemhook@example.com\", to = [\"ops@example.com\"] }\non = [\"dead_letter\"]\n";
     let mut env = env(&cap);
@@ -669,4 +670,49 @@ fn a_mismatch_rolled_back_is_never_told() {
         0
     );
     assert!(hooks_of(&cap, "idemhook.mismatch").is_empty());
+}
+
+/// Auth from the URL: the right user and password are accepted, a wrong
+/// password refused (`notify test` exits 1), and the password is never
+/// printed.
+#[test]
+fn smtp_auth_comes_from_the_url() {
+    let Some(smtp) = smtp(Some("idemhook:s3cret-pw")) else {
+        return;
+    };
+    let cap = Capture::start();
+    let mail = "[[notify]]\nname = \"ops-mail\"\nemail = { smtp = \"env:SMTP_URL\", from = \"idemhook@example.com\", to = [\"ops@example.com\"] }\n";
+    let mut env = env(&cap);
+    env.push((
+        "SMTP_URL".to_string(),
+        format!("smtp://idemhook:s3cret-pw@127.0.0.1:{}", smtp.port),
+    ));
+    let server = start(Backend::Sqlite, &config(&cap, "5m", mail), &env);
+    server
+        .run_cli(&["notify", "test", "ops-mail"])
+        .assert_success();
+    wait_until(WAIT, "the test mail", || {
+        smtp.messages()
+            .iter()
+            .any(|m| m.contains("Subject: [idemhook] test message"))
+    });
+    let mut wrong = ServerConfig::new()
+        .set("database", &toml_str("other.db"))
+        .tables(&stripe_source("stripe", ""))
+        .tables(mail);
+    wrong = wrong.set("coalesce", &toml_str("5m"));
+    let mut bad_env = env.clone();
+    bad_env.pop();
+    bad_env.push((
+        "SMTP_URL".to_string(),
+        format!("smtp://idemhook:s3cret-pwX@127.0.0.1:{}", smtp.port),
+    ));
+    let other = start(Backend::Sqlite, &wrong, &bad_env);
+    let refused = other.run_cli(&["notify", "test", "ops-mail"]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert_no_secret(
+        &format!("{}{}", refused.stdout, refused.stderr),
+        "notify test",
+    );
+    assert_no_secret(&server.logs(), "the log");
 }

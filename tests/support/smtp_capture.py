@@ -1,6 +1,7 @@
 """An SMTP server for the email notification tests (tests/it/notifications.rs):
 aiosmtpd on 127.0.0.1:PORT, writing each accepted message to DIR/N.eml and
-DIR/.ready once it listens. Run: python3 smtp_capture.py PORT DIR."""
+DIR/.ready once it listens. Run: python3 smtp_capture.py PORT DIR [USER:PASSWORD]
+(with USER:PASSWORD, AUTH is required, over the plain connection)."""
 
 import os
 import signal
@@ -8,6 +9,7 @@ import sys
 import threading
 
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
 
 
 class Keep:
@@ -29,7 +31,20 @@ class Keep:
 
 def main():
     port, folder = int(sys.argv[1]), sys.argv[2]
-    controller = Controller(Keep(folder), hostname="127.0.0.1", port=port)
+    auth = {}
+    if len(sys.argv) > 3:
+        user, password = sys.argv[3].split(":", 1)
+
+        def check(server, session, envelope, mechanism, data):
+            ok = (
+                isinstance(data, LoginPassword)
+                and data.login.decode() == user
+                and data.password.decode() == password
+            )
+            return AuthResult(success=ok)
+
+        auth = dict(authenticator=check, auth_required=True, auth_require_tls=False)
+    controller = Controller(Keep(folder), hostname="127.0.0.1", port=port, **auth)
     controller.start()
     open(os.path.join(folder, ".ready"), "w").close()
     done = threading.Event()
