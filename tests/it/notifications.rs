@@ -716,3 +716,56 @@ fn smtp_auth_comes_from_the_url() {
     );
     assert_no_secret(&server.logs(), "the log");
 }
+
+/// `storage_unavailable`: with the SQLite file locked by another process,
+/// deliveries are refused (503); after 60 s in a row the targets are told
+/// from memory (nothing can be written), and once a delivery is stored
+/// again that message is recorded and a "writable again" one sent.
+#[test]
+fn storage_refusing_deliveries_for_a_minute_is_told_and_recorded_once_back() {
+    let cap = Capture::start();
+    let config = ServerConfig::new()
+        .set("busy_timeout", &toml_str("200ms"))
+        .tables(&stripe_source("stripe", ""))
+        .tables("[[notify]]\nname = \"pager\"\nwebhook = \"env:HOOK_URL\"\non = [\"storage_unavailable\"]\n");
+    let server = start(Backend::Sqlite, &config, &env(&cap));
+    STRIPE.deliver_ok(&server, &event("evt_before"));
+    let lock = server.db_rw();
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    assert_eq!(STRIPE.deliver(&server, &event("evt_locked")).status, 503);
+    std::thread::sleep(Duration::from_secs(50));
+    assert!(
+        hooks_of(&cap, "idemhook.storage_unavailable").is_empty(),
+        "not before 60 s"
+    );
+    wait_until(WAIT, "storage_unavailable sent from memory", || {
+        !hooks_of(&cap, "idemhook.storage_unavailable").is_empty()
+    });
+    let down = &hooks_of(&cap, "idemhook.storage_unavailable")[0];
+    assert!(
+        down["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("refused")),
+        "{down}"
+    );
+    assert_eq!(down["source"], Value::Null);
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    STRIPE.deliver_ok(&server, &event("evt_after"));
+    wait_until(WAIT, "the writable-again message", || {
+        hooks_of(&cap, "idemhook.storage_unavailable").len() == 2
+    });
+    let back = &hooks_of(&cap, "idemhook.storage_unavailable")[1];
+    assert!(
+        back["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("writable again")),
+        "{back}"
+    );
+    wait_until(WAIT, "both recorded as sent", || {
+        server.count(
+            "SELECT count(*) FROM notifications WHERE condition = 'storage_unavailable' AND status = 'sent'",
+            &[],
+        ) == 2
+    });
+}
