@@ -22,6 +22,10 @@ use super::StoreError;
 use super::db::{Db, Dialect};
 use crate::args;
 
+/// The advisory lock class ("notf") of a coalescing key on PostgreSQL;
+/// the two-key locks are a space apart from the migration's one-key lock.
+const NOTIFY_LOCK_CLASS: i64 = 0x6e6f_7466;
+
 /// What one row says, for `notify list` and the admin API.
 pub const LIST_COLUMNS: &str = "id, notify, condition, source, action, event_id, count, status, \
      attempts, created_at, sent_at, summary, details, last_error";
@@ -41,8 +45,23 @@ pub struct NewRow<'a> {
 /// row due now, a collecting row due at the window's end, or one more in
 /// the collecting row. Returns true when it was coalesced.
 pub fn put(db: &Db<'_>, row: &NewRow<'_>, now: i64, coalesce_ms: i64) -> Result<bool, StoreError> {
+    if db.dialect() == Dialect::Postgres {
+        // Two transactions raising the same key take turns (until the
+        // first commits), so the second sees the first's row and one
+        // window has one collecting row. SQLite has one writer.
+        db.execute(
+            "SELECT pg_advisory_xact_lock(CAST(?1 AS INTEGER), hashtext(CAST(?2 AS TEXT)))",
+            args![
+                NOTIFY_LOCK_CLASS,
+                format!(
+                    "{}\u{1f}{}\u{1f}{}\u{1f}{}",
+                    row.notify, row.condition, row.source, row.action
+                )
+            ],
+        )?;
+    }
     let latest = db.query_opt(
-        "SELECT id, status, attempts, due_at FROM notifications
+        "SELECT id, status, attempts, due_at, created_at FROM notifications
          WHERE notify = ?1 AND condition = ?2 AND source = ?3 AND action = ?4
          ORDER BY id DESC LIMIT 1",
         args![row.notify, row.condition, row.source, row.action],
@@ -50,7 +69,10 @@ pub fn put(db: &Db<'_>, row: &NewRow<'_>, now: i64, coalesce_ms: i64) -> Result<
     let due_at = match latest {
         Some(r) => {
             let (id, status, attempts, due_at) = (r.i64(0)?, r.string(1)?, r.i64(2)?, r.i64(3)?);
-            if status == "pending" && attempts == 0 && due_at > now {
+            // A collecting row: made to go at a window's end (due after
+            // it was made), not sent yet, its window not over.
+            let collecting = due_at > r.i64(4)? && due_at > now;
+            if status == "pending" && attempts == 0 && collecting {
                 db.execute(
                     "UPDATE notifications SET count = count + 1, event_id = ?2, summary = ?3,
                             details = ?4

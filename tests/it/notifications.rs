@@ -769,3 +769,40 @@ fn storage_refusing_deliveries_for_a_minute_is_told_and_recorded_once_back() {
         ) == 2
     });
 }
+
+/// Two instances on one database, both with the target: each notification
+/// is sent by one of them, once (`coalesce = "0s"`: every dead letter a
+/// message of its own, all due at once).
+fn two_instances_send_each_notification_once(backend: Backend) {
+    const N: usize = 20;
+    let cap = Capture::start();
+    let config = config(&cap, "0s", "");
+    let env = env(&cap);
+    let a = start(backend, &config, &env);
+    let db = match a.pg_url() {
+        Some(url) => url.to_string(),
+        None => a.db_path().display().to_string(),
+    };
+    let b = start(backend, &config.set("database", &toml_str(&db)), &env);
+    for i in 0..N {
+        let server = if i % 2 == 0 { &a } else { &b };
+        STRIPE.deliver_ok(server, &event(&format!("evt_two_{i}")));
+    }
+    wait_until(WAIT * 2, "every dead letter sent", || {
+        a.count(
+            "SELECT count(*) FROM notifications WHERE notify = 'pager' AND status = 'sent'",
+            &[],
+        ) == N as i64
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let mut ids: Vec<String> = hooks_of(&cap, "idemhook.dead_letter")
+        .iter()
+        .map(|m| m["event_id"].as_str().unwrap_or("").to_string())
+        .collect();
+    ids.sort();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!((before, ids.len()), (N, N), "each once: {ids:?}");
+}
+
+both_backends!(two_instances_send_each_notification_once);
