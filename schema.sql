@@ -346,3 +346,32 @@ CREATE TABLE IF NOT EXISTS circuits (
 -- first: the probe is the first, and a failed probe's job goes last.
 CREATE INDEX IF NOT EXISTS jobs_circuit ON jobs (source, action, updated_at)
     WHERE waiting = 'circuit';
+
+-- Notifications to the [[notify]] targets (store/notifications.rs): one
+-- row per message, written in the transaction of its cause and sent
+-- afterwards by the notifier, retried like a forward job. source and
+-- action are '' where the condition has none. due_at is when the message
+-- is meant to go (a coalescing window's end for a collecting row);
+-- next_attempt_at when it is next tried (a lease ahead while sending).
+CREATE TABLE IF NOT EXISTS notifications (
+    id              INTEGER PRIMARY KEY,
+    notify          TEXT NOT NULL,
+    condition       TEXT NOT NULL,
+    source          TEXT NOT NULL DEFAULT '',
+    action          TEXT NOT NULL DEFAULT '',
+    event_id        TEXT,
+    count           INTEGER NOT NULL DEFAULT 1,
+    summary         TEXT NOT NULL,
+    details         TEXT NOT NULL DEFAULT '{}',
+    status          TEXT NOT NULL,      -- pending, sent, failed
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    due_at          INTEGER NOT NULL,
+    next_attempt_at INTEGER,
+    last_error      TEXT,
+    created_at      INTEGER NOT NULL,
+    sent_at         INTEGER
+);
+CREATE INDEX IF NOT EXISTS notifications_due ON notifications (next_attempt_at)
+    WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS notifications_key
+    ON notifications (notify, condition, source, action, id);

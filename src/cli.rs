@@ -170,6 +170,27 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Notifications to the [[notify]] targets: send a test, list the recent ones.
+    Notify {
+        #[command(subcommand)]
+        command: NotifyCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NotifyCommand {
+    /// Send a test message to the [[notify]] target NAME now (serve need not
+    /// run; nothing is recorded); exit 0 only when it was accepted.
+    Test {
+        /// The target's name.
+        name: String,
+    },
+    /// The recent notifications, newest first.
+    List {
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `idemhook replay`'s arguments: one event (SOURCE EVENT_ID) or a batch
@@ -626,6 +647,10 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             args.yes,
             args.json,
         ),
+        Command::Notify { command } => match command {
+            NotifyCommand::Test { name } => crate::notify::cmd::test_cmd(&config, &name),
+            NotifyCommand::List { json } => crate::notify::cmd::list_cmd(&config, json),
+        },
         // Answered before the config is loaded.
         Command::Completions { .. } | Command::Man { .. } => Ok(Outcome::Done),
     }

@@ -148,7 +148,24 @@ impl Claims for DeliveryClaims {
             .claims
             .get(i)
             .ok_or_else(|| StoreError::other("claim index out of range"))?;
-        claim_in(tx, source, claim)
+        let decision = claim_in(tx, source, claim)?;
+        if let Decision::Accepted { sql_runs, .. } = &decision {
+            for (index, _) in sql_runs.iter().filter(|(_, ok)| !ok) {
+                let action = source.actions.get(*index).map_or("", |a| a.name.as_str());
+                let (event_id, now) = (&claim.event_id, claim.received_at);
+                crate::notify::sql_failed(tx, &self.config, &source.name, action, event_id, now)?;
+            }
+        }
+        if matches!(decision, Decision::Mismatch { .. }) {
+            crate::notify::mismatch(
+                tx,
+                &self.config,
+                &source.name,
+                &claim.event_id,
+                claim.received_at,
+            )?;
+        }
+        Ok(decision)
     }
 }
 

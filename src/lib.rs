@@ -21,6 +21,7 @@ pub mod ingest;
 pub mod key;
 pub mod log;
 pub mod metrics;
+pub mod notify;
 pub mod ops;
 pub mod outbox;
 pub mod readiness;

@@ -119,6 +119,8 @@ pub struct Metrics {
     pub dropped_records: AtomicU64,
     /// `idemhook_catchup_events_total`: this serve's catch-up runs.
     pub catchup: crate::catchup::Counts,
+    /// Notifications: what is counted in memory, and messages by outcome.
+    pub notify: crate::notify::Watch,
 }
 
 impl Metrics {
@@ -168,6 +170,7 @@ impl Metrics {
             downstream_duration: Histogram::new(),
             dropped_records: AtomicU64::new(0),
             catchup: crate::catchup::Counts::new(config),
+            notify: crate::notify::Watch::new(config),
         }
     }
 
@@ -219,6 +222,7 @@ impl Metrics {
         }
         self.render_process(&mut out, storage);
         self.catchup.render(&mut out, escape);
+        self.notify.render(&mut out);
         out
     }
 

@@ -143,12 +143,18 @@ fn launch<B: Backend>(
     }
     let pruner = crate::ops::prune::Background::start(config.clone(), backend.clone());
     let catchup = crate::catchup::Background::start(app.clone());
+    let notifier =
+        crate::notify::Notifier::start(config.clone(), backend.clone(), app.metrics.clone())
+            .context("cannot start the notifier")?;
     let http = HttpServer::start(app.clone()).map_err(|e| anyhow!(e))?;
     let mut signals = stop_signals()?;
     announce_start(&config, &http, &backend.describe(), start);
     let _ = signals.forever().next();
     announce_stopping(&config, &outbox);
     catchup.stop();
+    if let Some(notifier) = notifier {
+        notifier.stop();
+    }
     stop(&config, http, pruner, outbox, app, backend);
     Ok(())
 }
@@ -633,10 +639,37 @@ pub fn describe(config: &Config) -> String {
         describe_source(&mut out, config, s, &database);
         warnings.extend(recorded_rule_warnings(s, &database));
     }
+    describe_notify(&mut out, config);
     for w in warnings {
         let _ = writeln!(out, "\nwarning: {w}");
     }
     out
+}
+
+/// The `[[notify]]` targets, their URLs redacted (they hold secrets).
+fn describe_notify(out: &mut String, config: &Config) {
+    let n = &config.notify;
+    if n.targets.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nnotify      coalesce {}{}",
+        format_duration(n.coalesce),
+        n.ui_url
+            .as_ref()
+            .map_or(String::new(), |u| format!(", links to {u}"))
+    );
+    for t in &n.targets {
+        let on: Vec<&str> = t.on.iter().map(|c| c.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "  {}: {} on {}",
+            t.name,
+            t.kind.describe(),
+            on.join(", ")
+        );
+    }
 }
 
 /// The lines before the sources: the config file, `listen`, the database

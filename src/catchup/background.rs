@@ -11,7 +11,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Report, RunDb, claim_of, claim_write, conclude, found_events, owner_name, run};
+use super::{
+    Report, RunDb, RunNotice, claim_of, claim_write, conclude, found_events, owner_name, run,
+};
 use crate::app::App;
 use crate::config::Config;
 use crate::ingest::Decision;
@@ -180,7 +182,7 @@ fn run_in_serve<B: Backend>(app: &Arc<App<B>>, name: &str) {
     }
     let api = super::api_for(c);
     let result = run(&mut db, &app.config, source, c.window, false, api.as_ref());
-    if let Err(e) = conclude(&mut db, &owner, name, &result) {
+    if let Err(e) = conclude(&mut db, &app.config, &owner, name, &result) {
         crate::log::warn("catchup not recorded", &[("source", &name), ("error", &e)]);
     }
     match result {
@@ -264,9 +266,19 @@ impl<B: Backend> RunDb for AppDb<B> {
         })
     }
 
-    fn finish(&mut self, owner: &str, record: RunRecord) -> Result<(), OpError> {
+    fn finish(
+        &mut self,
+        owner: &str,
+        record: RunRecord,
+        told: RunNotice<'_>,
+    ) -> Result<(), OpError> {
         let owner = owner.to_string();
-        self.app
-            .write(move |db| catchup::finish(db, &owner, &record).map_err(OpError::from))
+        // The settings are serve's own (`told` names them for the command).
+        let occurrence = told.map(|(_, o)| o.clone());
+        let config = self.app.config.clone();
+        self.app.write(move |db| {
+            let told = occurrence.as_ref().map(|o| (&config.notify, o));
+            super::finish_in(db, &owner, &record, told)
+        })
     }
 }

@@ -71,8 +71,36 @@ pub trait RunDb {
         owner: &str,
         honour_retry_after: bool,
     ) -> Result<bool, OpError>;
-    /// Records the run and gives the lease back.
-    fn finish(&mut self, owner: &str, record: RunRecord) -> Result<(), OpError>;
+    /// Records the run and gives the lease back, writing `told` (the
+    /// `catchup` notification of a run that found events) in the same
+    /// transaction.
+    fn finish(
+        &mut self,
+        owner: &str,
+        record: RunRecord,
+        told: RunNotice<'_>,
+    ) -> Result<(), OpError>;
+}
+
+/// A notification to write with a run's record: the settings and what
+/// happened.
+pub type RunNotice<'a> = Option<(
+    &'a crate::config::notify::NotifySettings,
+    &'a crate::notify::Occurrence,
+)>;
+
+/// Records a run (and writes its notification) in the caller's write.
+pub fn finish_in(
+    db: &crate::store::db::Db<'_>,
+    owner: &str,
+    record: &RunRecord,
+    told: RunNotice<'_>,
+) -> Result<(), OpError> {
+    crate::store::catchup::finish(db, owner, record)?;
+    if let Some((settings, o)) = told {
+        crate::notify::raise_db(db, settings, o, crate::time::now_ms())?;
+    }
+    Ok(())
 }
 
 /// What one run found and did.
@@ -148,11 +176,34 @@ pub fn found_events(report: &Report) -> bool {
 /// Returns whether it found events ([`found_events`]).
 pub fn conclude(
     db: &mut dyn RunDb,
+    config: &Config,
     owner: &str,
     source: &str,
     result: &Result<Report, OpError>,
 ) -> Result<bool, OpError> {
     let now = crate::time::now_ms();
+    let found = result.as_ref().is_ok_and(found_events);
+    let occurrence = result.as_ref().ok().filter(|_| found).map(|report| {
+        crate::notify::Occurrence::new(
+            crate::notify::Condition::Catchup,
+            source,
+            None,
+            None,
+            format!(
+                "catch-up of {source} found {} event(s) the provider had not delivered: \
+                     {} claimed, {} asked to be delivered again",
+                report.claimed.len() + report.redelivery_requested.len(),
+                report.claimed.len(),
+                report.redelivery_requested.len()
+            ),
+            serde_json::json!({
+                "claimed": report.claimed.len(),
+                "redelivery_requested": report.redelivery_requested.len(),
+                "already_stored": report.already_stored,
+            }),
+        )
+    });
+    let told = occurrence.as_ref().map(|o| (&config.notify, o));
     let record = match result {
         Ok(report) => report.record(now),
         Err(e) => RunRecord {
@@ -162,8 +213,8 @@ pub fn conclude(
             ..RunRecord::default()
         },
     };
-    db.finish(owner, record)?;
-    Ok(result.as_ref().is_ok_and(found_events))
+    db.finish(owner, record, told)?;
+    Ok(found)
 }
 
 /// One run for `source` over the last `since`: lists what the provider

@@ -23,6 +23,7 @@ pub mod check_template;
 pub mod database_url;
 pub mod generic;
 mod kind;
+pub mod notify;
 mod parse;
 pub mod presets;
 pub mod public_origin;
@@ -115,6 +116,8 @@ pub struct Config {
     /// shell variable, a retention shorter than the provider retries):
     /// `check` prints these and `serve` logs them at start.
     pub warnings: Vec<String>,
+    /// `[[notify]]` targets, `coalesce`, `ui_url`.
+    pub notify: notify::NotifySettings,
 }
 
 #[derive(Debug, Clone)]

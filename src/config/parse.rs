@@ -87,6 +87,7 @@ impl Config {
                 "no [sources.NAME] table: at least one source is needed".into(),
             ));
         }
+        let notify = super::notify::notify_of(&raw, base).map_err(err)?;
         let mut sources = Vec::new();
         for (name, rs) in raw.sources {
             let source =
@@ -117,6 +118,7 @@ impl Config {
             sources,
             public_origin,
             warnings,
+            notify,
         })
     }
 }

@@ -33,6 +33,30 @@ pub(super) struct RawConfig {
     pub(super) public_origin: Option<String>,
     #[serde(default)]
     pub(super) sources: BTreeMap<String, RawSource>,
+    pub(super) coalesce: Option<String>,
+    pub(super) ui_url: Option<String>,
+    #[serde(default)]
+    pub(super) notify: Vec<RawNotify>,
+}
+
+/// One `[[notify]]` target as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNotify {
+    pub(super) name: Option<String>,
+    pub(super) slack: Option<String>,
+    pub(super) webhook: Option<String>,
+    pub(super) sign_secret: Option<String>,
+    pub(super) email: Option<RawEmail>,
+    pub(super) on: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEmail {
+    pub(super) smtp: Option<String>,
+    pub(super) from: Option<String>,
+    pub(super) to: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]

@@ -105,6 +105,7 @@ fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, token: &str, by_cookie
         ["api", "rejected"] => only(rq, "GET", |rq| rejected::list(app, rq)),
         ["api", "rejected", id] => only(rq, "GET", |_| rejected::show(app, id)),
         ["api", "reingest"] => only(rq, "POST", |rq| rejected::reingest(app, rq)),
+        ["api", "notifications"] => only(rq, "GET", |_| notifications_route(app)),
         _ => Reply::error(404, "no such admin route"),
     }
 }
@@ -655,6 +656,24 @@ fn probe_route<B: Backend>(app: &App<B>, source: &str, action: &str) -> Reply {
 fn actions_route<B: Backend>(app: &App<B>) -> Reply {
     match read(app, |db| inspector::actions(db, &app.config)) {
         Ok(v) => Reply::json(200, &v),
+        Err(e) => op_error(e),
+    }
+}
+
+/// `GET /api/notifications`: the recent notifications, newest first, as
+/// `notify list --json` prints them.
+fn notifications_route<B: Backend>(app: &App<B>) -> Reply {
+    match read(app, |db| {
+        crate::store::notifications::list(db, crate::notify::cmd::LIST_LIMIT)
+            .map_err(OpError::Store)
+    }) {
+        Ok(list) => {
+            let shaped: Vec<serde_json::Value> = list
+                .iter()
+                .map(crate::notify::cmd::contract_shape)
+                .collect();
+            Reply::json(200, &shaped)
+        }
         Err(e) => op_error(e),
     }
 }

@@ -12,7 +12,7 @@ use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::{open_db_read, open_db_write};
 use super::text::{clean, stdout};
-use crate::catchup::{Report, RunDb, claim_of, claim_write, conclude, owner_name, run};
+use crate::catchup::{Report, RunDb, RunNotice, claim_of, claim_write, conclude, owner_name, run};
 use crate::config::{Config, parse_duration};
 use crate::ingest::Decision;
 use crate::store::catchup::{self, RunRecord};
@@ -49,9 +49,14 @@ impl RunDb for HandleDb {
         })
     }
 
-    fn finish(&mut self, owner: &str, record: RunRecord) -> Result<(), OpError> {
+    fn finish(
+        &mut self,
+        owner: &str,
+        record: RunRecord,
+        told: RunNotice<'_>,
+    ) -> Result<(), OpError> {
         self.0
-            .write(|db| catchup::finish(db, owner, &record).map_err(OpError::from))
+            .write(|db| crate::catchup::finish_in(db, owner, &record, told))
     }
 }
 
@@ -103,7 +108,7 @@ pub fn cmd(
             )));
         }
         let result = run(&mut db, &config, source, window, false, api.as_ref());
-        conclude(&mut db, &owner, &source.name, &result)?;
+        conclude(&mut db, &config, &owner, &source.name, &result)?;
         result?
     } else {
         run(&mut db, &config, source, window, true, api.as_ref())?

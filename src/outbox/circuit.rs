@@ -28,7 +28,9 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::config::notify::NotifySettings;
 use crate::config::{Circuit, Config};
+use crate::notify::{Condition, Occurrence};
 use crate::store::StoreError;
 use crate::store::circuits::{self as steps, CircuitRow};
 use crate::store::tx::OutboxTx;
@@ -120,13 +122,28 @@ pub(super) fn due_at(row: &CircuitRow) -> Option<i64> {
 /// inspector and `/metrics` read the row).
 pub fn open_circuit<T: OutboxTx>(
     tx: &mut T,
-    source: &str,
-    action: &str,
+    notify: &NotifySettings,
+    (source, action): (&str, &str),
     failures: i64,
     first_probe_at: i64,
     now: i64,
 ) -> Result<(), StoreError> {
-    steps::set_open(&tx.db(), source, action, failures, now, first_probe_at)
+    steps::set_open(&tx.db(), source, action, failures, now, first_probe_at)?;
+    let told = Occurrence::new(
+        Condition::CircuitOpen,
+        source,
+        Some(action),
+        None,
+        format!(
+            "circuit open on {source}/{action} after {failures} failures in a row: \
+             its jobs wait, one probe at a time finds out when the downstream is back"
+        ),
+        serde_json::json!({
+            "failures": failures,
+            "next_probe_at": first_probe_at.div_euclid(1000),
+        }),
+    );
+    crate::notify::raise(tx, notify, &told, now)
 }
 
 /// Closes the action's circuit, in the transaction that recorded the
@@ -134,17 +151,37 @@ pub fn open_circuit<T: OutboxTx>(
 /// many). The one place a circuit closes.
 pub fn close_circuit<T: OutboxTx>(
     tx: &mut T,
+    notify: &NotifySettings,
     source: &str,
     action: &str,
     now: i64,
 ) -> Result<u64, StoreError> {
-    steps::set_closed(&tx.db(), source, action, now)
+    if !notify.wants(Condition::CircuitClosed) {
+        return steps::set_closed(&tx.db(), source, action, now);
+    }
+    let opened_at = steps::locked(&tx.db(), source, action, now)?.opened_at;
+    let waited = steps::set_closed(&tx.db(), source, action, now)?;
+    let open_for = opened_at.map(|at| (now - at).max(0).div_euclid(1000));
+    let told = Occurrence::new(
+        Condition::CircuitClosed,
+        source,
+        Some(action),
+        None,
+        format!(
+            "circuit closed on {source}/{action} after {}: {waited} waiting jobs flow again",
+            open_for.map_or_else(|| "a while".to_string(), |s| format!("{s} s open"))
+        ),
+        serde_json::json!({ "open_for_s": open_for, "jobs_waiting": waited }),
+    );
+    crate::notify::raise(tx, notify, &told, now)?;
+    Ok(waited)
 }
 
 /// After an attempt that says the downstream is down: one more
 /// consecutive failure, which may open the circuit.
 pub(super) fn count_failure<T: OutboxTx>(
     tx: &mut T,
+    notify: &NotifySettings,
     circuit: &Circuit,
     source: &str,
     action: &str,
@@ -154,7 +191,7 @@ pub(super) fn count_failure<T: OutboxTx>(
     let failures = row.failures + 1;
     if row.opened_at.is_none() && failures >= i64::from(circuit.failures) {
         let first = probe_wait(circuit.probe, circuit.probe, 0, fastrand::f64());
-        open_circuit(tx, source, action, failures, now + ms(first), now)
+        open_circuit(tx, notify, (source, action), failures, now + ms(first), now)
     } else {
         steps::set_failures(&tx.db(), source, action, failures, now)
     }
@@ -164,13 +201,14 @@ pub(super) fn count_failure<T: OutboxTx>(
 /// circuit (opened by an attempt that was under way) closes.
 pub(super) fn count_success<T: OutboxTx>(
     tx: &mut T,
+    notify: &NotifySettings,
     source: &str,
     action: &str,
     now: i64,
 ) -> Result<(), StoreError> {
     let row = steps::locked(&tx.db(), source, action, now)?;
     if row.opened_at.is_some() {
-        close_circuit(tx, source, action, now)?;
+        close_circuit(tx, notify, source, action, now)?;
     } else if row.failures != 0 {
         steps::set_failures(&tx.db(), source, action, 0, now)?;
     }
@@ -214,7 +252,7 @@ pub(super) fn close_unconfigured<T: OutboxTx>(
 ) -> Result<(), StoreError> {
     for row in steps::open(&tx.db())? {
         if circuit_of(config, &row.source, &row.action).is_none() {
-            close_circuit(tx, &row.source, &row.action, now)?;
+            close_circuit(tx, &config.notify, &row.source, &row.action, now)?;
         }
     }
     steps::release_orphans(&tx.db(), now)?;

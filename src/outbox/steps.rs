@@ -227,7 +227,7 @@ fn take_one<T: OutboxTx>(
     let Some(lease_ends) = lease_job(tx, fwd, &candidate, owner, now)? else {
         return Ok(None);
     };
-    let Some(budget_base) = budget_after_takeover(tx, fwd, &candidate, now)? else {
+    let Some(budget_base) = budget_after_takeover(tx, config, fwd, &candidate, now)? else {
         return Ok(None);
     };
     let Candidate {
@@ -250,9 +250,11 @@ fn take_one<T: OutboxTx>(
             job_id,
             source: &source,
             event_id: &event_id,
+            action: &action,
         };
         fail_and_refresh(
             tx,
+            config,
             job,
             now,
             "the stored body was erased or pruned; nothing to forward",
@@ -350,6 +352,7 @@ fn lease_job<T: OutboxTx>(
 /// as cut short; None when that used up its attempts (the job failed).
 fn budget_after_takeover<T: OutboxTx>(
     tx: &mut T,
+    config: &Config,
     fwd: &Forward,
     candidate: &Candidate,
     now: i64,
@@ -378,9 +381,11 @@ fn budget_after_takeover<T: OutboxTx>(
                 job_id,
                 source: &candidate.source,
                 event_id: &candidate.event_id,
+                action: &candidate.action,
             };
             fail_and_refresh(
                 tx,
+                config,
                 job,
                 now,
                 if used_up {
@@ -401,27 +406,59 @@ pub struct JobRef<'a> {
     pub job_id: i64,
     pub source: &'a str,
     pub event_id: &'a str,
+    pub action: &'a str,
+}
+
+/// What a dead letter's last attempt said, for its notification.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LastAttempt<'a> {
+    pub error_kind: Option<&'a str>,
+    pub http_status: Option<u16>,
+    pub error: Option<&'a str>,
 }
 
 /// Fails a job with `error` and brings its event's state up to date.
 fn fail_and_refresh<T: OutboxTx>(
     tx: &mut T,
+    config: &Config,
     job: JobRef<'_>,
     now: i64,
     error: &str,
 ) -> Result<(), StoreError> {
     let status = fail_job(tx, job.job_id, now, error)?;
     if status == JobStatus::Failed {
-        dead_letter(tx, job, now)
+        let last = LastAttempt {
+            error: Some(error),
+            ..LastAttempt::default()
+        };
+        dead_letter(tx, config, job, last, now)
     } else {
         refresh_event_state_in(tx, job.source, job.event_id, now).map(|_| ())
     }
 }
 
 /// A forward job failed for good (a dead letter), in the transaction that
-/// wrote its status: its event's state follows (failed). The one place
-/// every dead letter of the outbox passes, after the job's row says so.
-pub fn dead_letter<T: OutboxTx>(tx: &mut T, job: JobRef<'_>, now: i64) -> Result<(), StoreError> {
+/// wrote its status: its event's state follows (failed), and the
+/// `dead_letter` notification is written with it. The one place every
+/// dead letter of the outbox passes, after the job's row says so.
+pub fn dead_letter<T: OutboxTx>(
+    tx: &mut T,
+    config: &Config,
+    job: JobRef<'_>,
+    last: LastAttempt<'_>,
+    now: i64,
+) -> Result<(), StoreError> {
+    crate::notify::dead_letter(
+        tx,
+        config,
+        job.source,
+        job.action,
+        job.event_id,
+        last.error_kind,
+        last.http_status,
+        last.error,
+        now,
+    )?;
     refresh_event_state_in(tx, job.source, job.event_id, now).map(|_| ())
 }
 
@@ -587,8 +624,14 @@ pub(super) fn complete<T: OutboxTx>(
             job_id: job.job_id,
             source: &job.source,
             event_id: &job.event_id,
+            action: &job.action,
         };
-        dead_letter(tx, dead, a.finished_at)?;
+        let last = LastAttempt {
+            error_kind: a.error_kind,
+            http_status: a.http_status,
+            error: a.error.as_deref(),
+        };
+        dead_letter(tx, config, dead, last, a.finished_at)?;
     } else {
         refresh_event_state_in(tx, &job.source, &job.event_id, a.finished_at)?;
     }
@@ -603,7 +646,8 @@ pub(super) fn complete<T: OutboxTx>(
             control::release_slot(tx, &job.source, &job.action, a.finished_at)?;
         }
         if let Some(c) = &fwd.circuit {
-            record_in_circuit(tx, c, fwd.retry_max, job, owner, a, note)?;
+            let action = (fwd, c);
+            record_in_circuit(tx, &config.notify, action, job, owner, a, note)?;
         }
     }
     Ok(())
@@ -615,8 +659,8 @@ pub(super) fn complete<T: OutboxTx>(
 /// attempt counts as `note` says.
 fn record_in_circuit<T: OutboxTx>(
     tx: &mut T,
-    c: &crate::config::Circuit,
-    retry_max: Duration,
+    notify: &crate::config::notify::NotifySettings,
+    (fwd, c): (&Forward, &crate::config::Circuit),
     job: &Leased,
     owner: &str,
     a: &Attempt,
@@ -625,9 +669,9 @@ fn record_in_circuit<T: OutboxTx>(
     let (source, action, now) = (job.source.as_str(), job.action.as_str(), a.finished_at);
     if job.probe {
         return match a.verdict {
-            Verdict::Done => circuit::close_circuit(tx, source, action, now).map(|_| ()),
+            Verdict::Done => circuit::close_circuit(tx, notify, source, action, now).map(|_| ()),
             Verdict::Retry => {
-                circuit::probe_failed(tx, c, retry_max, (source, action), owner, now)?;
+                circuit::probe_failed(tx, c, fwd.retry_max, (source, action), owner, now)?;
                 circuits::probe_job_back(&tx.db(), job.job_id, now)
             }
             Verdict::Fail => circuit::probe_released(tx, source, action, owner, now),
@@ -635,8 +679,8 @@ fn record_in_circuit<T: OutboxTx>(
     }
     match note {
         CircuitNote::Nothing => Ok(()),
-        CircuitNote::Success => circuit::count_success(tx, source, action, now),
-        CircuitNote::Failure => circuit::count_failure(tx, c, source, action, now),
+        CircuitNote::Success => circuit::count_success(tx, notify, source, action, now),
+        CircuitNote::Failure => circuit::count_failure(tx, notify, c, source, action, now),
     }
 }
 

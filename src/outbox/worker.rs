@@ -338,10 +338,12 @@ impl<B: Backend> Worker<B> {
             return;
         };
         let owner = self.owner.clone();
+        let config = self.config.clone();
         let recorded = self.jobs(move |tx| {
             let now = tx.clock(now_ms())?;
             if up {
-                circuit::close_circuit(tx, &probe.source, &probe.action, now).map(|_| ())
+                circuit::close_circuit(tx, &config.notify, &probe.source, &probe.action, now)
+                    .map(|_| ())
             } else {
                 circuit::probe_failed(
                     tx,

@@ -21,6 +21,7 @@ pub mod incidents;
 pub mod jobs;
 pub mod meta;
 pub mod named;
+pub mod notifications;
 pub mod paused;
 #[cfg(test)]
 #[path = "../../tests/support/pg_cluster.rs"]

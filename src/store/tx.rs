@@ -220,6 +220,11 @@ pub trait Tx {
         sql: &str,
         value_of: impl FnMut(&str) -> Option<ParamValue>,
     ) -> Result<(), ActionError>;
+
+    /// The open transaction as the shared query layer, for the steps
+    /// written once for both backends that ride along a claim or an
+    /// outbox step (`notify::raise`); None where no database is behind it.
+    fn shared_db(&mut self) -> Option<crate::store::db::Db<'_>>;
 }
 
 /// Jobs one worker takes at once: enough to spread the cost of a take over

@@ -26,6 +26,7 @@ mod helpers;
 mod hostile;
 mod inspector;
 mod metrics;
+mod notifications;
 mod ops;
 mod outbox;
 mod pg;

@@ -14,7 +14,7 @@ use crate::downstream::Downstream;
 use crate::harness::{CLI_TIMEOUT, CliOutput, Server, ServerConfig, run_binary, toml_str};
 
 /// The commands a user types, as `idemhook help` lists them.
-const COMMANDS: [&str; 20] = [
+const COMMANDS: [&str; 21] = [
     "serve",
     "check",
     "send",
@@ -34,6 +34,7 @@ const COMMANDS: [&str; 20] = [
     "probe",
     "completions",
     "man",
+    "notify",
     "help",
 ];
 
@@ -319,6 +320,8 @@ fn man_dir_writes_a_page_per_command_into_an_existing_folder_only() {
         "idemhook-events-show",
         "idemhook-rejected-list",
         "idemhook-rejected-show",
+        "idemhook-notify-test",
+        "idemhook-notify-list",
     ]
     .iter()
     .map(|name| Path::new("man1").join(format!("{name}.1")))

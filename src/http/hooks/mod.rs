@@ -140,6 +140,7 @@ fn accept<B: Backend>(
             if e.is_bad_request() {
                 refused(Delivery::BadRequest, 400, e.to_string())
             } else {
+                app.metrics.notify.bad_signature(index, received_at);
                 refused(Delivery::BadSignature, 401, e.to_string()).failed(part)
             }
             .keeping(&body)
@@ -358,8 +359,12 @@ fn committed<'a, T, B: Backend>(
             "internal error: source index out of range",
         ));
     };
+    if result.is_ok() {
+        app.metrics.notify.storage_ok();
+    }
     result.map(|outcome| (source, outcome)).map_err(|e| {
         app.metrics.delivery(Some(index), Delivery::Unavailable);
+        app.metrics.notify.storage_failed(crate::time::now_ms());
         crate::log::warn(
             "delivery",
             &[
@@ -674,11 +679,17 @@ fn kept_refusal<B: Backend>(
         body,
         source.keep_rejected_bytes,
     );
-    if kept.is_none() {
+    match &kept {
         // Too much waits for the disk already: recorded without it.
-        app.metrics
-            .dropped_records
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        None => {
+            app.metrics
+                .dropped_records
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Some(_) => app
+            .metrics
+            .notify
+            .kept_refusal(index?, crate::time::now_ms()),
     }
     kept
 }

@@ -969,6 +969,9 @@ impl Tx for FirstStep {
     ) -> Result<(), ActionError> {
         Err(ActionError::Store(stopped()))
     }
+    fn shared_db(&mut self) -> Option<crate::store::db::Db<'_>> {
+        None
+    }
 }
 
 /// How often each instance folds the job counters' changes.

@@ -201,6 +201,27 @@ pub const TABLES: &[Table] = &[
             ("updated_at", 'i'),
         ],
     },
+    Table {
+        name: "notifications",
+        columns: &[
+            ("id", 'i'),
+            ("notify", 't'),
+            ("condition", 't'),
+            ("source", 't'),
+            ("action", 't'),
+            ("event_id", 't'),
+            ("count", 'i'),
+            ("summary", 't'),
+            ("details", 't'),
+            ("status", 't'),
+            ("attempts", 'i'),
+            ("due_at", 'i'),
+            ("next_attempt_at", 'i'),
+            ("last_error", 't'),
+            ("created_at", 'i'),
+            ("sent_at", 'i'),
+        ],
+    },
 ];
 
 /// Tables whose ids come from an identity column: its sequence is moved
@@ -212,6 +233,7 @@ const IDENTITY: &[&str] = &[
     "incidents",
     "replays",
     "rejected",
+    "notifications",
 ];
 
 /// meta rows that belong to one backend (SQLite's schema version; the

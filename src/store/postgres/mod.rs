@@ -64,6 +64,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../migrations/postgres/0006_circuits.sql"),
     ),
     (
+        7,
+        "notifications",
+        include_str!("../../../migrations/postgres/0007_notifications.sql"),
+    ),
+    (
         8,
         "rejected",
         include_str!("../../../migrations/postgres/0008_rejected.sql"),
@@ -108,6 +113,7 @@ const TABLES: &[&str] = &[
     "rejected_totals",
     "catchup_runs",
     "circuits",
+    "notifications",
 ];
 
 /// The key of the advisory lock held while migrating, so instances that

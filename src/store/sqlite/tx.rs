@@ -285,6 +285,10 @@ impl Tx for SqliteTx<'_> {
         stmt.raw_execute().map_err(statement_error)?;
         Ok(())
     }
+
+    fn shared_db(&mut self) -> Option<crate::store::db::Db<'_>> {
+        Some(crate::store::db::Db::sqlite(self.conn))
+    }
 }
 
 use crate::store::tx::{Candidate, CheckRow, ForwardEvent, OutboxTx};

@@ -324,6 +324,10 @@ impl Tx for PgTx<'_> {
             .map_err(action_error)?;
         Ok(())
     }
+
+    fn shared_db(&mut self) -> Option<crate::store::db::Db<'_>> {
+        Some(crate::store::db::Db::postgres(self.client))
+    }
 }
 
 /// An SQL action's failure: the statement's own (a constraint, a syntax
