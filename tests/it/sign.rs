@@ -56,6 +56,49 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
+/// The `stripe` kind's payload hash, written independently of the
+/// server: over `/id`, `/type` and `/data`, each as canonical JSON (keys
+/// sorted, compact; `null` when absent), each prefixed with its length
+/// and a colon, so a body formatted differently hashes the same.
+pub fn stripe_payload_hash(body: &[u8]) -> String {
+    use sha2::Digest as _;
+    fn canonical(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                let members: Vec<String> = keys
+                    .into_iter()
+                    .map(|k| {
+                        format!(
+                            "{}:{}",
+                            serde_json::Value::from(k.as_str()),
+                            canonical(&map[k])
+                        )
+                    })
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            }
+            serde_json::Value::Array(items) => {
+                format!(
+                    "[{}]",
+                    items.iter().map(canonical).collect::<Vec<_>>().join(",")
+                )
+            }
+            other => other.to_string(),
+        }
+    }
+    let parsed: serde_json::Value = serde_json::from_slice(body).expect("a JSON body");
+    let mut hasher = Sha256::new();
+    for member in ["id", "type", "data"] {
+        let text = parsed
+            .get(member)
+            .map_or_else(|| "null".to_string(), canonical);
+        hasher.update(format!("{}:{text}", text.len()).as_bytes());
+    }
+    hex::encode(hasher.finalize())
+}
+
 /// Stripe: `Stripe-Signature: t=<unix secs>,v1=<hex HMAC-SHA256 of "t.body">`.
 pub fn stripe(secret: &str, body: &[u8], timestamp: i64) -> Headers {
     vec![

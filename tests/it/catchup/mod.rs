@@ -17,7 +17,7 @@ use fakes::{GithubDelivery, HookTarget, stripe_event};
 
 const SECRET: &str = "whsec_catchup_test";
 const API_KEY: &str = "rk_test_catchup_key_do_not_print";
-const ADMIN_TOKEN: &str = "catchup-admin-token-0123456789";
+const ADMIN_TOKEN: &str = "catchup-admin-token-0123456789abcdef";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 const HOOK: &str = "repos/acme/shop/hooks/12345678";
 
