@@ -19,7 +19,7 @@ use crate::helpers::api;
 use crate::sign;
 
 const SECRET: &str = "whsec_it_circuit_0123456789";
-const ADMIN_TOKEN: &str = "it-circuit-admin-token-5e1d";
+const ADMIN_TOKEN: &str = "it-circuit-admin-token-5e1d-0123456789";
 const WAIT: Duration = Duration::from_secs(40);
 
 /// One forward action `shop/notify` to `ds`, a circuit after 3

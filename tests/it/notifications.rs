@@ -20,7 +20,7 @@ use crate::helpers::{StripeHook, api, stripe_source};
 
 const STRIPE_SECRET: &str = "whsec_it_notify_stripe_0123456789";
 const STRIPE: StripeHook = StripeHook::new("stripe", STRIPE_SECRET);
-const TOKEN: &str = "it-notify-admin-token";
+const TOKEN: &str = "it-notify-admin-token-0123456789abcdef";
 /// Parts of the targets' URLs that are secrets: never printed.
 const SLACK_SECRET: &str = "T000SLACKSECRETPATH";
 const HOOK_SECRET: &str = "HOOKSECRETPATH";
@@ -806,3 +806,139 @@ fn two_instances_send_each_notification_once(backend: Backend) {
 }
 
 both_backends!(two_instances_send_each_notification_once);
+
+/// A forward action's circuit opening and closing is told: the webhook
+/// target gets `idemhook.circuit_open` (its failures) once the downstream
+/// fails three times in a row, and `idemhook.circuit_closed` (how long it
+/// was open, how many jobs waited) once a probe finds it back; the waiting
+/// jobs are then delivered.
+fn circuits_opening_and_closing_are_told(backend: Backend) {
+    let cap = Capture::start();
+    let ds = crate::downstream::Downstream::start();
+    ds.set_down(true);
+    let action = format!(
+        "[[sources.stripe.actions]]\nname = \"app\"\nforward = {}\ntimeout = \"1s\"\nlease = \"2s\"\n\
+         retry_initial = \"100ms\"\nretry_max = \"1s\"\ncircuit_failures = 3\ncircuit_probe = \"200ms\"\n",
+        toml_str(&format!("{}/in", ds.url()))
+    );
+    let config = ServerConfig::new()
+        .set("admin_token", &toml_str(TOKEN))
+        .set("coalesce", &toml_str("0s"))
+        .tables(&stripe_source("stripe", &action))
+        .tables("[[notify]]\nname = \"pager\"\nwebhook = \"env:HOOK_URL\"\non = [\"circuit_open\", \"circuit_closed\"]\n");
+    let server = start(backend, &config, &env(&cap));
+    for i in 0..4 {
+        STRIPE.deliver_ok(&server, &event(&format!("evt_circuit_{i}")));
+    }
+    wait_until(WAIT, "a circuit_open message", || {
+        !hooks_of(&cap, "idemhook.circuit_open").is_empty()
+    });
+    let open = &hooks_of(&cap, "idemhook.circuit_open")[0];
+    assert_eq!(open["source"], "stripe", "{open}");
+    assert_eq!(open["action"], "app", "{open}");
+    assert!(open["details"]["failures"].as_i64() >= Some(3), "{open}");
+    assert!(hooks_of(&cap, "idemhook.circuit_closed").is_empty());
+
+    ds.set_down(false);
+    wait_until(WAIT, "a circuit_closed message", || {
+        !hooks_of(&cap, "idemhook.circuit_closed").is_empty()
+    });
+    let closed = &hooks_of(&cap, "idemhook.circuit_closed")[0];
+    assert_eq!(closed["action"], "app", "{closed}");
+    assert!(closed["details"]["open_for_s"].is_i64(), "{closed}");
+    wait_until(WAIT, "every job delivered once the circuit closed", || {
+        (0..4).all(|i| ds.effects(&format!("stripe:evt_circuit_{i}:app")) == 1)
+    });
+    assert_eq!(
+        hooks_of(&cap, "idemhook.circuit_open").len(),
+        1,
+        "the circuit opened once"
+    );
+}
+
+both_backends!(circuits_opening_and_closing_are_told);
+
+/// Ten refused deliveries kept for one source within five minutes (a
+/// secret mistyped: each kept for `reingest`) are told as `rejected`,
+/// once for the ten.
+fn kept_refusals_growing_are_told(backend: Backend) {
+    let cap = Capture::start();
+    let config = ServerConfig::new()
+        .set("admin_token", &toml_str(TOKEN))
+        .set("coalesce", &toml_str("0s"))
+        .tables(&stripe_source("stripe", ""))
+        .tables("[[notify]]\nname = \"pager\"\nwebhook = \"env:HOOK_URL\"\non = [\"rejected\"]\n");
+    let server = start(backend, &config, &env(&cap));
+    for i in 0..10 {
+        let body = event(&format!("evt_wrong_{i}"));
+        let r = server.post(
+            "/hooks/stripe",
+            &crate::sign::stripe_now("whsec_not_the_secret", &body),
+            &body,
+        );
+        assert_eq!(r.status, 401, "{}", r.text());
+    }
+    wait_until(WAIT, "a rejected message", || {
+        !hooks_of(&cap, "idemhook.rejected").is_empty()
+    });
+    let told = hooks_of(&cap, "idemhook.rejected");
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0]["source"], "stripe", "{}", told[0]);
+    assert!(
+        told[0]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("reingest")),
+        "{}",
+        told[0]
+    );
+}
+
+both_backends!(kept_refusals_growing_are_told);
+
+/// A catch-up run that claims events the provider had not delivered is
+/// told as `catchup` (its counts in `details`), written with the run's
+/// record by the command and sent by serve's notifier; a run that finds
+/// nothing new tells nothing.
+fn a_catch_up_that_finds_events_is_told(backend: Backend) {
+    use crate::catchup::fakes;
+    let cap = Capture::start();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let missed: Vec<Value> = (0..3)
+        .map(|i| fakes::stripe_event(&format!("evt_missed_{i}"), now - 60, 100))
+        .collect();
+    let fake = fakes::stripe("sk_test_catchup_notify", missed);
+    let config = ServerConfig::new()
+        .set("admin_token", &toml_str(TOKEN))
+        .set("coalesce", &toml_str("0s"))
+        .tables(&format!(
+            "[sources.stripe]\nkind = \"stripe\"\nsecrets = [\"env:STRIPE_SECRET\"]\n\
+             [sources.stripe.catchup]\napi_key = \"sk_test_catchup_notify\"\ninterval = \"0s\"\n\
+             api_url = {}\n",
+            toml_str(&fake.url())
+        ))
+        .tables("[[notify]]\nname = \"pager\"\nwebhook = \"env:HOOK_URL\"\non = [\"catchup\"]\n");
+    let server = start(backend, &config, &env(&cap));
+    let run = server.run_cli(&["catchup", "stripe", "--yes"]);
+    assert!(run.success(), "{}\n{}", run.stdout, run.stderr);
+    wait_until(WAIT, "a catchup message", || {
+        !hooks_of(&cap, "idemhook.catchup").is_empty()
+    });
+    let told = hooks_of(&cap, "idemhook.catchup");
+    assert_eq!(told[0]["source"], "stripe", "{}", told[0]);
+    assert_eq!(told[0]["details"]["claimed"], 3, "{}", told[0]);
+
+    let again = server.run_cli(&["catchup", "stripe", "--yes"]);
+    assert!(again.success(), "{}\n{}", again.stdout, again.stderr);
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM notifications WHERE condition = 'catchup'",
+            &[]
+        ),
+        1,
+        "a run that found nothing new tells nothing"
+    );
+}
+
+both_backends!(a_catch_up_that_finds_events_is_told);
