@@ -169,6 +169,7 @@ impl Outbox {
                 .context("cannot close the circuits of actions without one")?;
         }
         let clean = Arc::new(circuit::Clean::default());
+        let held = Arc::new(worker::Held::default());
         let nonce = fastrand::u32(..);
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
@@ -184,6 +185,7 @@ impl Outbox {
                 stop: stop.clone(),
                 in_flight: in_flight.clone(),
                 clean: clean.clone(),
+                held: held.clone(),
             };
             let handle = std::thread::Builder::new()
                 .name(format!("idemhook-forward-{i}"))
@@ -347,7 +349,15 @@ mod tests {
         )
         .unwrap();
         for now in [1_000, 2_000, 3_000] {
-            let taken = take(&mut SqliteTx::new(&conn), &config, "w", now, TAKE_BATCH).unwrap();
+            let taken = take(
+                &mut SqliteTx::new(&conn),
+                &config,
+                "w",
+                now,
+                TAKE_BATCH,
+                &Default::default(),
+            )
+            .unwrap();
             assert!(taken.jobs.is_empty());
         }
         use crate::store::sqlite::{DUE_JOBS, EXPIRED_JOBS};
@@ -402,7 +412,15 @@ mod tests {
             ))
             .unwrap();
             // Warm the statement cache, then count one take's steps.
-            take(&mut SqliteTx::new(&conn), &config, "w", 1_500, TAKE_BATCH).unwrap();
+            take(
+                &mut SqliteTx::new(&conn),
+                &config,
+                "w",
+                1_500,
+                TAKE_BATCH,
+                &Default::default(),
+            )
+            .unwrap();
             let steps = std::sync::Arc::new(AtomicU64::new(0));
             let counter = steps.clone();
             conn.progress_handler(
@@ -414,7 +432,15 @@ mod tests {
             )
             .unwrap();
             let clock = std::time::Instant::now();
-            let taken = take(&mut SqliteTx::new(&conn), &config, "w", 1_500, TAKE_BATCH).unwrap();
+            let taken = take(
+                &mut SqliteTx::new(&conn),
+                &config,
+                "w",
+                1_500,
+                TAKE_BATCH,
+                &Default::default(),
+            )
+            .unwrap();
             let took = clock.elapsed();
             assert!(taken.jobs.is_empty(), "the probe is not due yet");
             assert_eq!(taken.next_due, Some(2_000), "the next look is the probe's");

@@ -64,6 +64,7 @@ pub(super) fn take<T: OutboxTx>(
     owner: &str,
     local_now: i64,
     batch: usize,
+    held_here: &std::collections::HashSet<i64>,
 ) -> Result<Taken, StoreError> {
     // Decided by the storage's clock; what goes back to the worker (when
     // its lease ends, when to look again) by its own.
@@ -76,6 +77,11 @@ pub(super) fn take<T: OutboxTx>(
     for candidate in candidates {
         if taken.len() >= batch.min(TAKE_BATCH) {
             break;
+        }
+        if !candidate.pending && held_here.contains(&candidate.job_id) {
+            // Its lease looks run out, but a worker of this instance holds
+            // it (the wall clock jumped): not taken over.
+            continue;
         }
         if open.is_open(&candidate.source, &candidate.action) {
             // Its circuit is open: a due job waits on it, out of the take

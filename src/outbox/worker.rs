@@ -3,7 +3,7 @@
 //! call the downstream outside any transaction, and record the result (or
 //! give the job back when its lease would not cover the call).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,6 +43,48 @@ pub(super) struct Worker<B: Backend> {
     pub(super) in_flight: Arc<AtomicUsize>,
     /// The actions this instance knows to have no failures counted.
     pub(super) clean: Arc<Clean>,
+    /// The jobs this instance's workers hold now.
+    pub(super) held: Arc<Held>,
+}
+
+/// The jobs this instance's workers hold right now: leased, and not yet
+/// recorded or given back. A take never takes one of them over, whatever
+/// the wall clock says: a worker of this process is alive, so a lease of
+/// its that looks run out (a wall clock jumped forward) is not. Another
+/// process's leases are judged by the clock (the storage's on
+/// PostgreSQL).
+#[derive(Default)]
+pub(super) struct Held(Mutex<HashSet<i64>>);
+
+impl Held {
+    fn snapshot(&self) -> HashSet<i64> {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Holds `job_id` until the returned guard is dropped.
+    fn hold(self: &Arc<Held>, job_id: i64) -> HeldJob {
+        if let Ok(mut s) = self.0.lock() {
+            s.insert(job_id);
+        }
+        HeldJob {
+            held: self.clone(),
+            job_id,
+        }
+    }
+}
+
+/// A job held by a worker of this instance, until dropped.
+pub(super) struct HeldJob {
+    held: Arc<Held>,
+    job_id: i64,
+}
+
+impl Drop for HeldJob {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.held.0.lock() {
+            s.remove(&self.job_id);
+        }
+    }
 }
 
 /// Whether the forward workers' storage is failing now: the first worker
@@ -88,7 +130,8 @@ impl<B: Backend> Worker<B> {
             let batch = (TAKE_BATCH / (1 + free_others)).max(1);
             // Leases and completions fail only when storage does: no
             // savepoint of their own (Guard::Group).
-            let taken = self.jobs(move |tx| take(tx, &config, &owner, now_ms(), batch));
+            let held = self.held.snapshot();
+            let taken = self.jobs(move |tx| take(tx, &config, &owner, now_ms(), batch, &held));
             let Taken {
                 jobs,
                 health,
@@ -126,7 +169,10 @@ impl<B: Backend> Worker<B> {
             // circuit may have opened): the rest of their jobs go back to
             // the take, which holds them while it is open.
             let mut failing: Vec<(String, String)> = Vec::new();
-            for job in jobs {
+            // Held from here until each is recorded or given back (the
+            // guard drops at the end of its turn).
+            let guards: Vec<HeldJob> = jobs.iter().map(|j| self.held.hold(j.job_id)).collect();
+            for (job, _held) in jobs.into_iter().zip(guards) {
                 // A job whose lease could run out during the call is given
                 // back rather than sent: once the lease ends another worker
                 // may take it, and two workers would send it at once.
