@@ -1,4 +1,5 @@
-//! The providers as data: one row per kind beyond the built-in six, with
+//! The providers as data: one row per provider kind (every kind but the
+//! generic `hmac`, `basic`, `token` and `none`), with
 //! its signature rule, event id and type, tolerance, key retention,
 //! handshake, batch shape and the sample `idemhook send` posts. Adding a
 //! provider is a row here and its vectors in `tests/vectors/`; code is
@@ -74,6 +75,8 @@ pub struct Preset {
     pub batch: Option<Batch<'static>>,
     pub ack: Ack,
     /// The sample `send` posts: `{id}`, `{type}` and `{now}` are replaced.
+    /// Empty: idemhook's own JSON sample, with the id and type written
+    /// where the key and type rules read them (header or body).
     pub sample: &'static str,
     pub content_type: &'static str,
     pub sample_type: &'static str,
@@ -198,6 +201,116 @@ const BASE: Preset = Preset {
 };
 
 pub static PRESETS: &[Preset] = &[
+    Preset {
+        name: "stripe",
+        scheme: || Scheme::Stripe,
+        // The event's id, type and data, canonicalised: the same for a
+        // delivery and for the event as the API lists it (which differ in
+        // `pending_webhooks` and formatting), so an event claimed by
+        // catch-up and delivered later is a duplicate.
+        hash: &["json:/id", "json:/type", "json:/data"],
+        tolerance_secs: Some(300),
+        horizon: Some((3 * DAY, "Stripe retries for up to 3 days")),
+        kept_headers: &["stripe-signature"],
+        sample: "",
+        sample_type: "charge.succeeded",
+        ..BASE
+    },
+    Preset {
+        name: "github",
+        scheme: || Scheme::Github,
+        key: &["header:X-GitHub-Delivery"],
+        event_type: &["header:X-GitHub-Event"],
+        // manual redelivery for 3 days (7 on Enterprise Server)
+        retention_days: 14,
+        horizon: Some((
+            3 * DAY,
+            "GitHub redelivers on request for 3 days (7 on Enterprise Server)",
+        )),
+        kept_headers: &[
+            "x-github-delivery",
+            "x-github-event",
+            "x-github-hook-id",
+            "x-hub-signature-256",
+        ],
+        sample: "",
+        sample_type: "push",
+        ..BASE
+    },
+    Preset {
+        name: "shopify",
+        scheme: || Scheme::Shopify,
+        key: &["header:X-Shopify-Event-Id|header:X-Shopify-Webhook-Id"],
+        event_type: &["header:X-Shopify-Topic"],
+        horizon: Some((4 * HOUR, "Shopify retries 8 times over 4 hours")),
+        kept_headers: &[
+            "x-shopify-event-id",
+            "x-shopify-webhook-id",
+            "x-shopify-topic",
+            "x-shopify-shop-domain",
+            "x-shopify-hmac-sha256",
+        ],
+        sample: "",
+        sample_type: "orders/create",
+        ..BASE
+    },
+    Preset {
+        name: "slack",
+        scheme: || Scheme::Slack,
+        key: &["json:/event_id"],
+        event_type: &["json:/event/type|json:/type"],
+        tolerance_secs: Some(300),
+        horizon: Some((HOUR, "Slack retries 3 times within the hour")),
+        kept_headers: &["x-slack-request-timestamp", "x-slack-signature"],
+        sample: "",
+        sample_type: "message",
+        ..BASE
+    },
+    Preset {
+        name: "paddle",
+        scheme: || Scheme::Paddle,
+        key: &["json:/event_id"],
+        event_type: &["json:/event_type"],
+        tolerance_secs: Some(300),
+        horizon: Some((3 * DAY, "Paddle retries for up to 3 days")),
+        kept_headers: &["paddle-signature"],
+        sample: "",
+        sample_type: "transaction.completed",
+        ..BASE
+    },
+    Preset {
+        name: "linear",
+        scheme: || Scheme::Linear,
+        key: &["header:Linear-Delivery"],
+        event_type: &["header:Linear-Event"],
+        tolerance_secs: Some(300),
+        horizon: Some((DAY, "Linear retries a few times, backing off over hours")),
+        kept_headers: &["linear-delivery", "linear-event", "linear-signature"],
+        sample: "",
+        sample_type: "Issue",
+        ..BASE
+    },
+    Preset {
+        name: "standard",
+        scheme: || Scheme::Standard,
+        key: &["header:webhook-id|header:svix-id"],
+        tolerance_secs: Some(300),
+        horizon: Some((
+            76 * HOUR,
+            "Svix retries for about 28 hours, the Standard Webhooks example schedule for about 76",
+        )),
+        kept_headers: &[
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
+            "svix-id",
+            "svix-timestamp",
+            "svix-signature",
+        ],
+        sample: "",
+        sample_type: "invoice.paid",
+        ..BASE
+    },
     Preset {
         name: "twilio",
         scheme: || Scheme::Twilio,
@@ -968,6 +1081,6 @@ mod tests {
                 assert!(secs <= p.retention_days * DAY, "{}", p.name);
             }
         }
-        assert_eq!(PRESETS.len(), 37);
+        assert_eq!(PRESETS.len(), 44);
     }
 }

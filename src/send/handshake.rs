@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::{Exchanged, exchange};
 use crate::config::presets::Handshake;
-use crate::config::{Config, Kind, Source};
+use crate::config::{Config, Source};
 use crate::ops::text::{Unwritten, stdout};
 use crate::verify::Request;
 
@@ -36,9 +36,14 @@ pub(super) fn run(
     now: i64,
     private_key: Option<&str>,
 ) -> Result<ExitCode> {
-    let handshake = match source.kind {
-        Kind::Slack => None,
-        kind => Some(kind.preset().map_or(Handshake::None, |p| p.handshake)),
+    let handshake = match source.kind.name() {
+        "slack" => None,
+        _ => Some(
+            source
+                .kind
+                .preset()
+                .map_or(Handshake::None, |p| p.handshake),
+        ),
     };
     let challenge = token();
     let Outgoing {

@@ -158,7 +158,7 @@ fn accept<B: Backend>(
         form: form.as_deref(),
         body: &body,
     };
-    if source.kind == Kind::Slack
+    if source.kind.name() == "slack"
         && let Some(reply) = slack_challenge(&input)
     {
         return Ok(reply);
