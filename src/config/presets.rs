@@ -113,8 +113,64 @@ fn rule(
             secret_nfkd: false,
             escaped_body: false,
             require: Vec::new(),
+            strict: false,
+            summary: None,
         }),
     }
+}
+
+/// A rule worded for `check` as `summary`.
+fn worded(scheme: Scheme, summary: &'static str) -> Scheme {
+    match scheme {
+        Scheme::Rule { kind, mut rule } => {
+            rule.summary = Some(summary);
+            Scheme::Rule { kind, rule }
+        }
+        other => other,
+    }
+}
+
+/// A rule of the first kinds: parsed strictly (see
+/// [`SignedRule::strict`]), worded for `check` as `summary`.
+fn strict(scheme: Scheme, summary: &'static str) -> Scheme {
+    match worded(scheme, summary) {
+        Scheme::Rule { kind, mut rule } => {
+            rule.strict = true;
+            Scheme::Rule { kind, rule }
+        }
+        other => other,
+    }
+}
+
+/// One header with a single timestamp and any number of signatures of it
+/// and the body joined by `joiner` (Stripe's `t=,v1=`, Paddle's `ts=;h1=`).
+fn stamped(
+    kind: &'static str,
+    name: &'static str,
+    (separator, timestamp_key, signature_key): (char, &'static str, &'static str),
+    joiner: &str,
+    summary: &'static str,
+) -> Scheme {
+    strict(
+        rule(
+            kind,
+            Alg::Hmac(S256),
+            HEX,
+            vec![
+                Piece::Timestamp,
+                Piece::Text(joiner.to_owned()),
+                Piece::Body,
+            ],
+            Carrier::Stamped {
+                name,
+                separator,
+                timestamp_key,
+                signature_key,
+            },
+            ts_carrier(TimeFormat::Unix, Window::Both),
+        ),
+        summary,
+    )
 }
 
 /// An HMAC of the body alone, in one header.
@@ -203,7 +259,15 @@ const BASE: Preset = Preset {
 pub static PRESETS: &[Preset] = &[
     Preset {
         name: "stripe",
-        scheme: || Scheme::Stripe,
+        scheme: || {
+            stamped(
+                "stripe",
+                "Stripe-Signature",
+                (',', "t", "v1"),
+                ".",
+                "Stripe-Signature t=..,v1=..: hex HMAC-SHA256 of t.body; timestamp within tolerance",
+            )
+        },
         // The event's id, type and data, canonicalised: the same for a
         // delivery and for the event as the API lists it (which differ in
         // `pending_webhooks` and formatting), so an event claimed by
@@ -218,7 +282,12 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "github",
-        scheme: || Scheme::Github,
+        scheme: || {
+            worded(
+                body_hmac("github", S256, HEX, "X-Hub-Signature-256", "sha256="),
+                "X-Hub-Signature-256 sha256=: hex HMAC-SHA256 of the body",
+            )
+        },
         key: &["header:X-GitHub-Delivery"],
         event_type: &["header:X-GitHub-Event"],
         // manual redelivery for 3 days (7 on Enterprise Server)
@@ -239,7 +308,12 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "shopify",
-        scheme: || Scheme::Shopify,
+        scheme: || {
+            strict(
+                body_hmac("shopify", S256, B64, "X-Shopify-Hmac-Sha256", ""),
+                "X-Shopify-Hmac-Sha256: base64 HMAC-SHA256 of the body",
+            )
+        },
         key: &["header:X-Shopify-Event-Id|header:X-Shopify-Webhook-Id"],
         event_type: &["header:X-Shopify-Topic"],
         horizon: Some((4 * HOUR, "Shopify retries 8 times over 4 hours")),
@@ -256,7 +330,24 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "slack",
-        scheme: || Scheme::Slack,
+        scheme: || {
+            strict(
+                rule(
+                    "slack",
+                    Alg::Hmac(S256),
+                    HEX,
+                    vec![
+                        Piece::Text("v0:".to_owned()),
+                        Piece::Timestamp,
+                        Piece::Text(":".to_owned()),
+                        Piece::Body,
+                    ],
+                    header("X-Slack-Signature", "v0="),
+                    ts_header("X-Slack-Request-Timestamp", TimeFormat::Unix, Window::Both),
+                ),
+                "X-Slack-Signature v0=: hex HMAC-SHA256 of v0:ts:body; X-Slack-Request-Timestamp within tolerance",
+            )
+        },
         key: &["json:/event_id"],
         event_type: &["json:/event/type|json:/type"],
         tolerance_secs: Some(300),
@@ -268,7 +359,15 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "paddle",
-        scheme: || Scheme::Paddle,
+        scheme: || {
+            stamped(
+                "paddle",
+                "Paddle-Signature",
+                (';', "ts", "h1"),
+                ":",
+                "Paddle-Signature ts=..;h1=..: hex HMAC-SHA256 of ts:body; timestamp within tolerance",
+            )
+        },
         key: &["json:/event_id"],
         event_type: &["json:/event_type"],
         tolerance_secs: Some(300),
@@ -1082,5 +1181,26 @@ mod tests {
             }
         }
         assert_eq!(PRESETS.len(), 44);
+    }
+
+    #[test]
+    fn stamped_carriers_sign_only_what_their_direct_path_reads() {
+        for p in PRESETS {
+            if let Scheme::Rule { rule, .. } = (p.scheme)()
+                && matches!(rule.carrier, Carrier::Stamped { .. })
+            {
+                assert!(matches!(rule.alg, Alg::Hmac(_)), "{}", p.name);
+                for piece in &rule.message {
+                    assert!(
+                        matches!(
+                            piece,
+                            Piece::Timestamp | Piece::Body | Piece::Text(_) | Piece::Method
+                        ),
+                        "{}: {piece:?}",
+                        p.name
+                    );
+                }
+            }
+        }
     }
 }

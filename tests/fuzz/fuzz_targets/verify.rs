@@ -38,20 +38,14 @@ struct Case {
 }
 
 fn scheme(case: &Case) -> Scheme {
+    // Every provider is a row of the table; then the generic `hmac` and `none`.
     let presets = PRESETS.len();
-    let pick = usize::from(case.scheme) % (9 + presets);
-    if pick >= 9 {
-        return (PRESETS[pick - 9].scheme)();
+    let pick = usize::from(case.scheme) % (2 + presets);
+    if pick >= 2 {
+        return (PRESETS[pick - 2].scheme)();
     }
     match pick {
-        0 => Scheme::Stripe,
-        1 => Scheme::Github,
-        2 => Scheme::Shopify,
-        3 => Scheme::Slack,
-        4 => Scheme::Paddle,
-        5 => Scheme::Linear,
-        6 => Scheme::Standard,
-        7 => Scheme::Hmac(HmacParams {
+        0 => Scheme::Hmac(HmacParams {
             header: case.hmac_header.clone(),
             algorithm: match case.hmac_algorithm % 3 {
                 0 => HmacAlgorithm::Sha1,
