@@ -3,13 +3,13 @@
 //! its signature rule, event id and type, tolerance, key retention,
 //! handshake, batch shape and the sample `idemhook send` posts. Adding a
 //! provider is a row here and its vectors in `tests/vectors/`; code is
-//! needed only for what a row cannot say (`verify::custom`). The reason
+//! needed only for what a row cannot say (`verify::code`). The reason
 //! and the source of each value are in docs/configuration.md's table.
 
 use crate::verify::rule::{
     Alg, Carrier, Piece, SecretEncoding, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
 };
-use crate::verify::{Encoding, HmacAlgorithm, Scheme};
+use crate::verify::{Encoding, HmacAlgorithm, Scheme, code};
 
 /// A verification request some providers send before (or instead of)
 /// events; answered as the provider requires, never stored.
@@ -379,7 +379,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "linear",
-        scheme: || Scheme::Linear,
+        scheme: || Scheme::Code(code::LINEAR),
         key: &["header:Linear-Delivery"],
         event_type: &["header:Linear-Event"],
         tolerance_secs: Some(300),
@@ -391,7 +391,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "standard",
-        scheme: || Scheme::Standard,
+        scheme: || Scheme::Code(code::STANDARD),
         key: &["header:webhook-id|header:svix-id"],
         tolerance_secs: Some(300),
         horizon: Some((
@@ -412,7 +412,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "twilio",
-        scheme: || Scheme::Twilio,
+        scheme: || Scheme::Code(code::TWILIO),
         key: &["header:I-Twilio-Idempotency-Token"],
         event_type: &["form:MessageStatus|form:CallStatus"],
         horizon: Some((
@@ -505,7 +505,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "hubspot",
-        scheme: || Scheme::Hubspot,
+        scheme: || Scheme::Code(code::HUBSPOT),
         key: &[
             "json:/eventId",
             "json:/subscriptionId",
@@ -547,7 +547,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "adyen",
-        scheme: || Scheme::Adyen,
+        scheme: || Scheme::Code(code::ADYEN),
         key: &["json:/pspReference", "json:/eventCode", "json:/success"],
         event_type: &["json:/eventCode"],
         retention_days: 45,
@@ -902,7 +902,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "msgraph",
-        scheme: || Scheme::Msgraph,
+        scheme: || Scheme::Code(code::MSGRAPH),
         // Without an id: a change by its subscription, change, resource
         // and version; a lifecycle event by its subscription, event and
         // the expiry it is about.

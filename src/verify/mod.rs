@@ -1,5 +1,8 @@
-//! Webhook signature verification: one file per provider scheme, and the
-//! pieces they share (keys, HMAC, header reading, timestamp tolerance) here.
+//! Webhook signature verification: the rule engine (`rule.rs`, with the
+//! direct path of `stamped.rs`) that verifies the providers whose schemes
+//! are data, one file per provider whose scheme data cannot say (`code/`),
+//! the generic kinds, and the pieces they share (keys, HMAC, header
+//! reading, timestamp tolerance) here.
 //!
 //! This module owns turning configured secrets into keys, checking a request's
 //! signature headers against its raw body, and producing those headers for
@@ -16,16 +19,14 @@
 //! `Debug` output contains a secret or an expected signature; nothing on an
 //! input-driven path panics.
 
-mod custom;
+pub mod code;
 mod generic;
 mod hmac_generic;
-mod linear;
 #[cfg(test)]
 mod row_tests;
 pub mod rule;
 mod same;
 mod stamped;
-mod standard;
 #[cfg(test)]
 mod test_support;
 pub use same::same_secret;
@@ -179,33 +180,29 @@ impl<'a> Request<'a> {
 /// A signature scheme, one per source `kind`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scheme {
-    Linear,
-    Standard,
     Hmac(HmacParams),
     /// A provider's rule as data (`rule.rs`), or the generic kind's template.
     Rule {
         kind: &'static str,
         rule: Box<rule::SignedRule>,
     },
-    Twilio,
-    Hubspot,
-    Adyen,
-    Msgraph,
+    /// What data cannot say: a provider's code (`code/`).
+    Code(&'static dyn code::Code),
     None,
 }
 
 impl Scheme {
+    /// Standard Webhooks, also what forward actions sign with
+    /// (`sign_secret`).
+    #[allow(non_upper_case_globals)]
+    pub const Standard: Scheme = Scheme::Code(code::STANDARD);
+
     /// The config `kind` that names this scheme.
     pub fn kind(&self) -> &'static str {
         match self {
-            Scheme::Linear => "linear",
-            Scheme::Standard => "standard",
             Scheme::Hmac(_) => "hmac",
             Scheme::Rule { kind, .. } => kind,
-            Scheme::Twilio => "twilio",
-            Scheme::Hubspot => "hubspot",
-            Scheme::Adyen => "adyen",
-            Scheme::Msgraph => "msgraph",
+            Scheme::Code(code) => code.kind(),
             Scheme::None => "none",
         }
     }
@@ -213,8 +210,6 @@ impl Scheme {
     /// The rule in one line, for `check`.
     pub fn describe(&self) -> String {
         match self {
-            Scheme::Linear => "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance".into(),
-            Scheme::Standard => "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance".into(),
             Scheme::Hmac(p) => format!(
                 "{}{}: {} HMAC-{} of the body",
                 p.header,
@@ -226,16 +221,19 @@ impl Scheme {
                 encoding_name(p.encoding),
                 algorithm_name(p.algorithm)
             ),
-            Scheme::Rule { kind: "basic", .. } => "Authorization Basic: user:password, one of the secrets, compared in constant time".into(),
-            Scheme::Rule { kind: "token", rule } => format!(
+            Scheme::Rule { kind: "basic", .. } => {
+                "Authorization Basic: user:password, one of the secrets, compared in constant time"
+                    .into()
+            }
+            Scheme::Rule {
+                kind: "token",
+                rule,
+            } => format!(
                 "{}: one of the secrets, compared in constant time",
                 rule.carrier_text()
             ),
             Scheme::Rule { rule, .. } => rule.describe(),
-            Scheme::Twilio => "X-Twilio-Signature: base64 HMAC-SHA1 (SHA-256 with the signature settings) of public_url + query + sorted form fields, or of the URL with bodySHA256".into(),
-            Scheme::Hubspot => "X-HubSpot-Signature-v3: base64 HMAC-SHA256 of method + public_url + body + X-HubSpot-Request-Timestamp (ms, not older than tolerance); legacy v1/v2 hex SHA-256".into(),
-            Scheme::Adyen => "each item's additionalData.hmacSignature: base64 HMAC-SHA256 (hex key) of its eight fields joined by :".into(),
-            Scheme::Msgraph => "no signature: each item's clientState equals a secret".into(),
+            Scheme::Code(code) => code.describe().into(),
             Scheme::None => "none (unsigned)".into(),
         }
     }
@@ -244,7 +242,7 @@ impl Scheme {
     pub fn signs_timestamp(&self) -> bool {
         match self {
             Scheme::Rule { rule, .. } => rule.timestamp.is_some(),
-            Scheme::Hubspot => true,
+            Scheme::Code(code) => code.signs_timestamp(),
             _ => false,
         }
     }
@@ -253,7 +251,7 @@ impl Scheme {
     /// source needs `public_url`.
     pub fn covers_url(&self) -> bool {
         match self {
-            Scheme::Twilio | Scheme::Hubspot => true,
+            Scheme::Code(code) => code.covers_url(),
             Scheme::Rule { rule, .. } => rule.covers(&rule::Piece::Url),
             _ => false,
         }
@@ -365,7 +363,7 @@ impl MalformedReason {
 
 /// A decoded secret.
 #[derive(Clone)]
-enum Key {
+pub enum Key {
     /// HMAC key bytes: the secret as written, or base64-decoded for `whsec_`.
     Hmac(Vec<u8>),
     /// A Standard Webhooks `whpk_` public key (verifies `v1a` entries), or
@@ -523,14 +521,9 @@ impl Verifier {
     pub fn verify_request(&self, rq: &Request<'_>, now: i64) -> Result<Verdict, VerifyError> {
         let (headers, body) = (rq.headers, rq.body);
         match &self.scheme {
-            Scheme::Linear => linear::verify(self, headers, body, now),
-            Scheme::Standard => standard::verify(self, headers, body, now),
             Scheme::Hmac(params) => hmac_generic::verify(self, params, headers, body),
             Scheme::Rule { rule, .. } => rule::verify(self, rule, rq, now),
-            Scheme::Twilio => custom::twilio_verify(self, rq),
-            Scheme::Hubspot => custom::hubspot_verify(self, rq, now),
-            Scheme::Adyen => custom::adyen_verify(self, rq),
-            Scheme::Msgraph => custom::msgraph_verify(self, rq),
+            Scheme::Code(code) => code.verify(self, rq, now),
             Scheme::None => Ok(Verdict {
                 secret_index: None,
                 timestamp: None,
@@ -558,13 +551,9 @@ impl Verifier {
     ) -> Result<Vec<(String, String)>, String> {
         let body = rq.body;
         match &self.scheme {
-            Scheme::Linear => linear::sign(self, body),
-            Scheme::Standard => standard::sign(self, body, now, id),
             Scheme::Hmac(params) => hmac_generic::sign(self, params, body),
             Scheme::Rule { rule, .. } => rule::sign(self, rule, rq, now, private_key),
-            Scheme::Twilio => custom::twilio_sign(self, rq),
-            Scheme::Hubspot => custom::hubspot_sign(self, rq, now),
-            Scheme::Adyen | Scheme::Msgraph => Ok(Vec::new()),
+            Scheme::Code(code) => code.sign(self, rq, now, id),
             Scheme::None => Err("kind none does not sign".to_owned()),
         }
     }
@@ -584,7 +573,7 @@ impl Verifier {
     /// sign inside it.
     pub fn sign_body(&self, body: &[u8], now: i64) -> Result<Vec<u8>, String> {
         match &self.scheme {
-            Scheme::Adyen => custom::adyen_sign_body(self, body),
+            Scheme::Code(code) => code.sign_body(self, body, now),
             Scheme::Rule { rule, .. } if matches!(rule.carrier, rule::Carrier::Json(_)) => {
                 rule::sign_into_body(self, rule, body, now)
             }
@@ -695,10 +684,7 @@ fn decode_key(scheme: &Scheme, secret: &str) -> Result<Key, String> {
         return Err("empty".to_owned());
     }
     match scheme {
-        Scheme::Standard => standard::decode_key(secret),
-        Scheme::Adyen => hex::decode(secret)
-            .map(Key::Hmac)
-            .map_err(|_| "the adyen HMAC key is written in hex".to_owned()),
+        Scheme::Code(code) => code.decode_key(secret),
         // The generic kinds: public keys as base64, hex or PEM, and a
         // shared secret's text turned into key bytes as configured.
         Scheme::Rule {
@@ -909,7 +895,7 @@ mod tests {
         for (scheme, secret) in [
             (scheme("stripe"), "whsec_hunter2hunter2"),
             (scheme("github"), "hunter2hunter2"),
-            (Scheme::Standard, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            (scheme("standard"), "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
         ] {
             let verifier = verifier(scheme, &[secret, secret]);
             let debug = format!("{verifier:?}");

@@ -5,7 +5,7 @@
 //! generic `hmac` kind's `template` both build one, so a provider is a row,
 //! not code. What data cannot say (Twilio's sorted form parameters,
 //! HubSpot's legacy hashes, Adyen's per-item signatures, Graph's
-//! `clientState`) lives in `custom.rs`.
+//! `clientState`) is code behind `code::Code`, one file per provider.
 
 use base64::Engine as _;
 
