@@ -1147,7 +1147,7 @@ pub fn find(name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name)
 }
 
-/// Other names of the built-in kinds (Clerk, Resend and Svix send Standard Webhooks).
+/// Other names of the table's kinds (Clerk, Resend and Svix send Standard Webhooks).
 pub fn alias(name: &str) -> Option<&'static str> {
     match name {
         "clerk" | "resend" | "svix" => Some("standard"),

@@ -12,7 +12,8 @@
 //!
 //! The module is self-contained: outside itself it uses only
 //! `crate::headers` (reading a request's headers) and `crate::time`
-//! (dates in the signed formats).
+//! (dates in the signed formats); its tests build the providers' schemes
+//! from their rows (`config::presets`).
 //!
 //! Invariants: comparisons of signatures are constant-time
 //! (`Mac::verify_slice`, or ed25519 verification); no error message and no
