@@ -183,7 +183,7 @@ impl Source {
     /// True when anything about this source reads the body as JSON, so the
     /// body must parse.
     pub fn needs_json(&self) -> bool {
-        matches!(self.kind.name(), "linear" | "slack")
+        self.kind.name() == "linear"
             || self
                 .kind
                 .preset()

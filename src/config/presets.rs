@@ -12,20 +12,65 @@ use crate::verify::rule::{
 use crate::verify::{Encoding, HmacAlgorithm, Scheme, code};
 
 /// A verification request some providers send before (or instead of)
-/// events; answered as the provider requires, never stored.
+/// events; answered as the provider requires, never stored. One that is an
+/// echo of a field is data ([`Echo`]); the others are code
+/// (`http/hooks/providers.rs`, `send/handshake.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handshake {
     None,
+    /// Answered with a field of the request, as data.
+    Echo(Echo),
     Zoom,
     Twitch,
     Meta,
-    Dropbox,
-    Msgraph,
     Okta,
     Discord,
     Asana,
     Notion,
     Trello,
+}
+
+impl Handshake {
+    /// Its name, for `check`.
+    pub fn label(self) -> String {
+        match self {
+            Handshake::Echo(echo) => echo.name.to_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+/// Where a handshake reads a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// A query parameter.
+    Query(&'static str),
+    /// A JSON string at a pointer in the body.
+    Json(&'static str),
+    Header(&'static str),
+}
+
+/// A handshake that is an echo of a field: answered 200 with the field's
+/// text, nothing stored. Adding one is data in the provider's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Echo {
+    /// The provider's name for it, for `check`, the log and `send`.
+    pub name: &'static str,
+    /// Only a request of this method is one ("" for any).
+    pub method: &'static str,
+    /// It is one when this field holds this text (its challenge then
+    /// empty when absent); without, when the challenge field is there.
+    pub when: Option<(Field, &'static str)>,
+    pub challenge: Field,
+    /// Answered before the signature is checked: the provider signs the
+    /// events, not this request.
+    pub unsigned: bool,
+    pub content_type: &'static str,
+    /// `X-Content-Type-Options: nosniff` on the answer.
+    pub nosniff: bool,
+    /// Echoed as sent, unchecked (Slack's); else refused when too long or
+    /// holding control characters.
+    pub as_sent: bool,
 }
 
 /// Where the events of a batch delivery are.
@@ -353,6 +398,16 @@ pub static PRESETS: &[Preset] = &[
         tolerance_secs: Some(300),
         horizon: Some((HOUR, "Slack retries 3 times within the hour")),
         kept_headers: &["x-slack-request-timestamp", "x-slack-signature"],
+        handshake: Handshake::Echo(Echo {
+            name: "Slack",
+            method: "",
+            when: Some((Field::Json("/type"), "url_verification")),
+            challenge: Field::Json("/challenge"),
+            unsigned: false,
+            content_type: "text/plain; charset=utf-8",
+            nosniff: false,
+            as_sent: true,
+        }),
         sample: "",
         sample_type: "message",
         ..BASE
@@ -779,7 +834,16 @@ pub static PRESETS: &[Preset] = &[
         key: &["body:sha256"],
         event_type: &[],
         kept_headers: &["x-dropbox-signature"],
-        handshake: Handshake::Dropbox,
+        handshake: Handshake::Echo(Echo {
+            name: "Dropbox",
+            method: "GET",
+            when: None,
+            challenge: Field::Query("challenge"),
+            unsigned: true,
+            content_type: "text/plain",
+            nosniff: true,
+            as_sent: false,
+        }),
         sample: r#"{"list_folder":{"accounts":["dbid:{id}"]},"delta":{"users":[1]}}"#,
         ..BASE
     },
@@ -914,7 +978,16 @@ pub static PRESETS: &[Preset] = &[
         ],
         event_type: &["json:/lifecycleEvent|json:/changeType"],
         horizon: Some((4 * HOUR, "Graph retries for up to 4 hours")),
-        handshake: Handshake::Msgraph,
+        handshake: Handshake::Echo(Echo {
+            name: "Msgraph",
+            method: "",
+            when: None,
+            challenge: Field::Query("validationToken"),
+            unsigned: true,
+            content_type: "text/plain",
+            nosniff: false,
+            as_sent: false,
+        }),
         batch: Some(Batch {
             items: "/value",
             inner: "",
