@@ -2,11 +2,13 @@
 //! one header `t=<ts>,v1=<sig>[,v1=<sig>...]` (Stripe; Paddle's
 //! `ts=<ts>;h1=<sig>`) with exactly one timestamp, any signature may match
 //! (one per active secret while rotating), keys other than the two named
-//! are ignored. Nothing here allocates: the header is walked twice (to
-//! check it, then to compare), each signature decoded into a buffer on
+//! are ignored. A request with hex signatures is verified without
+//! allocating (only an error's message does): the header is walked twice
+//! (to check it, then to compare), each signature decoded into a buffer on
 //! the stack, and the MAC computed once per secret. Stripe's is the
 //! hottest verification path; it stays as direct as it was when it was
-//! code of its own.
+//! code of its own (which collected the entries and the decoded
+//! signatures into vectors).
 
 use std::borrow::Cow;
 
