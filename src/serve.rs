@@ -788,8 +788,8 @@ fn describe_preset(out: &mut String, config: &Config, s: &crate::config::Source)
     if p.handshake != crate::config::presets::Handshake::None {
         let _ = writeln!(
             out,
-            "  handshake  {:?}, answered and not stored",
-            p.handshake
+            "  handshake  {}, answered and not stored",
+            p.handshake.label()
         );
     }
 }

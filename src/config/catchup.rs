@@ -39,9 +39,9 @@ pub enum Provider {
 impl Provider {
     /// The provider of a kind, when it has an API to catch up from.
     pub fn of(kind: Kind) -> Option<Provider> {
-        match kind {
-            Kind::Stripe => Some(Provider::Stripe),
-            Kind::Github => Some(Provider::Github),
+        match kind.name() {
+            "stripe" => Some(Provider::Stripe),
+            "github" => Some(Provider::Github),
             _ => None,
         }
     }

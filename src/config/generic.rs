@@ -155,6 +155,8 @@ pub(super) fn basic_scheme() -> Scheme {
             secret_nfkd: false,
             escaped_body: false,
             require: Vec::new(),
+            strict: false,
+            summary: None,
         }),
     }
 }
@@ -185,6 +187,8 @@ pub(super) fn token_scheme(rs: &RawSource) -> Result<Scheme, String> {
             secret_nfkd: false,
             escaped_body: false,
             require: Vec::new(),
+            strict: false,
+            summary: None,
         }),
     })
 }
@@ -275,6 +279,8 @@ pub(super) fn hmac_scheme(rs: &RawSource) -> Result<Scheme, String> {
             secret_nfkd,
             escaped_body: false,
             require: Vec::new(),
+            strict: false,
+            summary: None,
         }),
     })
 }

@@ -186,8 +186,7 @@ impl Source {
     /// True when anything about this source reads the body as JSON, so the
     /// body must parse.
     pub fn needs_json(&self) -> bool {
-        self.kind == Kind::Linear
-            || self.kind == Kind::Slack
+        self.kind.name() == "linear"
             || self
                 .kind
                 .preset()

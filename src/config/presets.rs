@@ -1,30 +1,76 @@
-//! The providers as data: one row per kind beyond the built-in six, with
+//! The providers as data: one row per provider kind (every kind but the
+//! generic `hmac`, `basic`, `token` and `none`), with
 //! its signature rule, event id and type, tolerance, key retention,
 //! handshake, batch shape and the sample `idemhook send` posts. Adding a
 //! provider is a row here and its vectors in `tests/vectors/`; code is
-//! needed only for what a row cannot say (`verify::custom`). The reason
+//! needed only for what a row cannot say (`verify::code`). The reason
 //! and the source of each value are in docs/configuration.md's table.
 
 use crate::verify::rule::{
     Alg, Carrier, Piece, SecretEncoding, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
 };
-use crate::verify::{Encoding, HmacAlgorithm, Scheme};
+use crate::verify::{Encoding, HmacAlgorithm, Scheme, code};
 
 /// A verification request some providers send before (or instead of)
-/// events; answered as the provider requires, never stored.
+/// events; answered as the provider requires, never stored. One that is an
+/// echo of a field is data ([`Echo`]); the others are code
+/// (`http/hooks/providers.rs`, `send/handshake.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handshake {
     None,
+    /// Answered with a field of the request, as data.
+    Echo(Echo),
     Zoom,
     Twitch,
     Meta,
-    Dropbox,
-    Msgraph,
     Okta,
     Discord,
     Asana,
     Notion,
     Trello,
+}
+
+impl Handshake {
+    /// Its name, for `check`.
+    pub fn label(self) -> String {
+        match self {
+            Handshake::Echo(echo) => echo.name.to_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+/// Where a handshake reads a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// A query parameter.
+    Query(&'static str),
+    /// A JSON string at a pointer in the body.
+    Json(&'static str),
+    Header(&'static str),
+}
+
+/// A handshake that is an echo of a field: answered 200 with the field's
+/// text, nothing stored. Adding one is data in the provider's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Echo {
+    /// The provider's name for it, for `check`, the log and `send`.
+    pub name: &'static str,
+    /// Only a request of this method is one ("" for any).
+    pub method: &'static str,
+    /// It is one when this field holds this text (its challenge then
+    /// empty when absent); without, when the challenge field is there.
+    pub when: Option<(Field, &'static str)>,
+    pub challenge: Field,
+    /// Answered before the signature is checked: the provider signs the
+    /// events, not this request.
+    pub unsigned: bool,
+    pub content_type: &'static str,
+    /// `X-Content-Type-Options: nosniff` on the answer.
+    pub nosniff: bool,
+    /// Echoed as sent, unchecked (Slack's); else refused when too long or
+    /// holding control characters.
+    pub as_sent: bool,
 }
 
 /// Where the events of a batch delivery are.
@@ -74,6 +120,8 @@ pub struct Preset {
     pub batch: Option<Batch<'static>>,
     pub ack: Ack,
     /// The sample `send` posts: `{id}`, `{type}` and `{now}` are replaced.
+    /// Empty: idemhook's own JSON sample, with the id and type written
+    /// where the key and type rules read them (header or body).
     pub sample: &'static str,
     pub content_type: &'static str,
     pub sample_type: &'static str,
@@ -110,8 +158,64 @@ fn rule(
             secret_nfkd: false,
             escaped_body: false,
             require: Vec::new(),
+            strict: false,
+            summary: None,
         }),
     }
+}
+
+/// A rule worded for `check` as `summary`.
+fn worded(scheme: Scheme, summary: &'static str) -> Scheme {
+    match scheme {
+        Scheme::Rule { kind, mut rule } => {
+            rule.summary = Some(summary);
+            Scheme::Rule { kind, rule }
+        }
+        other => other,
+    }
+}
+
+/// A rule of the first kinds: parsed strictly (see
+/// [`SignedRule::strict`]), worded for `check` as `summary`.
+fn strict(scheme: Scheme, summary: &'static str) -> Scheme {
+    match worded(scheme, summary) {
+        Scheme::Rule { kind, mut rule } => {
+            rule.strict = true;
+            Scheme::Rule { kind, rule }
+        }
+        other => other,
+    }
+}
+
+/// One header with a single timestamp and any number of signatures of it
+/// and the body joined by `joiner` (Stripe's `t=,v1=`, Paddle's `ts=;h1=`).
+fn stamped(
+    kind: &'static str,
+    name: &'static str,
+    (separator, timestamp_key, signature_key): (char, &'static str, &'static str),
+    joiner: &str,
+    summary: &'static str,
+) -> Scheme {
+    strict(
+        rule(
+            kind,
+            Alg::Hmac(S256),
+            HEX,
+            vec![
+                Piece::Timestamp,
+                Piece::Text(joiner.to_owned()),
+                Piece::Body,
+            ],
+            Carrier::Stamped {
+                name,
+                separator,
+                timestamp_key,
+                signature_key,
+            },
+            ts_carrier(TimeFormat::Unix, Window::Both),
+        ),
+        summary,
+    )
 }
 
 /// An HMAC of the body alone, in one header.
@@ -199,8 +303,171 @@ const BASE: Preset = Preset {
 
 pub static PRESETS: &[Preset] = &[
     Preset {
+        name: "stripe",
+        scheme: || {
+            stamped(
+                "stripe",
+                "Stripe-Signature",
+                (',', "t", "v1"),
+                ".",
+                "Stripe-Signature t=..,v1=..: hex HMAC-SHA256 of t.body; timestamp within tolerance",
+            )
+        },
+        // The event's id, type and data, canonicalised: the same for a
+        // delivery and for the event as the API lists it (which differ in
+        // `pending_webhooks` and formatting), so an event claimed by
+        // catch-up and delivered later is a duplicate.
+        hash: &["json:/id", "json:/type", "json:/data"],
+        tolerance_secs: Some(300),
+        horizon: Some((3 * DAY, "Stripe retries for up to 3 days")),
+        kept_headers: &["stripe-signature"],
+        sample: "",
+        sample_type: "charge.succeeded",
+        ..BASE
+    },
+    Preset {
+        name: "github",
+        scheme: || {
+            worded(
+                body_hmac("github", S256, HEX, "X-Hub-Signature-256", "sha256="),
+                "X-Hub-Signature-256 sha256=: hex HMAC-SHA256 of the body",
+            )
+        },
+        key: &["header:X-GitHub-Delivery"],
+        event_type: &["header:X-GitHub-Event"],
+        // manual redelivery for 3 days (7 on Enterprise Server)
+        retention_days: 14,
+        horizon: Some((
+            3 * DAY,
+            "GitHub redelivers on request for 3 days (7 on Enterprise Server)",
+        )),
+        kept_headers: &[
+            "x-github-delivery",
+            "x-github-event",
+            "x-github-hook-id",
+            "x-hub-signature-256",
+        ],
+        sample: "",
+        sample_type: "push",
+        ..BASE
+    },
+    Preset {
+        name: "shopify",
+        scheme: || {
+            strict(
+                body_hmac("shopify", S256, B64, "X-Shopify-Hmac-Sha256", ""),
+                "X-Shopify-Hmac-Sha256: base64 HMAC-SHA256 of the body",
+            )
+        },
+        key: &["header:X-Shopify-Event-Id|header:X-Shopify-Webhook-Id"],
+        event_type: &["header:X-Shopify-Topic"],
+        horizon: Some((4 * HOUR, "Shopify retries 8 times over 4 hours")),
+        kept_headers: &[
+            "x-shopify-event-id",
+            "x-shopify-webhook-id",
+            "x-shopify-topic",
+            "x-shopify-shop-domain",
+            "x-shopify-hmac-sha256",
+        ],
+        sample: "",
+        sample_type: "orders/create",
+        ..BASE
+    },
+    Preset {
+        name: "slack",
+        scheme: || {
+            strict(
+                rule(
+                    "slack",
+                    Alg::Hmac(S256),
+                    HEX,
+                    vec![
+                        Piece::Text("v0:".to_owned()),
+                        Piece::Timestamp,
+                        Piece::Text(":".to_owned()),
+                        Piece::Body,
+                    ],
+                    header("X-Slack-Signature", "v0="),
+                    ts_header("X-Slack-Request-Timestamp", TimeFormat::Unix, Window::Both),
+                ),
+                "X-Slack-Signature v0=: hex HMAC-SHA256 of v0:ts:body; X-Slack-Request-Timestamp within tolerance",
+            )
+        },
+        key: &["json:/event_id"],
+        event_type: &["json:/event/type|json:/type"],
+        tolerance_secs: Some(300),
+        horizon: Some((HOUR, "Slack retries 3 times within the hour")),
+        kept_headers: &["x-slack-request-timestamp", "x-slack-signature"],
+        handshake: Handshake::Echo(Echo {
+            name: "Slack",
+            method: "",
+            when: Some((Field::Json("/type"), "url_verification")),
+            challenge: Field::Json("/challenge"),
+            unsigned: false,
+            content_type: "text/plain; charset=utf-8",
+            nosniff: false,
+            as_sent: true,
+        }),
+        sample: "",
+        sample_type: "message",
+        ..BASE
+    },
+    Preset {
+        name: "paddle",
+        scheme: || {
+            stamped(
+                "paddle",
+                "Paddle-Signature",
+                (';', "ts", "h1"),
+                ":",
+                "Paddle-Signature ts=..;h1=..: hex HMAC-SHA256 of ts:body; timestamp within tolerance",
+            )
+        },
+        key: &["json:/event_id"],
+        event_type: &["json:/event_type"],
+        tolerance_secs: Some(300),
+        horizon: Some((3 * DAY, "Paddle retries for up to 3 days")),
+        kept_headers: &["paddle-signature"],
+        sample: "",
+        sample_type: "transaction.completed",
+        ..BASE
+    },
+    Preset {
+        name: "linear",
+        scheme: || Scheme::Code(code::LINEAR),
+        key: &["header:Linear-Delivery"],
+        event_type: &["header:Linear-Event"],
+        tolerance_secs: Some(300),
+        horizon: Some((DAY, "Linear retries a few times, backing off over hours")),
+        kept_headers: &["linear-delivery", "linear-event", "linear-signature"],
+        sample: "",
+        sample_type: "Issue",
+        ..BASE
+    },
+    Preset {
+        name: "standard",
+        scheme: || Scheme::Code(code::STANDARD),
+        key: &["header:webhook-id|header:svix-id"],
+        tolerance_secs: Some(300),
+        horizon: Some((
+            76 * HOUR,
+            "Svix retries for about 28 hours, the Standard Webhooks example schedule for about 76",
+        )),
+        kept_headers: &[
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
+            "svix-id",
+            "svix-timestamp",
+            "svix-signature",
+        ],
+        sample: "",
+        sample_type: "invoice.paid",
+        ..BASE
+    },
+    Preset {
         name: "twilio",
-        scheme: || Scheme::Twilio,
+        scheme: || Scheme::Code(code::TWILIO),
         key: &["header:I-Twilio-Idempotency-Token"],
         event_type: &["form:MessageStatus|form:CallStatus"],
         horizon: Some((
@@ -293,7 +560,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "hubspot",
-        scheme: || Scheme::Hubspot,
+        scheme: || Scheme::Code(code::HUBSPOT),
         key: &[
             "json:/eventId",
             "json:/subscriptionId",
@@ -335,7 +602,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "adyen",
-        scheme: || Scheme::Adyen,
+        scheme: || Scheme::Code(code::ADYEN),
         key: &["json:/pspReference", "json:/eventCode", "json:/success"],
         event_type: &["json:/eventCode"],
         retention_days: 45,
@@ -567,7 +834,16 @@ pub static PRESETS: &[Preset] = &[
         key: &["body:sha256"],
         event_type: &[],
         kept_headers: &["x-dropbox-signature"],
-        handshake: Handshake::Dropbox,
+        handshake: Handshake::Echo(Echo {
+            name: "Dropbox",
+            method: "GET",
+            when: None,
+            challenge: Field::Query("challenge"),
+            unsigned: true,
+            content_type: "text/plain",
+            nosniff: true,
+            as_sent: false,
+        }),
         sample: r#"{"list_folder":{"accounts":["dbid:{id}"]},"delta":{"users":[1]}}"#,
         ..BASE
     },
@@ -690,7 +966,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "msgraph",
-        scheme: || Scheme::Msgraph,
+        scheme: || Scheme::Code(code::MSGRAPH),
         // Without an id: a change by its subscription, change, resource
         // and version; a lifecycle event by its subscription, event and
         // the expiry it is about.
@@ -702,7 +978,16 @@ pub static PRESETS: &[Preset] = &[
         ],
         event_type: &["json:/lifecycleEvent|json:/changeType"],
         horizon: Some((4 * HOUR, "Graph retries for up to 4 hours")),
-        handshake: Handshake::Msgraph,
+        handshake: Handshake::Echo(Echo {
+            name: "Msgraph",
+            method: "",
+            when: None,
+            challenge: Field::Query("validationToken"),
+            unsigned: true,
+            content_type: "text/plain",
+            nosniff: false,
+            as_sent: false,
+        }),
         batch: Some(Batch {
             items: "/value",
             inner: "",
@@ -935,7 +1220,7 @@ pub fn find(name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name)
 }
 
-/// Other names of the built-in kinds (Clerk, Resend and Svix send Standard Webhooks).
+/// Other names of the table's kinds (Clerk, Resend and Svix send Standard Webhooks).
 pub fn alias(name: &str) -> Option<&'static str> {
     match name {
         "clerk" | "resend" | "svix" => Some("standard"),
@@ -968,6 +1253,27 @@ mod tests {
                 assert!(secs <= p.retention_days * DAY, "{}", p.name);
             }
         }
-        assert_eq!(PRESETS.len(), 37);
+        assert_eq!(PRESETS.len(), 44);
+    }
+
+    #[test]
+    fn stamped_carriers_sign_only_what_their_direct_path_reads() {
+        for p in PRESETS {
+            if let Scheme::Rule { rule, .. } = (p.scheme)()
+                && matches!(rule.carrier, Carrier::Stamped { .. })
+            {
+                assert!(matches!(rule.alg, Alg::Hmac(_)), "{}", p.name);
+                for piece in &rule.message {
+                    assert!(
+                        matches!(
+                            piece,
+                            Piece::Timestamp | Piece::Body | Piece::Text(_) | Piece::Method
+                        ),
+                        "{}: {piece:?}",
+                        p.name
+                    );
+                }
+            }
+        }
     }
 }

@@ -176,13 +176,6 @@ fn scheme_of(kind: Kind, rs: &RawSource) -> Result<Scheme, String> {
         ));
     }
     Ok(match kind {
-        Kind::Stripe => Scheme::Stripe,
-        Kind::Github => Scheme::Github,
-        Kind::Shopify => Scheme::Shopify,
-        Kind::Slack => Scheme::Slack,
-        Kind::Paddle => Scheme::Paddle,
-        Kind::Linear => Scheme::Linear,
-        Kind::Standard => Scheme::Standard,
         Kind::None => Scheme::None,
         Kind::Preset(p) => (p.scheme)(),
         Kind::Hmac => generic::hmac_scheme(rs)?,

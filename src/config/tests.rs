@@ -378,7 +378,7 @@ fn dev_default_is_valid() {
     let c = Config::dev_default();
     assert_eq!(c.listen, "127.0.0.1:8080");
     assert_eq!(c.sources[0].name, "demo");
-    assert_eq!(c.sources[0].kind, Kind::Standard);
+    assert_eq!(c.sources[0].kind.name(), "standard");
 }
 
 #[test]
@@ -520,8 +520,8 @@ fn provider_kinds_take_their_presets_and_overrides_win() {
     assert_eq!(a.event_type_more.len(), 1);
     assert!(a.batch().is_some());
     assert_eq!(
-        c.sources[1].kind,
-        Kind::Standard,
+        c.sources[1].kind.name(),
+        "standard",
         "svix is a name for standard"
     );
     let hubspot = &c.sources[2];

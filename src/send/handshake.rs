@@ -9,8 +9,8 @@ use anyhow::{Result, anyhow, bail};
 use serde_json::json;
 
 use super::{Exchanged, exchange};
-use crate::config::presets::Handshake;
-use crate::config::{Config, Kind, Source};
+use crate::config::presets::{Echo, Field, Handshake};
+use crate::config::{Config, Source};
 use crate::ops::text::{Unwritten, stdout};
 use crate::verify::Request;
 
@@ -36,10 +36,10 @@ pub(super) fn run(
     now: i64,
     private_key: Option<&str>,
 ) -> Result<ExitCode> {
-    let handshake = match source.kind {
-        Kind::Slack => None,
-        kind => Some(kind.preset().map_or(Handshake::None, |p| p.handshake)),
-    };
+    let handshake = source
+        .kind
+        .preset()
+        .map_or(Handshake::None, |p| p.handshake);
     let challenge = token();
     let Outgoing {
         method,
@@ -47,17 +47,21 @@ pub(super) fn run(
         mut headers,
         body,
     } = match handshake {
-        None | Some(Handshake::Zoom | Handshake::Twitch | Handshake::Discord) => {
+        Handshake::Echo(e) => echo_request(e, url, &challenge),
+        Handshake::Zoom | Handshake::Twitch | Handshake::Discord => {
             challenge_request(handshake, url, now, &challenge)
         }
-        Some(handshake) => plain_request(source, handshake, url, &challenge)?,
+        handshake => plain_request(source, handshake, url, &challenge)?,
     };
-    let signed = matches!(
-        handshake,
-        None | Some(Handshake::Zoom | Handshake::Twitch | Handshake::Discord)
-    );
+    let signed = match handshake {
+        Handshake::Echo(e) => !e.unsigned,
+        other => matches!(
+            other,
+            Handshake::Zoom | Handshake::Twitch | Handshake::Discord
+        ),
+    };
     // Okta's check carries the event hook's auth header.
-    if signed || handshake == Some(Handshake::Okta) {
+    if signed || handshake == Handshake::Okta {
         let request = Request::post(&headers, &body);
         let signature = source
             .verifier
@@ -82,18 +86,13 @@ struct Outgoing {
     body: Vec<u8>,
 }
 
-/// The handshakes the provider signs, a JSON POST carrying the challenge:
-/// Zoom's, Twitch's, Discord's, and (`None`) Slack's `url_verification`.
-fn challenge_request(
-    handshake: Option<Handshake>,
-    url: &str,
-    now: i64,
-    challenge: &str,
-) -> Outgoing {
+/// The handshakes the provider signs, a JSON POST carrying the challenge
+/// or computed from it: Zoom's, Twitch's, Discord's.
+fn challenge_request(handshake: Handshake, url: &str, now: i64, challenge: &str) -> Outgoing {
     let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
     let body = match handshake {
-        Some(Handshake::Zoom) => json!({"event": "endpoint.url_validation", "payload": {"plainToken": challenge}, "event_ts": now * 1000}).to_string().into_bytes(),
-        Some(Handshake::Twitch) => {
+        Handshake::Zoom => json!({"event": "endpoint.url_validation", "payload": {"plainToken": challenge}, "event_ts": now * 1000}).to_string().into_bytes(),
+        Handshake::Twitch => {
             headers.push(("Twitch-Eventsub-Message-Id".to_owned(), token()));
             headers.push((
                 "Twitch-Eventsub-Message-Type".to_owned(),
@@ -105,10 +104,7 @@ fn challenge_request(
             ));
             json!({"challenge": challenge, "subscription": {"id": "sub1", "type": "channel.follow", "version": "1", "status": "webhook_callback_verification_pending"}}).to_string().into_bytes()
         }
-        Some(Handshake::Discord) => br#"{"type":1}"#.to_vec(),
-        _ => json!({"type": "url_verification", "token": "t", "challenge": challenge})
-            .to_string()
-            .into_bytes(),
+        _ => br#"{"type":1}"#.to_vec(),
     };
     Outgoing {
         method: "POST",
@@ -116,6 +112,47 @@ fn challenge_request(
         headers,
         body,
     }
+}
+
+/// A handshake that echoes a field, as its row describes it: the challenge
+/// in a query parameter (a GET, or a POST of plain text), a header, or a
+/// JSON body (with the field that says what it is).
+fn echo_request(e: Echo, url: &str, challenge: &str) -> Outgoing {
+    let method = if e.method.is_empty() {
+        "POST"
+    } else {
+        e.method
+    };
+    let mut out = Outgoing {
+        method,
+        url: url.to_owned(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    let mut body = json!({});
+    let mut put = |field: Field, value: &str, out: &mut Outgoing| match field {
+        Field::Query(name) => {
+            let query: String = form_urlencoded::Serializer::new(String::new())
+                .append_pair(name, value)
+                .finish();
+            out.url = format!("{}?{query}", out.url);
+        }
+        Field::Header(name) => out.headers.push((name.to_owned(), value.to_owned())),
+        Field::Json(pointer) => super::set_pointer(&mut body, pointer, json!(value)),
+    };
+    if let Some((field, value)) = e.when {
+        put(field, value, &mut out);
+    }
+    put(e.challenge, challenge, &mut out);
+    if matches!(e.challenge, Field::Json(_)) {
+        out.headers
+            .push(("Content-Type".to_owned(), "application/json".to_owned()));
+        out.body = body.to_string().into_bytes();
+    } else if method == "POST" {
+        out.headers
+            .push(("Content-Type".to_owned(), "text/plain".to_owned()));
+    }
+    out
 }
 
 /// The handshakes sent unsigned (Okta's is signed as its events are):
@@ -153,14 +190,6 @@ fn plain_request(
                 .finish();
             get(format!("{url}?{query}"))
         }
-        Handshake::Dropbox => get(format!("{url}?challenge={challenge}")),
-        Handshake::Msgraph => Outgoing {
-            url: format!("{url}?validationToken={challenge}"),
-            ..post(
-                vec![("Content-Type".to_owned(), "text/plain".to_owned())],
-                Vec::new(),
-            )
-        },
         Handshake::Okta => Outgoing {
             headers: vec![(
                 "X-Okta-Verification-Challenge".to_owned(),
@@ -195,6 +224,7 @@ fn plain_request(
         Handshake::Zoom | Handshake::Twitch | Handshake::Discord => {
             bail!("the {handshake:?} handshake is a signed challenge")
         }
+        Handshake::Echo(e) => bail!("the {} handshake is an echo", e.name),
     })
 }
 
@@ -202,7 +232,7 @@ fn plain_request(
 /// whether the secret came back, then the answer's body.
 fn print_answer(
     source: &Source,
-    handshake: Option<Handshake>,
+    handshake: Handshake,
     (method, url): (&str, &str),
     headers: &[(String, String)],
     answer: &Exchanged,
@@ -214,7 +244,7 @@ fn print_answer(
         source.kind, answer.status
     )
     .map_err(Unwritten)?;
-    if handshake == Some(Handshake::Asana) {
+    if handshake == Handshake::Asana {
         let echoed = headers
             .iter()
             .find(|(n, _)| n == "X-Hook-Secret")

@@ -118,6 +118,8 @@ mod wycheproof_vectors {
                 secret_nfkd: false,
                 escaped_body: false,
                 require: Vec::new(),
+                strict: false,
+                summary: None,
             }),
         };
         Verifier::new(scheme, vec![Secret::new(secret)], Duration::ZERO).ok()

@@ -1,5 +1,8 @@
-//! Webhook signature verification: one file per provider scheme, and the
-//! pieces they share (keys, HMAC, header reading, timestamp tolerance) here.
+//! Webhook signature verification: the rule engine (`rule.rs`, with the
+//! direct path of `stamped.rs`) that verifies the providers whose schemes
+//! are data, one file per provider whose scheme data cannot say (`code/`),
+//! the generic kinds, and the pieces they share (keys, HMAC, header
+//! reading, timestamp tolerance) here.
 //!
 //! This module owns turning configured secrets into keys, checking a request's
 //! signature headers against its raw body, and producing those headers for
@@ -9,25 +12,22 @@
 //!
 //! The module is self-contained: outside itself it uses only
 //! `crate::headers` (reading a request's headers) and `crate::time`
-//! (dates in the signed formats).
+//! (dates in the signed formats); its tests build the providers' schemes
+//! from their rows (`config::presets`).
 //!
 //! Invariants: comparisons of signatures are constant-time
 //! (`Mac::verify_slice`, or ed25519 verification); no error message and no
 //! `Debug` output contains a secret or an expected signature; nothing on an
 //! input-driven path panics.
 
-mod custom;
+pub mod code;
 mod generic;
-mod github;
 mod hmac_generic;
-mod linear;
-mod paddle;
+#[cfg(test)]
+mod row_tests;
 pub mod rule;
 mod same;
-mod shopify;
-mod slack;
-mod standard;
-mod stripe;
+mod stamped;
 #[cfg(test)]
 mod test_support;
 pub use same::same_secret;
@@ -181,43 +181,29 @@ impl<'a> Request<'a> {
 /// A signature scheme, one per source `kind`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scheme {
-    Stripe,
-    Github,
-    Shopify,
-    Slack,
-    Paddle,
-    Linear,
-    Standard,
     Hmac(HmacParams),
     /// A provider's rule as data (`rule.rs`), or the generic kind's template.
     Rule {
         kind: &'static str,
         rule: Box<rule::SignedRule>,
     },
-    Twilio,
-    Hubspot,
-    Adyen,
-    Msgraph,
+    /// What data cannot say: a provider's code (`code/`).
+    Code(&'static dyn code::Code),
     None,
 }
 
 impl Scheme {
+    /// Standard Webhooks, also what forward actions sign with
+    /// (`sign_secret`).
+    #[allow(non_upper_case_globals)]
+    pub const Standard: Scheme = Scheme::Code(code::STANDARD);
+
     /// The config `kind` that names this scheme.
     pub fn kind(&self) -> &'static str {
         match self {
-            Scheme::Stripe => "stripe",
-            Scheme::Github => "github",
-            Scheme::Shopify => "shopify",
-            Scheme::Slack => "slack",
-            Scheme::Paddle => "paddle",
-            Scheme::Linear => "linear",
-            Scheme::Standard => "standard",
             Scheme::Hmac(_) => "hmac",
             Scheme::Rule { kind, .. } => kind,
-            Scheme::Twilio => "twilio",
-            Scheme::Hubspot => "hubspot",
-            Scheme::Adyen => "adyen",
-            Scheme::Msgraph => "msgraph",
+            Scheme::Code(code) => code.kind(),
             Scheme::None => "none",
         }
     }
@@ -225,13 +211,6 @@ impl Scheme {
     /// The rule in one line, for `check`.
     pub fn describe(&self) -> String {
         match self {
-            Scheme::Stripe => "Stripe-Signature t=..,v1=..: hex HMAC-SHA256 of t.body; timestamp within tolerance".into(),
-            Scheme::Github => "X-Hub-Signature-256 sha256=: hex HMAC-SHA256 of the body".into(),
-            Scheme::Shopify => "X-Shopify-Hmac-Sha256: base64 HMAC-SHA256 of the body".into(),
-            Scheme::Slack => "X-Slack-Signature v0=: hex HMAC-SHA256 of v0:ts:body; X-Slack-Request-Timestamp within tolerance".into(),
-            Scheme::Paddle => "Paddle-Signature ts=..;h1=..: hex HMAC-SHA256 of ts:body; timestamp within tolerance".into(),
-            Scheme::Linear => "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance".into(),
-            Scheme::Standard => "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance".into(),
             Scheme::Hmac(p) => format!(
                 "{}{}: {} HMAC-{} of the body",
                 p.header,
@@ -243,16 +222,19 @@ impl Scheme {
                 encoding_name(p.encoding),
                 algorithm_name(p.algorithm)
             ),
-            Scheme::Rule { kind: "basic", .. } => "Authorization Basic: user:password, one of the secrets, compared in constant time".into(),
-            Scheme::Rule { kind: "token", rule } => format!(
+            Scheme::Rule { kind: "basic", .. } => {
+                "Authorization Basic: user:password, one of the secrets, compared in constant time"
+                    .into()
+            }
+            Scheme::Rule {
+                kind: "token",
+                rule,
+            } => format!(
                 "{}: one of the secrets, compared in constant time",
                 rule.carrier_text()
             ),
             Scheme::Rule { rule, .. } => rule.describe(),
-            Scheme::Twilio => "X-Twilio-Signature: base64 HMAC-SHA1 (SHA-256 with the signature settings) of public_url + query + sorted form fields, or of the URL with bodySHA256".into(),
-            Scheme::Hubspot => "X-HubSpot-Signature-v3: base64 HMAC-SHA256 of method + public_url + body + X-HubSpot-Request-Timestamp (ms, not older than tolerance); legacy v1/v2 hex SHA-256".into(),
-            Scheme::Adyen => "each item's additionalData.hmacSignature: base64 HMAC-SHA256 (hex key) of its eight fields joined by :".into(),
-            Scheme::Msgraph => "no signature: each item's clientState equals a secret".into(),
+            Scheme::Code(code) => code.describe().into(),
             Scheme::None => "none (unsigned)".into(),
         }
     }
@@ -261,7 +243,7 @@ impl Scheme {
     pub fn signs_timestamp(&self) -> bool {
         match self {
             Scheme::Rule { rule, .. } => rule.timestamp.is_some(),
-            Scheme::Hubspot => true,
+            Scheme::Code(code) => code.signs_timestamp(),
             _ => false,
         }
     }
@@ -270,7 +252,7 @@ impl Scheme {
     /// source needs `public_url`.
     pub fn covers_url(&self) -> bool {
         match self {
-            Scheme::Twilio | Scheme::Hubspot => true,
+            Scheme::Code(code) => code.covers_url(),
             Scheme::Rule { rule, .. } => rule.covers(&rule::Piece::Url),
             _ => false,
         }
@@ -382,7 +364,7 @@ impl MalformedReason {
 
 /// A decoded secret.
 #[derive(Clone)]
-enum Key {
+pub enum Key {
     /// HMAC key bytes: the secret as written, or base64-decoded for `whsec_`.
     Hmac(Vec<u8>),
     /// A Standard Webhooks `whpk_` public key (verifies `v1a` entries), or
@@ -540,19 +522,9 @@ impl Verifier {
     pub fn verify_request(&self, rq: &Request<'_>, now: i64) -> Result<Verdict, VerifyError> {
         let (headers, body) = (rq.headers, rq.body);
         match &self.scheme {
-            Scheme::Stripe => stripe::SCHEME.verify(self, headers, body, now),
-            Scheme::Github => github::verify(self, headers, body),
-            Scheme::Shopify => shopify::verify(self, headers, body),
-            Scheme::Slack => slack::verify(self, headers, body, now),
-            Scheme::Paddle => paddle::SCHEME.verify(self, headers, body, now),
-            Scheme::Linear => linear::verify(self, headers, body, now),
-            Scheme::Standard => standard::verify(self, headers, body, now),
             Scheme::Hmac(params) => hmac_generic::verify(self, params, headers, body),
             Scheme::Rule { rule, .. } => rule::verify(self, rule, rq, now),
-            Scheme::Twilio => custom::twilio_verify(self, rq),
-            Scheme::Hubspot => custom::hubspot_verify(self, rq, now),
-            Scheme::Adyen => custom::adyen_verify(self, rq),
-            Scheme::Msgraph => custom::msgraph_verify(self, rq),
+            Scheme::Code(code) => code.verify(self, rq, now),
             Scheme::None => Ok(Verdict {
                 secret_index: None,
                 timestamp: None,
@@ -580,18 +552,9 @@ impl Verifier {
     ) -> Result<Vec<(String, String)>, String> {
         let body = rq.body;
         match &self.scheme {
-            Scheme::Stripe => stripe::SCHEME.sign(self, body, now),
-            Scheme::Github => github::sign(self, body),
-            Scheme::Shopify => shopify::sign(self, body),
-            Scheme::Slack => slack::sign(self, body, now),
-            Scheme::Paddle => paddle::SCHEME.sign(self, body, now),
-            Scheme::Linear => linear::sign(self, body),
-            Scheme::Standard => standard::sign(self, body, now, id),
             Scheme::Hmac(params) => hmac_generic::sign(self, params, body),
             Scheme::Rule { rule, .. } => rule::sign(self, rule, rq, now, private_key),
-            Scheme::Twilio => custom::twilio_sign(self, rq),
-            Scheme::Hubspot => custom::hubspot_sign(self, rq, now),
-            Scheme::Adyen | Scheme::Msgraph => Ok(Vec::new()),
+            Scheme::Code(code) => code.sign(self, rq, now, id),
             Scheme::None => Err("kind none does not sign".to_owned()),
         }
     }
@@ -611,7 +574,7 @@ impl Verifier {
     /// sign inside it.
     pub fn sign_body(&self, body: &[u8], now: i64) -> Result<Vec<u8>, String> {
         match &self.scheme {
-            Scheme::Adyen => custom::adyen_sign_body(self, body),
+            Scheme::Code(code) => code.sign_body(self, body, now),
             Scheme::Rule { rule, .. } if matches!(rule.carrier, rule::Carrier::Json(_)) => {
                 rule::sign_into_body(self, rule, body, now)
             }
@@ -722,10 +685,7 @@ fn decode_key(scheme: &Scheme, secret: &str) -> Result<Key, String> {
         return Err("empty".to_owned());
     }
     match scheme {
-        Scheme::Standard => standard::decode_key(secret),
-        Scheme::Adyen => hex::decode(secret)
-            .map(Key::Hmac)
-            .map_err(|_| "the adyen HMAC key is written in hex".to_owned()),
+        Scheme::Code(code) => code.decode_key(secret),
         // The generic kinds: public keys as base64, hex or PEM, and a
         // shared secret's text turned into key bytes as configured.
         Scheme::Rule {
@@ -918,111 +878,6 @@ fn encode_signature(bytes: &[u8], encoding: Encoding) -> String {
     }
 }
 
-/// Stripe's and Paddle's scheme: one header `t=<unix>,v1=<hex>,v1=<hex>,...`
-/// (Paddle: `ts=..;h1=..`), each hex an HMAC-SHA256 of `"{t}{joiner}{body}"`.
-/// Any signature may match (one per active secret while rotating); the
-/// timestamp must be within the tolerance.
-pub(super) struct TimestampedHmac {
-    pub header: &'static str,
-    pub separator: char,
-    pub timestamp_key: &'static str,
-    pub signature_key: &'static str,
-    pub joiner: &'static [u8],
-}
-
-impl TimestampedHmac {
-    fn verify(
-        &self,
-        verifier: &Verifier,
-        headers: &[(String, String)],
-        body: &[u8],
-        now: i64,
-    ) -> Result<Verdict, VerifyError> {
-        let value = required_header(headers, self.header)?;
-        let parsed = parse_timestamped_signatures(
-            self.header,
-            value,
-            self.separator,
-            self.timestamp_key,
-            self.signature_key,
-        )?;
-        let message: [&[u8]; 3] = [parsed.timestamp_raw.as_bytes(), self.joiner, body];
-        let index = verifier.match_hmac(HmacAlgorithm::Sha256, &message, &parsed.signatures)?;
-        verifier.check_freshness(parsed.timestamp, now)?;
-        Ok(Verdict {
-            secret_index: Some(index),
-            timestamp: Some(parsed.timestamp),
-        })
-    }
-
-    fn sign(
-        &self,
-        verifier: &Verifier,
-        body: &[u8],
-        now: i64,
-    ) -> Result<Vec<(String, String)>, String> {
-        let timestamp = now.to_string();
-        let tag = verifier.sign_hmac(
-            HmacAlgorithm::Sha256,
-            &[timestamp.as_bytes(), self.joiner, body],
-        )?;
-        let value = format!(
-            "{}={timestamp}{}{}={}",
-            self.timestamp_key,
-            self.separator,
-            self.signature_key,
-            hex::encode(tag)
-        );
-        Ok(vec![(self.header.to_owned(), value)])
-    }
-}
-
-/// A parsed [`TimestampedHmac`] header. Keys other than the two named are
-/// ignored.
-struct TimestampedSignatures<'a> {
-    /// The timestamp as sent: it is what was signed.
-    timestamp_raw: &'a str,
-    timestamp: i64,
-    signatures: Vec<Vec<u8>>,
-}
-
-fn parse_timestamped_signatures<'a>(
-    header: &str,
-    value: &'a str,
-    separator: char,
-    timestamp_key: &'static str,
-    signature_key: &'static str,
-) -> Result<TimestampedSignatures<'a>, VerifyError> {
-    let mut timestamp_raw = None;
-    let mut signatures = Vec::new();
-    for entry in split_entries(header, value, separator)? {
-        let (key, raw) = entry
-            .split_once('=')
-            .ok_or_else(|| malformed(header, MalformedReason::BadEntry("key=value")))?;
-        if key == timestamp_key {
-            if timestamp_raw.replace(raw).is_some() {
-                return Err(malformed(
-                    header,
-                    MalformedReason::RepeatedField(timestamp_key),
-                ));
-            }
-        } else if key == signature_key {
-            signatures.push(decode_signature(header, raw, Encoding::Hex)?);
-        }
-    }
-    let timestamp_raw =
-        timestamp_raw.ok_or_else(|| malformed(header, MalformedReason::NoTimestamp))?;
-    let timestamp = parse_timestamp(header, timestamp_raw)?;
-    if signatures.is_empty() {
-        return Err(malformed(header, MalformedReason::NoSignature));
-    }
-    Ok(TimestampedSignatures {
-        timestamp_raw,
-        timestamp,
-        signatures,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::test_support::*;
@@ -1039,9 +894,9 @@ mod tests {
     #[test]
     fn verifier_debug_never_shows_a_secret() {
         for (scheme, secret) in [
-            (Scheme::Stripe, "whsec_hunter2hunter2"),
-            (Scheme::Github, "hunter2hunter2"),
-            (Scheme::Standard, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            (scheme("stripe"), "whsec_hunter2hunter2"),
+            (scheme("github"), "hunter2hunter2"),
+            (scheme("standard"), "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
         ] {
             let verifier = verifier(scheme, &[secret, secret]);
             let debug = format!("{verifier:?}");
@@ -1055,10 +910,10 @@ mod tests {
     #[test]
     fn new_rejects_missing_empty_and_extra_secrets() {
         let tolerance = Duration::from_secs(300);
-        let err = Verifier::new(Scheme::Stripe, vec![], tolerance).unwrap_err();
+        let err = Verifier::new(scheme("stripe"), vec![], tolerance).unwrap_err();
         assert_eq!(err, "kind stripe needs at least one secret");
         let secrets = vec![Secret::new("good".to_owned()), Secret::new(String::new())];
-        let err = Verifier::new(Scheme::Github, secrets, tolerance).unwrap_err();
+        let err = Verifier::new(scheme("github"), secrets, tolerance).unwrap_err();
         assert_eq!(err, "secret 1: empty");
         let err =
             Verifier::new(Scheme::None, vec![Secret::new("x".to_owned())], tolerance).unwrap_err();
@@ -1135,7 +990,7 @@ mod tests {
 
     #[test]
     fn freshness_is_inclusive_both_ways_and_never_overflows() {
-        let verifier = verifier(Scheme::Github, &["k"]);
+        let verifier = verifier(scheme("github"), &["k"]);
         let now = 1_700_000_000;
         assert_eq!(verifier.check_freshness(now - 300, now), Ok(()));
         assert_eq!(verifier.check_freshness(now + 300, now), Ok(()));

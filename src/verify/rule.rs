@@ -5,7 +5,7 @@
 //! generic `hmac` kind's `template` both build one, so a provider is a row,
 //! not code. What data cannot say (Twilio's sorted form parameters,
 //! HubSpot's legacy hashes, Adyen's per-item signatures, Graph's
-//! `clientState`) lives in `custom.rs`.
+//! `clientState`) is code behind `code::Code`, one file per provider.
 
 use base64::Engine as _;
 
@@ -64,6 +64,15 @@ pub enum Carrier {
     },
     /// `<ts>,<sig>,<sig>` (Recurly).
     Positional(String),
+    /// `t=<ts>,v1=<sig>,v1=<sig>` with exactly one timestamp, entries split
+    /// at `separator` (Stripe's `t=,v1=`, Paddle's `ts=;h1=`); checked on a
+    /// direct path that allocates nothing (Stripe's is the hottest).
+    Stamped {
+        name: &'static str,
+        separator: char,
+        timestamp_key: &'static str,
+        signature_key: &'static str,
+    },
     /// A string at a JSON pointer in the body (Mailgun).
     Json(String),
 }
@@ -75,6 +84,7 @@ impl Carrier {
             Carrier::Header { name, .. }
             | Carrier::Pairs { name, .. }
             | Carrier::Positional(name) => name,
+            Carrier::Stamped { name, .. } => name,
             Carrier::AnyHeader(names) => names.first().map_or("", String::as_str),
             Carrier::Numbered(prefix) => prefix,
             Carrier::Json(pointer) => pointer,
@@ -157,6 +167,14 @@ pub struct SignedRule {
     /// Headers that must carry these values (Box's signature version and
     /// algorithm), compared ignoring ASCII case.
     pub require: Vec<(String, String)>,
+    /// Parsed as strictly as the first kinds always were: a header's
+    /// timestamp must be a number before any signature is tried, a
+    /// signature's prefix matches in its case too, and base64 is canonical
+    /// (padding required, no stray bits: one spelling per tag).
+    pub strict: bool,
+    /// How `check` words the rule, where the provider's own words say it
+    /// better than [`SignedRule::describe`]'s.
+    pub summary: Option<&'static str>,
 }
 
 impl SignedRule {
@@ -186,12 +204,21 @@ impl SignedRule {
                 format!("{name} {timestamp_key}=..,{signature_key}=..")
             }
             Carrier::Positional(name) => format!("{name} ts,sig,.."),
+            Carrier::Stamped {
+                name,
+                separator,
+                timestamp_key,
+                signature_key,
+            } => format!("{name} {timestamp_key}=..{separator}{signature_key}=.."),
             Carrier::Json(pointer) => format!("body {pointer}"),
         }
     }
 
     /// The rule in one line, for `check`.
     pub fn describe(&self) -> String {
+        if let Some(summary) = self.summary {
+            return summary.to_owned();
+        }
         let carrier = self.carrier_text();
         let content: Vec<String> = self
             .message
@@ -306,11 +333,34 @@ pub(super) fn verify(
     rq: &Request<'_>,
     now: i64,
 ) -> Result<Verdict, VerifyError> {
+    if let Carrier::Stamped {
+        name,
+        separator,
+        timestamp_key,
+        signature_key,
+    } = rule.carrier
+    {
+        let keys = (timestamp_key, signature_key);
+        return super::stamped::verify(verifier, rule, rq, now, (name, separator), keys);
+    }
     let mut body = Body {
         bytes: rq.body,
         json: None,
     };
     check_required(rule, rq)?;
+    if rule.strict
+        && let Some(
+            t @ Timestamp {
+                from: TimeFrom::Header(name),
+                ..
+            },
+        ) = &rule.timestamp
+    {
+        // The signature header is there, and the timestamp a number,
+        // before any signature is looked at.
+        super::required_header(rq.headers, rule.carrier.name())?;
+        parse_time(rule, t, super::required_header(rq.headers, name)?)?;
+    }
     let groups = read_carrier(rule, rq, &mut body)?;
     let url = if rule.covers(&Piece::Url) {
         Some(verifier.url_of(rq.query))
@@ -470,6 +520,7 @@ fn read_carrier(
     let (headers, encoding) = (rq.headers, rule.encoding);
     let groups = match &rule.carrier {
         Carrier::Header { name, prefix, list } => {
+            let prefix = (prefix.as_str(), rule.strict);
             vec![group(
                 None,
                 header_signatures(headers, name, prefix, *list, encoding)?,
@@ -490,6 +541,10 @@ fn read_carrier(
             signature_key,
         } => pair_groups(headers, name, timestamp_key, signature_key, encoding)?,
         Carrier::Positional(name) => vec![positional_group(headers, name, encoding)?],
+        // Verified on its own path (`stamped`).
+        Carrier::Stamped { name, .. } => {
+            return Err(malformed(name, MalformedReason::NoSignature));
+        }
         Carrier::Json(pointer) => {
             let raw = body.text_at(pointer)?;
             vec![group(None, vec![decode(pointer, &raw, encoding)?])]
@@ -502,11 +557,11 @@ fn read_carrier(
 }
 
 /// The signatures of a [`Carrier::Header`]: its value, or each entry of
-/// its list, after the prefix.
+/// its list, after the prefix (compared in its case too when `strict`).
 fn header_signatures(
     headers: &[(String, String)],
     name: &str,
-    prefix: &str,
+    (prefix, strict): (&str, bool),
     list: Option<char>,
     encoding: Encoding,
 ) -> Result<Vec<Vec<u8>>, VerifyError> {
@@ -517,9 +572,19 @@ fn header_signatures(
     };
     let mut signatures = Vec::new();
     for entry in entries {
-        let raw = super::strip_prefix_ignore_case(entry, prefix)
-            .ok_or_else(|| malformed(name, MalformedReason::MissingPrefix(prefix.to_owned())))?;
-        signatures.push(decode(name, raw, encoding)?);
+        let raw = if strict {
+            entry.strip_prefix(prefix)
+        } else {
+            super::strip_prefix_ignore_case(entry, prefix)
+        };
+        let raw =
+            raw.ok_or_else(|| malformed(name, MalformedReason::MissingPrefix(prefix.to_owned())))?;
+        signatures.push(if strict {
+            // Canonical: one spelling per tag.
+            super::decode_signature(name, raw, encoding)?
+        } else {
+            decode(name, raw, encoding)?
+        });
     }
     Ok(signatures)
 }
@@ -687,7 +752,7 @@ fn match_keys(
     })
 }
 
-fn parse_time(rule: &SignedRule, t: &Timestamp, raw: &str) -> Result<i64, VerifyError> {
+pub(super) fn parse_time(rule: &SignedRule, t: &Timestamp, raw: &str) -> Result<i64, VerifyError> {
     let name = match &t.from {
         TimeFrom::Header(name) => name.as_str(),
         _ => rule.carrier.name(),
@@ -896,6 +961,18 @@ fn push_signature(
         Carrier::Positional(name) => out.push((
             name.clone(),
             format!("{},{encoded}", timestamp.unwrap_or("")),
+        )),
+        Carrier::Stamped {
+            name,
+            separator,
+            timestamp_key,
+            signature_key,
+        } => out.push((
+            (*name).to_owned(),
+            format!(
+                "{timestamp_key}={}{separator}{signature_key}={encoded}",
+                timestamp.unwrap_or("")
+            ),
         )),
         // In the body: `sign_into_body` writes it there.
         Carrier::Json(_) => {}

@@ -17,6 +17,12 @@ pub fn headers(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The scheme of a provider's row.
+pub fn scheme(kind: &str) -> Scheme {
+    let row = crate::config::presets::find(kind).unwrap_or_else(|| panic!("no row {kind}"));
+    (row.scheme)()
+}
+
 /// A verifier with a 5 minute tolerance.
 pub fn verifier(scheme: Scheme, secrets: &[&str]) -> Verifier {
     let secrets = secrets

@@ -159,11 +159,6 @@ fn accept<B: Backend>(
         form: form.as_deref(),
         body: &body,
     };
-    if source.kind == Kind::Slack
-        && let Some(reply) = slack_challenge(&input)
-    {
-        return Ok(reply);
-    }
     if let Some(answer) = providers::signed(source, rq, &input, verdict.secret_index) {
         return answer;
     }
@@ -808,20 +803,6 @@ fn nesting_depth(bytes: &[u8]) -> usize {
         }
     }
     max
-}
-
-/// Slack's url_verification handshake, answered with its challenge as plain
-/// text and stored nowhere. Only reached after the signature verified.
-fn slack_challenge(input: &Input<'_>) -> Option<Reply> {
-    let json = input.json.as_ref()?;
-    if json.pointer("/type")?.as_str() != Some("url_verification") {
-        return None;
-    }
-    let challenge = json
-        .pointer("/challenge")
-        .and_then(|c| c.as_str().map(str::to_string))
-        .unwrap_or_default();
-    Some(Reply::text(200, "text/plain; charset=utf-8", challenge))
 }
 
 /// The headers stored with the event: Content-Type, the kind's own, and

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use super::{Refused, refused};
 use crate::app::App;
 use crate::config::Source;
-use crate::config::presets::{Ack, Batch, Handshake};
+use crate::config::presets::{Ack, Batch, Echo, Field, Handshake};
 use crate::http::Incoming;
 use crate::http::reply::Reply;
 use crate::ingest::Decision;
@@ -73,19 +73,12 @@ pub(super) fn unsigned<B: Backend>(
     let handshake = source.kind.preset().map(|p| p.handshake)?;
     match handshake {
         Handshake::Meta if rq.method == "GET" => Some(meta(source, rq)),
-        Handshake::Dropbox if rq.method == "GET" => {
-            let challenge = query_value(rq.query, "challenge")?;
-            Some(challenge_text(challenge).map(|c| {
-                logged(source, "challenge");
-                Reply::text(200, "text/plain", c).with_header("X-Content-Type-Options", "nosniff")
-            }))
-        }
-        Handshake::Msgraph => {
-            let token = query_value(rq.query, "validationToken")?;
-            Some(challenge_text(token).map(|t| {
-                logged(source, "validationToken");
-                Reply::text(200, "text/plain", t)
-            }))
+        Handshake::Echo(e) if e.unsigned => {
+            let json_text = |pointer: &str| {
+                let body: Value = serde_json::from_slice(&rq.body).ok()?;
+                body.pointer(pointer)?.as_str().map(str::to_owned)
+            };
+            echo(source, rq, e, &json_text)
         }
         Handshake::Okta if rq.method == "GET" => {
             let challenge = rq.header("x-okta-verification-challenge")?.to_owned();
@@ -133,6 +126,52 @@ pub(super) fn unsigned<B: Backend>(
         }
         _ => None,
     }
+}
+
+/// A handshake that echoes a field ([`Echo`]): its answer, or None when
+/// the request is not one.
+fn echo(
+    source: &Source,
+    rq: &Incoming<'_>,
+    e: Echo,
+    json_text: &dyn Fn(&str) -> Option<String>,
+) -> Option<Result<Reply, Refused>> {
+    if !e.method.is_empty() && rq.method != e.method {
+        return None;
+    }
+    let read = |field: Field| match field {
+        Field::Query(name) => query_value(rq.query, name),
+        Field::Json(pointer) => json_text(pointer),
+        Field::Header(name) => rq.header(name).map(str::to_owned),
+    };
+    let (challenge, what) = match e.when {
+        Some((field, value)) => {
+            if read(field).as_deref() != Some(value) {
+                return None;
+            }
+            (read(e.challenge).unwrap_or_default(), value)
+        }
+        None => {
+            let name = match e.challenge {
+                Field::Query(name) | Field::Json(name) | Field::Header(name) => name,
+            };
+            (read(e.challenge)?, name)
+        }
+    };
+    let challenge = if e.as_sent {
+        Ok(challenge)
+    } else {
+        challenge_text(challenge)
+    };
+    Some(challenge.map(|c| {
+        logged(source, what);
+        let reply = Reply::text(200, e.content_type, c);
+        if e.nosniff {
+            reply.with_header("X-Content-Type-Options", "nosniff")
+        } else {
+            reply
+        }
+    }))
 }
 
 /// Meta's subscription check: `hub.verify_token` must be the source's.
@@ -257,6 +296,7 @@ pub(super) fn signed(
             .and_then(|v| v.as_str().map(str::to_owned))
     };
     match handshake {
+        Handshake::Echo(e) if !e.unsigned => echo(source, rq, e, &text_at),
         Handshake::Zoom if text_at("/event").as_deref() == Some("endpoint.url_validation") => {
             let plain = text_at("/payload/plainToken").unwrap_or_default();
             let encrypted = source

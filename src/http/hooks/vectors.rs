@@ -203,6 +203,21 @@ fn every_providers_library_vector_verifies_as_the_library_says() {
     }
 }
 
+/// Adding a kind is a row and its vectors: every kind that verifies
+/// anything (all but `none`) has genuine and negative vectors in
+/// `tests/vectors/providers.json`.
+#[test]
+fn every_kind_has_vectors() {
+    let all = vectors();
+    for kind in crate::config::Kind::all().filter(|k| *k != crate::config::Kind::None) {
+        let of_kind: Vec<&Vector> = all.iter().filter(|v| v.kind == kind.name()).collect();
+        assert!(
+            of_kind.iter().any(|v| v.valid) && of_kind.iter().any(|v| !v.valid),
+            "kind {kind} has no genuine and negative vectors in tests/vectors/providers.json"
+        );
+    }
+}
+
 /// Discord's PING and Zoom's URL validation are answered, not stored.
 fn is_signed_handshake(v: &Vector) -> bool {
     let body: serde_json::Value = serde_json::from_str(&v.body).unwrap_or_default();

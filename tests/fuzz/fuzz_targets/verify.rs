@@ -38,20 +38,14 @@ struct Case {
 }
 
 fn scheme(case: &Case) -> Scheme {
+    // Every provider is a row of the table; then the generic `hmac` and `none`.
     let presets = PRESETS.len();
-    let pick = usize::from(case.scheme) % (9 + presets);
-    if pick >= 9 {
-        return (PRESETS[pick - 9].scheme)();
+    let pick = usize::from(case.scheme) % (2 + presets);
+    if pick >= 2 {
+        return (PRESETS[pick - 2].scheme)();
     }
     match pick {
-        0 => Scheme::Stripe,
-        1 => Scheme::Github,
-        2 => Scheme::Shopify,
-        3 => Scheme::Slack,
-        4 => Scheme::Paddle,
-        5 => Scheme::Linear,
-        6 => Scheme::Standard,
-        7 => Scheme::Hmac(HmacParams {
+        0 => Scheme::Hmac(HmacParams {
             header: case.hmac_header.clone(),
             algorithm: match case.hmac_algorithm % 3 {
                 0 => HmacAlgorithm::Sha1,
@@ -77,10 +71,11 @@ fn verifier(case: &Case) -> Verifier {
     if let Ok(v) = Verifier::new(scheme(case), secrets(&case.secrets), tolerance) {
         return v;
     }
-    let fallback = match scheme(case) {
+    let picked = scheme(case);
+    let fallback = match picked {
         Scheme::None => return Verifier::new(Scheme::None, Vec::new(), tolerance).unwrap(),
-        Scheme::Standard => "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        Scheme::Adyen => "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
+        _ if picked.kind() == "standard" => "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        _ if picked.kind() == "adyen" => "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
         // A public key (Ed25519, RFC 8032's first); P-256's is below.
         Scheme::Rule { rule, .. } if rule.alg == Alg::Ed25519 => {
             "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
@@ -107,7 +102,9 @@ fuzz_target!(|case: Case| {
 
     // 1. Whatever arrives: an answer, never a panic.
     let _ = verifier.verify(&case.headers, &case.body, now + i64::from(case.skew));
-    let presets = matches!(verifier.scheme(), Scheme::Rule { .. } | Scheme::Twilio | Scheme::Hubspot | Scheme::Adyen | Scheme::Msgraph);
+    let kind = verifier.scheme().kind();
+    let presets = matches!(verifier.scheme(), Scheme::Rule { .. })
+        || matches!(kind, "twilio" | "hubspot" | "adyen" | "msgraph");
     if presets {
         let request = Request {
             method: "POST",
@@ -142,9 +139,9 @@ fuzz_target!(|case: Case| {
     }
 
     // 2. The round trip, for schemes that sign.
-    let body = match verifier.scheme() {
+    let body = match verifier.scheme().kind() {
         // Linear's timestamp lives in the signed body.
-        Scheme::Linear => serde_json::json!({
+        "linear" => serde_json::json!({
             "webhookTimestamp": now * 1000,
             "data": String::from_utf8_lossy(&case.body),
         })

@@ -1764,6 +1764,136 @@ def gen_generic():
     tag_config(first, xconfig)
 
 
+# ---------------------------------------------------------------- the original kinds
+
+@contextlib.contextmanager
+def clock(now):
+    """time.time reads `now` (Stripe's verify_header reads only it)."""
+    old = time.time
+    time.time = lambda: float(now)
+    try:
+        yield
+    finally:
+        time.time = old
+
+
+def gen_original():
+    """stripe, github, shopify, slack, paddle and linear (standard's are gen_svix's)."""
+    import stripe
+    WS = stripe.WebhookSignature
+
+    # stripe: verified by the library (tolerance 300 s, past only)
+    body = cj({"id": "evt_1QbX2cLkdIwHu7ix0a1b2c3d", "object": "event", "api_version": "2024-06-20", "created": NOW - 1,
+               "data": {"object": {"id": "ch_3QbX2cLkdIwHu7ix1e2f3g4h", "object": "charge", "amount": 2000, "currency": "usd",
+                                   "customer": "cus_Qx1y2z3a4b5c6d", "paid": True, "status": "succeeded"}},
+               "livemode": False, "pending_webhooks": 1, "request": {"id": None, "idempotency_key": None},
+               "type": "charge.succeeded"})
+
+    def stripe_sign(k, b, ts, u, q):
+        # (generate_signature_header is stripe >= 12's; the same header by hand before)
+        make = getattr(WS, "generate_signature_header", None)
+        h = make(b, k, timestamp=ts) if make else f"t={ts},v1={WS._compute_signature(f'{ts}.{b}', k)}"
+        return {"headers": [["Stripe-Signature", h]]}
+
+    def stripe_verify(req, secrets, now):
+        h = hget(req, "Stripe-Signature")
+        if not h:
+            return False
+        with clock(now):
+            return any(raises_not(WS.verify_header, req["body"], h, s, tolerance=300) for s in secrets)
+    kind_set("stripe", name="charge.succeeded", source=f"{pyv('stripe')} WebhookSignature.generate_signature_header / verify_header",
+             secrets=["whsec_stripe_test_0123"], sign_key="whsec_stripe_test_0123", wrong_key="whsec_stripe_test_wrong", body=body,
+             tamper=('"amount":2000', '"amount":1'), sign=stripe_sign, verify=stripe_verify,
+             event_ids=["evt_1QbX2cLkdIwHu7ix0a1b2c3d"], event_types=["charge.succeeded"], sig_headers=["Stripe-Signature"],
+             tolerance=300)
+
+    # github
+    body = cj({"ref": "refs/heads/main", "before": "6113728f27ae82c7b1a177c8d03f9e96e0adf246",
+               "after": "59b20b8d5c6ff8d09518454d4dd8b7b30f095ab5", "repository": {"id": 1296269, "full_name": "octocat/Hello-World"},
+               "pusher": {"name": "octocat"}, "sender": {"login": "octocat", "id": 1}})
+    simple("github", doc="GitHub 'Validating webhook deliveries'", header="X-Hub-Signature-256", fmt=("sha256=", "hex"), body=body,
+           secret="github-webhook-secret-0123", tamper=("refs/heads/main", "refs/heads/evil"),
+           ids=["72d3162e-cc78-11e3-81ab-4c9367dc0958"], types=["push"],
+           extra=[["X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"], ["X-GitHub-Event", "push"],
+                  ["X-GitHub-Hook-ID", "292430182"]], name="push")
+
+    # shopify
+    body = cj({"id": 820982911946154508, "email": "jon@example.com", "total_price": "199.00", "currency": "USD",
+               "financial_status": "paid", "line_items": [{"id": 866550311766439020, "quantity": 1, "price": "199.00"}]})
+    simple("shopify", doc="Shopify 'Verify webhooks'", header="X-Shopify-Hmac-Sha256", fmt="b64", body=body,
+           secret="shpss_shopify_test_0123", tamper=('"199.00"', '"1.00"'), ids=["b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"],
+           types=["orders/create"],
+           extra=[["X-Shopify-Topic", "orders/create"], ["X-Shopify-Shop-Domain", "example.myshopify.com"],
+                  ["X-Shopify-Event-Id", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"],
+                  ["X-Shopify-Webhook-Id", "a8f1e2d3-c4b5-4a69-8778-695a4b3c2d1e"]], name="orders/create")
+
+    # slack: v0=HMAC of v0:ts:body, the timestamp within 5 minutes either way (as slack_sdk's SignatureVerifier)
+    body = cj({"token": "XXYYZZ", "team_id": "T0DEMO", "api_app_id": "A0DEMO", "type": "event_callback",
+               "event": {"type": "message", "channel": "C0DEMO", "user": "U0DEMO", "text": "hello", "ts": "1764460799.000100"},
+               "event_id": "Ev0A1B2C3D4E", "event_time": NOW - 1})
+
+    def slack_sign(k, b, ts, u, q):
+        return {"headers": [["X-Slack-Request-Timestamp", str(ts)], ["X-Slack-Signature", "v0=" + hmac_hex(k, f"v0:{ts}:{b}")]]}
+
+    def slack_verify(req, secrets, now):
+        ts, sig = hget(req, "X-Slack-Request-Timestamp"), hget(req, "X-Slack-Signature")
+        if not ts or not sig or abs(now - int(ts)) > 300:
+            return False
+        return any(hmac.compare_digest(sig, "v0=" + hmac_hex(s, f"v0:{ts}:{req['body']}")) for s in secrets)
+    kind_set("slack", name="event_callback message", source="hand signer (docs: Slack 'Verifying requests from Slack'; 5 minutes either way, as slack_sdk)",
+             secrets=["8f742231b10e8888abcd99yyyzzz85a5"], sign_key="8f742231b10e8888abcd99yyyzzz85a5",
+             wrong_key="8f742231b10e8888abcd99yyyzzz85a6", body=body, tamper=('"hello"', '"hullo"'), sign=slack_sign,
+             verify=slack_verify, event_ids=["Ev0A1B2C3D4E"], event_types=["message"],
+             sig_headers=["X-Slack-Signature", "X-Slack-Request-Timestamp"], tolerance=300, future=True)
+
+    # paddle: ts=..;h1=HMAC of ts:body
+    body = cj({"event_id": "evt_01jdy2k3m4n5p6q7r8s9t0v1w2", "event_type": "transaction.completed",
+               "occurred_at": "2025-11-29T23:59:59.000000Z", "notification_id": "ntf_01jdy2k3m4n5p6q7r8s9t0v1w3",
+               "data": {"id": "txn_01jdy2k3m4n5p6q7r8s9t0v1w4", "status": "completed", "currency_code": "USD",
+                        "details": {"totals": {"total": "2000"}}}})
+
+    def paddle_sign(k, b, ts, u, q):
+        return {"headers": [["Paddle-Signature", f"ts={ts};h1=" + hmac_hex(k, f"{ts}:{b}")]]}
+
+    def paddle_verify(req, secrets, now):
+        h = hget(req, "Paddle-Signature")
+        if not h:
+            return False
+        parts = dict(p.split("=", 1) for p in h.split(";"))
+        ts = parts.get("ts")
+        if not ts or abs(now - int(ts)) > 300:
+            return False
+        return any(hmac.compare_digest(parts.get("h1", ""), hmac_hex(s, f"{ts}:{req['body']}")) for s in secrets)
+    kind_set("paddle", name="transaction.completed", source="hand signer (docs: Paddle 'Verify webhook signatures'; tolerance 300 s)",
+             secrets=["pdl_ntfset_01jdy2k3_test0123"], sign_key="pdl_ntfset_01jdy2k3_test0123",
+             wrong_key="pdl_ntfset_01jdy2k3_wrong0123", body=body, tamper=('"2000"', '"1"'), sign=paddle_sign,
+             verify=paddle_verify, event_ids=["evt_01jdy2k3m4n5p6q7r8s9t0v1w2"], event_types=["transaction.completed"],
+             sig_headers=["Paddle-Signature"], tolerance=300)
+
+    # linear: HMAC of the body; webhookTimestamp (ms) in the signed body within a minute (Linear's docs), 300 s here
+    def linear_body(ts):
+        return cj({"action": "create", "type": "Issue", "createdAt": "2025-11-29T23:59:59.000Z",
+                   "data": {"id": "2174add1-f7c8-44e3-bbf3-2d60b5ea8bc9", "title": "Fix the login page", "priority": 2},
+                   "url": "https://linear.app/acme/issue/ENG-1", "organizationId": "b5a1c2d3-e4f5-4a6b-8c7d-9e0f1a2b3c4d",
+                   "webhookTimestamp": ts * 1000, "webhookId": "000042e3-d123-4980-b49f-8e140eef9329"})
+
+    def linear_sign(k, b, ts, u, q):
+        b = linear_body(ts)
+        return {"headers": [["Linear-Delivery", "234d1a4e-b617-4388-90fe-adc3633d6b72"], ["Linear-Event", "Issue"],
+                            ["Linear-Signature", hmac_hex(k, b)]], "body": b}
+
+    def linear_verify(req, secrets, now):
+        sig = hget(req, "Linear-Signature")
+        if not sig or not any(hmac.compare_digest(sig, hmac_hex(s, req["body"])) for s in secrets):
+            return False
+        return abs(now - json.loads(req["body"])["webhookTimestamp"] // 1000) <= 300
+    kind_set("linear", name="Issue create", source="hand signer (docs: Linear 'Webhooks: securing webhooks'; webhookTimestamp within 300 s)",
+             secrets=["lin_wh_test_0123"], sign_key="lin_wh_test_0123", wrong_key="lin_wh_test_wrong", body=linear_body(NOW),
+             tamper=("Fix the login page", "Break the login page"), sign=linear_sign, verify=linear_verify,
+             event_ids=["234d1a4e-b617-4388-90fe-adc3633d6b72"], event_types=["Issue"], sig_headers=["Linear-Signature"],
+             tolerance=300)
+
+
 def main():
     global NODE
     ap = argparse.ArgumentParser()
@@ -1775,7 +1905,7 @@ def main():
         for g in [gen_twilio, gen_sendgrid, gen_discord, gen_square, gen_hubspot, gen_razorpay, gen_adyen, gen_gocardless,
                   gen_box, gen_mailgun, gen_gitlab, gen_bitbucket_meta, gen_zoom, gen_simple, gen_twitch, gen_stripe_style,
                   gen_coinbase, gen_pagerduty, gen_msgraph, gen_okta, gen_docusign, gen_workos, gen_trello, gen_notion,
-                  gen_webflow, gen_postmark, gen_recurly, gen_svix, gen_generic]:
+                  gen_webflow, gen_postmark, gen_recurly, gen_svix, gen_generic, gen_original]:
             g()
     finally:
         NODE.close()

@@ -3,18 +3,50 @@
 //! `webhookTimestamp` in milliseconds; once the signature holds, it must be
 //! within the tolerance.
 
-use super::{Encoding, HmacAlgorithm, Verdict, Verifier, VerifyError};
+use super::super::{Encoding, HmacAlgorithm, Request, Verdict, Verifier, VerifyError};
+use super::Code;
+
+pub(super) struct Linear;
+
+impl Code for Linear {
+    fn kind(&self) -> &'static str {
+        "linear"
+    }
+    fn describe(&self) -> &'static str {
+        "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance"
+    }
+    fn verify(
+        &self,
+        verifier: &Verifier,
+        rq: &Request<'_>,
+        now: i64,
+    ) -> Result<Verdict, VerifyError> {
+        verify(verifier, rq.headers, rq.body, now)
+    }
+    fn sign(
+        &self,
+        verifier: &Verifier,
+        rq: &Request<'_>,
+        _now: i64,
+        _id: &str,
+    ) -> Result<Vec<(String, String)>, String> {
+        sign(verifier, rq.body)
+    }
+    fn signs_timestamp(&self) -> bool {
+        true
+    }
+}
 
 const SIGNATURE_HEADER: &str = "Linear-Signature";
 
-pub(super) fn verify(
+fn verify(
     verifier: &Verifier,
     headers: &[(String, String)],
     body: &[u8],
     now: i64,
 ) -> Result<Verdict, VerifyError> {
-    let value = super::required_header(headers, SIGNATURE_HEADER)?;
-    let tag = super::decode_signature(SIGNATURE_HEADER, value, Encoding::Hex)?;
+    let value = super::super::required_header(headers, SIGNATURE_HEADER)?;
+    let tag = super::super::decode_signature(SIGNATURE_HEADER, value, Encoding::Hex)?;
     let index = verifier.match_hmac(HmacAlgorithm::Sha256, &[body], &[tag])?;
     // Only a body that passed the signature is parsed.
     let timestamp = webhook_timestamp_secs(body)?;
@@ -54,7 +86,7 @@ fn webhook_timestamp_secs(body: &[u8]) -> Result<i64, VerifyError> {
 
 /// The body is signed as given: for a fresh request it must already carry a
 /// current `webhookTimestamp` (`idemhook send` writes one into its samples).
-pub(super) fn sign(verifier: &Verifier, body: &[u8]) -> Result<Vec<(String, String)>, String> {
+fn sign(verifier: &Verifier, body: &[u8]) -> Result<Vec<(String, String)>, String> {
     let tag = verifier.sign_hmac(HmacAlgorithm::Sha256, &[body])?;
     Ok(vec![(SIGNATURE_HEADER.to_owned(), hex::encode(tag))])
 }
@@ -63,8 +95,8 @@ pub(super) fn sign(verifier: &Verifier, body: &[u8]) -> Result<Vec<(String, Stri
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::test_support::*;
-    use super::super::{MalformedReason, Scheme, Verdict, VerifyError};
+    use super::super::super::test_support::*;
+    use super::super::super::{MalformedReason, Verdict, VerifyError};
 
     const SECRET: &str = "lin_wh_test_secret";
     const BODY: &[u8] = br#"{"action":"create","webhookTimestamp":1700000000123}"#;
@@ -78,13 +110,13 @@ mod tests {
     }
 
     fn signed_body(body: &[u8]) -> (Vec<(String, String)>, Vec<u8>) {
-        let v = verifier(Scheme::Linear, &[SECRET]);
+        let v = verifier(scheme("linear"), &[SECRET]);
         (v.sign(body, 0, "").unwrap(), body.to_vec())
     }
 
     #[test]
     fn independent_vector_verifies_and_signs() {
-        let v = verifier(Scheme::Linear, &[SECRET]);
+        let v = verifier(scheme("linear"), &[SECRET]);
         let verdict = v.verify(&headers(&[("linear-signature", SIG)]), BODY, NOW);
         assert_eq!(
             verdict,
@@ -98,7 +130,7 @@ mod tests {
 
     #[test]
     fn rotation_reports_the_secret_that_matched() {
-        let v = verifier(Scheme::Linear, &["lin_wh_new", SECRET]);
+        let v = verifier(scheme("linear"), &["lin_wh_new", SECRET]);
         assert_eq!(
             v.verify(&header(SIG), BODY, NOW).unwrap().secret_index,
             Some(1)
@@ -107,7 +139,7 @@ mod tests {
 
     #[test]
     fn missing_duplicate_and_malformed_headers() {
-        let v = verifier(Scheme::Linear, &[SECRET]);
+        let v = verifier(scheme("linear"), &[SECRET]);
         assert_eq!(
             v.verify(&[], BODY, NOW),
             Err(VerifyError::MissingHeader("linear-signature".to_owned()))
@@ -137,12 +169,12 @@ mod tests {
 
     #[test]
     fn wrong_secret_and_tampered_body_match_nothing() {
-        let wrong = verifier(Scheme::Linear, &["lin_wh_other"]);
+        let wrong = verifier(scheme("linear"), &["lin_wh_other"]);
         assert_eq!(
             wrong.verify(&header(SIG), BODY, NOW),
             Err(VerifyError::NoSignatureMatched)
         );
-        let v = verifier(Scheme::Linear, &[SECRET]);
+        let v = verifier(scheme("linear"), &[SECRET]);
         // Moving the timestamp is tampering: the signature fails before the clock is read.
         let tampered = br#"{"action":"create","webhookTimestamp":1800000000123}"#;
         assert_eq!(
@@ -153,7 +185,7 @@ mod tests {
 
     #[test]
     fn stale_and_future_body_timestamps_are_refused() {
-        let v = verifier(Scheme::Linear, &[SECRET]);
+        let v = verifier(scheme("linear"), &[SECRET]);
         assert_eq!(
             v.verify(&header(SIG), BODY, NOW + 301),
             Err(VerifyError::TimestampTooOld { age_secs: 301 })
@@ -166,7 +198,7 @@ mod tests {
 
     #[test]
     fn signed_bodies_without_a_usable_timestamp_are_bad_requests() {
-        let v = verifier(Scheme::Linear, &[SECRET]);
+        let v = verifier(scheme("linear"), &[SECRET]);
         for (body, why) in [
             (&b"not json"[..], "not json"),
             (br#"{"action":"create"}"#, "no webhookTimestamp"),
@@ -194,7 +226,7 @@ mod tests {
 
     #[test]
     fn deeply_nested_json_is_refused_without_overflowing_the_stack() {
-        let v = verifier(Scheme::Linear, &[SECRET]);
+        let v = verifier(scheme("linear"), &[SECRET]);
         let (headers, body) = signed_body("[".repeat(100_000).as_bytes());
         assert_eq!(
             v.verify(&headers, &body, NOW),
@@ -206,7 +238,7 @@ mod tests {
         #[test]
         fn sign_then_verify(text in "[ -~]{0,64}", now in 1_000_000_000i64..4_000_000_000,
                             flip in flip()) {
-            let v = verifier(Scheme::Linear, &[SECRET, "old"]);
+            let v = verifier(scheme("linear"), &[SECRET, "old"]);
             let body = serde_json::json!({ "webhookTimestamp": now * 1000 + 999, "data": text });
             let body = serde_json::to_vec(&body).unwrap();
             check_round_trip(&v, &body, now, "", &flip)?;

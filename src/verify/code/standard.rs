@@ -12,7 +12,44 @@
 use base64::Engine as _;
 use ed25519_dalek::{Signature, VerifyingKey};
 
-use super::{Encoding, HmacAlgorithm, Key, MalformedReason, Verdict, Verifier, VerifyError};
+use super::super::{
+    Encoding, HmacAlgorithm, Key, MalformedReason, Request, Verdict, Verifier, VerifyError,
+};
+use super::Code;
+
+pub(super) struct Standard;
+
+impl Code for Standard {
+    fn kind(&self) -> &'static str {
+        "standard"
+    }
+    fn describe(&self) -> &'static str {
+        "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance"
+    }
+    fn verify(
+        &self,
+        verifier: &Verifier,
+        rq: &Request<'_>,
+        now: i64,
+    ) -> Result<Verdict, VerifyError> {
+        verify(verifier, rq.headers, rq.body, now)
+    }
+    fn sign(
+        &self,
+        verifier: &Verifier,
+        rq: &Request<'_>,
+        now: i64,
+        id: &str,
+    ) -> Result<Vec<(String, String)>, String> {
+        sign(verifier, rq.body, now, id)
+    }
+    fn decode_key(&self, secret: &str) -> Result<Key, String> {
+        decode_key(secret)
+    }
+    fn signs_timestamp(&self) -> bool {
+        true
+    }
+}
 
 /// The header names of one family: id, timestamp, signature.
 struct Family {
@@ -37,7 +74,7 @@ const SECRET_PREFIX: &str = "whsec_";
 const PUBLIC_KEY_PREFIX: &str = "whpk_";
 
 /// A `whsec_` secret, a bare base64 secret, or a `whpk_` public key.
-pub(super) fn decode_key(secret: &str) -> Result<Key, String> {
+fn decode_key(secret: &str) -> Result<Key, String> {
     let base64 = base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT;
     if let Some(encoded) = secret.strip_prefix(PUBLIC_KEY_PREFIX) {
         let bytes = base64
@@ -57,38 +94,39 @@ pub(super) fn decode_key(secret: &str) -> Result<Key, String> {
     }
 }
 
-pub(super) fn verify(
+fn verify(
     verifier: &Verifier,
     headers: &[(String, String)],
     body: &[u8],
     now: i64,
 ) -> Result<Verdict, VerifyError> {
     let family = family_of(headers);
-    let id = super::optional_header(headers, family.id)?;
-    let timestamp_raw = super::required_header(headers, family.timestamp)?;
-    let signature = super::required_header(headers, family.signature)?;
+    let id = super::super::optional_header(headers, family.id)?;
+    let timestamp_raw = super::super::required_header(headers, family.timestamp)?;
+    let signature = super::super::required_header(headers, family.signature)?;
     // Signed, but without the id the signature covers: a malformed
     // delivery with no event id (400), not a bad signature.
     let id = id.ok_or_else(|| VerifyError::MissingEventId(family.id.to_owned()))?;
-    let timestamp = super::parse_timestamp(family.timestamp, timestamp_raw)?;
+    let timestamp = super::super::parse_timestamp(family.timestamp, timestamp_raw)?;
 
     let mut hmac_tags = Vec::new();
     let mut ed25519_signatures = Vec::new();
-    for entry in super::split_entries(family.signature, signature, ' ')? {
+    for entry in super::super::split_entries(family.signature, signature, ' ')? {
         let (version, encoded) = entry.split_once(',').ok_or_else(|| {
-            super::malformed(
+            super::super::malformed(
                 family.signature,
                 MalformedReason::BadEntry("version,signature"),
             )
         })?;
         match version {
-            "v1" => hmac_tags.push(super::decode_signature(
+            "v1" => hmac_tags.push(super::super::decode_signature(
                 family.signature,
                 encoded,
                 Encoding::Base64,
             )?),
             "v1a" => {
-                let bytes = super::decode_signature(family.signature, encoded, Encoding::Base64)?;
+                let bytes =
+                    super::super::decode_signature(family.signature, encoded, Encoding::Base64)?;
                 // A wrong length cannot be anyone's signature.
                 if let Ok(signature) = Signature::from_slice(&bytes) {
                     ed25519_signatures.push(signature);
@@ -137,7 +175,9 @@ fn first_match(
     let mut content_bytes = None;
     for (index, key) in verifier.keys.iter().enumerate() {
         let matched = match key {
-            Key::Hmac(key) => super::hmac_matches(HmacAlgorithm::Sha256, key, content, hmac_tags),
+            Key::Hmac(key) => {
+                super::super::hmac_matches(HmacAlgorithm::Sha256, key, content, hmac_tags)
+            }
             Key::Ed25519(key) if !ed25519_signatures.is_empty() => {
                 let content = content_bytes.get_or_insert_with(|| content.concat());
                 ed25519_signatures
@@ -154,7 +194,7 @@ fn first_match(
 }
 
 /// The three `webhook-*` headers, signed with secret 0 (a `whsec_` secret).
-pub(super) fn sign(
+fn sign(
     verifier: &Verifier,
     body: &[u8],
     now: i64,
@@ -171,7 +211,10 @@ pub(super) fn sign(
         (WEBHOOK.timestamp.to_owned(), timestamp),
         (
             WEBHOOK.signature.to_owned(),
-            format!("v1,{}", super::encode_signature(&tag, Encoding::Base64)),
+            format!(
+                "v1,{}",
+                super::super::encode_signature(&tag, Encoding::Base64)
+            ),
         ),
     ])
 }
@@ -183,8 +226,8 @@ mod tests {
     use ed25519_dalek::{Signer, SigningKey};
     use proptest::prelude::*;
 
-    use super::super::test_support::*;
-    use super::super::{Encoding, MalformedReason, Scheme, Secret, Verdict, Verifier, VerifyError};
+    use super::super::super::test_support::*;
+    use super::super::super::{Encoding, MalformedReason, Secret, Verdict, Verifier, VerifyError};
 
     // The Standard Webhooks reference test vector.
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -218,12 +261,12 @@ mod tests {
             .iter()
             .map(|s| Secret::new((*s).to_owned()))
             .collect();
-        Verifier::new(Scheme::Standard, secrets, Duration::from_secs(300))
+        Verifier::new(scheme("standard"), secrets, Duration::from_secs(300))
     }
 
     #[test]
     fn reference_vectors_verify_and_sign() {
-        let v = verifier(Scheme::Standard, &[SECRET]);
+        let v = verifier(scheme("standard"), &[SECRET]);
         let verdict = v.verify(&signed(SIG), BODY, TS);
         assert_eq!(
             verdict,
@@ -236,7 +279,7 @@ mod tests {
 
         // The reference Rust library's own test_sign vector.
         let v = verifier(
-            Scheme::Standard,
+            scheme("standard"),
             &["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"],
         );
         let body = br#"{"email":"test@example.com","username":"test_user"}"#;
@@ -251,13 +294,13 @@ mod tests {
 
     #[test]
     fn a_secret_without_prefix_is_base64_too() {
-        let v = verifier(Scheme::Standard, &["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]);
+        let v = verifier(scheme("standard"), &["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]);
         assert!(v.verify(&signed(SIG), BODY, TS).is_ok());
     }
 
     #[test]
     fn svix_headers_are_read_and_webhook_headers_win() {
-        let v = verifier(Scheme::Standard, &[SECRET]);
+        let v = verifier(scheme("standard"), &[SECRET]);
         let svix = headers(&[
             ("Svix-Id", ID),
             ("Svix-Timestamp", "1614265330"),
@@ -282,7 +325,7 @@ mod tests {
 
     #[test]
     fn ed25519_public_key_verifies_v1a_and_cannot_sign() {
-        let v = verifier(Scheme::Standard, &[PUBLIC_KEY]);
+        let v = verifier(scheme("standard"), &[PUBLIC_KEY]);
         let verdict = v.verify(&signed(ED_SIG), BODY, TS);
         assert_eq!(
             verdict,
@@ -300,7 +343,7 @@ mod tests {
             v.verify(&signed(SIG), BODY, TS),
             Err(VerifyError::NoSignatureMatched)
         );
-        let hmac = verifier(Scheme::Standard, &[SECRET]);
+        let hmac = verifier(scheme("standard"), &[SECRET]);
         assert_eq!(
             hmac.verify(&signed(ED_SIG), BODY, TS),
             Err(VerifyError::NoSignatureMatched)
@@ -312,7 +355,7 @@ mod tests {
     #[test]
     fn any_entry_may_match_any_secret() {
         let v = verifier(
-            Scheme::Standard,
+            scheme("standard"),
             &["whsec_AAAAAAAAAAAAAAAAAAAAAAAA", PUBLIC_KEY, SECRET],
         );
         let noise = "v1,Mm7xgUVICxZfQ3bgf0h0Dof65L/IFx+PnZvnDWPCX6Q=";
@@ -332,7 +375,7 @@ mod tests {
     #[test]
     fn rotation_reports_the_secret_that_matched() {
         let v = verifier(
-            Scheme::Standard,
+            scheme("standard"),
             &["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD", SECRET],
         );
         assert_eq!(
@@ -364,7 +407,7 @@ mod tests {
 
     #[test]
     fn missing_and_duplicate_headers() {
-        let v = verifier(Scheme::Standard, &[SECRET]);
+        let v = verifier(scheme("standard"), &[SECRET]);
         let no_id = v
             .verify(&without_header(&signed(SIG), "webhook-id"), BODY, TS)
             .unwrap_err();
@@ -399,7 +442,7 @@ mod tests {
 
     #[test]
     fn malformed_headers() {
-        let v = verifier(Scheme::Standard, &[SECRET]);
+        let v = verifier(scheme("standard"), &[SECRET]);
         let sig = "webhook-signature";
         let ts = "webhook-timestamp";
         let many = vec![SIG; 33].join(" ");
@@ -437,14 +480,14 @@ mod tests {
     #[test]
     fn wrong_secret_tampered_body_and_changed_id_match_nothing() {
         let wrong = verifier(
-            Scheme::Standard,
+            scheme("standard"),
             &["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"],
         );
         assert_eq!(
             wrong.verify(&signed(SIG), BODY, TS),
             Err(VerifyError::NoSignatureMatched)
         );
-        let v = verifier(Scheme::Standard, &[SECRET]);
+        let v = verifier(scheme("standard"), &[SECRET]);
         assert_eq!(
             v.verify(&signed(SIG), br#"{"test": 2432232315}"#, TS),
             Err(VerifyError::NoSignatureMatched)
@@ -463,7 +506,7 @@ mod tests {
 
     #[test]
     fn stale_and_future_timestamps_are_refused() {
-        let v = verifier(Scheme::Standard, &[SECRET]);
+        let v = verifier(scheme("standard"), &[SECRET]);
         assert_eq!(
             v.verify(&signed(SIG), BODY, TS + 301),
             Err(VerifyError::TimestampTooOld { age_secs: 301 })
@@ -476,7 +519,7 @@ mod tests {
 
     #[test]
     fn sign_refuses_an_unsendable_id() {
-        let v = verifier(Scheme::Standard, &[SECRET]);
+        let v = verifier(scheme("standard"), &[SECRET]);
         for id in ["", " msg", "msg\n", "m\0"] {
             assert!(v.sign(BODY, TS, id).is_err(), "{id:?}");
         }
@@ -487,7 +530,7 @@ mod tests {
         let mut content = format!("{id}.{now}.").into_bytes();
         content.extend_from_slice(body);
         let encoded =
-            super::super::encode_signature(&key.sign(&content).to_bytes(), Encoding::Base64);
+            super::super::super::encode_signature(&key.sign(&content).to_bytes(), Encoding::Base64);
         headers(&[
             ("webhook-id", id),
             ("webhook-timestamp", &now.to_string()),
@@ -506,7 +549,7 @@ mod tests {
         fn sign_then_verify(body in prop::collection::vec(any::<u8>(), 1..256),
                             now in 1_000_000_000i64..4_000_000_000,
                             id in "msg_[A-Za-z0-9]{1,24}", flip in flip()) {
-            let v = verifier(Scheme::Standard, &[SECRET, PUBLIC_KEY]);
+            let v = verifier(scheme("standard"), &[SECRET, PUBLIC_KEY]);
             check_round_trip(&v, &body, now, &id, &flip)?;
         }
 
@@ -515,7 +558,7 @@ mod tests {
                                     now in 1_000_000_000i64..4_000_000_000,
                                     at in any::<usize>(), mask in 1..=255u8) {
             let key = SigningKey::from_bytes(&core::array::from_fn(|i| i as u8));
-            let v = verifier(Scheme::Standard, &[SECRET, PUBLIC_KEY]);
+            let v = verifier(scheme("standard"), &[SECRET, PUBLIC_KEY]);
             let signed = sign_v1a(&key, "msg_1", now, &body);
             prop_assert_eq!(v.verify(&signed, &body, now).unwrap().secret_index, Some(1));
             let mut tampered = body.clone();
