@@ -854,6 +854,9 @@ fn describe_action(out: &mut String, a: &crate::config::Action) {
                     f.after.join(", ")
                 );
             }
+            if let Some(line) = crate::config::dest::describe(&f.http) {
+                let _ = writeln!(out, "    {line}");
+            }
         }
     }
 }

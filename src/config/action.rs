@@ -54,6 +54,11 @@ fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
         ("circuit_failures", ra.circuit_failures.is_some()),
         ("circuit_probe", ra.circuit_probe.is_some()),
         ("health", ra.health.is_some()),
+        ("headers", ra.headers.is_some()),
+        ("auth", ra.auth.is_some()),
+        ("tls_ca", ra.tls_ca.is_some()),
+        ("tls_client_cert", ra.tls_client_cert.is_some()),
+        ("tls_client_key", ra.tls_client_key.is_some()),
     ];
     if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
         return Err(format!("{key}: only forward actions take this key"));
@@ -261,6 +266,7 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
         check,
         after: ra.after.take().unwrap_or_default(),
         control: control_of(ra)?,
+        http: super::dest::http_options(ra, base)?,
     })))
 }
 

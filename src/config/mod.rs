@@ -20,6 +20,7 @@ use database_url::DatabaseUrl;
 mod action;
 pub mod check_template;
 pub mod database_url;
+pub mod dest;
 mod kind;
 mod parse;
 pub mod presets;
@@ -301,6 +302,15 @@ pub struct Forward {
     pub after: Vec<String>,
     /// Pacing and order of its deliveries.
     pub control: Control,
+    /// Headers, auth and TLS of an HTTP forward (and its check).
+    pub http: dest::HttpOptions,
+}
+
+impl Forward {
+    /// True for an `http://` or `https://` forward (not a broker).
+    pub fn is_http(&self) -> bool {
+        self.url.starts_with("http://") || self.url.starts_with("https://")
+    }
 }
 
 /// A forward action's circuit: `failures` consecutive failed attempts
