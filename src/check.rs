@@ -99,7 +99,11 @@ pub fn ask(
             Ok(mut response) => {
                 let status = response.status().as_u16();
                 if status == 401 && used.is_some() && !renewed {
-                    let _ = response.body_mut().with_config().limit(64 * 1024).read_to_vec();
+                    let _ = response
+                        .body_mut()
+                        .with_config()
+                        .limit(64 * 1024)
+                        .read_to_vec();
                     client.renew(used);
                     renewed = true;
                     continue;

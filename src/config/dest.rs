@@ -83,7 +83,11 @@ pub(super) fn http_options(ra: &mut RawAction, base: &Path) -> Result<HttpOption
             ));
         }
         let value = resolve_secret(&spec, base).map_err(|e| format!("headers.{name}: {e}"))?;
-        if value.expose().bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        if value
+            .expose()
+            .bytes()
+            .any(|b| b == b'\r' || b == b'\n' || b == 0)
+        {
             return Err(format!(
                 "headers.{name}: the value contains a line break or NUL"
             ));
@@ -104,11 +108,7 @@ pub(super) fn http_options(ra: &mut RawAction, base: &Path) -> Result<HttpOption
         ));
     }
     let tls = tls_of(ra, base)?;
-    Ok(HttpOptions {
-        headers,
-        auth,
-        tls,
-    })
+    Ok(HttpOptions { headers, auth, tls })
 }
 
 fn is_token_byte(b: u8) -> bool {
@@ -262,8 +262,8 @@ mod tests {
             "[sources.s]\nkind = \"none\"\nallow_unsigned = true\nkey = [\"json:/id\"]\n\
              [[sources.s.actions]]\nname = \"a\"\nforward = \"http://127.0.0.1:9/x\"\n{extra}\n"
         );
-        let config = Config::parse(&text, "t.toml", Path::new("/tmp"), None)
-            .map_err(|e| e.to_string())?;
+        let config =
+            Config::parse(&text, "t.toml", Path::new("/tmp"), None).map_err(|e| e.to_string())?;
         match &config.sources[0].actions[0].kind {
             ActionKind::Forward(f) => Ok((**f).clone()),
             ActionKind::Sql { .. } => Err("not a forward".to_string()),
@@ -284,7 +284,10 @@ mod tests {
         assert!(line.contains("auth basic [REDACTED]"), "{line}");
         let debug = format!("{f:?}");
         for secret in ["acme-secret-value", "pw-secret"] {
-            assert!(!line.contains(secret) && !debug.contains(secret), "{line} {debug}");
+            assert!(
+                !line.contains(secret) && !debug.contains(secret),
+                "{line} {debug}"
+            );
         }
         assert!(describe(&forward("").unwrap().http).is_none());
     }
@@ -292,8 +295,14 @@ mod tests {
     #[test]
     fn bad_input_names_the_key() {
         for (extra, key) in [
-            ("headers = { \"Idempotency-Key\" = \"x\" }", "headers.Idempotency-Key"),
-            ("headers = { \"x-idemhook-attempt\" = \"1\" }", "headers.x-idemhook-attempt"),
+            (
+                "headers = { \"Idempotency-Key\" = \"x\" }",
+                "headers.Idempotency-Key",
+            ),
+            (
+                "headers = { \"x-idemhook-attempt\" = \"1\" }",
+                "headers.x-idemhook-attempt",
+            ),
             ("headers = { \"Bad Name\" = \"x\" }", "headers.Bad Name"),
             ("headers = { \"X-A\" = \"\" }", "headers.X-A"),
             ("tls_client_cert = \"file:c.pem\"", "tls_client_cert"),
@@ -327,8 +336,14 @@ mod tests {
     fn a_token_is_renewed_in_the_last_tenth_of_its_life_at_most_a_minute_early() {
         use crate::outbox::dest::client::renew_margin;
         use std::time::Duration;
-        assert_eq!(renew_margin(Duration::from_secs(100)), Duration::from_secs(10));
-        assert_eq!(renew_margin(Duration::from_secs(3600)), Duration::from_secs(60));
+        assert_eq!(
+            renew_margin(Duration::from_secs(100)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            renew_margin(Duration::from_secs(3600)),
+            Duration::from_secs(60)
+        );
         assert_eq!(renew_margin(Duration::ZERO), Duration::ZERO);
     }
 }

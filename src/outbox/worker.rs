@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::circuit::{self, Clean};
-use super::steps::{CircuitNote, complete, give_back, record_check_in, take};
 use super::dest::{Destinations, Message};
+use super::steps::{CircuitNote, complete, give_back, record_check_in, take};
 use super::{Attempt, HealthProbe, Leased, Taken, Waker};
 use crate::check::{self, Asked};
 use crate::config::{ActionKind, Config, Forward};

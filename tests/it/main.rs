@@ -12,6 +12,7 @@ mod circuit;
 mod cli;
 mod control;
 mod database;
+mod dest;
 mod downstream;
 mod edge;
 mod first_hour;

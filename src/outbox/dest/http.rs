@@ -65,14 +65,19 @@ impl Destination for HttpDest {
                 Ok(mut response) => {
                     let status = response.status().as_u16();
                     if status == 401 && used.is_some() && !renewed {
-                        let _ = response.body_mut().with_config().limit(64 * 1024).read_to_vec();
+                        let _ = response
+                            .body_mut()
+                            .with_config()
+                            .limit(64 * 1024)
+                            .read_to_vec();
                         self.client.renew(used);
                         renewed = true;
                         continue;
                     }
                     attempt.http_status = Some(status);
                     attempt.verdict = retry::classify_status(status);
-                    let read = check::read_answer(&mut response, &self.request_id_header, started_at);
+                    let read =
+                        check::read_answer(&mut response, &self.request_id_header, started_at);
                     attempt.request_id = read.request_id;
                     attempt.retry_after = read.retry_after;
                     attempt.response_head = Some(read.head);

@@ -91,7 +91,8 @@ impl Destinations {
     }
 
     pub fn get(&self, source: &str, action: &str) -> Option<&Arc<dyn Destination>> {
-        self.by_action.get(&(source.to_string(), action.to_string()))
+        self.by_action
+            .get(&(source.to_string(), action.to_string()))
     }
 
     pub fn signer(&self, source: &str, action: &str) -> Option<&Verifier> {
