@@ -819,7 +819,7 @@ fn describe_action(out: &mut String, a: &crate::config::Action) {
                 out,
                 "  action {} (forward) on {types} -> {}; timeout {}, lease {}, gives up after {}{}, retry {}..{}",
                 a.name,
-                f.url,
+                f.url_redacted(),
                 format_duration(f.timeout),
                 format_duration(f.lease),
                 format_duration(f.give_up_after),

@@ -18,6 +18,7 @@ use crate::verify::{Secret, Verifier};
 use database_url::DatabaseUrl;
 
 mod action;
+pub mod broker;
 pub mod check_template;
 pub mod database_url;
 pub mod dest;
@@ -304,12 +305,19 @@ pub struct Forward {
     pub control: Control,
     /// Headers, auth and TLS of an HTTP forward (and its check).
     pub http: dest::HttpOptions,
+    /// Where a broker forward publishes (None: HTTP).
+    pub broker: Option<broker::Broker>,
 }
 
 impl Forward {
     /// True for an `http://` or `https://` forward (not a broker).
     pub fn is_http(&self) -> bool {
-        self.url.starts_with("http://") || self.url.starts_with("https://")
+        self.broker.is_none()
+    }
+
+    /// The URL as printed: a password in it `[REDACTED]`.
+    pub fn url_redacted(&self) -> String {
+        database_url::redact(&self.url)
     }
 }
 

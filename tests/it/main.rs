@@ -7,12 +7,14 @@
 //! signers in `sign`, a fake downstream in `downstream`.
 
 mod backend;
+mod brokers;
 mod check;
 mod circuit;
 mod cli;
 mod control;
 mod database;
 mod dest;
+mod dest_brokers;
 mod downstream;
 mod edge;
 mod first_hour;

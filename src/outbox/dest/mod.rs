@@ -1,6 +1,6 @@
 //! Where a forward job goes: one [`Destination`] per forward action, a
 //! module per kind (the URL's scheme chooses it). `http.rs` POSTs to an
-//! `http://` or `https://` URL. A destination only sends and classifies:
+//! `http://` or `https://` URL, `redis.rs` adds to a Redis stream. A destination only sends and classifies:
 //! leases, retries, `give_up_after`, the circuit, pacing, order, `after`,
 //! pause and replay are the worker's and the take's, the same for every
 //! kind. A new kind is a module here with a [`Destination`] and a line in
@@ -13,11 +13,13 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::Attempt;
+use crate::config::broker::Broker;
 use crate::config::{ActionKind, Config};
 use crate::verify::Verifier;
 
 pub(crate) mod client;
 mod http;
+mod redis;
 
 pub(crate) use client::HttpClient;
 
@@ -69,7 +71,17 @@ impl Destinations {
                     continue;
                 };
                 let key = (s.name.clone(), a.name.clone());
-                if let Some(client) = clients.get(&key) {
+                if let Some(broker) = &f.broker {
+                    let dest: Arc<dyn Destination> = match broker {
+                        Broker::Redis(target) => Arc::new(redis::RedisDest::new(
+                            target,
+                            f.timeout,
+                            s.retention,
+                            workers,
+                        )?),
+                    };
+                    by_action.insert(key, dest);
+                } else if let Some(client) = clients.get(&key) {
                     by_action.insert(
                         key.clone(),
                         Arc::new(http::HttpDest {
@@ -102,4 +114,28 @@ impl Destinations {
     pub fn client(&self, source: &str, action: &str) -> Option<&Arc<HttpClient>> {
         self.clients.get(&(source.to_string(), action.to_string()))
     }
+}
+
+/// `idemhook check`'s look at each broker target: connects and says what
+/// it found, one line per action (`Ok`), or why it cannot be used (`Err`).
+pub(crate) fn report(config: &Config) -> Vec<(String, Result<String, String>)> {
+    let mut out = Vec::new();
+    for s in &config.sources {
+        for a in &s.actions {
+            let ActionKind::Forward(f) = &a.kind else {
+                continue;
+            };
+            let Some(broker) = &f.broker else {
+                continue;
+            };
+            let found = match broker {
+                Broker::Redis(target) => redis::report(target, f.timeout),
+            };
+            out.push((
+                format!("{}/{} ({})", s.name, a.name, broker.describe()),
+                found,
+            ));
+        }
+    }
+    out
 }

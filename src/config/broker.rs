@@ -1,0 +1,208 @@
+//! A forward to a message broker, chosen by the URL's scheme: the target
+//! parsed from the URL at config time (host, credentials, where to
+//! publish, with `{source}`, `{type}` and `{action}` placeholders).
+//! `outbox/dest/` publishes; this only parses and refuses bad input.
+
+use percent_encoding::percent_decode_str;
+
+use crate::verify::Secret;
+
+/// Where a broker forward publishes.
+#[derive(Debug, Clone)]
+pub enum Broker {
+    Redis(RedisTarget),
+}
+
+/// `redis://[user:password@]host:6379/DB/STREAM`.
+#[derive(Debug, Clone)]
+pub struct RedisTarget {
+    pub host: String,
+    pub port: u16,
+    pub db: i64,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// The stream's name, with placeholders.
+    pub stream: Template,
+}
+
+impl Broker {
+    /// What `check` and logs call it (no credentials).
+    pub fn describe(&self) -> String {
+        match self {
+            Broker::Redis(r) => format!(
+                "redis {}:{} db {}, stream {}",
+                r.host, r.port, r.db, r.stream.0
+            ),
+        }
+    }
+}
+
+/// A name with `{source}`, `{type}` and `{action}` placeholders.
+#[derive(Debug, Clone)]
+pub struct Template(pub String);
+
+impl Template {
+    fn parse(text: &str, what: &str) -> Result<Template, String> {
+        let mut rest = text;
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            let close = after
+                .find('}')
+                .ok_or_else(|| format!("forward: the {what} has a '{{' that is not closed"))?;
+            let name = &after[..close];
+            if !["source", "type", "action"].contains(&name) {
+                return Err(format!(
+                    "forward: the {what} has the placeholder {{{name}}}; only {{source}}, {{type}} and {{action}} are known"
+                ));
+            }
+            rest = &after[close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(format!(
+                "forward: the {what} has a '}}' that was not opened"
+            ));
+        }
+        Ok(Template(text.to_string()))
+    }
+
+    pub fn render(&self, source: &str, event_type: &str, action: &str) -> String {
+        self.0
+            .replace("{source}", source)
+            .replace("{type}", event_type)
+            .replace("{action}", action)
+    }
+}
+
+/// The broker of a forward URL that is not `http(s)://`; an unknown scheme
+/// or a URL without its target is an error naming `forward`.
+pub fn parse(url: &str) -> Result<Broker, String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "forward: expected an http://, https:// or redis:// URL, got {:?}",
+            crate::config::database_url::redact(url)
+        ));
+    };
+    match scheme {
+        "redis" => redis(rest).map(Broker::Redis),
+        other => Err(format!(
+            "forward: unknown scheme {other:?} (expected http://, https:// or redis://)"
+        )),
+    }
+}
+
+/// `[user:password@]host[:port]`, the credentials percent-decoded.
+struct Authority {
+    host: String,
+    port: Option<u16>,
+    username: Option<String>,
+    password: Option<Secret>,
+}
+
+fn authority(text: &str) -> Result<Authority, String> {
+    let (userinfo, hostport) = match text.rfind('@') {
+        Some(at) => (Some(&text[..at]), &text[at + 1..]),
+        None => (None, text),
+    };
+    let decode = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
+    let (username, password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((user, pass)) => (
+                Some(decode(user)).filter(|s| !s.is_empty()),
+                Some(Secret::new(decode(pass))).filter(|s| !s.expose().is_empty()),
+            ),
+            None => (Some(decode(u)).filter(|s| !s.is_empty()), None),
+        },
+    };
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let end = v6
+            .find(']')
+            .ok_or("forward: an IPv6 host's ']' is missing")?;
+        let port = v6[end + 1..].strip_prefix(':');
+        (v6[..end].to_string(), port)
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (hostport.to_string(), None),
+        }
+    };
+    if host.is_empty() {
+        return Err("forward: the URL has no host".to_string());
+    }
+    let port = match port {
+        None => None,
+        Some(p) => Some(
+            p.parse::<u16>()
+                .map_err(|_| format!("forward: the port {p:?} is not a number"))?,
+        ),
+    };
+    Ok(Authority {
+        host,
+        port,
+        username,
+        password,
+    })
+}
+
+fn redis(rest: &str) -> Result<RedisTarget, String> {
+    let (auth, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let a = authority(auth)?;
+    let needs = "forward: a redis URL is redis://[user:password@]host:6379/DB/STREAM (e.g. redis://127.0.0.1:6379/0/events)";
+    let (db, stream) = path
+        .split_once('/')
+        .ok_or_else(|| format!("{needs}: no stream"))?;
+    let db: i64 = db
+        .parse()
+        .ok()
+        .filter(|d| *d >= 0)
+        .ok_or_else(|| format!("{needs}: the database {db:?} is not a number"))?;
+    if stream.is_empty() {
+        return Err(format!("{needs}: no stream"));
+    }
+    Ok(RedisTarget {
+        host: a.host,
+        port: a.port.unwrap_or(6379),
+        db,
+        username: a.username,
+        password: a.password,
+        stream: Template::parse(&percent_decode_str(stream).decode_utf8_lossy(), "stream")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_urls() {
+        let Broker::Redis(r) =
+            parse("redis://u:p%40ss@127.0.0.1:6380/2/ev-{source}-{type}").unwrap();
+        assert_eq!((r.host.as_str(), r.port, r.db), ("127.0.0.1", 6380, 2));
+        assert_eq!(r.username.as_deref(), Some("u"));
+        assert_eq!(r.password.as_ref().map(|p| p.expose()), Some("p@ss"));
+        assert_eq!(
+            r.stream.render("shop", "invoice.paid", "a"),
+            "ev-shop-invoice.paid"
+        );
+        let Broker::Redis(r) = parse("redis://localhost/0/events").unwrap();
+        assert_eq!(
+            (r.port, r.username.is_none(), r.password.is_none()),
+            (6379, true, true)
+        );
+        for bad in [
+            "redis://127.0.0.1:6379/0",
+            "redis://127.0.0.1:6379/0/",
+            "redis://127.0.0.1:6379",
+            "redis://127.0.0.1:6379/x/events",
+            "redis://127.0.0.1:6379/0/ev-{event}",
+            "redis://:6379/0/events",
+            "kafka://127.0.0.1:9092/topic",
+            "ftp://host/x",
+        ] {
+            let e = parse(bad).expect_err(bad);
+            assert!(e.starts_with("forward:"), "{bad}: {e}");
+        }
+        let e = parse("redis://u:hunter2@h:1/0").unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}

@@ -1,0 +1,154 @@
+//! Broker forwards through the real binary, on both backends, against real
+//! brokers started by the test (`brokers.rs`): every event published
+//! exactly once per the broker's guarantee across a broker restart and an
+//! idemhook kill -9 between the broker's answer and its record.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::backend::{Backend, both_backends};
+use crate::brokers::Redis;
+use crate::harness::{Client, HTTP_TIMEOUT, Server, ServerConfig, wait_until};
+use crate::sign;
+
+const SECRET: &str = "whsec_it_brokers_0123456789";
+const WAIT: Duration = Duration::from_secs(40);
+
+fn config(forward: &str) -> ServerConfig {
+    ServerConfig::new()
+        .set("forward_workers", "3")
+        .tables(&format!(
+            "[sources.shop]\nkind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.shop.actions]]\nname = \"app\"\nforward = \"{forward}\"\n\
+         timeout = \"1s\"\nlease = \"2s\"\nretry_initial = \"100ms\"\nretry_max = \"500ms\"\n"
+        ))
+}
+
+fn event(id: &str) -> Vec<u8> {
+    serde_json::json!({"id": id, "type": "invoice.paid"})
+        .to_string()
+        .into_bytes()
+}
+
+/// Posts the events; the ids idemhook acknowledged (it may die meanwhile).
+fn post_all(server: &Server, ids: &[String]) -> usize {
+    let client = Client::new(HTTP_TIMEOUT);
+    let url = server.url("/hooks/shop");
+    ids.iter()
+        .filter(|id| {
+            let body = event(id);
+            client
+                .try_post(&url, &sign::stripe_now(SECRET, &body), &body)
+                .is_ok_and(|r| r.status == 200)
+        })
+        .count()
+}
+
+fn done(server: &Server) -> i64 {
+    server.count("SELECT count(*) FROM jobs WHERE status = 'done'", &[])
+}
+
+/// Killed right after Redis answered (before the record), idemhook sends
+/// the job again after its lease: the guard key makes that a no-op. Redis
+/// killed and restarted (its append-only file fsynced): the jobs retry
+/// and go out once it is back. The stream holds each event once.
+fn redis_exactly_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
+    let Some(mut redis) = Redis::start("dest_brokers::redis_exactly_once") else {
+        return;
+    };
+    let ids: Vec<String> = (0..30).map(|i| format!("evt_r{i:02}")).collect();
+    let mut server = Server::start_on(
+        backend,
+        &config(&redis.url("0/events-{source}")),
+        &[("IDEMHOOK_FAILPOINTS", "forward.after_response=kill")],
+    );
+    post_all(&server, &ids[..10]);
+    let status = server.wait_exit(Duration::from_secs(10));
+    assert!(
+        !status.success(),
+        "the failpoint kills idemhook: {status:?}"
+    );
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    // The provider sends again what may not have been acknowledged.
+    assert_eq!(post_all(&server, &ids[..10]), 10);
+    wait_until(WAIT, "the first ten are done", || done(&server) == 10);
+    let resent = server.count(
+        "SELECT count(*) FROM attempts WHERE response_head LIKE 'already added%'",
+        &[],
+    );
+    assert!(resent >= 1, "the job cut short by the kill was sent again");
+
+    // Redis down: retries; back: every job goes out.
+    redis.kill();
+    assert_eq!(post_all(&server, &ids[10..]), 20);
+    wait_until(WAIT, "attempts fail while Redis is down", || {
+        server.count(
+            "SELECT count(*) FROM attempts WHERE error_kind = 'connect' AND outcome = 'retry'",
+            &[],
+        ) >= 3
+    });
+    assert!(done(&server) <= 10);
+    redis.start_again();
+    let started = std::time::Instant::now();
+    while done(&server) < 30 && started.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        done(&server),
+        30,
+        "not all done: {}\n{}\n{}",
+        server.dump("SELECT event_id, status, attempts, waiting FROM jobs ORDER BY event_id"),
+        server.dump("SELECT * FROM circuits"),
+        server
+            .logs()
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    let mut c = redis.connection().expect("redis is back");
+    let entries: Vec<redis::Value> = redis::cmd("XRANGE")
+        .arg("events-shop")
+        .arg("-")
+        .arg("+")
+        .query(&mut c)
+        .expect("XRANGE");
+    let mut seen = Vec::new();
+    for entry in entries {
+        let (_, fields): (String, Vec<(String, Vec<u8>)>) =
+            redis::from_redis_value(entry).expect("an entry");
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default()
+        };
+        assert_eq!(get("key"), format!("shop:{}:app", get("event_id")));
+        assert_eq!(get("source"), "shop");
+        assert_eq!(get("type"), "invoice.paid");
+        assert_eq!(get("body").as_bytes(), &event(&get("event_id"))[..]);
+        seen.push(get("event_id"));
+    }
+    assert_eq!(seen.len(), 30, "each event once: {seen:?}");
+    assert_eq!(seen.iter().collect::<HashSet<_>>().len(), 30);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("idemhook:shop:evt_r00:app")
+        .query(&mut c)
+        .expect("PTTL");
+    assert!(ttl > 86_400_000, "the guard lives for the retention: {ttl}");
+
+    let check = server.run_cli(&["check"]);
+    assert!(
+        check
+            .stdout
+            .contains("destination shop/app (redis 127.0.0.1:"),
+        "{}",
+        check.stdout
+    );
+    assert!(check.stdout.contains("reachable"), "{}", check.stdout);
+}
+both_backends!(redis_exactly_once_across_a_broker_restart_and_a_kill9);
