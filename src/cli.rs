@@ -547,7 +547,10 @@ fn check(config: &Config) -> Result<Outcome, CommandError> {
     crate::serve::check_sql_actions(config).map_err(|e| anyhow::anyhow!(e))?;
     let mut out = ops::text::stdout();
     out.write_all(crate::serve::describe(config).as_bytes())?;
-    for (target, found) in crate::outbox::dest::report(config) {
+    for (target, found, warning) in crate::outbox::dest::report(config) {
+        if let Some(warning) = warning {
+            to_stderr(&format!("warning: destination {target}: {warning}"));
+        }
         match found {
             Ok(line) => writeln!(out, "destination {target}: {line}")?,
             Err(why) => {

@@ -11,6 +11,18 @@ use crate::verify::Secret;
 #[derive(Debug, Clone)]
 pub enum Broker {
     Redis(RedisTarget),
+    Nats(NatsTarget),
+}
+
+/// `nats://[user:password@]host:4222/SUBJECT`: a JetStream publish.
+#[derive(Debug, Clone)]
+pub struct NatsTarget {
+    pub host: String,
+    pub port: u16,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// The subject, with placeholders.
+    pub subject: Template,
 }
 
 /// `redis://[user:password@]host:6379/DB/STREAM`.
@@ -33,6 +45,7 @@ impl Broker {
                 "redis {}:{} db {}, stream {}",
                 r.host, r.port, r.db, r.stream.0
             ),
+            Broker::Nats(n) => format!("nats {}:{}, subject {}", n.host, n.port, n.subject.0),
         }
     }
 }
@@ -78,14 +91,15 @@ impl Template {
 pub fn parse(url: &str) -> Result<Broker, String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
-            "forward: expected an http://, https:// or redis:// URL, got {:?}",
+            "forward: expected an http://, https://, redis:// or nats:// URL, got {:?}",
             crate::config::database_url::redact(url)
         ));
     };
     match scheme {
         "redis" => redis(rest).map(Broker::Redis),
+        "nats" => nats(rest).map(Broker::Nats),
         other => Err(format!(
-            "forward: unknown scheme {other:?} (expected http://, https:// or redis://)"
+            "forward: unknown scheme {other:?} (expected http://, https://, redis:// or nats://)"
         )),
     }
 }
@@ -169,6 +183,33 @@ fn redis(rest: &str) -> Result<RedisTarget, String> {
     })
 }
 
+fn nats(rest: &str) -> Result<NatsTarget, String> {
+    let (auth, subject) = rest.split_once('/').unwrap_or((rest, ""));
+    let a = authority(auth)?;
+    let subject = percent_decode_str(subject).decode_utf8_lossy().into_owned();
+    if subject.is_empty() {
+        return Err("forward: a nats URL is nats://[user:password@]host:4222/SUBJECT (e.g. nats://127.0.0.1:4222/events.{source}): no subject".to_string());
+    }
+    if subject
+        .bytes()
+        .any(|b| b.is_ascii_whitespace() || b == b'*' || b == b'>')
+        || subject.starts_with('.')
+        || subject.ends_with('.')
+        || subject.contains("..")
+    {
+        return Err(format!(
+            "forward: the subject {subject:?} is not one a message can be published to (no spaces, wildcards or empty tokens)"
+        ));
+    }
+    Ok(NatsTarget {
+        host: a.host,
+        port: a.port.unwrap_or(4222),
+        username: a.username,
+        password: a.password,
+        subject: Template::parse(&subject, "subject")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,7 +217,10 @@ mod tests {
     #[test]
     fn redis_urls() {
         let Broker::Redis(r) =
-            parse("redis://u:p%40ss@127.0.0.1:6380/2/ev-{source}-{type}").unwrap();
+            parse("redis://u:p%40ss@127.0.0.1:6380/2/ev-{source}-{type}").unwrap()
+        else {
+            panic!("redis");
+        };
         assert_eq!((r.host.as_str(), r.port, r.db), ("127.0.0.1", 6380, 2));
         assert_eq!(r.username.as_deref(), Some("u"));
         assert_eq!(r.password.as_ref().map(|p| p.expose()), Some("p@ss"));
@@ -184,7 +228,9 @@ mod tests {
             r.stream.render("shop", "invoice.paid", "a"),
             "ev-shop-invoice.paid"
         );
-        let Broker::Redis(r) = parse("redis://localhost/0/events").unwrap();
+        let Broker::Redis(r) = parse("redis://localhost/0/events").unwrap() else {
+            panic!("redis");
+        };
         assert_eq!(
             (r.port, r.username.is_none(), r.password.is_none()),
             (6379, true, true)
@@ -197,11 +243,24 @@ mod tests {
             "redis://127.0.0.1:6379/0/ev-{event}",
             "redis://:6379/0/events",
             "kafka://127.0.0.1:9092/topic",
+            "nats://127.0.0.1:4222",
+            "nats://127.0.0.1:4222/",
+            "nats://127.0.0.1:4222/events.>",
+            "nats://127.0.0.1:4222/events..x",
             "ftp://host/x",
         ] {
             let e = parse(bad).expect_err(bad);
             assert!(e.starts_with("forward:"), "{bad}: {e}");
         }
+        let Broker::Nats(n) = parse("nats://u:pw@127.0.0.1/events.{source}.{type}").unwrap() else {
+            panic!("nats");
+        };
+        assert_eq!((n.host.as_str(), n.port), ("127.0.0.1", 4222));
+        assert_eq!(
+            n.subject.render("shop", "invoice.paid", "a"),
+            "events.shop.invoice.paid"
+        );
+        assert_eq!(n.password.as_ref().map(|p| p.expose()), Some("pw"));
         let e = parse("redis://u:hunter2@h:1/0").unwrap_err();
         assert!(!e.contains("hunter2"), "{e}");
     }

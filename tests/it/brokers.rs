@@ -114,3 +114,106 @@ impl Drop for Redis {
         self.kill();
     }
 }
+
+/// A `nats-server` with JetStream, its store in a temp dir (kept across a
+/// restart), and a stream `EVENTS` on `events.>` with a 10-minute
+/// duplicate window.
+pub struct Nats {
+    program: PathBuf,
+    dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Nats {
+    pub fn start(test: &str) -> Option<Nats> {
+        let program = program("nats-server", "nats-server", test)?;
+        let mut nats = Nats {
+            program,
+            dir: tempfile::tempdir().expect("a temp dir"),
+            port: free_port(),
+            child: None,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime"),
+        };
+        nats.spawn();
+        nats.rt.block_on(async {
+            let js = async_nats::jetstream::new(
+                async_nats::connect(format!("127.0.0.1:{}", nats.port))
+                    .await
+                    .expect("connect to nats"),
+            );
+            js.create_stream(async_nats::jetstream::stream::Config {
+                name: "EVENTS".to_string(),
+                subjects: vec!["events.>".to_string()],
+                duplicate_window: Duration::from_secs(600),
+                ..Default::default()
+            })
+            .await
+            .expect("create the stream");
+        });
+        Some(nats)
+    }
+
+    pub fn url(&self, subject: &str) -> String {
+        format!("nats://127.0.0.1:{}/{subject}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(&self.program)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
+            .args(["-sd", &self.dir.path().display().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(Duration::from_secs(20), "nats-server listens", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    /// The stream's message count and the ids (`Nats-Msg-Id`) of its messages.
+    pub fn messages(&self) -> (u64, Vec<String>) {
+        self.rt.block_on(async {
+            let js = async_nats::jetstream::new(
+                async_nats::connect(format!("127.0.0.1:{}", self.port))
+                    .await
+                    .expect("connect to nats"),
+            );
+            let mut stream = js.get_stream("EVENTS").await.expect("the stream");
+            let info = stream.info().await.expect("stream info").clone();
+            let mut ids = Vec::new();
+            for seq in info.state.first_sequence..=info.state.last_sequence {
+                if let Ok(m) = stream.get_raw_message(seq).await
+                    && let Some(id) = m.headers.get("Nats-Msg-Id")
+                {
+                    ids.push(id.to_string());
+                }
+            }
+            (info.state.messages, ids)
+        })
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn start_again(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::backend::{Backend, both_backends};
-use crate::brokers::Redis;
+use crate::brokers::{Nats, Redis};
 use crate::harness::{Client, HTTP_TIMEOUT, Server, ServerConfig, wait_until};
 use crate::sign;
 
@@ -152,3 +152,95 @@ fn redis_exactly_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
     assert!(check.stdout.contains("reachable"), "{}", check.stdout);
 }
 both_backends!(redis_exactly_once_across_a_broker_restart_and_a_kill9);
+
+/// The same with JetStream: killed after the ack, the resend carries the
+/// same `Nats-Msg-Id` and is acked as a duplicate; NATS killed and
+/// restarted (its store kept), the jobs retry until it is back. The stream
+/// holds each event once, and `check` finds the stream and its window
+/// (and warns that 10 minutes is shorter than lease + retry_max's default).
+fn nats_exactly_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
+    let Some(mut nats) = Nats::start("dest_brokers::nats_exactly_once") else {
+        return;
+    };
+    let ids: Vec<String> = (0..30).map(|i| format!("evt_n{i:02}")).collect();
+    let mut server = Server::start_on(
+        backend,
+        &config(&nats.url("events.{source}")),
+        &[("IDEMHOOK_FAILPOINTS", "forward.after_response=kill")],
+    );
+    post_all(&server, &ids[..10]);
+    let status = server.wait_exit(Duration::from_secs(10));
+    assert!(
+        !status.success(),
+        "the failpoint kills idemhook: {status:?}"
+    );
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    assert_eq!(post_all(&server, &ids[..10]), 10);
+    wait_until(WAIT, "the first ten are done", || done(&server) == 10);
+    let resent = server.count(
+        "SELECT count(*) FROM attempts WHERE response_head LIKE 'duplicate%'",
+        &[],
+    );
+    assert!(resent >= 1, "the job cut short by the kill was sent again");
+
+    nats.kill();
+    assert_eq!(post_all(&server, &ids[10..]), 20);
+    wait_until(WAIT, "attempts fail while NATS is down", || {
+        server.count(
+            "SELECT count(*) FROM attempts WHERE outcome = 'retry' AND error_kind IN ('connect', 'timeout')",
+            &[],
+        ) >= 3
+    });
+    assert!(done(&server) <= 10);
+    nats.start_again();
+    wait_until(WAIT, "all thirty are done", || done(&server) == 30);
+
+    let (count, msg_ids) = nats.messages();
+    assert_eq!(count, 30, "each event once: {msg_ids:?}");
+    let expected: HashSet<String> = ids.iter().map(|id| format!("shop:{id}:app")).collect();
+    assert_eq!(msg_ids.into_iter().collect::<HashSet<_>>(), expected);
+
+    let check = server.run_cli(&["check"]);
+    assert!(
+        check
+            .stdout
+            .contains("reachable; stream EVENTS covers events.shop")
+            || check.stdout.contains("is templated"),
+        "{}",
+        check.stdout
+    );
+}
+both_backends!(nats_exactly_once_across_a_broker_restart_and_a_kill9);
+
+/// `check` on a fixed subject: finds the stream, its duplicate window, and
+/// warns when it is shorter than the action's lease plus retry_max.
+#[test]
+fn check_reports_the_jetstream_window() {
+    let Some(nats) = Nats::start("dest_brokers::check_reports_the_jetstream_window") else {
+        return;
+    };
+    let config = config(&nats.url("events.fixed"));
+    let out = crate::harness::check_config(&config);
+    assert!(
+        out.stdout
+            .contains("reachable; stream EVENTS covers events.fixed, duplicate window 10m"),
+        "{}",
+        out.stdout
+    );
+    // lease 2s + retry_max 500ms: within the window, no warning.
+    assert!(!out.stderr.contains("duplicate window"), "{}", out.stderr);
+    let long = ServerConfig::new().tables(&format!(
+        "[sources.shop]\nkind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.shop.actions]]\nname = \"app\"\nforward = \"{}\"\n",
+        nats.url("events.fixed")
+    ));
+    let out = crate::harness::check_config(&long);
+    assert!(
+        out.stderr.contains(
+            "duplicate window (10m) is shorter than the action's lease plus retry_max (61m)"
+        ),
+        "{}",
+        out.stderr
+    );
+}

@@ -1,6 +1,7 @@
 //! Where a forward job goes: one [`Destination`] per forward action, a
 //! module per kind (the URL's scheme chooses it). `http.rs` POSTs to an
-//! `http://` or `https://` URL, `redis.rs` adds to a Redis stream. A destination only sends and classifies:
+//! `http://` or `https://` URL, `redis.rs` adds to a Redis stream, `nats.rs`
+//! publishes to JetStream. A destination only sends and classifies:
 //! leases, retries, `give_up_after`, the circuit, pacing, order, `after`,
 //! pause and replay are the worker's and the take's, the same for every
 //! kind. A new kind is a module here with a [`Destination`] and a line in
@@ -19,6 +20,7 @@ use crate::verify::Verifier;
 
 pub(crate) mod client;
 mod http;
+mod nats;
 mod redis;
 
 pub(crate) use client::HttpClient;
@@ -79,6 +81,7 @@ impl Destinations {
                             s.retention,
                             workers,
                         )?),
+                        Broker::Nats(target) => Arc::new(nats::NatsDest::new(target, f.timeout)),
                     };
                     by_action.insert(key, dest);
                 } else if let Some(client) = clients.get(&key) {
@@ -118,7 +121,9 @@ impl Destinations {
 
 /// `idemhook check`'s look at each broker target: connects and says what
 /// it found, one line per action (`Ok`), or why it cannot be used (`Err`).
-pub(crate) fn report(config: &Config) -> Vec<(String, Result<String, String>)> {
+/// With a warning, if any (a JetStream duplicate window shorter than the
+/// action's lease plus retry_max).
+pub(crate) fn report(config: &Config) -> Vec<(String, Result<String, String>, Option<String>)> {
     let mut out = Vec::new();
     for s in &config.sources {
         for a in &s.actions {
@@ -128,12 +133,14 @@ pub(crate) fn report(config: &Config) -> Vec<(String, Result<String, String>)> {
             let Some(broker) = &f.broker else {
                 continue;
             };
-            let found = match broker {
-                Broker::Redis(target) => redis::report(target, f.timeout),
+            let (found, warning) = match broker {
+                Broker::Redis(target) => (redis::report(target, f.timeout), None),
+                Broker::Nats(target) => nats::report(target, f.timeout, f.lease + f.retry_max),
             };
             out.push((
                 format!("{}/{} ({})", s.name, a.name, broker.describe()),
                 found,
+                warning,
             ));
         }
     }
