@@ -12,6 +12,21 @@ use crate::verify::Secret;
 pub enum Broker {
     Redis(RedisTarget),
     Nats(NatsTarget),
+    Amqp(AmqpTarget),
+}
+
+/// `amqp://user:pass@host:5672/VHOST?exchange=E&routing_key=R`.
+#[derive(Debug, Clone)]
+pub struct AmqpTarget {
+    /// The URL without its query (credentials in it): what the client
+    /// connects to.
+    pub uri: Secret,
+    pub host: String,
+    pub port: u16,
+    pub vhost: String,
+    /// Empty: the default exchange.
+    pub exchange: String,
+    pub routing_key: Template,
 }
 
 /// `nats://[user:password@]host:4222/SUBJECT`: a JetStream publish.
@@ -46,6 +61,10 @@ impl Broker {
                 r.host, r.port, r.db, r.stream.0
             ),
             Broker::Nats(n) => format!("nats {}:{}, subject {}", n.host, n.port, n.subject.0),
+            Broker::Amqp(a) => format!(
+                "amqp {}:{} vhost {}, exchange {:?}, routing key {}",
+                a.host, a.port, a.vhost, a.exchange, a.routing_key.0
+            ),
         }
     }
 }
@@ -91,15 +110,16 @@ impl Template {
 pub fn parse(url: &str) -> Result<Broker, String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
-            "forward: expected an http://, https://, redis:// or nats:// URL, got {:?}",
+            "forward: expected an http://, https://, redis://, nats:// or amqp:// URL, got {:?}",
             crate::config::database_url::redact(url)
         ));
     };
     match scheme {
         "redis" => redis(rest).map(Broker::Redis),
         "nats" => nats(rest).map(Broker::Nats),
+        "amqp" => amqp(rest).map(Broker::Amqp),
         other => Err(format!(
-            "forward: unknown scheme {other:?} (expected http://, https://, redis:// or nats://)"
+            "forward: unknown scheme {other:?} (expected http://, https://, redis://, nats:// or amqp://)"
         )),
     }
 }
@@ -210,6 +230,45 @@ fn nats(rest: &str) -> Result<NatsTarget, String> {
     })
 }
 
+fn amqp(rest: &str) -> Result<AmqpTarget, String> {
+    let needs = "forward: an amqp URL is amqp://user:pass@host:5672/VHOST?exchange=E&routing_key=R";
+    let (head, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (auth, vhost) = head.split_once('/').unwrap_or((head, ""));
+    let a = authority(auth)?;
+    let mut exchange = None;
+    let mut routing_key = String::new();
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "exchange" => exchange = Some(v.into_owned()),
+            "routing_key" => routing_key = v.into_owned(),
+            other => return Err(format!("{needs}: unknown parameter {other:?}")),
+        }
+    }
+    let exchange = exchange
+        .ok_or_else(|| format!("{needs}: no exchange (exchange= names the default exchange)"))?;
+    let port = a.port.unwrap_or(5672);
+    let host = if a.host.contains(':') {
+        format!("[{}]", a.host)
+    } else {
+        a.host.clone()
+    };
+    Ok(AmqpTarget {
+        uri: Secret::new(format!(
+            "amqp://{auth_part}{host}:{port}/{vhost}",
+            auth_part = auth.rfind('@').map_or("", |at| &auth[..=at])
+        )),
+        host: a.host,
+        port,
+        vhost: if vhost.is_empty() {
+            "/".to_string()
+        } else {
+            percent_decode_str(vhost).decode_utf8_lossy().into_owned()
+        },
+        exchange,
+        routing_key: Template::parse(&routing_key, "routing key")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +306,9 @@ mod tests {
             "nats://127.0.0.1:4222/",
             "nats://127.0.0.1:4222/events.>",
             "nats://127.0.0.1:4222/events..x",
+            "amqp://u:p@127.0.0.1:5672/%2f",
+            "amqp://u:p@127.0.0.1:5672/%2f?routing_key=r",
+            "amqp://u:p@127.0.0.1:5672/%2f?exchange=e&queue=q",
             "ftp://host/x",
         ] {
             let e = parse(bad).expect_err(bad);
@@ -261,6 +323,17 @@ mod tests {
             "events.shop.invoice.paid"
         );
         assert_eq!(n.password.as_ref().map(|p| p.expose()), Some("pw"));
+        let Broker::Amqp(a) =
+            parse("amqp://u:p@127.0.0.1:5673/%2f?exchange=ev&routing_key={source}.{type}").unwrap()
+        else {
+            panic!("amqp");
+        };
+        assert_eq!(
+            (a.port, a.vhost.as_str(), a.exchange.as_str()),
+            (5673, "/", "ev")
+        );
+        assert_eq!(a.uri.expose(), "amqp://u:p@127.0.0.1:5673/%2f");
+        assert_eq!(a.routing_key.render("shop", "paid", "x"), "shop.paid");
         let e = parse("redis://u:hunter2@h:1/0").unwrap_err();
         assert!(!e.contains("hunter2"), "{e}");
     }

@@ -217,3 +217,184 @@ impl Drop for Nats {
         self.kill();
     }
 }
+
+/// A `rabbitmq-server` node of its own (name, ports, epmd, data dir), with
+/// a durable direct exchange `events` and a durable queue `q` bound to it
+/// with the routing key `shop`.
+pub struct Rabbit {
+    program: PathBuf,
+    dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Rabbit {
+    pub fn start(test: &str) -> Option<Rabbit> {
+        let program = program("rabbitmq-server", "rabbitmq-server", test)?;
+        // The wrapper in /usr/sbin switches user; the server script itself
+        // runs as whoever starts it.
+        let program = Some(PathBuf::from("/usr/lib/rabbitmq/bin/rabbitmq-server"))
+            .filter(|p| p.is_file())
+            .unwrap_or(program);
+        let mut rabbit = Rabbit {
+            program,
+            dir: tempfile::tempdir().expect("a temp dir"),
+            port: free_port(),
+            child: None,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime"),
+        };
+        rabbit.spawn();
+        let url = rabbit.amqp_url();
+        rabbit.rt.block_on(async {
+            use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+            use lapin::types::FieldTable;
+            let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                .await
+                .expect("connect to rabbitmq");
+            let ch = conn.create_channel().await.expect("a channel");
+            ch.exchange_declare(
+                "events".into(),
+                lapin::ExchangeKind::Direct,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the exchange");
+            ch.queue_declare(
+                "q".into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the queue");
+            ch.queue_bind(
+                "q".into(),
+                "events".into(),
+                "shop".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the queue");
+        });
+        Some(rabbit)
+    }
+
+    fn amqp_url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// The forward URL: exchange `events`, the routing key given.
+    pub fn url(&self, routing_key: &str) -> String {
+        format!(
+            "{}?exchange=events&routing_key={routing_key}",
+            self.amqp_url()
+        )
+    }
+
+    fn spawn(&mut self) {
+        use std::os::unix::process::CommandExt as _;
+        let dir = self.dir.path();
+        let port = self.port;
+        let child = Command::new(&self.program)
+            .env("HOME", dir)
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", (port + 1).to_string())
+            .env("ERL_EPMD_PORT", (port + 2).to_string())
+            .env("RABBITMQ_NODENAME", format!("it{port}@localhost"))
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("plugins"))
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq"))
+            .current_dir(dir)
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start rabbitmq-server");
+        self.child = Some(child);
+        let url = self.amqp_url();
+        wait_until(
+            Duration::from_secs(60),
+            "rabbitmq accepts a connection",
+            || {
+                self.rt.block_on(async {
+                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                        .await
+                        .is_ok()
+                })
+            },
+        );
+    }
+
+    /// The `message_id` of every message in `q` (taken off the queue).
+    pub fn drain(&self) -> Vec<String> {
+        let url = self.amqp_url();
+        self.rt.block_on(async {
+            let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                .await
+                .expect("connect to rabbitmq");
+            let ch = conn.create_channel().await.expect("a channel");
+            let mut ids = Vec::new();
+            while let Some(m) = ch
+                .basic_get("q".into(), lapin::options::BasicGetOptions { no_ack: true })
+                .await
+                .expect("basic_get")
+            {
+                ids.push(
+                    m.delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default(),
+                );
+            }
+            ids
+        })
+    }
+
+    /// SIGKILL the node's whole process group.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if let Some(pid) = rustix::process::Pid::from_raw(c.id() as i32) {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn start_again(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for Rabbit {
+    fn drop(&mut self) {
+        self.kill();
+        // The node's own epmd, on its own port (it refuses while it still
+        // lists the killed node).
+        for _ in 0..20 {
+            let killed = Command::new("epmd")
+                .args(["-port", &(self.port + 2).to_string(), "-kill"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("Killed"));
+            if killed {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::backend::{Backend, both_backends};
-use crate::brokers::{Nats, Redis};
+use crate::brokers::{Nats, Rabbit, Redis};
 use crate::harness::{Client, HTTP_TIMEOUT, Server, ServerConfig, wait_until};
 use crate::sign;
 
@@ -244,3 +244,82 @@ fn check_reports_the_jetstream_window() {
         out.stderr
     );
 }
+
+/// RabbitMQ, at least once: killed after the confirm, idemhook publishes
+/// the job again (a second message, same `message_id`); RabbitMQ killed
+/// and restarted (durable queue, persistent messages): the jobs retry and
+/// go out once it is back. Every event is in the queue, none lost, each
+/// with its `message_id`. A routing key no queue is bound to is a failed
+/// attempt with error kind `status` (mandatory, returned), retried.
+fn amqp_at_least_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
+    let Some(mut rabbit) = Rabbit::start("dest_brokers::amqp_at_least_once") else {
+        return;
+    };
+    let ids: Vec<String> = (0..30).map(|i| format!("evt_a{i:02}")).collect();
+    let unroutable = format!(
+        "\n[[sources.shop.actions]]\nname = \"lost\"\nforward = \"{}\"\ntimeout = \"1s\"\n\
+         lease = \"2s\"\nretry_initial = \"100ms\"\nretry_max = \"500ms\"\ncircuit_failures = 0\n",
+        rabbit.url("nowhere")
+    );
+    let mut server = Server::start_on(
+        backend,
+        &config(&rabbit.url("{source}")).tables(&unroutable),
+        &[("IDEMHOOK_FAILPOINTS", "forward.after_response=kill")],
+    );
+    post_all(&server, &ids[..10]);
+    let status = server.wait_exit(Duration::from_secs(10));
+    assert!(
+        !status.success(),
+        "the failpoint kills idemhook: {status:?}"
+    );
+    server.remove_env("IDEMHOOK_FAILPOINTS");
+    server.restart();
+    assert_eq!(post_all(&server, &ids[..10]), 10);
+    let app_done = |server: &Server| {
+        server.count(
+            "SELECT count(*) FROM jobs WHERE action = 'app' AND status = 'done'",
+            &[],
+        )
+    };
+    wait_until(WAIT, "the first ten are done", || app_done(&server) == 10);
+
+    rabbit.kill();
+    assert_eq!(post_all(&server, &ids[10..]), 20);
+    wait_until(WAIT, "attempts fail while RabbitMQ is down", || {
+        server.count(
+            "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.action = 'app' \
+             AND a.outcome = 'retry' AND a.error_kind IN ('connect', 'timeout')",
+            &[],
+        ) >= 3
+    });
+    rabbit.start_again();
+    wait_until(Duration::from_secs(60), "all thirty are done", || {
+        app_done(&server) == 30
+    });
+
+    let got = rabbit.drain();
+    let expected: HashSet<String> = ids.iter().map(|id| format!("shop:{id}:app")).collect();
+    assert_eq!(got.iter().cloned().collect::<HashSet<_>>(), expected);
+    assert!(got.len() >= 30, "{got:?}");
+    let unroutable_attempts = server.count(
+        "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.action = 'lost' \
+         AND a.outcome = 'retry' AND a.error_kind = 'status' AND a.error LIKE '%unroutable%'",
+        &[],
+    );
+    assert!(unroutable_attempts >= 1, "unroutable is a failed attempt");
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM jobs WHERE action = 'lost' AND status = 'done'",
+            &[]
+        ),
+        0
+    );
+    let check = server.run_cli(&["check"]);
+    assert!(
+        check.stdout.contains("reachable; exchange events exists"),
+        "{}",
+        check.stdout
+    );
+    assert!(!check.stdout.contains("guest:guest"), "{}", check.stdout);
+}
+both_backends!(amqp_at_least_once_across_a_broker_restart_and_a_kill9);

@@ -1,7 +1,7 @@
 //! Where a forward job goes: one [`Destination`] per forward action, a
 //! module per kind (the URL's scheme chooses it). `http.rs` POSTs to an
 //! `http://` or `https://` URL, `redis.rs` adds to a Redis stream, `nats.rs`
-//! publishes to JetStream. A destination only sends and classifies:
+//! publishes to JetStream, `amqp.rs` to a RabbitMQ exchange. A destination only sends and classifies:
 //! leases, retries, `give_up_after`, the circuit, pacing, order, `after`,
 //! pause and replay are the worker's and the take's, the same for every
 //! kind. A new kind is a module here with a [`Destination`] and a line in
@@ -18,6 +18,7 @@ use crate::config::broker::Broker;
 use crate::config::{ActionKind, Config};
 use crate::verify::Verifier;
 
+mod amqp;
 pub(crate) mod client;
 mod http;
 mod nats;
@@ -82,6 +83,7 @@ impl Destinations {
                             workers,
                         )?),
                         Broker::Nats(target) => Arc::new(nats::NatsDest::new(target, f.timeout)),
+                        Broker::Amqp(target) => Arc::new(amqp::AmqpDest::new(target, f.timeout)),
                     };
                     by_action.insert(key, dest);
                 } else if let Some(client) = clients.get(&key) {
@@ -136,6 +138,7 @@ pub(crate) fn report(config: &Config) -> Vec<(String, Result<String, String>, Op
             let (found, warning) = match broker {
                 Broker::Redis(target) => (redis::report(target, f.timeout), None),
                 Broker::Nats(target) => nats::report(target, f.timeout, f.lease + f.retry_max),
+                Broker::Amqp(target) => (amqp::report(target, f.timeout), None),
             };
             out.push((
                 format!("{}/{} ({})", s.name, a.name, broker.describe()),

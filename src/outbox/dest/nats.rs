@@ -23,10 +23,10 @@ use crate::outbox::Attempt;
 use crate::retry::Verdict;
 use crate::time::now_ms;
 
-/// The private runtime: a current-thread runtime driven forever by its
+/// The private runtime (of this module and `amqp.rs`): a current-thread runtime driven forever by its
 /// own thread (its I/O and timers), entered by workers to block on a
 /// publish.
-fn runtime() -> Result<tokio::runtime::Handle, String> {
+pub(super) fn runtime() -> Result<tokio::runtime::Handle, String> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Handle, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
