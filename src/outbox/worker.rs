@@ -377,7 +377,7 @@ impl<B: Backend> Worker<B> {
             attempt.error = Some("the action has no destination".to_string());
             return attempt;
         };
-        dest.send(&Message {
+        let message = Message {
             source: &job.source,
             event_id: &job.event_id,
             action: &job.action,
@@ -385,7 +385,18 @@ impl<B: Backend> Worker<B> {
             content_type: job.content_type.as_deref(),
             body: &job.body,
             n: job.n,
-        })
+        };
+        // A client library's panic is this attempt's failure (a retry),
+        // not the end of the worker.
+        let started_at = now_ms();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dest.send(&message)))
+            .unwrap_or_else(|_| {
+                let mut attempt = Attempt::started(started_at);
+                attempt.error_kind = Some("protocol");
+                attempt.error = Some("the destination's client panicked".to_string());
+                attempt.finished_at = now_ms();
+                attempt
+            })
     }
 
     /// Gives back a job taken but not sent (shutdown, or too little of the

@@ -128,6 +128,11 @@ pub struct Nats {
 
 impl Nats {
     pub fn start(test: &str) -> Option<Nats> {
+        Nats::start_with(test, "")
+    }
+
+    /// With `conf` as the server's config file (e.g. `max_payload: 512`).
+    pub fn start_with(test: &str, conf: &str) -> Option<Nats> {
         let program = program("nats-server", "nats-server", test)?;
         let mut nats = Nats {
             program,
@@ -139,6 +144,7 @@ impl Nats {
                 .build()
                 .expect("a runtime"),
         };
+        std::fs::write(nats.dir.path().join("nats.conf"), conf).expect("write nats.conf");
         nats.spawn();
         nats.rt.block_on(async {
             let js = async_nats::jetstream::new(
@@ -166,6 +172,10 @@ impl Nats {
         let child = Command::new(&self.program)
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
             .args(["-sd", &self.dir.path().display().to_string()])
+            .args([
+                "-c",
+                &self.dir.path().join("nats.conf").display().to_string(),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -323,3 +323,43 @@ fn amqp_at_least_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
     assert!(!check.stdout.contains("guest:guest"), "{}", check.stdout);
 }
 both_backends!(amqp_at_least_once_across_a_broker_restart_and_a_kill9);
+
+/// A message larger than the NATS server takes (`max_payload`) fails the
+/// job at once with the reason; a small one of the same action is done.
+fn a_message_larger_than_nats_takes_fails_with_the_reason(backend: Backend) {
+    let Some(nats) = Nats::start_with(
+        "dest_brokers::a_message_larger_than_nats_takes",
+        "max_payload: 2048\n",
+    ) else {
+        return;
+    };
+    let server = Server::start_on(backend, &config(&nats.url("events.{source}")), &[]);
+    let big = serde_json::json!({"id": "evt_big", "type": "invoice.paid", "pad": "x".repeat(4000)})
+        .to_string()
+        .into_bytes();
+    let r = server.post("/hooks/shop", &sign::stripe_now(SECRET, &big), &big);
+    assert_eq!(r.status, 200, "{}", r.text());
+    post_all(&server, &["evt_small".to_string()]);
+    wait_until(WAIT, "the big job fails, the small one is done", || {
+        crate::helpers::job_status(&server, "shop", "evt_big", "app").as_deref() == Some("failed")
+            && crate::helpers::job_status(&server, "shop", "evt_small", "app").as_deref()
+                == Some("done")
+    });
+    let error = server
+        .row(
+            "SELECT a.error FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.event_id = 'evt_big'",
+            &[],
+        )
+        .map(|r| r.text(0))
+        .unwrap_or_default();
+    assert!(error.contains("payload"), "{error}");
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.event_id = 'evt_big'",
+            &[]
+        ),
+        1,
+        "failed at once, not retried"
+    );
+}
+both_backends!(a_message_larger_than_nats_takes_fails_with_the_reason);
