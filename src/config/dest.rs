@@ -228,7 +228,7 @@ pub fn describe(http: &HttpOptions) -> Option<String> {
         Some(HttpAuth::Basic(v)) => parts.push(format!("auth basic {v}")),
         Some(HttpAuth::OAuth2(o)) => parts.push(format!(
             "auth oauth2 (token_url {}, client_id {}, client_secret {}{})",
-            o.token_url,
+            super::database_url::redact(&o.token_url),
             o.client_id,
             o.client_secret,
             o.scope
