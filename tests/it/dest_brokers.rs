@@ -363,3 +363,38 @@ fn a_message_larger_than_nats_takes_fails_with_the_reason(backend: Backend) {
     );
 }
 both_backends!(a_message_larger_than_nats_takes_fails_with_the_reason);
+
+/// `check` against brokers that are not there: each target NOT USABLE
+/// with the reason (a warning too), the check itself passes, and no
+/// password in a URL is printed.
+#[test]
+fn check_says_a_broker_is_not_usable_and_prints_no_password() {
+    let port = crate::brokers::free_port();
+    let config = ServerConfig::new().tables(&format!(
+        "[sources.shop]\nkind = \"stripe\"\nsecrets = [\"{SECRET}\"]\n\
+         [[sources.shop.actions]]\nname = \"r\"\nforward = \"redis://u:hunter2secret@127.0.0.1:{port}/0/s\"\ntimeout = \"1s\"\n\
+         [[sources.shop.actions]]\nname = \"n\"\nforward = \"nats://u:hunter3secret@127.0.0.1:{port}/events.x\"\ntimeout = \"1s\"\n\
+         [[sources.shop.actions]]\nname = \"a\"\nforward = \"amqp://u:hunter4secret@127.0.0.1:{port}/%2f?exchange=e\"\ntimeout = \"1s\"\n"
+    ));
+    let out = crate::harness::check_config(&config);
+    assert!(out.success(), "{}{}", out.stdout, out.stderr);
+    for action in ["r", "n", "a"] {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("destination shop/{action} ("))
+                    && l.contains("NOT USABLE: cannot connect")),
+            "{action}: {}",
+            out.stdout
+        );
+    }
+    assert!(
+        out.stdout.contains("redis://u:[REDACTED]@127.0.0.1"),
+        "{}",
+        out.stdout
+    );
+    let all = format!("{}{}", out.stdout, out.stderr);
+    for secret in ["hunter2secret", "hunter3secret", "hunter4secret"] {
+        assert!(!all.contains(secret), "{secret} printed:\n{all}");
+    }
+}
