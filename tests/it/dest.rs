@@ -136,6 +136,8 @@ struct OAuthState {
     bad_token_requests: AtomicUsize,
     /// Downstream requests: (Idempotency-Key, X-Idemhook-Attempt, accepted).
     requests: Mutex<Vec<(String, String, bool)>>,
+    /// The `expires_in` of the tokens issued (0: 3600).
+    expires_in: std::sync::atomic::AtomicU64,
 }
 
 const CLIENT_SECRET: &str = "client-secret-5150";
@@ -182,7 +184,8 @@ impl OAuth {
                 let value = format!("tok-secret-{n}-{}", fastrand::u64(..));
                 *s.valid.lock().unwrap() = Some(value.clone());
                 let _ = rq.respond(tiny_http::Response::from_string(
-                    serde_json::json!({"access_token": value, "token_type": "Bearer", "expires_in": 3600})
+                    serde_json::json!({"access_token": value, "token_type": "Bearer",
+                        "expires_in": match s.expires_in.load(Ordering::SeqCst) { 0 => 3600, n => n }})
                         .to_string(),
                 ));
             }
@@ -476,3 +479,35 @@ fn mutual_tls(backend: Backend) {
     assert!(!out.contains(&key_body), "the client key printed:\n{out}");
 }
 both_backends!(mutual_tls);
+
+/// A token is renewed before it expires (within the last 10% of its
+/// life): with `expires_in` 2 s, a job sent after 2 s gets a new token
+/// without a 401 first.
+#[test]
+fn an_oauth2_token_is_renewed_before_it_expires() {
+    let oauth = OAuth::start();
+    oauth.state.expires_in.store(2, Ordering::SeqCst);
+    let action = format!(
+        "name = \"app\"\nforward = \"{}\"\ntimeout = \"2s\"\nretry_initial = \"100ms\"\nretry_max = \"300ms\"\n\
+         auth = {{ oauth2 = {{ token_url = \"{}\", client_id = \"idemhook\", client_secret = \"env:CLIENT_SECRET\", scope = \"webhooks\" }} }}",
+        oauth.url, oauth.token_url
+    );
+    let server = Server::start(&source(&action), &[("CLIENT_SECRET", CLIENT_SECRET)]);
+    send(&server, "evt_t1");
+    wait_until(WAIT, "the first job is done", || {
+        job_status(&server, "evt_t1") == "done"
+    });
+    assert_eq!(oauth.issued(), 1);
+    // Past 90% of the token's life (1.8 s): the next request renews it.
+    std::thread::sleep(Duration::from_millis(2_000));
+    send(&server, "evt_t2");
+    wait_until(WAIT, "the second job is done", || {
+        job_status(&server, "evt_t2") == "done"
+    });
+    assert_eq!(oauth.issued(), 2, "renewed before it expired");
+    assert_eq!(
+        oauth.requests_for(&key("evt_t2", "app")),
+        vec![("1".to_string(), true)],
+        "no 401 first"
+    );
+}
