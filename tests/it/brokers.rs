@@ -235,6 +235,9 @@ pub struct Rabbit {
     program: PathBuf,
     dir: tempfile::TempDir,
     pub port: u16,
+    /// Erlang distribution's port and the node's own epmd's.
+    dist_port: u16,
+    epmd_port: u16,
     child: Option<Child>,
     rt: tokio::runtime::Runtime,
 }
@@ -247,10 +250,21 @@ impl Rabbit {
         let program = Some(PathBuf::from("/usr/lib/rabbitmq/bin/rabbitmq-server"))
             .filter(|p| p.is_file())
             .unwrap_or(program);
+        // Three distinct free ports (held until all are chosen).
+        let held: Vec<TcpListener> = (0..3)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+            .collect();
+        let ports: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().expect("its address").port())
+            .collect();
+        drop(held);
         let mut rabbit = Rabbit {
             program,
             dir: tempfile::tempdir().expect("a temp dir"),
-            port: free_port(),
+            port: ports[0],
+            dist_port: ports[1],
+            epmd_port: ports[2],
             child: None,
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -319,8 +333,8 @@ impl Rabbit {
         let child = Command::new(&self.program)
             .env("HOME", dir)
             .env("RABBITMQ_NODE_PORT", port.to_string())
-            .env("RABBITMQ_DIST_PORT", (port + 1).to_string())
-            .env("ERL_EPMD_PORT", (port + 2).to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
             .env("RABBITMQ_NODENAME", format!("it{port}@localhost"))
             .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
             .env("RABBITMQ_LOG_BASE", dir.join("log"))
@@ -398,7 +412,7 @@ impl Drop for Rabbit {
         // lists the killed node).
         for _ in 0..20 {
             let killed = Command::new("epmd")
-                .args(["-port", &(self.port + 2).to_string(), "-kill"])
+                .args(["-port", &self.epmd_port.to_string(), "-kill"])
                 .output()
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("Killed"));
             if killed {
