@@ -45,7 +45,7 @@ pub struct Asked {
 /// `X-Idemhook-*` headers; signed like a forward when the action has a
 /// `sign_secret`, over an empty body), within the action's timeout.
 pub fn ask(
-    agent: &ureq::Agent,
+    client: &crate::outbox::dest::HttpClient,
     fwd: &Forward,
     template: &Template,
     job: (&str, &str, &str),
@@ -55,23 +55,6 @@ pub fn ask(
     let started_at = now_ms();
     let key = idempotency_key(source, event_id, action);
     let url = template.render(source, event_id, action);
-    let mut request = agent
-        .get(&url)
-        .config()
-        .timeout_global(Some(fwd.timeout))
-        .timeout_connect(Some(fwd.timeout.min(Duration::from_secs(5))))
-        .build()
-        .header("Idempotency-Key", key.as_str())
-        .header("X-Idemhook-Source", source)
-        .header("X-Idemhook-Event-Id", event_id)
-        .header("X-Idemhook-Check", "1");
-    if let Some(signer) = signer
-        && let Ok(headers) = signer.sign(b"", started_at / 1000, &key)
-    {
-        for (name, value) in headers {
-            request = request.header(name, value);
-        }
-    }
     let mut asked = Asked {
         answer: Answer::Error,
         started_at,
@@ -83,27 +66,68 @@ pub fn ask(
         response_head: None,
         retry_after: None,
     };
-    match request.call() {
-        Ok(mut response) => {
-            let status = response.status().as_u16();
-            asked.http_status = Some(status);
-            asked.answer = Answer::of_status(status);
-            let read = read_answer(&mut response, &fwd.request_id_header, started_at);
-            asked.request_id = read.request_id;
-            asked.retry_after = read.retry_after;
-            asked.response_head = Some(read.head);
-            if asked.answer == Answer::Error {
-                asked.cause = Some("status");
-                asked.error = Some(format!(
-                    "the check answered {status} (200: done, 404: not done)"
-                ));
+    // A 401 to an OAuth2 token renews it and asks once more.
+    let mut renewed = false;
+    loop {
+        let mut request = client
+            .agent
+            .get(&url)
+            .config()
+            .timeout_global(Some(fwd.timeout))
+            .timeout_connect(Some(fwd.timeout.min(Duration::from_secs(5))))
+            .build()
+            .header("Idempotency-Key", key.as_str())
+            .header("X-Idemhook-Source", source)
+            .header("X-Idemhook-Event-Id", event_id)
+            .header("X-Idemhook-Check", "1");
+        if let Some(signer) = signer
+            && let Ok(headers) = signer.sign(b"", started_at / 1000, &key)
+        {
+            for (name, value) in headers {
+                request = request.header(name, value);
             }
         }
-        Err(e) => {
-            let (kind, message) = crate::retry::classify_error(&e);
-            asked.cause = Some(kind);
-            asked.error = Some(format!("the check got no answer: {message}"));
+        let (request, used) = match client.prepare(request) {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                asked.cause = Some("auth");
+                asked.error = Some(format!("the check got no answer: {}", e.0));
+                break;
+            }
+        };
+        match request.call() {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                if status == 401 && used.is_some() && !renewed {
+                    let _ = response
+                        .body_mut()
+                        .with_config()
+                        .limit(64 * 1024)
+                        .read_to_vec();
+                    client.renew(used);
+                    renewed = true;
+                    continue;
+                }
+                asked.http_status = Some(status);
+                asked.answer = Answer::of_status(status);
+                let read = read_answer(&mut response, &fwd.request_id_header, started_at);
+                asked.request_id = read.request_id;
+                asked.retry_after = read.retry_after;
+                asked.response_head = Some(read.head);
+                if asked.answer == Answer::Error {
+                    asked.cause = Some("status");
+                    asked.error = Some(format!(
+                        "the check answered {status} (200: done, 404: not done)"
+                    ));
+                }
+            }
+            Err(e) => {
+                let (kind, message) = crate::retry::classify_error(&e);
+                asked.cause = Some(kind);
+                asked.error = Some(format!("the check got no answer: {message}"));
+            }
         }
+        break;
     }
     asked.finished_at = now_ms();
     asked

@@ -680,6 +680,18 @@ fn check(config: &Config) -> Result<Outcome, CommandError> {
     crate::serve::check_sql_actions(config).map_err(|e| anyhow::anyhow!(e))?;
     let mut out = ops::text::stdout();
     out.write_all(crate::serve::describe(config).as_bytes())?;
+    for (target, found, warning) in crate::outbox::dest::report(config) {
+        if let Some(warning) = warning {
+            to_stderr(&format!("warning: destination {target}: {warning}"));
+        }
+        match found {
+            Ok(line) => writeln!(out, "destination {target}: {line}")?,
+            Err(why) => {
+                writeln!(out, "destination {target}: NOT USABLE: {why}")?;
+                to_stderr(&format!("warning: destination {target}: {why}"));
+            }
+        }
+    }
     out.flush()?;
     // Warnings do not fail the check: the config works as written.
     for warning in &config.warnings {

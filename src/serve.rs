@@ -888,7 +888,7 @@ fn describe_action(out: &mut String, a: &crate::config::Action) {
                 out,
                 "  action {} (forward) on {types} -> {}; timeout {}, lease {}, gives up after {}{}, retry {}..{}",
                 a.name,
-                f.url,
+                f.url_redacted(),
                 format_duration(f.timeout),
                 format_duration(f.lease),
                 format_duration(f.give_up_after),
@@ -922,6 +922,9 @@ fn describe_action(out: &mut String, a: &crate::config::Action) {
                     "    after: sent once {} of the same event are done",
                     f.after.join(", ")
                 );
+            }
+            if let Some(line) = crate::config::dest::describe(&f.http) {
+                let _ = writeln!(out, "    {line}");
             }
         }
     }

@@ -54,6 +54,11 @@ fn sql_action(sql: String, ra: &mut RawAction) -> Result<ActionKind, String> {
         ("circuit_failures", ra.circuit_failures.is_some()),
         ("circuit_probe", ra.circuit_probe.is_some()),
         ("health", ra.health.is_some()),
+        ("headers", ra.headers.is_some()),
+        ("auth", ra.auth.is_some()),
+        ("tls_ca", ra.tls_ca.is_some()),
+        ("tls_client_cert", ra.tls_client_cert.is_some()),
+        ("tls_client_key", ra.tls_client_key.is_some()),
     ];
     if let Some((key, _)) = forward_only.iter().find(|(_, set)| *set) {
         return Err(format!("{key}: only forward actions take this key"));
@@ -192,11 +197,27 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
     if ra.params.is_some() {
         return Err("params: only sql actions take params".to_string());
     }
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
-        return Err(format!(
-            "forward: expected an http:// or https:// URL, got {url:?}"
-        ));
-    }
+    let broker = if url.starts_with("http://") || url.starts_with("https://") {
+        None
+    } else {
+        let broker = super::broker::parse(&url)?;
+        let http_only = [
+            ("check", ra.check.is_some()),
+            ("health", ra.health.is_some()),
+            ("sign_secret", ra.sign_secret.is_some()),
+            ("headers", ra.headers.is_some()),
+            ("auth", ra.auth.is_some()),
+            ("tls_ca", ra.tls_ca.is_some()),
+            ("tls_client_cert", ra.tls_client_cert.is_some()),
+            ("tls_client_key", ra.tls_client_key.is_some()),
+        ];
+        if let Some((key, _)) = http_only.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "{key}: only http:// and https:// forwards take this key (this one publishes to a broker)"
+            ));
+        }
+        Some(broker)
+    };
     let timeout = opt_duration(&ra.timeout, "timeout", "10s")?;
     let lease = match &ra.lease {
         Some(s) => parse_duration(s).map_err(|e| format!("lease: {e}"))?,
@@ -261,6 +282,8 @@ fn forward_action(url: String, ra: &mut RawAction, base: &Path) -> Result<Action
         check,
         after: ra.after.take().unwrap_or_default(),
         control: control_of(ra)?,
+        http: super::dest::http_options(ra, base)?,
+        broker,
     })))
 }
 

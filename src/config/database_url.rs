@@ -217,7 +217,7 @@ fn scheme(value: &str) -> Option<&str> {
 
 /// Replaces the password of a URL's user info, and the value of every
 /// `password=` parameter, with `[REDACTED]`.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     const MARK: &str = "[REDACTED]";
     let mut out = String::with_capacity(url.len());
     let (head, query) = match url.find('?') {

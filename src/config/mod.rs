@@ -18,9 +18,11 @@ use crate::verify::{Secret, Verifier};
 use database_url::DatabaseUrl;
 
 mod action;
+pub mod broker;
 pub mod catchup;
 pub mod check_template;
 pub mod database_url;
+pub mod dest;
 pub mod generic;
 mod kind;
 pub mod notify;
@@ -334,6 +336,22 @@ pub struct Forward {
     pub after: Vec<String>,
     /// Pacing and order of its deliveries.
     pub control: Control,
+    /// Headers, auth and TLS of an HTTP forward (and its check).
+    pub http: dest::HttpOptions,
+    /// Where a broker forward publishes (None: HTTP).
+    pub broker: Option<broker::Broker>,
+}
+
+impl Forward {
+    /// True for an `http://` or `https://` forward (not a broker).
+    pub fn is_http(&self) -> bool {
+        self.broker.is_none()
+    }
+
+    /// The URL as printed: a password in it `[REDACTED]`.
+    pub fn url_redacted(&self) -> String {
+        database_url::redact(&self.url)
+    }
 }
 
 /// A forward action's circuit: `failures` consecutive failed attempts

@@ -129,4 +129,27 @@ pub(super) struct RawAction {
     pub(super) circuit_failures: Option<i64>,
     pub(super) circuit_probe: Option<String>,
     pub(super) health: Option<String>,
+    // forward destinations: HTTP headers, auth and TLS (`dest.rs`)
+    pub(super) headers: Option<BTreeMap<String, String>>,
+    pub(super) auth: Option<RawAuth>,
+    pub(super) tls_ca: Option<String>,
+    pub(super) tls_client_cert: Option<String>,
+    pub(super) tls_client_key: Option<String>,
+}
+
+/// `auth = { basic = ".." }` or `auth = { oauth2 = { .. } }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAuth {
+    pub(super) basic: Option<String>,
+    pub(super) oauth2: Option<RawOAuth2>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOAuth2 {
+    pub(super) token_url: String,
+    pub(super) client_id: String,
+    pub(super) client_secret: String,
+    pub(super) scope: Option<String>,
 }

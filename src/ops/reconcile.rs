@@ -267,7 +267,7 @@ pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, O
         return Ok(Vec::new());
     }
     let signers = crate::outbox::signers(config).map_err(|e| OpError::Invalid(format!("{e:#}")))?;
-    let agent = crate::outbox::http_agent(CHECKS_AT_ONCE);
+    let clients = crate::outbox::dest::client::clients(config, CHECKS_AT_ONCE);
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Asked>>> = Mutex::new(vec![None; targets.len()]);
     std::thread::scope(|scope| {
@@ -284,8 +284,11 @@ pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, O
                     let Some(template) = &fwd.check else {
                         continue;
                     };
+                    let Some(client) = clients.get(&(source.clone(), action.clone())) else {
+                        continue;
+                    };
                     let asked = crate::check::ask(
-                        &agent,
+                        client,
                         fwd,
                         template,
                         (source, event_id, action),

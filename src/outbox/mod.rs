@@ -64,6 +64,7 @@ use crate::verify::{Scheme, Verifier};
 
 pub mod circuit;
 mod control;
+pub(crate) mod dest;
 mod steps;
 mod worker;
 
@@ -147,8 +148,9 @@ impl Outbox {
         } else {
             0
         };
+        let signers = signers(&config)?;
+        let dests = Arc::new(dest::Destinations::new(&config, n, &signers)?);
         let agent = http_agent(n);
-        let signers = Arc::new(signers(&config)?);
         if any_forward {
             // Jobs parked waiting for an `after` action are released by a
             // trigger when that action's job is done; one parked under a
@@ -180,7 +182,7 @@ impl Outbox {
                 backend: backend.clone(),
                 metrics: metrics.clone(),
                 agent: agent.clone(),
-                signers: signers.clone(),
+                dests: dests.clone(),
                 waker: waker.clone(),
                 stop: stop.clone(),
                 in_flight: in_flight.clone(),
@@ -224,15 +226,22 @@ impl Outbox {
 /// The HTTP agent of forward workers (and of `reconcile --check`), for
 /// `workers` threads: no redirects, statuses as answers, the cached resolver.
 pub(crate) fn http_agent(workers: usize) -> ureq::Agent {
-    let agent_config = ureq::Agent::config_builder()
+    agent_with_tls(workers, None)
+}
+
+/// [`http_agent`] with an action's own TLS settings (`dest::client`).
+pub(crate) fn agent_with_tls(workers: usize, tls: Option<ureq::tls::TlsConfig>) -> ureq::Agent {
+    let mut builder = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
         .max_idle_connections(64.max(workers * 2))
         .max_idle_connections_per_host(workers.max(1) * 2)
-        .user_agent(concat!("idemhook/", env!("CARGO_PKG_VERSION")))
-        .build();
+        .user_agent(concat!("idemhook/", env!("CARGO_PKG_VERSION")));
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls);
+    }
     ureq::Agent::with_parts(
-        agent_config,
+        builder.build(),
         ureq::unversioned::transport::DefaultConnector::new(),
         crate::dns::Resolver::default(),
     )
@@ -307,7 +316,7 @@ struct Taken {
 }
 
 /// What one attempt came to.
-struct Attempt {
+pub(crate) struct Attempt {
     started_at: i64,
     finished_at: i64,
     http_status: Option<u16>,
@@ -317,6 +326,24 @@ struct Attempt {
     response_head: Option<String>,
     retry_after: Option<Duration>,
     verdict: Verdict,
+}
+
+impl Attempt {
+    /// An attempt started at `started_at` that has come to nothing yet: a
+    /// retry unless the destination says otherwise.
+    pub(crate) fn started(started_at: i64) -> Attempt {
+        Attempt {
+            started_at,
+            finished_at: started_at,
+            http_status: None,
+            error_kind: None,
+            error: None,
+            request_id: None,
+            response_head: None,
+            retry_after: None,
+            verdict: Verdict::Retry,
+        }
+    }
 }
 
 #[cfg(test)]

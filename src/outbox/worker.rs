@@ -3,7 +3,7 @@
 //! call the downstream outside any transaction, and record the result (or
 //! give the job back when its lease would not cover the call).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::circuit::{self, Clean};
+use super::dest::{Destinations, Message};
 use super::steps::{CircuitNote, complete, give_back, record_check_in, take};
 use super::{Attempt, HealthProbe, Leased, Taken, Waker};
 use crate::check::{self, Asked};
@@ -22,7 +23,6 @@ use crate::store::StoreError;
 use crate::store::backend::{Backend, Guard};
 use crate::store::tx::{OutboxTx, TAKE_BATCH};
 use crate::time::now_ms;
-use crate::verify::Verifier;
 
 /// The longest a worker sleeps without looking for due jobs (retries that
 /// came due, jobs re-queued by the CLI, leases that expired).
@@ -36,8 +36,11 @@ pub(super) struct Worker<B: Backend> {
     /// connection; nothing on SQLite).
     pub(super) session: Mutex<B::Session>,
     pub(super) metrics: Arc<Metrics>,
+    /// The plain HTTP agent (health probes of actions without TLS
+    /// settings of their own).
     pub(super) agent: ureq::Agent,
-    pub(super) signers: Arc<HashMap<(String, String), Verifier>>,
+    /// Every forward action's destination and HTTP client.
+    pub(super) dests: Arc<Destinations>,
     pub(super) waker: Waker,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) in_flight: Arc<AtomicUsize>,
@@ -265,13 +268,18 @@ impl<B: Backend> Worker<B> {
         fwd: &Forward,
         template: &crate::config::check_template::Template,
     ) -> Option<Asked> {
+        let Some(client) = self.dests.client(&job.source, &job.action) else {
+            // Only HTTP forwards take a check (the config refuses others).
+            self.release(job, None);
+            return None;
+        };
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let asked = check::ask(
-            &self.agent,
+            client,
             fwd,
             template,
             (&job.source, &job.event_id, &job.action),
-            self.signers.get(&(job.source.clone(), job.action.clone())),
+            self.dests.signer(&job.source, &job.action),
         );
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.metrics
@@ -349,8 +357,11 @@ impl<B: Backend> Worker<B> {
     /// 2xx closes the circuit, anything else makes the next probe wait
     /// twice as long. No job is touched.
     fn probe_health(&self, probe: HealthProbe) {
-        let answer = self
-            .agent
+        let agent = self
+            .dests
+            .client(&probe.source, &probe.action)
+            .map_or(&self.agent, |c| &c.agent);
+        let answer = agent
             .get(&probe.url)
             .config()
             .timeout_global(Some(probe.timeout))
@@ -407,74 +418,34 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// One HTTP attempt, classified.
-    pub(super) fn call(&self, job: &Leased, fwd: &Forward) -> Attempt {
-        let started_at = now_ms();
-        let key = format!("{}:{}:{}", job.source, job.event_id, job.action);
-        let mut request = self
-            .agent
-            .post(&fwd.url)
-            .config()
-            .timeout_global(Some(fwd.timeout))
-            .timeout_connect(Some(fwd.timeout.min(Duration::from_secs(5))))
-            .build()
-            .header(
-                "Content-Type",
-                job.content_type
-                    .as_deref()
-                    .unwrap_or("application/octet-stream"),
-            )
-            .header("Idempotency-Key", key.as_str())
-            .header("X-Idemhook-Source", job.source.as_str())
-            .header("X-Idemhook-Event-Id", job.event_id.as_str())
-            .header(
-                "X-Idemhook-Event-Type",
-                job.event_type.as_deref().unwrap_or(""),
-            )
-            .header("X-Idemhook-Attempt", job.n.to_string());
-        if let Some(signer) = self.signers.get(&(job.source.clone(), job.action.clone()))
-            && let Ok(headers) = signer.sign(&job.body, started_at / 1000, &key)
-        {
-            for (name, value) in headers {
-                request = request.header(name, value);
-            }
-        }
-        let mut attempt = Attempt {
-            started_at,
-            finished_at: started_at,
-            http_status: None,
-            error_kind: None,
-            error: None,
-            request_id: None,
-            response_head: None,
-            retry_after: None,
-            verdict: Verdict::Retry,
+    /// One attempt through the action's destination.
+    pub(super) fn call(&self, job: &Leased, _fwd: &Forward) -> Attempt {
+        let Some(dest) = self.dests.get(&job.source, &job.action) else {
+            let mut attempt = Attempt::started(now_ms());
+            attempt.error_kind = Some("config");
+            attempt.error = Some("the action has no destination".to_string());
+            return attempt;
         };
-        match request.send(&job.body[..]) {
-            Ok(mut response) => {
-                let status = response.status().as_u16();
-                attempt.http_status = Some(status);
-                attempt.verdict = retry::classify_status(status);
-                let read = check::read_answer(&mut response, &fwd.request_id_header, started_at);
-                attempt.request_id = read.request_id;
-                attempt.retry_after = read.retry_after;
-                attempt.response_head = Some(read.head);
-                if attempt.verdict != Verdict::Done {
-                    attempt.error_kind = Some("status");
-                    attempt.error = Some(format!("downstream answered {status}"));
-                } else if let Some(e) = read.body_error {
-                    // The answer was 2xx; a broken body does not undo that.
-                    crate::log::debug("outbox", &[("event_id", &job.event_id), ("body_error", &e)]);
-                }
-            }
-            Err(e) => {
-                let (kind, message) = retry::classify_error(&e);
-                attempt.error_kind = Some(kind);
-                attempt.error = Some(message);
-            }
-        }
-        attempt.finished_at = now_ms();
-        attempt
+        let message = Message {
+            source: &job.source,
+            event_id: &job.event_id,
+            action: &job.action,
+            event_type: job.event_type.as_deref(),
+            content_type: job.content_type.as_deref(),
+            body: &job.body,
+            n: job.n,
+        };
+        // A client library's panic is this attempt's failure (a retry),
+        // not the end of the worker.
+        let started_at = now_ms();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dest.send(&message)))
+            .unwrap_or_else(|_| {
+                let mut attempt = Attempt::started(started_at);
+                attempt.error_kind = Some("protocol");
+                attempt.error = Some("the destination's client panicked".to_string());
+                attempt.finished_at = now_ms();
+                attempt
+            })
     }
 
     /// Gives back a job taken but not sent (shutdown, or too little of the

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod backend;
+mod brokers;
 mod catchup;
 mod check;
 mod circuit;
@@ -16,6 +17,8 @@ mod cli;
 mod clock;
 mod control;
 mod database;
+mod dest;
+mod dest_brokers;
 mod downstream;
 mod edge;
 mod first_hour;

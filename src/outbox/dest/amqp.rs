@@ -1,0 +1,242 @@
+//! An `amqp://` forward: a persistent message (`delivery_mode` 2) with
+//! `message_id = {idempotency_key}`, the `X-Idemhook-*` headers as AMQP
+//! headers and `mandatory` set, on a channel in confirm mode; done on the
+//! broker's publisher confirm. A message returned as unroutable, or
+//! nacked, is a failed attempt with error kind `status` (retried). At least
+//! once: a resend is a second message with the same `message_id`, for
+//! consumers to deduplicate.
+//!
+//! The client is `lapin` on the private runtime of `nats.rs`; one
+//! connection and confirm channel per target, made at the first attempt
+//! and shared; a failed one is dropped and the next attempt connects anew.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+use super::nats::runtime;
+use super::{Destination, Message};
+use crate::config::broker::AmqpTarget;
+use crate::outbox::Attempt;
+use crate::retry::Verdict;
+use crate::time::now_ms;
+
+type Failure = (&'static str, Verdict, String);
+
+pub(super) struct AmqpDest {
+    target: AmqpTarget,
+    timeout: Duration,
+    open: Mutex<Option<(Connection, Channel)>>,
+}
+
+impl AmqpDest {
+    pub fn new(target: &AmqpTarget, timeout: Duration) -> AmqpDest {
+        AmqpDest {
+            target: target.clone(),
+            timeout,
+            open: Mutex::new(None),
+        }
+    }
+
+    /// The confirm channel, connecting when there is none (or it closed).
+    fn channel(&self, handle: &tokio::runtime::Handle) -> Result<Channel, Failure> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((conn, channel)) = open.as_ref()
+            && conn.status().connected()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        *open = None;
+        let (conn, channel) = connect(handle, &self.target, self.timeout)
+            .map_err(|e| ("connect", Verdict::Retry, e))?;
+        *open = Some((conn, channel.clone()));
+        Ok(channel)
+    }
+
+    fn drop_connection(&self) {
+        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// A connection and a channel in confirm mode, within `timeout`.
+pub(crate) fn connect(
+    handle: &tokio::runtime::Handle,
+    target: &AmqpTarget,
+    timeout: Duration,
+) -> Result<(Connection, Channel), String> {
+    let uri = target.uri.expose().to_string();
+    handle.block_on(async {
+        tokio::time::timeout(timeout.min(Duration::from_secs(5)), async {
+            let conn = Connection::connect(&uri, ConnectionProperties::default())
+                .await
+                .map_err(|e| format!("cannot connect: {e}"))?;
+            let channel = conn
+                .create_channel()
+                .await
+                .map_err(|e| format!("cannot open a channel: {e}"))?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(|e| format!("cannot turn publisher confirms on: {e}"))?;
+            Ok((conn, channel))
+        })
+        .await
+        .map_err(|_| "cannot connect: timed out".to_string())?
+    })
+}
+
+impl Destination for AmqpDest {
+    fn send(&self, m: &Message<'_>) -> Attempt {
+        let mut attempt = Attempt::started(now_ms());
+        let result = runtime()
+            .map_err(|e| ("connect", Verdict::Retry, e))
+            .and_then(|handle| {
+                let channel = self.channel(&handle)?;
+                let answer = self.publish(&handle, &channel, m);
+                if answer.as_ref().is_err_and(|(kind, _, _)| *kind != "status") {
+                    self.drop_connection();
+                }
+                answer
+            });
+        match result {
+            Ok(line) => {
+                attempt.verdict = Verdict::Done;
+                attempt.response_head = Some(line);
+            }
+            Err((kind, verdict, message)) => {
+                attempt.error_kind = Some(kind);
+                attempt.verdict = verdict;
+                attempt.error = Some(format!("amqp: {message}"));
+            }
+        }
+        attempt.finished_at = now_ms();
+        attempt
+    }
+}
+
+impl AmqpDest {
+    fn publish(
+        &self,
+        handle: &tokio::runtime::Handle,
+        channel: &Channel,
+        m: &Message<'_>,
+    ) -> Result<String, Failure> {
+        let routing_key =
+            self.target
+                .routing_key
+                .render(m.source, m.event_type.unwrap_or(""), m.action);
+        let mut headers = FieldTable::default();
+        let mut put = |name: &str, value: &str| {
+            headers.insert(
+                ShortString::from(name),
+                AMQPValue::LongString(LongString::from(value.as_bytes().to_vec())),
+            );
+        };
+        put("X-Idemhook-Source", m.source);
+        put("X-Idemhook-Event-Id", m.event_id);
+        put("X-Idemhook-Event-Type", m.event_type.unwrap_or(""));
+        put("X-Idemhook-Attempt", &m.n.to_string());
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(ShortString::from(m.key()))
+            .with_content_type(ShortString::from(
+                m.content_type.unwrap_or("application/octet-stream"),
+            ))
+            .with_headers(headers);
+        let exchange = self.target.exchange.clone();
+        let answer = handle.block_on(async {
+            tokio::time::timeout(self.timeout, async {
+                channel
+                    .basic_publish(
+                        ShortString::from(exchange),
+                        ShortString::from(routing_key.clone()),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        m.body,
+                        properties,
+                    )
+                    .await?
+                    .await
+            })
+            .await
+        });
+        match answer {
+            Err(_) => Err((
+                "timeout",
+                Verdict::Retry,
+                format!("no publisher confirm within {:?}", self.timeout),
+            )),
+            Ok(Err(e)) => {
+                let text = e.to_string();
+                // A message larger than the broker takes closes the channel
+                // with PRECONDITION_FAILED: the job fails with the reason.
+                if text.contains("PRECONDITION_FAILED") || text.contains("max size") {
+                    Err(("status", Verdict::Fail, text))
+                } else {
+                    Err(("connect", Verdict::Retry, text))
+                }
+            }
+            Ok(Ok(confirmation)) => match confirmation {
+                lapin::Confirmation::Ack(None) => Ok(format!(
+                    "confirmed: exchange {:?}, routing key {routing_key}",
+                    self.target.exchange
+                )),
+                lapin::Confirmation::Ack(Some(returned)) => Err((
+                    "status",
+                    Verdict::Retry,
+                    format!(
+                        "unroutable: the broker returned the message ({} {}): no queue is bound for routing key {routing_key}",
+                        returned.reply_code, returned.reply_text
+                    ),
+                )),
+                lapin::Confirmation::Nack(_) => Err((
+                    "status",
+                    Verdict::Retry,
+                    "the broker nacked the message".to_string(),
+                )),
+                lapin::Confirmation::NotRequested => Err((
+                    "protocol",
+                    Verdict::Retry,
+                    "the channel is not in confirm mode".to_string(),
+                )),
+            },
+        }
+    }
+}
+
+/// What `idemhook check` says of the target: reachable, and whether the
+/// exchange exists (a passive declare).
+pub(crate) fn report(target: &AmqpTarget, timeout: Duration) -> Result<String, String> {
+    let handle = runtime()?;
+    let (conn, channel) = connect(&handle, target, timeout)?;
+    let exchange = target.exchange.clone();
+    let found = if exchange.is_empty() {
+        Ok("reachable; the default exchange (routing key = queue name)".to_string())
+    } else {
+        handle.block_on(async {
+            channel
+                .exchange_declare(
+                    ShortString::from(exchange.clone()),
+                    lapin::ExchangeKind::Direct,
+                    lapin::options::ExchangeDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map(|()| format!("reachable; exchange {exchange} exists"))
+                .map_err(|e| format!("exchange {exchange}: {e}"))
+        })
+    };
+    let _ = handle.block_on(async {
+        tokio::time::timeout(Duration::from_secs(2), conn.close(200, "check".into())).await
+    });
+    found
+}

@@ -1,0 +1,259 @@
+//! A `nats://` forward: a JetStream publish to the subject with the
+//! header `Nats-Msg-Id: {idempotency_key}` (and the `X-Idemhook-*`
+//! headers), done when the stream's ack arrives; an ack marked duplicate
+//! is done too. JetStream drops a message whose id it has seen within the
+//! stream's duplicate window: exactly once per key within that window.
+//!
+//! The client is `async-nats` (the synchronous `nats` crate is deprecated)
+//! behind a private runtime confined to this module: one thread drives the
+//! connections' I/O, and a worker blocks on its own publish with
+//! `Handle::block_on`, bounded by the action's timeout. One connection per
+//! target, made at the first attempt and shared by the workers; the client
+//! reconnects by itself after a server restart, and until then attempts
+//! time out and are retried.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishErrorKind};
+
+use super::{Destination, Message};
+use crate::config::broker::NatsTarget;
+use crate::outbox::Attempt;
+use crate::retry::Verdict;
+use crate::time::now_ms;
+
+/// The private runtime (of this module and `amqp.rs`): a current-thread runtime driven forever by its
+/// own thread (its I/O and timers), entered by workers to block on a
+/// publish.
+pub(super) fn runtime() -> Result<tokio::runtime::Handle, String> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Handle, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the NATS client's runtime: {e}"))?;
+            let handle = rt.handle().clone();
+            std::thread::Builder::new()
+                .name("idemhook-nats".to_string())
+                .spawn(move || rt.block_on(std::future::pending::<()>()))
+                .map_err(|e| format!("cannot start the NATS client's thread: {e}"))?;
+            Ok(handle)
+        })
+        .clone()
+}
+
+pub(super) struct NatsDest {
+    target: NatsTarget,
+    timeout: Duration,
+    context: Mutex<Option<jetstream::Context>>,
+}
+
+impl NatsDest {
+    pub fn new(target: &NatsTarget, timeout: Duration) -> NatsDest {
+        NatsDest {
+            target: target.clone(),
+            timeout,
+            context: Mutex::new(None),
+        }
+    }
+
+    /// The target's JetStream context, connecting at first use.
+    fn context(&self, handle: &tokio::runtime::Handle) -> Result<jetstream::Context, String> {
+        let mut slot = self.context.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(js) = slot.as_ref() {
+            return Ok(js.clone());
+        }
+        let js = connect(handle, &self.target, self.timeout)?;
+        *slot = Some(js.clone());
+        Ok(js)
+    }
+}
+
+/// A connection to the target within `timeout`, as a JetStream context.
+fn connect(
+    handle: &tokio::runtime::Handle,
+    target: &NatsTarget,
+    timeout: Duration,
+) -> Result<jetstream::Context, String> {
+    let mut options = async_nats::ConnectOptions::new()
+        .connection_timeout(timeout.min(Duration::from_secs(5)))
+        .request_timeout(Some(timeout))
+        .max_reconnects(None);
+    if let Some(user) = &target.username {
+        options = options.user_and_password(
+            user.clone(),
+            target
+                .password
+                .as_ref()
+                .map_or(String::new(), |p| p.expose().to_string()),
+        );
+    }
+    let addr = format!("nats://{}:{}", target.host, target.port);
+    // The context spawns its acker: made inside the runtime.
+    handle.block_on(async {
+        let client =
+            tokio::time::timeout(timeout.min(Duration::from_secs(5)), options.connect(addr))
+                .await
+                .map_err(|_| "cannot connect: timed out".to_string())?
+                .map_err(|e| format!("cannot connect: {e}"))?;
+        Ok(jetstream::new(client))
+    })
+}
+
+impl Destination for NatsDest {
+    fn send(&self, m: &Message<'_>) -> Attempt {
+        let mut attempt = Attempt::started(now_ms());
+        let result = runtime()
+            .map_err(|e| ("connect", Verdict::Retry, e))
+            .and_then(|handle| {
+                let js = self
+                    .context(&handle)
+                    .map_err(|e| ("connect", Verdict::Retry, e))?;
+                self.publish(&handle, &js, m)
+            });
+        match result {
+            Ok(ack) => {
+                attempt.verdict = Verdict::Done;
+                attempt.request_id = Some(format!("{}:{}", ack.stream, ack.sequence));
+                attempt.response_head = Some(if ack.duplicate {
+                    format!("duplicate: stream {} already has it", ack.stream)
+                } else {
+                    format!("stored: stream {} seq {}", ack.stream, ack.sequence)
+                });
+            }
+            Err((kind, verdict, message)) => {
+                attempt.error_kind = Some(kind);
+                attempt.verdict = verdict;
+                attempt.error = Some(format!("nats: {message}"));
+            }
+        }
+        attempt.finished_at = now_ms();
+        attempt
+    }
+}
+
+type Failure = (&'static str, Verdict, String);
+
+impl NatsDest {
+    fn publish(
+        &self,
+        handle: &tokio::runtime::Handle,
+        js: &jetstream::Context,
+        m: &Message<'_>,
+    ) -> Result<jetstream::publish::PublishAck, Failure> {
+        let subject = self
+            .target
+            .subject
+            .render(m.source, m.event_type.unwrap_or(""), m.action);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, m.key().as_str());
+        headers.insert("X-Idemhook-Source", m.source);
+        headers.insert("X-Idemhook-Event-Id", m.event_id);
+        headers.insert("X-Idemhook-Event-Type", m.event_type.unwrap_or(""));
+        headers.insert("X-Idemhook-Attempt", m.n.to_string().as_str());
+        if let Some(ct) = m.content_type {
+            headers.insert("Content-Type", ct);
+        }
+        let body = m.body.to_vec();
+        let answer = handle.block_on(async {
+            tokio::time::timeout(self.timeout, async {
+                js.publish_with_headers(subject.clone(), headers, body.into())
+                    .await?
+                    .await
+            })
+            .await
+        });
+        match answer {
+            Err(_) => Err((
+                "timeout",
+                Verdict::Retry,
+                format!("no ack from JetStream within {:?}", self.timeout),
+            )),
+            Ok(Ok(ack)) => Ok(ack),
+            Ok(Err(e)) => Err(classify(&e, &subject)),
+        }
+    }
+}
+
+/// A message too large: a failed job with the server's reason; anything
+/// else (no stream for the subject, no ack, a cut connection) a retry.
+fn classify(e: &jetstream::context::PublishError, subject: &str) -> Failure {
+    let text = e.to_string();
+    match e.kind() {
+        PublishErrorKind::MaxPayloadExceeded => ("status", Verdict::Fail, text),
+        PublishErrorKind::TimedOut => ("timeout", Verdict::Retry, text),
+        PublishErrorKind::BrokenPipe => ("connect", Verdict::Retry, text),
+        PublishErrorKind::StreamNotFound => (
+            "status",
+            Verdict::Retry,
+            format!("no JetStream stream covers the subject {subject}"),
+        ),
+        _ if text.contains("maximum") && text.contains("size") => ("status", Verdict::Fail, text),
+        _ => ("status", Verdict::Retry, text),
+    }
+}
+
+/// What `idemhook check` says of the target: reachable, the stream that
+/// covers the subject and its duplicate window; a warning when the window
+/// is shorter than `min_window` (the action's lease plus retry_max).
+pub(crate) fn report(
+    target: &NatsTarget,
+    timeout: Duration,
+    min_window: Duration,
+) -> (Result<String, String>, Option<String>) {
+    let found = (|| {
+        let handle = runtime()?;
+        let js = connect(&handle, target, timeout)?;
+        let subject = &target.subject.0;
+        if subject.contains('{') {
+            return Ok((
+                format!(
+                    "reachable; the subject {subject} is templated: its streams are not looked up"
+                ),
+                None,
+            ));
+        }
+        handle.block_on(async {
+            let look = async {
+                let name = js
+                    .stream_by_subject(subject.clone())
+                    .await
+                    .map_err(|e| format!("no JetStream stream covers {subject}: {e}"))?;
+                let mut stream = js
+                    .get_stream(&name)
+                    .await
+                    .map_err(|e| format!("stream {name}: {e}"))?;
+                let window = stream
+                    .info()
+                    .await
+                    .map_err(|e| format!("stream {name}: {e}"))?
+                    .config
+                    .duplicate_window;
+                Ok::<_, String>((name, window))
+            };
+            let (name, window) = tokio::time::timeout(timeout, look)
+                .await
+                .map_err(|_| "JetStream did not answer in time".to_string())??;
+            let warning = (window < min_window).then(|| {
+                format!(
+                    "stream {name}'s duplicate window ({}) is shorter than the action's lease plus retry_max ({}): a resend after a longer gap could be stored twice",
+                    crate::config::format_duration(window),
+                    crate::config::format_duration(min_window)
+                )
+            });
+            Ok((
+                format!(
+                    "reachable; stream {name} covers {subject}, duplicate window {}",
+                    crate::config::format_duration(window)
+                ),
+                warning,
+            ))
+        })
+    })();
+    match found {
+        Ok((line, warning)) => (Ok(line), warning),
+        Err(e) => (Err(e), None),
+    }
+}

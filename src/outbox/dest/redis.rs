@@ -1,0 +1,219 @@
+//! A `redis://` forward: one Lua script adds the event to a stream with
+//! `XADD` and sets the guard key `idemhook:{idempotency_key}` for the
+//! source's `retention`, or does nothing when the guard is there already.
+//! Redis runs a script whole, so a resend (a lost answer, a lease
+//! takeover, a replay) never adds a second entry while the guard lives:
+//! exactly once per key within `retention`.
+//!
+//! Connections are pooled per target; one that fails is dropped, and the
+//! next attempt connects anew (a restarted Redis is reached again). The
+//! script is sent by its SHA and loaded again when the server has lost it.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::{Destination, Message};
+use crate::config::broker::RedisTarget;
+use crate::outbox::Attempt;
+use crate::retry::Verdict;
+use crate::time::now_ms;
+
+/// KEYS[1] the guard, KEYS[2] the stream; ARGV[1] the guard's life (ms),
+/// then the entry's fields. Checks before it writes: an `XADD` that fails
+/// (a key of another type) leaves no guard behind.
+const SCRIPT: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('GET', KEYS[1])}
+end
+local id = redis.call('XADD', KEYS[2], '*', 'key', ARGV[2], 'source', ARGV[3],
+  'event_id', ARGV[4], 'type', ARGV[5], 'content_type', ARGV[6], 'body', ARGV[7])
+redis.call('SET', KEYS[1], id, 'PX', ARGV[1])
+return {1, id}
+"#;
+
+/// Server errors that pass (a retry); any other error reply fails the job.
+const TRANSIENT: [&str; 9] = [
+    "OOM",
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "READONLY",
+    "CLUSTERDOWN",
+    "NOREPLICAS",
+    "NOSCRIPT",
+];
+
+pub(super) struct RedisDest {
+    client: redis::Client,
+    target: RedisTarget,
+    script: redis::Script,
+    timeout: Duration,
+    /// The guard's life: the source's `retention`.
+    guard_ms: u64,
+    idle: Mutex<Vec<redis::Connection>>,
+    max_idle: usize,
+}
+
+impl RedisDest {
+    pub fn new(
+        target: &RedisTarget,
+        timeout: Duration,
+        retention: Duration,
+        workers: usize,
+    ) -> anyhow::Result<RedisDest> {
+        Ok(RedisDest {
+            client: client(target)?,
+            target: target.clone(),
+            script: redis::Script::new(SCRIPT),
+            timeout,
+            guard_ms: u64::try_from(retention.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+            idle: Mutex::new(Vec::new()),
+            max_idle: workers.max(1) * 2,
+        })
+    }
+
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        if let Some(c) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(c);
+        }
+        connect(&self.client, self.timeout)
+    }
+
+    fn give_back(&self, c: redis::Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(c);
+        }
+    }
+}
+
+/// The target's client (nothing is connected yet).
+pub(crate) fn client(target: &RedisTarget) -> anyhow::Result<redis::Client> {
+    use redis::IntoConnectionInfo as _;
+    let mut settings = redis::RedisConnectionInfo::default().set_db(target.db);
+    if let Some(user) = &target.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &target.password {
+        settings = settings.set_password(password.expose());
+    }
+    let info = redis::ConnectionAddr::Tcp(target.host.clone(), target.port)
+        .into_connection_info()
+        .map_err(|e| anyhow::anyhow!("redis {}:{}: {e}", target.host, target.port))?
+        .set_redis_settings(settings);
+    redis::Client::open(info)
+        .map_err(|e| anyhow::anyhow!("redis {}:{}: {e}", target.host, target.port))
+}
+
+/// A connection within `timeout`, its reads and writes bounded by it.
+pub(crate) fn connect(
+    client: &redis::Client,
+    timeout: Duration,
+) -> redis::RedisResult<redis::Connection> {
+    let c = client.get_connection_with_timeout(timeout.min(Duration::from_secs(5)))?;
+    c.set_read_timeout(Some(timeout))?;
+    c.set_write_timeout(Some(timeout))?;
+    Ok(c)
+}
+
+impl Destination for RedisDest {
+    fn send(&self, m: &Message<'_>) -> Attempt {
+        let mut attempt = Attempt::started(now_ms());
+        let key = m.key();
+        let stream = self
+            .target
+            .stream
+            .render(m.source, m.event_type.unwrap_or(""), m.action);
+        let result = self.connection().and_then(|mut c| {
+            let answer: redis::RedisResult<(i64, String)> = self
+                .script
+                .key(format!("idemhook:{key}"))
+                .key(&stream)
+                .arg(self.guard_ms)
+                .arg(&key)
+                .arg(m.source)
+                .arg(m.event_id)
+                .arg(m.event_type.unwrap_or(""))
+                .arg(m.content_type.unwrap_or(""))
+                .arg(m.body)
+                .invoke(&mut c);
+            // A connection that answered (even an error reply) is sound.
+            if answer.is_ok() || answer.as_ref().is_err_and(|e| e.code().is_some()) {
+                self.give_back(c);
+            }
+            answer
+        });
+        match result {
+            Ok((added, id)) => {
+                attempt.verdict = Verdict::Done;
+                attempt.request_id = Some(id.clone());
+                attempt.response_head = Some(if added == 1 {
+                    format!("XADD {stream} {id}")
+                } else {
+                    format!("already added ({stream} {id}): the guard key is present")
+                });
+            }
+            Err(e) => {
+                let (kind, verdict) = classify(&e);
+                attempt.error_kind = Some(kind);
+                attempt.verdict = verdict;
+                attempt.error = Some(format!("redis: {e}"));
+            }
+        }
+        attempt.finished_at = now_ms();
+        attempt
+    }
+}
+
+/// Unreachable, cut or slow: a retry; a transient error reply: a retry
+/// (`status`); any other error reply (a key of another type, a message
+/// the server refuses): a failed job with the server's reason.
+fn classify(e: &redis::RedisError) -> (&'static str, Verdict) {
+    match e.code() {
+        None if e.is_timeout() => ("timeout", Verdict::Retry),
+        None => ("connect", Verdict::Retry),
+        Some(code) if code == "NOAUTH" || code == "WRONGPASS" || code == "NOPERM" => {
+            ("auth", Verdict::Retry)
+        }
+        Some(code) if TRANSIENT.contains(&code) => ("status", Verdict::Retry),
+        Some(_) => ("status", Verdict::Fail),
+    }
+}
+
+/// What `idemhook check` says of the target: reachable or not, and
+/// whether the stream exists (a stream is made by its first `XADD`).
+pub(crate) fn report(target: &RedisTarget, timeout: Duration) -> Result<String, String> {
+    let client = client(target).map_err(|e| format!("{e:#}"))?;
+    let mut c = connect(&client, timeout).map_err(|e| format!("cannot connect: {e}"))?;
+    let _: String = redis::cmd("PING")
+        .query(&mut c)
+        .map_err(|e| format!("PING: {e}"))?;
+    let stream = &target.stream.0;
+    if stream.contains('{') {
+        return Ok(format!(
+            "reachable; streams named by {stream} are made by their first entry"
+        ));
+    }
+    let kind: String = redis::cmd("TYPE")
+        .arg(stream)
+        .query(&mut c)
+        .map_err(|e| format!("TYPE: {e}"))?;
+    match kind.as_str() {
+        "none" => Ok(format!(
+            "reachable; stream {stream} does not exist yet (its first entry makes it)"
+        )),
+        "stream" => {
+            let n: i64 = redis::cmd("XLEN")
+                .arg(stream)
+                .query(&mut c)
+                .map_err(|e| format!("XLEN: {e}"))?;
+            Ok(format!("reachable; stream {stream} exists ({n} entries)"))
+        }
+        other => Err(format!(
+            "the key {stream} is a {other}, not a stream: every XADD would fail"
+        )),
+    }
+}
