@@ -243,13 +243,7 @@ impl<B: Backend> RunDb for AppDb<B> {
         source: &str,
         body: Vec<u8>,
     ) -> Result<Decision, OpError> {
-        let Some(s) = config.source(source) else {
-            return Err(OpError::NotFound(format!(
-                "source {source} is not in the config"
-            )));
-        };
-        let remote = s.catchup.as_ref().map_or("", |c| c.api_url.as_str());
-        let claim = claim_of(s, body, remote).map_err(OpError::Invalid)?;
+        let (_, claim) = claim_of(config, source, body)?;
         let (config, source) = (config.clone(), source.to_string());
         self.app.write(move |db| {
             let s = config.source(&source).ok_or_else(|| {

@@ -297,8 +297,23 @@ pub fn run(
 
 /// The claim of an event the API handed over, as a delivery of `source`
 /// would make it (key, type and hash by the source's rules), with outcome
-/// `catchup` and no signature.
-pub fn claim_of(source: &Source, body: Vec<u8>, remote: &str) -> Result<Claim, String> {
+/// `catchup` and no signature, and the source it is claimed for.
+pub fn claim_of<'c>(
+    config: &'c Config,
+    source: &str,
+    body: Vec<u8>,
+) -> Result<(&'c Source, Claim), OpError> {
+    let Some(s) = config.source(source) else {
+        return Err(OpError::NotFound(format!(
+            "source {source} is not in the config"
+        )));
+    };
+    let remote = s.catchup.as_ref().map_or("", |c| c.api_url.as_str());
+    let claim = claim_for(s, body, remote).map_err(OpError::Invalid)?;
+    Ok((s, claim))
+}
+
+fn claim_for(source: &Source, body: Vec<u8>, remote: &str) -> Result<Claim, String> {
     let json: Value =
         serde_json::from_slice(&body).map_err(|e| format!("the event is not JSON: {e}"))?;
     let input = Input {

@@ -32,13 +32,7 @@ impl RunDb for HandleDb {
         source: &str,
         body: Vec<u8>,
     ) -> Result<Decision, OpError> {
-        let Some(s) = config.source(source) else {
-            return Err(OpError::NotFound(format!(
-                "source {source} is not in the config"
-            )));
-        };
-        let remote = s.catchup.as_ref().map_or("", |c| c.api_url.as_str());
-        let claim = claim_of(s, body, remote).map_err(OpError::Invalid)?;
+        let (s, claim) = claim_of(config, source, body)?;
         self.0.write(|db| claim_write(db, s, &claim))
     }
 
