@@ -45,6 +45,13 @@ pub struct NewRow<'a> {
 /// row due now, a collecting row due at the window's end, or one more in
 /// the collecting row. Returns true when it was coalesced.
 pub fn put(db: &Db<'_>, row: &NewRow<'_>, now: i64, coalesce_ms: i64) -> Result<bool, StoreError> {
+    if coalesce_ms <= 0 {
+        // No window: each occurrence its own row, due at once. (Judging
+        // by the latest row's due time would make a row raised with an
+        // earlier clock, from another instance or worker, look collecting.)
+        insert(db, row, now, now)?;
+        return Ok(false);
+    }
     if db.dialect() == Dialect::Postgres {
         // Two transactions raising the same key take turns (until the
         // first commits), so the second sees the first's row and one
@@ -89,6 +96,12 @@ pub fn put(db: &Db<'_>, row: &NewRow<'_>, now: i64, coalesce_ms: i64) -> Result<
         }
         None => now,
     };
+    insert(db, row, due_at, now)?;
+    Ok(false)
+}
+
+/// A new pending row, due at `due_at`.
+fn insert(db: &Db<'_>, row: &NewRow<'_>, due_at: i64, now: i64) -> Result<(), StoreError> {
     db.execute(
         "INSERT INTO notifications (notify, condition, source, action, event_id, count, summary,
                                     details, status, attempts, due_at, next_attempt_at, created_at)
@@ -105,7 +118,7 @@ pub fn put(db: &Db<'_>, row: &NewRow<'_>, now: i64, coalesce_ms: i64) -> Result<
             now
         ],
     )?;
-    Ok(false)
+    Ok(())
 }
 
 /// A row taken for sending.
@@ -392,5 +405,25 @@ mod tests {
         );
         assert_eq!(prune(&db, 10_000_000, 100).unwrap(), 2);
         assert_eq!(rows(&conn).len(), 3);
+    }
+
+    /// With no window (`coalesce = "0s"`) each occurrence is its own row,
+    /// due at once, even when raised with an earlier clock than the row
+    /// before it (two instances, or two workers finishing out of order).
+    #[test]
+    fn without_a_window_nothing_is_collected_whatever_the_clocks() {
+        let conn = db();
+        let db = Db::sqlite(&conn);
+        assert!(!put(&db, &row("e1"), 1_000, 0).unwrap());
+        assert!(!put(&db, &row("e2"), 990, 0).unwrap());
+        assert!(!put(&db, &row("e3"), 995, 0).unwrap());
+        assert_eq!(
+            rows(&conn),
+            [
+                (1, 1_000, "pending".into()),
+                (1, 990, "pending".into()),
+                (1, 995, "pending".into())
+            ]
+        );
     }
 }
