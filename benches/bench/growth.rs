@@ -142,6 +142,7 @@ pub(crate) fn run_growth(
             template: Some(template.clone()),
             retention: prune.then_some("7d"),
             prune,
+            forward_url: None,
         };
         if prune && let Err(why) = prune_available(work.path()) {
             println!("  {name}: skipped: prune not available ({why})");

@@ -47,6 +47,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use rusqlite::{Connection, OpenFlags, params};
 use sha2::{Digest, Sha256};
 
+mod brokers;
 mod growth;
 mod instance;
 mod load;
@@ -60,6 +61,7 @@ mod report;
 mod runs;
 mod workload;
 
+use brokers::*;
 use growth::*;
 use instance::*;
 use load::*;
@@ -127,7 +129,9 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --growth          also W1 on 1,000,000 stored events and W1 during a 1,000,000-event prune
   --growth-10m      also W1 on 10,000,000 stored events (implies --growth; slow)
   --growth-events N W1 with N events (default 20,000) in the growth runs and their empty reference
-  --only W1,W2,..   run only these workloads (W1 W2 W3 W4; W4O W4S: W4 with order over 1,000 keys and over one, when named; G1M G10M GPRUNE with --growth)
+  --only W1,W2,..   run only these workloads (W1 W2 W3 W4; when named: W4O W4S, W4 with order over 1,000 keys and
+                    over one; W4C0, W4 with circuit_failures = 0; W4R W4N W4A, W4 to Redis, NATS JetStream,
+                    RabbitMQ (needs redis-server, nats-server, rabbitmq-server); G1M G10M GPRUNE with --growth)
   --scale F         multiply every event count by F (quick checks; default 1)
   --log-level L     pass --log-level L to idemhook serve (default: its own, info)
   --perf DIR        record `perf record` of idemhook during each load into DIR
@@ -257,6 +261,23 @@ impl Opts {
 // ---------------------------------------------------------------------------
 // Helpers
 
+/// What the shared broker servers (`tests/it/brokers.rs`) wait with.
+mod harness {
+    use std::time::{Duration, Instant};
+
+    /// Polls `condition` every 20 ms; panics after `timeout` naming `what`.
+    pub fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !condition() {
+            assert!(
+                started.elapsed() < timeout,
+                "timed out after {timeout:?} waiting for: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -363,17 +384,22 @@ fn main() -> ExitCode {
         return providers::run(&opts, seed);
     }
 
-    let mut rows = Vec::new();
-    for w in workloads(&opts) {
-        if !opts.wants(w.name) {
-            continue;
-        }
-        let mut row = Row {
-            w: w.clone(),
+    // Run-major: every workload's run 1, then every run 2, so workloads
+    // compared with each other (W4 and its variants) share the machine's
+    // drift.
+    let mut rows: Vec<Row> = workloads(&opts)
+        .into_iter()
+        .filter(|w| opts.wants(w.name))
+        .map(|w| Row {
+            w,
             noop: Vec::new(),
             idem: Vec::new(),
-        };
-        for run in 1..=opts.runs {
+        })
+        .collect();
+    let mut brokers = Brokers::default();
+    for run in 1..=opts.runs {
+        for row in &mut rows {
+            let w = row.w.clone();
             let reqs = build_requests(&w, seed ^ ((run as u64) << 8) ^ w.events as u64);
             if run == 1 {
                 println!(
@@ -385,27 +411,48 @@ fn main() -> ExitCode {
                     reqs.bytes.first().map_or(0, Vec::len)
                 );
             }
+            let mut setup = Setup::default();
+            if w.dest != Dest::Http {
+                match brokers.url(w.dest, run) {
+                    Ok(url) => setup.forward_url = Some(url),
+                    Err(e) => {
+                        println!("  {} run {run}: no broker: {e}", w.name);
+                        continue;
+                    }
+                }
+            }
             let noop = match run_noop(&reqs, &w, hz) {
                 Ok(n) => n,
                 Err(e) => {
-                    println!("  run {run}: no-op server failed: {e}");
+                    println!("  {} run {run}: no-op server failed: {e}", w.name);
                     continue;
                 }
             };
             let label = format!("{}-run{run}", w.name);
-            let idem = match run_idemhook(&reqs, &w, &Setup::default(), &opts, hz, &label) {
+            let mut idem = match run_idemhook(&reqs, &w, &setup, &opts, hz, &label) {
                 Ok(i) => i,
                 Err(e) => {
-                    println!("  run {run}: idemhook failed: {e}");
+                    println!("  {} run {run}: idemhook failed: {e}", w.name);
                     continue;
                 }
             };
-            let fwd = idem
-                .forward
-                .as_ref()
-                .map_or(String::new(), |f| format!(", {:.0} forwarded/s", f.per_sec));
+            if w.dest != Dest::Http
+                && let Some(f) = idem.forward.as_mut()
+            {
+                match brokers.delivered(w.dest, run) {
+                    Ok((total, distinct)) => (f.total, f.distinct) = (total, distinct),
+                    Err(e) => println!("  {} run {run}: counting at the broker: {e}", w.name),
+                }
+            }
+            let fwd = idem.forward.as_ref().map_or(String::new(), |f| {
+                format!(
+                    ", {:.0} forwarded/s ({:.0} jobs done/s)",
+                    f.per_sec, f.done_per_sec
+                )
+            });
             println!(
-                "  run {run}: no-op {} req/s (p50 {} p99 {} ms) | idemhook {} req/s{fwd} (p50 {} p99 {} ms), rows {} | problems: no-op {}; idemhook {}",
+                "  {} run {run}: no-op {} req/s (p50 {} p99 {} ms) | idemhook {} req/s{fwd} (p50 {} p99 {} ms), rows {} | problems: no-op {}; idemhook {}",
+                w.name,
                 fmt_int(noop.load.rps()),
                 ms(noop.load.p(50.0)),
                 ms(noop.load.p(99.0)),
@@ -419,8 +466,8 @@ fn main() -> ExitCode {
             row.noop.push(noop);
             row.idem.push(idem);
         }
-        rows.push(row);
     }
+    rows.retain(|r| !r.idem.is_empty());
 
     let mut failed = false;
     if !rows.is_empty() {

@@ -1,7 +1,8 @@
 //! `--providers`: what verification costs on the hot path. W1 (unique
 //! events, 64 connections) against one source of kind stripe, twilio (a
 //! form body signed with the URL and its sorted fields, HMAC-SHA1) and
-//! discord (Ed25519), each run in turn so the three share the machine's
+//! discord (Ed25519) and the generic `hmac` kind configured as Discord
+//! signs (Ed25519 over timestamp and body), each run in turn so the three share the machine's
 //! noise, reported as medians and as ratios to stripe in the same run;
 //! then one Adyen batch of 1,000 notifications posted to a fresh SQLite
 //! database, timed from the first byte sent to the answer (verifying
@@ -55,6 +56,13 @@ fn source_table(kind: &str) -> Result<String, String> {
             "kind = \"discord\"\nsecrets = [\"{}\"]\n",
             discord_keys()?.0
         ),
+        // Discord's rule as a generic kind: Ed25519 over timestamp and body.
+        "hmac-ed25519" => format!(
+            "kind = \"hmac\"\nsecrets = [\"{}\"]\nalgorithm = \"ed25519\"\nencoding = \"hex\"\n\
+             header = \"X-Signature-Ed25519\"\ntemplate = \"{{timestamp}}{{body}}\"\n\
+             timestamp_header = \"X-Signature-Timestamp\"\nkey = [\"json:/id\"]\ntype = \"json:/type\"\n",
+            discord_keys()?.0
+        ),
         "adyen" => format!("kind = \"adyen\"\nsecrets = [\"{ADYEN_KEY}\"]\n"),
         other => return Err(format!("no bench source for {other}")),
     })
@@ -86,7 +94,7 @@ fn twilio_body(id: &str, i: u64) -> String {
 fn requests_for(kind: &str, w: &Workload, seed: u64) -> Result<Requests, String> {
     let config = verifier_config(kind)?;
     let verifier = &config.sources[0].verifier;
-    let private_key = if kind == "discord" {
+    let private_key = if kind == "discord" || kind == "hmac-ed25519" {
         Some(discord_keys()?.1)
     } else {
         None
@@ -239,7 +247,7 @@ pub(crate) fn run(opts: &Opts, seed: u64) -> ExitCode {
         .into_iter()
         .find(|w| w.name == "W1")
         .expect("W1 exists");
-    let kinds = ["stripe", "twilio", "discord"];
+    let kinds = ["stripe", "twilio", "discord", "hmac-ed25519"];
     println!(
         "\nProviders: W1 ({} unique events, {} conns) per source kind, the kinds in turn each run",
         w.events, w.conns
@@ -287,6 +295,23 @@ pub(crate) fn run(opts: &Opts, seed: u64) -> ExitCode {
             median(&v) / base.max(1e-9)
         );
     }
+    // The generic kind against the named one it mirrors, run by run.
+    let pairs: Vec<f64> = rates
+        .get("hmac-ed25519")
+        .into_iter()
+        .flatten()
+        .zip(rates.get("discord").into_iter().flatten())
+        .map(|(g, d)| g / d.max(1e-9))
+        .collect();
+    let r = median(&pairs);
+    println!(
+        "\nhmac-ed25519 (generic) within 5% of discord: {r:.2} {}",
+        if (0.95..).contains(&r) {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
     println!("\nAdyen: one batch of 1,000 notifications, each signed, to a fresh SQLite database");
     let mut times = Vec::new();
     for run in 1..=opts.runs {

@@ -213,13 +213,24 @@ pub(crate) fn print_details(rows: &[Row]) {
             );
             if let Some(f) = &i.forward {
                 println!(
-                    "  {} run {}: downstream saw {} distinct keys in {} requests over {} connections; {:.0} forwarded/s; jobs {:?}{}",
+                    "  {} run {}: {} saw {} distinct keys in {} {} over {} connections; {:.0} forwarded/s, {:.0} jobs done/s; jobs {:?}{}",
                     row.w.name,
                     k + 1,
+                    if row.w.dest == Dest::Http {
+                        "downstream"
+                    } else {
+                        "broker"
+                    },
                     fmt_int(f.distinct as f64),
                     fmt_int(f.total as f64),
+                    if row.w.dest == Dest::Http {
+                        "requests"
+                    } else {
+                        "messages"
+                    },
                     f.connections,
                     f.per_sec,
+                    f.done_per_sec,
                     f.jobs,
                     if f.jobs.len() == 1 && f.jobs.get("done").copied() == Some(row.w.events as i64)
                     {
@@ -301,5 +312,45 @@ pub(crate) fn print_targets(rows: &[Row]) {
             fmt_int(f),
             verdict(f >= 5000.0)
         );
+        // The variants against W4 in the same runs (run-major, so each
+        // pair shares the machine's drift), on jobs done per second.
+        let done = |r: &Row| -> Vec<f64> {
+            r.idem
+                .iter()
+                .map(|i| i.forward.as_ref().map_or(0.0, |f| f.done_per_sec))
+                .collect()
+        };
+        let against = |v: &Row| -> f64 {
+            let pairs: Vec<f64> = done(v)
+                .iter()
+                .zip(done(r))
+                .map(|(a, b)| a / b.max(1e-9))
+                .collect();
+            median(&pairs)
+        };
+        if let Some(c0) = find("W4C0") {
+            let ratio = 1.0 / against(c0);
+            println!(
+                "  W4 (circuit on) >= 0.95 of W4C0 (circuit_failures = 0), jobs done/s: {ratio:.2} {}",
+                verdict(ratio >= 0.95)
+            );
+        }
+        for name in ["W4R", "W4N", "W4A"] {
+            if let Some(b) = find(name) {
+                let ratio = against(b);
+                let exact = b.idem.iter().all(|i| {
+                    i.forward
+                        .as_ref()
+                        .is_some_and(|f| f.total == b.w.events && f.distinct == b.w.events)
+                });
+                println!(
+                    "  {name} >= W4 (HTTP) in jobs done/s: {} vs {} = {ratio:.2} {}; each event once at the broker: {}",
+                    fmt_int(median(&done(b))),
+                    fmt_int(median(&done(r))),
+                    verdict(ratio >= 1.0),
+                    verdict(exact)
+                );
+            }
+        }
     }
 }

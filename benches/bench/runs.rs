@@ -9,7 +9,12 @@ pub(crate) struct NoopRun {
 
 #[derive(Default)]
 pub(crate) struct ForwardStats {
+    /// Distinct events the downstream saw per second of the run (a
+    /// broker: `done_per_sec`).
     pub(crate) per_sec: f64,
+    /// Events whose job reads done, per second from the load's start to
+    /// the last one done (the same measure for every destination).
+    pub(crate) done_per_sec: f64,
     pub(crate) connections: usize,
     pub(crate) distinct: usize,
     pub(crate) total: usize,
@@ -82,6 +87,8 @@ pub(crate) struct Setup {
     pub(crate) retention: Option<&'static str>,
     /// Run `idemhook prune` concurrently with the load.
     pub(crate) prune: bool,
+    /// The forward action's URL (a broker's); None: a no-op HTTP server.
+    pub(crate) forward_url: Option<String>,
 }
 
 pub(crate) fn run_idemhook(
@@ -107,14 +114,16 @@ pub(crate) fn run_idemhook(
             .and_then(|f| f.sync_all())
             .map_err(|e| format!("sync {}: {e}", db.display()))?;
     }
-    let downstream = if w.forward {
+    let downstream = if w.forward && setup.forward_url.is_none() {
         Some(NoopServer::start(Some(w.events))?)
     } else {
         None
     };
-    let url = downstream
-        .as_ref()
-        .map(|d| format!("http://{}/stripe", d.addr));
+    let url = setup.forward_url.clone().or_else(|| {
+        downstream
+            .as_ref()
+            .map(|d| format!("http://{}/stripe", d.addr))
+    });
     let mut config = idemhook_config(opts.idem_workers, url.as_deref(), setup.retention).replace(
         "durability = \"full\"",
         &format!("durability = \"{}\"", opts.durability),
@@ -125,6 +134,9 @@ pub(crate) fn run_idemhook(
     if let Some(rule) = w.order {
         // The forward action is the config's last table.
         config.push_str(&format!("order = [\"{rule}\"]\n"));
+    }
+    if !w.circuit {
+        config.push_str("circuit_failures = 0\n");
     }
     let server = match Idemhook::start(dir.path(), &config, opts) {
         Ok(s) => s,
@@ -185,9 +197,31 @@ pub(crate) fn run_idemhook(
                 distinct,
                 total: seen.total.load(Ordering::Relaxed),
                 connections: seen.peers.lock().map(|p| p.len()).unwrap_or(0),
-                jobs: BTreeMap::new(),
+                ..ForwardStats::default()
             }
         });
+    // Every forward: the completions are recorded after the downstream
+    // (or broker) answered; wait (bounded) until every job reads done.
+    let mut forward = forward;
+    if w.forward {
+        let f = forward.get_or_insert_with(ForwardStats::default);
+        let deadline = load_started + WORKLOAD_LIMIT;
+        loop {
+            f.jobs = job_counts(&db).unwrap_or_default();
+            let done = f.jobs.get("done").copied().unwrap_or(0);
+            if done as usize >= w.events {
+                f.done_per_sec = done as f64 / load_started.elapsed().as_secs_f64().max(1e-9);
+                break;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if downstream.is_none() {
+            f.per_sec = f.done_per_sec;
+        }
+    }
     let cpu = probe.finish(hz);
     if let Some(p) = perf {
         stop_perf(p);
@@ -195,21 +229,6 @@ pub(crate) fn run_idemhook(
     let rss_kib = proc_status_kib(server.pid(), "VmHWM:");
     let group = server.group_stats();
     let (db_bytes, wal_bytes) = (file_len(&db), file_len(&with_suffix(&db, "-wal")));
-
-    // W4: the completions are recorded after the downstream answered;
-    // wait (bounded) until every job reads done.
-    let mut forward = forward;
-    if let Some(f) = forward.as_mut() {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            f.jobs = job_counts(&db).unwrap_or_default();
-            let done = f.jobs.get("done").copied().unwrap_or(0);
-            if done as usize >= w.events || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
 
     let prune = prune_child.map(|(mut child, started)| {
         let overlapped = child.try_wait().ok().flatten().is_none();

@@ -12,6 +12,21 @@ pub(crate) struct Workload {
     pub(crate) forward: bool,
     /// The forward action's `order` rule, for the ordered variants of W4.
     pub(crate) order: Option<&'static str>,
+    /// Where the forward action sends (W4's variants).
+    pub(crate) dest: Dest,
+    /// False: the forward action has `circuit_failures = 0` (no circuit).
+    pub(crate) circuit: bool,
+    /// Run only when named in `--only` (W4's variants).
+    pub(crate) only_named: bool,
+}
+
+/// A forward action's destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dest {
+    Http,
+    Redis,
+    Nats,
+    Amqp,
 }
 
 impl Workload {
@@ -31,6 +46,13 @@ pub(crate) fn workloads(o: &Opts) -> Vec<Workload> {
         conns,
         forward,
         order: None,
+        dest: Dest::Http,
+        circuit: true,
+        only_named: false,
+    };
+    let variant = |name, events, what: &str| Workload {
+        only_named: true,
+        ..w(name, events, 1, 64, true, what)
     };
     vec![
         w("W1", 20_000, 1, 64, false, "{n} unique events, {c} conns"),
@@ -46,31 +68,57 @@ pub(crate) fn workloads(o: &Opts) -> Vec<Workload> {
         w("W4", 10_000, 1, 64, true, "{n} events forwarded, {c} conns"),
         Workload {
             order: Some("json:/data/object/customer"),
-            ..w(
+            ..variant(
                 "W4O",
                 10_000,
-                1,
-                64,
-                true,
                 "{n} events forwarded, ordered over 1,000 customers, {c} conns",
             )
         },
         Workload {
             order: Some("json:/object"),
-            ..w(
+            ..variant(
                 "W4S",
                 1_000,
-                1,
-                64,
-                true,
                 "{n} events forwarded, all of one order key (strictly serial), {c} conns",
+            )
+        },
+        Workload {
+            circuit: false,
+            ..variant(
+                "W4C0",
+                10_000,
+                "{n} events forwarded, circuit_failures = 0 (no circuit), {c} conns",
+            )
+        },
+        Workload {
+            dest: Dest::Redis,
+            ..variant(
+                "W4R",
+                10_000,
+                "{n} events forwarded to a Redis stream (appendfsync always), {c} conns",
+            )
+        },
+        Workload {
+            dest: Dest::Nats,
+            ..variant(
+                "W4N",
+                10_000,
+                "{n} events forwarded to a NATS JetStream stream, {c} conns",
+            )
+        },
+        Workload {
+            dest: Dest::Amqp,
+            ..variant(
+                "W4A",
+                10_000,
+                "{n} events forwarded to a RabbitMQ exchange (publisher confirms), {c} conns",
             )
         },
     ]
     .into_iter()
-    // The ordered variants only when named (`--only W4,W4O,W4S`).
+    // The variants only when named (`--only W4,W4O,W4C0,W4R`).
     .filter(|w| {
-        w.order.is_none()
+        !w.only_named
             || o.only
                 .as_ref()
                 .is_some_and(|only| only.iter().any(|n| n == w.name))
