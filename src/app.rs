@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::config::{Config, Source};
-use crate::ingest::{Claim, Decision, DeliveryClaims};
 use crate::metrics::{JobGauges, Metrics};
+use crate::receive::ingest::{Claim, Decision, DeliveryClaims};
 use crate::state::{AttemptOutcome, Delivery};
 use crate::store::StoreError;
 use crate::store::backend::{Backend, Refusal};

@@ -16,8 +16,8 @@ use super::{
 };
 use crate::app::App;
 use crate::config::Config;
-use crate::ingest::Decision;
 use crate::ops::error::OpError;
+use crate::receive::ingest::Decision;
 use crate::store::backend::Backend;
 use crate::store::catchup::{self, RunRecord};
 

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::key::{Part, Rule};
+use crate::receive::key::{Part, Rule};
 use crate::state::JobKind;
 use crate::verify::{Secret, Verifier};
 use database_url::DatabaseUrl;
@@ -213,7 +213,7 @@ impl Source {
     /// The event type of `input`: the type rule's value, and each further
     /// part joined with `.` when present (GoCardless's `resource_type` +
     /// `action`).
-    pub fn type_of(&self, input: &crate::key::Input<'_>) -> Option<String> {
+    pub fn type_of(&self, input: &crate::receive::key::Input<'_>) -> Option<String> {
         let first = self.event_type.as_ref()?.text(input);
         self.event_type_more
             .iter()

@@ -1231,7 +1231,7 @@ pub fn alias(name: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::Part;
+    use crate::receive::key::Part;
 
     #[test]
     fn every_row_parses_and_names_are_unique() {

@@ -38,7 +38,7 @@ pub struct Incoming<'a> {
 
 impl Incoming<'_> {
     pub fn header(&self, name: &str) -> Option<&str> {
-        crate::headers::header_values(&self.headers, name).next()
+        crate::receive::headers::header_values(&self.headers, name).next()
     }
 }
 

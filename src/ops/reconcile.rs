@@ -447,7 +447,7 @@ fn confirm(
     }
     crate::with_tx!(db, |tx| {
         crate::outbox::record_check_in(tx, job_id, n, worker, a)?;
-        crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
+        crate::receive::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
     })?;
     Ok(n)
 }

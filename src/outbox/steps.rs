@@ -12,7 +12,7 @@ use super::control::{self, Slot};
 use super::{Attempt, HealthProbe, Leased, Taken};
 use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
-use crate::ingest::refresh_event_state_in;
+use crate::receive::ingest::refresh_event_state_in;
 use crate::retry::Verdict;
 use crate::state::{AttemptOutcome, JobStatus};
 use crate::store::StoreError;
