@@ -10,10 +10,8 @@
 pub mod app;
 pub mod auth;
 pub mod catchup;
-pub mod check;
 pub mod cli;
 pub mod config;
-pub mod dns;
 pub mod failpoint;
 pub mod http;
 pub mod log;
@@ -23,7 +21,6 @@ pub mod ops;
 pub mod outbox;
 pub mod readiness;
 pub mod receive;
-pub mod retry;
 pub mod send;
 pub mod serve;
 pub mod state;

@@ -330,7 +330,7 @@ pub struct Forward {
     /// The downstream header recorded as the attempt's request id.
     pub request_id_header: String,
     /// Asked before an attempt whose predecessor's outcome is unknown
-    /// (`check.rs`).
+    /// (`outbox/ask.rs`).
     pub check: Option<check_template::Template>,
     /// Actions of the same event that must be done before this one is sent.
     pub after: Vec<String>,

@@ -122,7 +122,7 @@ pub fn ask(
                 }
             }
             Err(e) => {
-                let (kind, message) = crate::retry::classify_error(&e);
+                let (kind, message) = crate::outbox::retry::classify_error(&e);
                 asked.cause = Some(kind);
                 asked.error = Some(format!("the check got no answer: {message}"));
             }
@@ -158,8 +158,8 @@ pub fn read_answer(
             .map(str::to_string)
     };
     let request_id = header(request_id_header);
-    let retry_after =
-        header("retry-after").and_then(|v| crate::retry::parse_retry_after(&v, started_at / 1000));
+    let retry_after = header("retry-after")
+        .and_then(|v| crate::outbox::retry::parse_retry_after(&v, started_at / 1000));
     let mut head = Vec::new();
     let read = response
         .body_mut()
