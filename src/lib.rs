@@ -7,8 +7,6 @@
 // Tests may unwrap: a panic there is the failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod app;
-pub mod auth;
 pub mod catchup;
 pub mod cli;
 pub mod config;
@@ -19,7 +17,6 @@ pub mod metrics;
 pub mod notify;
 pub mod ops;
 pub mod outbox;
-pub mod readiness;
 pub mod receive;
 pub mod send;
 pub mod serve;

@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::app::App;
 use crate::config::database_url::{DatabaseUrl, PostgresUrl};
 use crate::config::{ActionKind, Config, format_duration};
 use crate::http::HttpServer;
+use crate::http::app::App;
 use crate::metrics::Metrics;
 use crate::store;
 use crate::store::backend::Backend;
@@ -66,7 +66,7 @@ struct Start<'a> {
 /// one-click sign-in.
 fn run_token(config: &mut Config, dev_default: bool) -> Option<String> {
     let token = if dev_default && config.admin_token.is_none() && loopback_only(&config.listen) {
-        crate::auth::random_token()
+        crate::http::auth::random_token()
     } else {
         None
     };

@@ -17,8 +17,8 @@ mod rejected;
 
 use super::Incoming;
 use super::reply::Reply;
-use crate::app::App;
-use crate::auth::same_token;
+use crate::http::app::App;
+use crate::http::auth::same_token;
 use crate::ops::OpError;
 use crate::ops::inspect::{self, ListFilter};
 use crate::ops::inspector;

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::Incoming;
 use super::reply::Reply;
-use crate::app::App;
+use crate::http::app::App;
 use crate::store::backend::Backend;
 use crate::time::now_ms;
 
@@ -402,7 +402,7 @@ fn session<B: Backend>(
             let Some(given) = given else {
                 return Reply::error(400, "expected a JSON body {\"token\": \"...\"}");
             };
-            if !crate::auth::same_token(&given.token, token) {
+            if !crate::http::auth::same_token(&given.token, token) {
                 if let Some(wait) = app.admin_limiter.blocked(&rq.remote, now_ms()) {
                     return Reply::error(429, "too many failed admin authentications; retry later")
                         .with_header("Retry-After", wait.to_string());
@@ -444,7 +444,10 @@ fn cookie(value: &str, tls: bool, expire: bool) -> String {
     let mut c = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict");
     if !expire {
         // The browser forgets it when the session's lifetime is over.
-        c.push_str(&format!("; Max-Age={}", crate::auth::LIFETIME_MS / 1000));
+        c.push_str(&format!(
+            "; Max-Age={}",
+            crate::http::auth::LIFETIME_MS / 1000
+        ));
     }
     if tls {
         c.push_str("; Secure");

@@ -16,8 +16,8 @@ mod vectors;
 
 use super::Incoming;
 use super::reply::Reply;
-use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
+use crate::http::app::App;
 use crate::receive::ingest::{Claim, Decision};
 use crate::receive::key::{Input, Json, RawDoc, payload_hash, payload_hash_without};
 use crate::state::Delivery;

@@ -12,10 +12,10 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::{Refused, refused};
-use crate::app::App;
 use crate::config::Source;
 use crate::config::presets::{Ack, Batch, Echo, Field, Handshake};
 use crate::http::Incoming;
+use crate::http::app::App;
 use crate::http::reply::Reply;
 use crate::receive::ingest::Decision;
 use crate::receive::key::Input;
