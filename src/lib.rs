@@ -23,5 +23,4 @@ pub mod serve;
 pub mod state;
 pub mod store;
 pub mod time;
-pub mod tooling;
 pub mod verify;
