@@ -243,13 +243,15 @@ impl Source {
     }
 
     /// The batch shape of this source's kind, if its deliveries are batches.
-    pub fn batch(&self) -> Option<presets::Batch<'_>> {
+    pub fn batch(&self) -> Option<presets::BatchShape<'_>> {
         self.kind.preset().and_then(|p| p.batch).or_else(|| {
-            self.batch_items.as_deref().map(|items| presets::Batch {
-                items,
-                inner: "",
-                delivery_id: None,
-            })
+            self.batch_items
+                .as_deref()
+                .map(|items| presets::BatchShape {
+                    items,
+                    inner: "",
+                    delivery_id: None,
+                })
         })
     }
 

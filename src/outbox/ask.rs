@@ -10,6 +10,10 @@
 //! is an error and decides nothing. This module does the HTTP and the
 //! classification; what to record is the caller's (`outbox/`,
 //! `ops/reconcile.rs`). It runs no SQL.
+//!
+//! "Ask" is the code's word for this; the config key (`check`), the
+//! `checks` table, `reconcile --check` and the metrics keep the product's
+//! word, and `idemhook check` is the config report (`ops/check.rs`).
 
 use std::io::Read;
 use std::time::Duration;

@@ -247,7 +247,7 @@ fn accept_batch<B: Backend>(
     index: usize,
     source: &Source,
     rq: &mut Incoming<'_>,
-    batch: crate::config::presets::Batch<'_>,
+    batch: crate::config::presets::BatchShape<'_>,
     body: Vec<u8>,
     verdict: crate::verify::Verdict,
     received_at: i64,

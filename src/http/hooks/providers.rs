@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Refused, refused};
 use crate::config::Source;
-use crate::config::presets::{Ack, Batch, Echo, Field, Handshake};
+use crate::config::presets::{Ack, BatchShape, Echo, Field, Handshake};
 use crate::http::Incoming;
 use crate::http::app::App;
 use crate::http::reply::Reply;
@@ -352,7 +352,7 @@ pub(super) struct Item {
 /// The events of a batch delivery, in order; refused when the body is
 /// not the provider's shape or has more than `max` items.
 pub(super) fn items(
-    batch: Batch<'_>,
+    batch: BatchShape<'_>,
     body: &[u8],
     max: usize,
 ) -> Result<(Vec<Item>, String), Refused> {
