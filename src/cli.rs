@@ -160,7 +160,7 @@ pub enum Command {
     /// Print the shell completion script for bash, zsh or fish.
     Completions {
         /// The shell to complete in.
-        #[arg(value_name = "SHELL", value_parser = crate::tooling::ShellName)]
+        #[arg(value_name = "SHELL", value_parser = crate::ops::tooling::ShellName)]
         shell: String,
     },
     /// Print the man page idemhook(1), or write it and one page per command into a folder.
@@ -549,9 +549,9 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
         }
         // Made from the definitions above: no config, no database.
         Command::Completions { shell } => {
-            return crate::tooling::completions(&shell, Cli::command());
+            return crate::ops::tooling::completions(&shell, Cli::command());
         }
-        Command::Man { dir } => return crate::tooling::man(dir.as_deref(), Cli::command()),
+        Command::Man { dir } => return crate::ops::tooling::man(dir.as_deref(), Cli::command()),
         // The operator commands verify and sign nothing: they need no
         // webhook, forward or notify secret set (a cron `reconcile` on a
         // host that holds none).
@@ -677,9 +677,9 @@ fn serve(
 /// the development default (what `serve` would run here).
 fn check(config: &Config) -> Result<Outcome, CommandError> {
     use std::io::Write as _;
-    crate::serve::check_sql_actions(config).map_err(|e| anyhow::anyhow!(e))?;
+    crate::serve::trial(config).map_err(|e| anyhow::anyhow!(e))?;
     let mut out = ops::text::stdout();
-    out.write_all(crate::serve::describe(config).as_bytes())?;
+    out.write_all(crate::ops::check::describe(config).as_bytes())?;
     for (target, found, warning) in crate::outbox::dest::report(config) {
         if let Some(warning) = warning {
             to_stderr(&format!("warning: destination {target}: {warning}"));

@@ -7,29 +7,20 @@
 // Tests may unwrap: a panic there is the failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod app;
-pub mod auth;
 pub mod catchup;
-pub mod check;
 pub mod cli;
 pub mod config;
-pub mod dns;
 pub mod failpoint;
-pub mod headers;
 pub mod http;
-pub mod ingest;
-pub mod key;
 pub mod log;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
 pub mod outbox;
-pub mod readiness;
-pub mod retry;
+pub mod receive;
 pub mod send;
 pub mod serve;
 pub mod state;
 pub mod store;
 pub mod time;
-pub mod tooling;
 pub mod verify;

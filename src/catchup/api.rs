@@ -143,7 +143,7 @@ impl Client {
         };
         let mut response = sent.map_err(|e| ApiError::Transport {
             what: what.to_string(),
-            message: crate::retry::classify_error(&e).1,
+            message: crate::outbox::retry::classify_error(&e).1,
         })?;
         let status = response.status().as_u16();
         let header = |name: &str| {
@@ -154,8 +154,8 @@ impl Client {
                 .map(str::to_string)
         };
         let link = header("link");
-        let retry_after =
-            header("retry-after").and_then(|v| crate::retry::parse_retry_after(&v, started / 1000));
+        let retry_after = header("retry-after")
+            .and_then(|v| crate::outbox::retry::parse_retry_after(&v, started / 1000));
         let body = response
             .body_mut()
             .with_config()

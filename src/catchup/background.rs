@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use super::{
     Report, RunDb, RunNotice, claim_of, claim_write, conclude, found_events, owner_name, run,
 };
-use crate::app::App;
 use crate::config::Config;
-use crate::ingest::Decision;
+use crate::http::app::App;
 use crate::ops::error::OpError;
+use crate::receive::ingest::Decision;
 use crate::store::backend::Backend;
 use crate::store::catchup::{self, RunRecord};
 

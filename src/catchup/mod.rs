@@ -31,9 +31,9 @@ pub use background::{Background, Counts};
 
 use crate::config::catchup::{Catchup, Provider};
 use crate::config::{Config, Source};
-use crate::ingest::{Claim, Decision, claim_in};
-use crate::key::{Input, Json};
 use crate::ops::error::OpError;
+use crate::receive::ingest::{Claim, Decision, claim_in};
+use crate::receive::key::{Input, Json};
 use crate::store::catchup::RunRecord;
 use crate::store::db::{Db, Dialect};
 
@@ -324,7 +324,9 @@ fn claim_for(source: &Source, body: Vec<u8>, remote: &str) -> Result<Claim, Stri
     };
     let event_id = match (source.key.extract(&input), &source.key_fallback) {
         (Ok(id), _) => Ok(id),
-        (Err(crate::key::KeyError::Missing(_)), Some(fallback)) => fallback.extract(&input),
+        (Err(crate::receive::key::KeyError::Missing(_)), Some(fallback)) => {
+            fallback.extract(&input)
+        }
         (Err(e), _) => Err(e),
     }
     .map_err(|e| format!("the source's key: {e}"))?;

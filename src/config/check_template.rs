@@ -1,7 +1,7 @@
 //! A forward action's `check` URL template, parsed with the config:
 //! literal text and placeholders (`{idempotency_key}`, `{source}`,
 //! `{event_id}`, `{action}`), each filled in URL-encoded. The GET that asks
-//! it is `check.rs`'s. No IO.
+//! it is `outbox/ask.rs`'s. No IO.
 
 use std::fmt;
 

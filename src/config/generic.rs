@@ -385,7 +385,7 @@ mod tests {
     use hmac::{KeyInit, Mac};
 
     use crate::config::{Config, ConfigError, Source};
-    use crate::key::{Input, Json};
+    use crate::receive::key::{Input, Json};
     use crate::verify::{Request, VerifyError};
 
     fn parse(text: &str) -> Result<Config, ConfigError> {

@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::presets::{self, Preset};
-use crate::key::Part;
+use crate::receive::key::Part;
 
 /// The kinds of source: the generic `hmac`, `basic` and `token`, `none`,
 /// and every provider of the table in `presets`.

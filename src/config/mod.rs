@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::key::{Part, Rule};
+use crate::receive::key::{Part, Rule};
 use crate::state::JobKind;
 use crate::verify::{Secret, Verifier};
 use database_url::DatabaseUrl;
@@ -213,7 +213,7 @@ impl Source {
     /// The event type of `input`: the type rule's value, and each further
     /// part joined with `.` when present (GoCardless's `resource_type` +
     /// `action`).
-    pub fn type_of(&self, input: &crate::key::Input<'_>) -> Option<String> {
+    pub fn type_of(&self, input: &crate::receive::key::Input<'_>) -> Option<String> {
         let first = self.event_type.as_ref()?.text(input);
         self.event_type_more
             .iter()
@@ -243,13 +243,15 @@ impl Source {
     }
 
     /// The batch shape of this source's kind, if its deliveries are batches.
-    pub fn batch(&self) -> Option<presets::Batch<'_>> {
+    pub fn batch(&self) -> Option<presets::BatchShape<'_>> {
         self.kind.preset().and_then(|p| p.batch).or_else(|| {
-            self.batch_items.as_deref().map(|items| presets::Batch {
-                items,
-                inner: "",
-                delivery_id: None,
-            })
+            self.batch_items
+                .as_deref()
+                .map(|items| presets::BatchShape {
+                    items,
+                    inner: "",
+                    delivery_id: None,
+                })
         })
     }
 
@@ -330,7 +332,7 @@ pub struct Forward {
     /// The downstream header recorded as the attempt's request id.
     pub request_id_header: String,
     /// Asked before an attempt whose predecessor's outcome is unknown
-    /// (`check.rs`).
+    /// (`outbox/ask.rs`).
     pub check: Option<check_template::Template>,
     /// Actions of the same event that must be done before this one is sent.
     pub after: Vec<String>,

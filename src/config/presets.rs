@@ -75,7 +75,7 @@ pub struct Echo {
 
 /// Where the events of a batch delivery are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batch<'a> {
+pub struct BatchShape<'a> {
     /// The array of items ("" for a body that is an array).
     pub items: &'a str,
     /// Inside each item, where the event is ("" for the item itself).
@@ -117,7 +117,7 @@ pub struct Preset {
     pub horizon: Option<(u64, &'static str)>,
     pub kept_headers: &'static [&'static str],
     pub handshake: Handshake,
-    pub batch: Option<Batch<'static>>,
+    pub batch: Option<BatchShape<'static>>,
     pub ack: Ack,
     /// The sample `send` posts: `{id}`, `{type}` and `{now}` are replaced.
     /// Empty: idemhook's own JSON sample, with the id and type written
@@ -507,7 +507,7 @@ pub static PRESETS: &[Preset] = &[
             "x-twilio-email-event-webhook-signature",
             "x-twilio-email-event-webhook-timestamp",
         ],
-        batch: Some(Batch {
+        batch: Some(BatchShape {
             items: "",
             inner: "",
             delivery_id: None,
@@ -577,7 +577,7 @@ pub static PRESETS: &[Preset] = &[
             "x-hubspot-signature",
             "x-hubspot-signature-version",
         ],
-        batch: Some(Batch {
+        batch: Some(BatchShape {
             items: "",
             inner: "",
             delivery_id: None,
@@ -607,7 +607,7 @@ pub static PRESETS: &[Preset] = &[
         event_type: &["json:/eventCode"],
         retention_days: 45,
         horizon: Some((30 * DAY, "Adyen queues retries for up to 30 days")),
-        batch: Some(Batch {
+        batch: Some(BatchShape {
             items: "/notificationItems",
             inner: "/NotificationRequestItem",
             delivery_id: None,
@@ -627,7 +627,7 @@ pub static PRESETS: &[Preset] = &[
             "GoCardless retries about 10 times over days, and on request",
         )),
         kept_headers: &["webhook-signature"],
-        batch: Some(Batch {
+        batch: Some(BatchShape {
             items: "/events",
             inner: "",
             delivery_id: Some("/meta/webhook_id"),
@@ -988,7 +988,7 @@ pub static PRESETS: &[Preset] = &[
             nosniff: false,
             as_sent: false,
         }),
-        batch: Some(Batch {
+        batch: Some(BatchShape {
             items: "/value",
             inner: "",
             delivery_id: None,
@@ -1003,7 +1003,7 @@ pub static PRESETS: &[Preset] = &[
         key: &["json:/uuid"],
         event_type: &["json:/eventType"],
         handshake: Handshake::Okta,
-        batch: Some(Batch {
+        batch: Some(BatchShape {
             items: "/data/events",
             inner: "",
             delivery_id: Some("/eventId"),
@@ -1108,7 +1108,7 @@ pub static PRESETS: &[Preset] = &[
         horizon: Some((DAY, "Asana retries for up to 24 hours")),
         kept_headers: &["x-hook-signature"],
         handshake: Handshake::Asana,
-        batch: Some(Batch {
+        batch: Some(BatchShape {
             items: "/events",
             inner: "",
             delivery_id: None,
@@ -1231,7 +1231,7 @@ pub fn alias(name: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::Part;
+    use crate::receive::key::Part;
 
     #[test]
     fn every_row_parses_and_names_are_unique() {

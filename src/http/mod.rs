@@ -1,9 +1,14 @@
 //! HTTP: our HTTP/1.1 server (`server/`), the routes, and the handlers.
 //! Handlers take a plain [`Incoming`] and return a [`Reply`]; only
-//! `server/` touches sockets.
+//! `server/` touches sockets. The state they share is `app::App` (with
+//! `auth`, the admin token and sessions, and `readiness`, the coalesced
+//! `/readyz` probe), built once by `serve`.
 
 pub mod admin;
+pub mod app;
+pub mod auth;
 pub mod hooks;
+pub mod readiness;
 pub mod reply;
 pub mod server;
 pub mod ui;
@@ -12,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::app::App;
+use crate::http::app::App;
 use crate::store::backend::Backend;
 use reply::Reply;
 
@@ -38,7 +43,7 @@ pub struct Incoming<'a> {
 
 impl Incoming<'_> {
     pub fn header(&self, name: &str) -> Option<&str> {
-        crate::headers::header_values(&self.headers, name).next()
+        crate::receive::headers::header_values(&self.headers, name).next()
     }
 }
 

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::Incoming;
 use super::reply::Reply;
-use crate::app::App;
+use crate::http::app::App;
 use crate::store::backend::Backend;
 use crate::time::now_ms;
 
@@ -209,7 +209,7 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
 
 /// The session cookie's value in the request, if it sent one.
 fn session_cookie<'a>(rq: &'a Incoming<'_>) -> Option<&'a str> {
-    crate::headers::header_values(&rq.headers, "cookie")
+    crate::receive::headers::header_values(&rq.headers, "cookie")
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(name, _)| *name == COOKIE)
@@ -263,7 +263,7 @@ pub fn cookie_auth<B: Backend>(app: &App<B>, rq: &Incoming<'_>, listener: &Liste
 }
 
 fn check_host(rq: &Incoming<'_>, listener: &Listener) -> Result<(), Reply> {
-    let mut hosts = crate::headers::header_values(&rq.headers, "host");
+    let mut hosts = crate::receive::headers::header_values(&rq.headers, "host");
     match (hosts.next(), hosts.next()) {
         (Some(host), None) if listener.answers_as(host) => Ok(()),
         _ => Err(Reply::error(
@@ -351,7 +351,7 @@ fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, listener: &Listener) -
 /// An asset, or 304 when the browser already has these bytes.
 fn serve(rq: &Incoming<'_>, asset: &Asset) -> Reply {
     let tag = etag(asset);
-    let cached = crate::headers::header_values(&rq.headers, "if-none-match")
+    let cached = crate::receive::headers::header_values(&rq.headers, "if-none-match")
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().trim_start_matches("W/") == tag);
     let reply = if cached {
@@ -402,7 +402,7 @@ fn session<B: Backend>(
             let Some(given) = given else {
                 return Reply::error(400, "expected a JSON body {\"token\": \"...\"}");
             };
-            if !crate::auth::same_token(&given.token, token) {
+            if !crate::http::auth::same_token(&given.token, token) {
                 if let Some(wait) = app.admin_limiter.blocked(&rq.remote, now_ms()) {
                     return Reply::error(429, "too many failed admin authentications; retry later")
                         .with_header("Retry-After", wait.to_string());
@@ -444,7 +444,10 @@ fn cookie(value: &str, tls: bool, expire: bool) -> String {
     let mut c = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict");
     if !expire {
         // The browser forgets it when the session's lifetime is over.
-        c.push_str(&format!("; Max-Age={}", crate::auth::LIFETIME_MS / 1000));
+        c.push_str(&format!(
+            "; Max-Age={}",
+            crate::http::auth::LIFETIME_MS / 1000
+        ));
     }
     if tls {
         c.push_str("; Secure");

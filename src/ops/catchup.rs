@@ -14,7 +14,7 @@ use super::open::{open_db_read, open_db_write};
 use super::text::{clean, stdout};
 use crate::catchup::{Report, RunDb, RunNotice, claim_of, claim_write, conclude, owner_name, run};
 use crate::config::{Config, parse_duration};
-use crate::ingest::Decision;
+use crate::receive::ingest::Decision;
 use crate::store::catchup::{self, RunRecord};
 use crate::store::db::Handle;
 

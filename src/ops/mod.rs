@@ -10,6 +10,7 @@
 
 pub mod backup;
 pub mod catchup;
+pub mod check;
 pub mod command;
 pub mod erase;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod rejected;
 pub mod replay;
 pub mod resolve;
 pub mod text;
+pub mod tooling;
 
 pub use command::{CommandError, Outcome};
 pub use error::OpError;

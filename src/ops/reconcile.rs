@@ -23,8 +23,8 @@ use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::{open_db_read, open_db_write};
 use super::text::{cell, clean, fmt_json_time, stdout};
-use crate::check::Asked;
 use crate::config::{ActionKind, Config, Forward};
+use crate::outbox::ask::Asked;
 use crate::state::Answer;
 use crate::state::AttemptOutcome;
 use crate::state::JobStatus;
@@ -287,7 +287,7 @@ pub fn ask_downstream(config: &Config, report: &Value) -> Result<Vec<Checked>, O
                     let Some(client) = clients.get(&(source.clone(), action.clone())) else {
                         continue;
                     };
-                    let asked = crate::check::ask(
+                    let asked = crate::outbox::ask::ask(
                         client,
                         fwd,
                         template,
@@ -447,7 +447,7 @@ fn confirm(
     }
     crate::with_tx!(db, |tx| {
         crate::outbox::record_check_in(tx, job_id, n, worker, a)?;
-        crate::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
+        crate::receive::ingest::refresh_event_state_in(tx, &c.source, &c.event_id, now)
     })?;
     Ok(n)
 }

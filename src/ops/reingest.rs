@@ -24,7 +24,7 @@ use super::rejected::{MAX_LIST, not_found, since_ms};
 use super::text::{clean, fmt_time, stdout};
 use crate::config::Config;
 use crate::http::hooks::reverify::reverify;
-use crate::ingest::{Decision, claim_in};
+use crate::receive::ingest::{Decision, claim_in};
 use crate::store::db::{Db, Dialect};
 use crate::store::rejected;
 use crate::time::{ms_to_secs, now_ms};

@@ -164,7 +164,7 @@ pub fn apply(
         },
     )?;
     jobs::close_done(conn, plan.job_id, n, (status, n_attempts), now)?;
-    let state = crate::with_tx!(conn, |tx| crate::ingest::refresh_event_state_in(
+    let state = crate::with_tx!(conn, |tx| crate::receive::ingest::refresh_event_state_in(
         tx,
         &plan.source,
         &plan.event_id,

@@ -133,9 +133,9 @@ fn comparable(text: &str) -> Option<f64> {
 /// The job's `supersede` value in its event's body.
 fn supersede_value(fwd: &Forward, body: &[u8]) -> Option<String> {
     let part = fwd.control.supersede.as_ref()?;
-    let doc = crate::key::RawDoc::parse(std::str::from_utf8(body).ok()?).ok()?;
-    let input = crate::key::Input {
-        json: Some(crate::key::Json::Raw(&doc)),
+    let doc = crate::receive::key::RawDoc::parse(std::str::from_utf8(body).ok()?).ok()?;
+    let input = crate::receive::key::Input {
+        json: Some(crate::receive::key::Json::Raw(&doc)),
         body,
         ..Default::default()
     };

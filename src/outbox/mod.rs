@@ -16,7 +16,7 @@
 //! no due time) and the `jobs_release_waiting` trigger (schema.sql) makes
 //! it due again when one of the event's jobs becomes done. A job whose
 //! action has a `check`, and one of whose attempts since its last success
-//! may have reached the downstream, is asked about first (`check.rs`),
+//! may have reached the downstream, is asked about first (`ask.rs`),
 //! under the same lease: 200 is done without a send (`confirmed`), 404
 //! sends, anything else is a retry (`check`) with nothing sent.
 //!
@@ -56,15 +56,18 @@ use anyhow::{Context, Result};
 
 use crate::config::{ActionKind, Config};
 use crate::metrics::Metrics;
-use crate::retry::Verdict;
+use crate::outbox::retry::Verdict;
 use crate::store::backend::{Backend, Guard};
 use crate::store::tx::OutboxTx;
 use crate::time::now_ms;
 use crate::verify::{Scheme, Verifier};
 
+pub mod ask;
 pub mod circuit;
 mod control;
 pub(crate) mod dest;
+pub mod dns;
+pub mod retry;
 mod steps;
 mod worker;
 
@@ -243,7 +246,7 @@ pub(crate) fn agent_with_tls(workers: usize, tls: Option<ureq::tls::TlsConfig>) 
     ureq::Agent::with_parts(
         builder.build(),
         ureq::unversioned::transport::DefaultConnector::new(),
-        crate::dns::Resolver::default(),
+        crate::outbox::dns::Resolver::default(),
     )
 }
 

@@ -14,10 +14,10 @@ use super::circuit::{self, Clean};
 use super::dest::{Destinations, Message};
 use super::steps::{CircuitNote, complete, give_back, record_check_in, take};
 use super::{Attempt, HealthProbe, Leased, Taken, Waker};
-use crate::check::{self, Asked};
 use crate::config::{ActionKind, Config, Forward};
 use crate::metrics::Metrics;
-use crate::retry::{self, Verdict};
+use crate::outbox::ask::{self, Asked};
+use crate::outbox::retry::{self, Verdict};
 use crate::state::{Answer, AttemptOutcome};
 use crate::store::StoreError;
 use crate::store::backend::{Backend, Guard};
@@ -274,7 +274,7 @@ impl<B: Backend> Worker<B> {
             return None;
         };
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let asked = check::ask(
+        let asked = ask::ask(
             client,
             fwd,
             template,

@@ -13,8 +13,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use crate::config::{Config, Kind, Source};
-use crate::key::{Atom, Input, Json, Part};
 use crate::ops::text::{Unwritten, stdout};
+use crate::receive::key::{Atom, Input, Json, Part};
 
 /// What the command line asked of `send`.
 #[derive(Debug, Default)]

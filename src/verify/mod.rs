@@ -11,7 +11,7 @@
 //! `allow_unsigned`), and it does not extract event ids or types.
 //!
 //! The module is self-contained: outside itself it uses only
-//! `crate::headers` (reading a request's headers) and `crate::time`
+//! `crate::receive::headers` (reading a request's headers) and `crate::time`
 //! (dates in the signed formats); its tests build the providers' schemes
 //! from their rows (`config::presets`).
 //!
@@ -41,7 +41,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 
-use crate::headers::header_values;
+use crate::receive::headers::header_values;
 
 /// Longest signature, timestamp or id header value that is parsed at all.
 pub const MAX_HEADER_LEN: usize = 8 * 1024;

@@ -61,7 +61,9 @@ pub fn doubled(headers: &[(String, String)], name: &str) -> Vec<(String, String)
 
 /// The value of the header called `name`.
 pub fn value_of<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
-    crate::headers::header_values(headers, name).next().unwrap()
+    crate::receive::headers::header_values(headers, name)
+        .next()
+        .unwrap()
 }
 
 /// One random change to a request, for the round-trip property.

@@ -260,7 +260,8 @@ fn body_for(source: &str, id: &str) -> Vec<u8> {
     serde_json::to_vec(&v).expect("json")
 }
 
-fn count(server: &Server, source: &str) -> i64 {
+/// How many events `source` has stored.
+fn events_of(server: &Server, source: &str) -> i64 {
     server.count(
         "SELECT count(*) FROM events WHERE source = ?1",
         &[&source.to_string()],
@@ -295,7 +296,7 @@ fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(back
         let forged = post(&server, source, &sign(source, &body, now(), true), &body);
         assert_eq!(forged.status, 401, "{source} forged: {}", forged.text());
         assert_eq!(
-            count(&server, source),
+            events_of(&server, source),
             0,
             "{source}: a forged delivery was stored"
         );
@@ -312,7 +313,7 @@ fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(back
             );
             assert_eq!(r.status, 401, "{source} tampered: {}", r.text());
             assert_eq!(
-                count(&server, source),
+                events_of(&server, source),
                 0,
                 "{source}: a tampered body was stored"
             );
@@ -326,14 +327,14 @@ fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(back
         let ok = post(&server, source, &sign(source, &body, now(), false), &body);
         assert_eq!(ok.status, 200, "{source}: {}", ok.text());
         assert_eq!(ok.json_status().as_deref(), Some("accepted"), "{source}");
-        assert_eq!(count(&server, source), 1, "{source}");
+        assert_eq!(events_of(&server, source), 1, "{source}");
         let again = post(&server, source, &sign(source, &body, now(), false), &body);
         assert_eq!(
             again.json_status().as_deref(),
             Some("duplicate"),
             "{source}"
         );
-        assert_eq!(count(&server, source), 1, "{source}");
+        assert_eq!(events_of(&server, source), 1, "{source}");
     }
     // Telnyx signs a timestamp: one older than the tolerance (5 min) is 401.
     let body = body_for("telnyx", "telnyx-stale");
@@ -345,7 +346,7 @@ fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(back
     );
     assert_eq!(stale.status, 401, "{}", stale.text());
     assert!(stale.text().contains("timestamp"), "{}", stale.text());
-    assert_eq!(count(&server, "telnyx"), 1);
+    assert_eq!(events_of(&server, "telnyx"), 1);
 
     // Basic: a refusal says how to authenticate.
     let body = body_for("chargebee", "cb-2");
@@ -362,7 +363,7 @@ fn each_generic_setting_stores_signed_and_refuses_forged_tampered_and_stale(back
         format!("Basic {}", B64.encode("cb_user:cb-pass-new")),
     ));
     assert_eq!(post(&server, "chargebee", &headers, &body).status, 200);
-    assert_eq!(count(&server, "chargebee"), 2);
+    assert_eq!(events_of(&server, "chargebee"), 2);
     // Other kinds send no challenge.
     let r = post(&server, "flutter", &vec![json_ct()], &body);
     assert_eq!(r.status, 401);
@@ -406,7 +407,7 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
     assert_eq!(r.status, 200, "{}", r.text());
     // answer = "empty": no body.
     assert!(r.body.is_empty(), "{}", r.text());
-    assert_eq!(count(&server, "xero"), 3);
+    assert_eq!(events_of(&server, "xero"), 3);
     assert_eq!(
         server.count(
             "SELECT count(*) FROM events WHERE source = 'xero' AND type = 'UPDATE'",
@@ -425,7 +426,7 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
     ]);
     let r = post(&server, "xero", &xero_signed(&again, b"xero-key"), &again);
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(count(&server, "xero"), 4);
+    assert_eq!(events_of(&server, "xero"), 4);
 
     // A tampered batch, or one signed with another key: 401, nothing stored.
     let more = xero(&[("INV-9", d1)]);
@@ -433,7 +434,7 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
     assert_eq!(r.status, 401);
     let r = post(&server, "xero", &xero_signed(&more, b"other"), &more);
     assert_eq!(r.status, 401);
-    assert_eq!(count(&server, "xero"), 4);
+    assert_eq!(events_of(&server, "xero"), 4);
 
     // Xero's "intent to receive": an empty batch, signed: 200, empty
     // body, nothing stored; the same unsigned or badly signed: 401.
@@ -445,7 +446,7 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
     assert_eq!(r.status, 401);
     let r = post(&server, "xero", &vec![json_ct()], &empty);
     assert_eq!(r.status, 401);
-    assert_eq!(count(&server, "xero"), 4);
+    assert_eq!(events_of(&server, "xero"), 4);
 
     // A signed body whose batch path is not an array: 400, nothing stored.
     let not_array = br#"{"events":{"resourceId":"INV-7"}}"#;
@@ -457,7 +458,7 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("array"), "{}", r.text());
-    assert_eq!(count(&server, "xero"), 4);
+    assert_eq!(events_of(&server, "xero"), 4);
 
     // empty_batch = "reject": 400; a batch with items is stored, each
     // item's key read inside it; the JSON answer lists the events.
@@ -480,7 +481,7 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
         })
         .unwrap_or_default();
     assert_eq!(ids, ["a", "b"]);
-    assert_eq!(count(&server, "strict"), 2);
+    assert_eq!(events_of(&server, "strict"), 2);
 
     // answer = "empty" on a single event: stored, then a duplicate, both
     // 200 without a body; a refusal keeps its JSON error.
@@ -490,12 +491,12 @@ fn batches_on_a_generic_kind_claim_each_item_once(backend: Backend) {
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(r.body.is_empty(), "{}", r.text());
     }
-    assert_eq!(count(&server, "quiet"), 1);
+    assert_eq!(events_of(&server, "quiet"), 1);
     let wrong = vec![json_ct(), h("Authorization", "Bearer quiet-tokem")];
     let r = post(&server, "quiet", &wrong, br#"{"id":"q2"}"#);
     assert_eq!(r.status, 401);
     assert!(r.json()["error"].is_string(), "{}", r.text());
-    assert_eq!(count(&server, "quiet"), 1);
+    assert_eq!(events_of(&server, "quiet"), 1);
 }
 both_backends!(batches_on_a_generic_kind_claim_each_item_once);
 
@@ -525,7 +526,7 @@ fn send_signs_for_every_generic_setting() {
         let out = server.run_cli(&args);
         assert!(out.success(), "{source}: {out:?}\n{}", server.logs());
         assert!(out.stdout.contains("-> 200"), "{source}: {}", out.stdout);
-        assert_eq!(count(&server, source), 1, "{source}: {}", out.stdout);
+        assert_eq!(events_of(&server, source), 1, "{source}: {}", out.stdout);
         // The key the sample was built from: the source's own rule.
         if !matches!(*source, "paystack" | "xero") {
             assert_eq!(
@@ -541,7 +542,7 @@ fn send_signs_for_every_generic_setting() {
         // Again: a duplicate, still one.
         let out = server.run_cli(&args);
         assert!(out.success(), "{source}: {out:?}");
-        assert_eq!(count(&server, source), 1, "{source}");
+        assert_eq!(events_of(&server, source), 1, "{source}");
     }
     // Without the private key, send says what it needs.
     let out = server.run_cli(&["send", "telnyx", "--url", server.base_url()]);

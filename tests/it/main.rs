@@ -35,17 +35,10 @@ mod outbox;
 mod pg;
 #[path = "../support/pg_cluster.rs"]
 mod pg_cluster;
-mod pg_failover;
-mod pg_notify;
-mod pg_ops;
-mod pg_review;
-mod pg_schema;
-mod pg_serve_ops;
 mod powerloss;
 mod providers;
 mod receiver;
 mod rejected;
-mod replay_pg;
 mod send;
 mod sign;
 mod store;

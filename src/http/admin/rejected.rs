@@ -3,8 +3,8 @@
 //! (`ops::rejected`, `ops::reingest`).
 
 use super::{body, op_error, query_pairs, read, write};
-use crate::app::App;
 use crate::http::Incoming;
+use crate::http::app::App;
 use crate::http::reply::Reply;
 use crate::store::backend::Backend;
 

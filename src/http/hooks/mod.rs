@@ -16,10 +16,10 @@ mod vectors;
 
 use super::Incoming;
 use super::reply::Reply;
-use crate::app::App;
 use crate::config::{Kind, OnMismatch, Source};
-use crate::ingest::{Claim, Decision};
-use crate::key::{Input, Json, RawDoc, payload_hash, payload_hash_without};
+use crate::http::app::App;
+use crate::receive::ingest::{Claim, Decision};
+use crate::receive::key::{Input, Json, RawDoc, payload_hash, payload_hash_without};
 use crate::state::Delivery;
 use crate::store::backend::Backend;
 use crate::time::now_ms;
@@ -207,7 +207,7 @@ fn accept<B: Backend>(
 fn event_id_of(source: &Source, input: &Input<'_>) -> Result<String, Refused> {
     match (source.key.extract(input), &source.key_fallback) {
         (Ok(id), _) => Ok(id),
-        (Err(crate::key::KeyError::Missing(_)), Some(fallback)) => fallback.extract(input),
+        (Err(crate::receive::key::KeyError::Missing(_)), Some(fallback)) => fallback.extract(input),
         (Err(e), _) => Err(e),
     }
     .map_err(|e| refused(Delivery::BadRequest, 400, e.to_string()))
@@ -247,7 +247,7 @@ fn accept_batch<B: Backend>(
     index: usize,
     source: &Source,
     rq: &mut Incoming<'_>,
-    batch: crate::config::presets::Batch<'_>,
+    batch: crate::config::presets::BatchShape<'_>,
     body: Vec<u8>,
     verdict: crate::verify::Verdict,
     received_at: i64,
@@ -323,7 +323,7 @@ fn accept_batch<B: Backend>(
     let claim_started = Instant::now();
     let answer = {
         let app = app.clone();
-        move |result: Result<Vec<crate::ingest::Decision>, crate::store::StoreError>| {
+        move |result: Result<Vec<crate::receive::ingest::Decision>, crate::store::StoreError>| {
             batch_reply(&app, index, &ids, result, started, claim_started)
         }
     };
@@ -821,7 +821,7 @@ fn kept_headers(source: &Source, headers: &[(String, String)]) -> String {
         .chain(param_parts.map(|(_, p)| p))
         .flat_map(|p| p.alternatives.iter())
         .filter_map(|a| match a {
-            crate::key::Atom::Header(h) => Some(h.as_str()),
+            crate::receive::key::Atom::Header(h) => Some(h.as_str()),
             _ => None,
         });
     let keep = |name: &str| {

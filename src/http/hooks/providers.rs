@@ -12,13 +12,13 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::{Refused, refused};
-use crate::app::App;
 use crate::config::Source;
-use crate::config::presets::{Ack, Batch, Echo, Field, Handshake};
+use crate::config::presets::{Ack, BatchShape, Echo, Field, Handshake};
 use crate::http::Incoming;
+use crate::http::app::App;
 use crate::http::reply::Reply;
-use crate::ingest::Decision;
-use crate::key::Input;
+use crate::receive::ingest::Decision;
+use crate::receive::key::Input;
 use crate::state::Delivery;
 use crate::store::backend::Backend;
 use crate::verify::{Request, Secret, VerifyError};
@@ -352,7 +352,7 @@ pub(super) struct Item {
 /// The events of a batch delivery, in order; refused when the body is
 /// not the provider's shape or has more than `max` items.
 pub(super) fn items(
-    batch: Batch<'_>,
+    batch: BatchShape<'_>,
     body: &[u8],
     max: usize,
 ) -> Result<(Vec<Item>, String), Refused> {

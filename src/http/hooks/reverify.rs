@@ -7,8 +7,8 @@ use serde_json::Value;
 
 use super::{event_id_of, event_type_of, form_of, hash_of, kept_headers, providers, read_json};
 use crate::config::Source;
-use crate::ingest::Claim;
-use crate::key::{Input, Json, RawDoc};
+use crate::receive::ingest::Claim;
+use crate::receive::key::{Input, Json, RawDoc};
 use crate::store::rejected::KeptRequest;
 use crate::verify::Request;
 
@@ -39,7 +39,7 @@ pub fn reverify(
         .verifier
         .verify_request(&request, received_at / 1000)
         .map_err(|e| e.to_string())?;
-    let content_type = crate::headers::header_values(headers, "content-type").next();
+    let content_type = crate::receive::headers::header_values(headers, "content-type").next();
     let kept = kept_headers(source, headers);
     let claim = |event_id, event_type, body: Vec<u8>, json, hash, batch| Claim {
         event_id,

@@ -161,11 +161,11 @@ const KNOWN_METHODS: [&str; 8] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH",
 ];
 
-/// A refusal: the status and the message the head is answered with.
-type Refusal = (u16, String);
+/// A bad head: the status and the message it is answered with.
+type BadHead = (u16, String);
 
 /// A 400 with this message.
-fn bad(message: &str) -> Refusal {
+fn bad(message: &str) -> BadHead {
     (400, message.to_string())
 }
 
@@ -175,7 +175,7 @@ fn bad(message: &str) -> Refusal {
 /// the request line, HTTP/1.0 or 1.1, a known method, an origin- or
 /// absolute-form target, UTF-8 values, one valid `Host` (required on
 /// HTTP/1.1), and unambiguous framing.
-pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, Refusal> {
+pub(super) fn parse_head(raw: &[u8], limits: &Limits) -> Result<Head, BadHead> {
     let line = request_line(raw, limits)?;
     let headers = field_lines(raw, &line, limits)?;
     check_host(&headers, line.http11)?;
@@ -213,7 +213,7 @@ struct RequestLine<'a> {
 /// The head's first line: one space between method, target and version,
 /// HTTP/1.0 or 1.1, a known method, and a target within its limit in
 /// origin or absolute form.
-fn request_line<'a>(raw: &'a [u8], limits: &Limits) -> Result<RequestLine<'a>, Refusal> {
+fn request_line<'a>(raw: &'a [u8], limits: &Limits) -> Result<RequestLine<'a>, BadHead> {
     let line_end = raw.iter().position(|&b| b == b'\n').unwrap_or(raw.len());
     let request_line = &raw[..line_end];
     let request_line = request_line.strip_suffix(b"\r").unwrap_or(request_line);
@@ -253,7 +253,7 @@ fn request_line<'a>(raw: &'a [u8], limits: &Limits) -> Result<RequestLine<'a>, R
 
 /// Whether the request line's version is HTTP/1.1 (else 1.0); any other
 /// version is 505, anything not a version 400.
-fn is_http11(version: &str) -> Result<bool, Refusal> {
+fn is_http11(version: &str) -> Result<bool, BadHead> {
     match version {
         "HTTP/1.1" => Ok(true),
         "HTTP/1.0" => Ok(false),
@@ -275,7 +275,7 @@ fn field_lines(
     raw: &[u8],
     line: &RequestLine<'_>,
     limits: &Limits,
-) -> Result<Vec<(String, String)>, Refusal> {
+) -> Result<Vec<(String, String)>, BadHead> {
     let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut parsed = httparse::Request::new(&mut fields);
     match parsed.parse(raw) {
@@ -324,7 +324,7 @@ fn field_values<'h>(
 }
 
 /// One valid `Host`, or none on HTTP/1.0.
-fn check_host(headers: &[(String, String)], http11: bool) -> Result<(), Refusal> {
+fn check_host(headers: &[(String, String)], http11: bool) -> Result<(), BadHead> {
     let hosts: Vec<&str> = field_values(headers, "host").collect();
     match hosts.as_slice() {
         [] if http11 => Err(bad("missing Host header")),
@@ -336,7 +336,7 @@ fn check_host(headers: &[(String, String)], http11: bool) -> Result<(), Refusal>
 }
 
 /// The `Content-Length`, if any: digits only, every copy the same.
-fn content_length_of(headers: &[(String, String)]) -> Result<Option<usize>, Refusal> {
+fn content_length_of(headers: &[(String, String)]) -> Result<Option<usize>, BadHead> {
     let lengths: Vec<&str> = field_values(headers, "content-length").collect();
     let Some(v) = lengths.first() else {
         return Ok(None);
@@ -354,7 +354,7 @@ fn content_length_of(headers: &[(String, String)]) -> Result<Option<usize>, Refu
 
 /// Whether the body is chunked: `Transfer-Encoding: chunked` alone, any
 /// other transfer coding 501.
-fn is_chunked(headers: &[(String, String)]) -> Result<bool, Refusal> {
+fn is_chunked(headers: &[(String, String)]) -> Result<bool, BadHead> {
     let te: Vec<&str> = field_values(headers, "transfer-encoding").collect();
     match te.as_slice() {
         [] => Ok(false),

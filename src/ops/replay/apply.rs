@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{Origin, Replayed, Step, requeued_forward};
 use crate::config::{ActionKind, Config};
-use crate::ingest::{self, Claim};
+use crate::receive::ingest::{self, Claim};
 use crate::state::{AttemptOutcome, JobKind, JobStatus, ReplayResult};
 use crate::store::attempts::{self, AttemptRow};
 use crate::store::db::Db;

@@ -161,14 +161,11 @@ pub struct Replayed {
     pub status: Option<JobStatus>,
 }
 
-/// A job as the plan reads it.
-type JobRow = jobs::Job;
-
 fn idempotency_key(source: &str, event_id: &str, action: &str) -> String {
     format!("{source}:{event_id}:{action}")
 }
 
-fn step(job: &JobRow, forced: bool) -> Step {
+fn step(job: &jobs::Job, forced: bool) -> Step {
     let attempt = job.n_attempts + 1;
     let what = match job.kind {
         JobKind::Sql if forced => format!(
@@ -196,7 +193,7 @@ fn step(job: &JobRow, forced: bool) -> Step {
     }
 }
 
-fn left(job: &JobRow, reason: String) -> LeftAlone {
+fn left(job: &jobs::Job, reason: String) -> LeftAlone {
     LeftAlone {
         source: job.source.clone(),
         event_id: job.event_id.clone(),

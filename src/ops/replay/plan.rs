@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{JobRow, Plan, idempotency_key, left, step};
+use super::{Plan, idempotency_key, left, step};
 use crate::config::{Config, Source};
 use crate::ops::error::{OpError, not_found};
 use crate::ops::text::{clean, fmt_time};
@@ -93,7 +93,7 @@ fn read_event(conn: &Db<'_>, source: &str, event_id: &str) -> Result<EventRow, O
 }
 
 /// The event's jobs, in the order they were written.
-fn event_jobs(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<JobRow>, StoreError> {
+fn event_jobs(conn: &Db<'_>, source: &str, event_id: &str) -> Result<Vec<jobs::Job>, StoreError> {
     jobs::all_of_event(conn, source, event_id)
 }
 
@@ -123,7 +123,7 @@ fn check_action_configured(
 }
 
 /// The plan's `event`: the event's summary and each job's status.
-fn event_summary(source: &str, event_id: &str, event: &EventRow, jobs: &[JobRow]) -> Value {
+fn event_summary(source: &str, event_id: &str, event: &EventRow, jobs: &[jobs::Job]) -> Value {
     json!({
         "source": source,
         "event_id": event_id,
@@ -141,7 +141,7 @@ fn event_summary(source: &str, event_id: &str, event: &EventRow, jobs: &[JobRow]
 /// failed, paused and superseded jobs are re-opened, done ones only with
 /// `force`, and
 /// none whose action left the config.
-fn left_alone_because(job: &JobRow, force: bool, in_config: bool) -> Option<String> {
+fn left_alone_because(job: &jobs::Job, force: bool, in_config: bool) -> Option<String> {
     let reason = match job.status {
         // A superseded job was never sent: a replay sends it.
         JobStatus::Failed | JobStatus::Paused | JobStatus::Superseded => None,
@@ -172,8 +172,8 @@ fn left_alone_because(job: &JobRow, force: bool, in_config: bool) -> Option<Stri
 fn explain_nothing_to_do(
     plan: &mut Plan,
     event: &EventRow,
-    jobs: &[JobRow],
-    done_jobs: &[&JobRow],
+    jobs: &[jobs::Job],
+    done_jobs: &[&jobs::Job],
     one_action: bool,
 ) {
     let note = if jobs.is_empty() {
@@ -197,7 +197,7 @@ fn explain_nothing_to_do(
 }
 
 /// How to re-run a done job anyway, and what that means for its kind.
-fn how_to_force(source: &str, event_id: &str, job: &JobRow) -> String {
+fn how_to_force(source: &str, event_id: &str, job: &jobs::Job) -> String {
     let how = format!(
         "to run {} again anyway: idemhook replay {} {} --force --action {} --yes",
         clean(&job.action),

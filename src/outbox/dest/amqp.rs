@@ -21,7 +21,7 @@ use super::nats::runtime;
 use super::{Destination, Message};
 use crate::config::broker::AmqpTarget;
 use crate::outbox::Attempt;
-use crate::retry::Verdict;
+use crate::outbox::retry::Verdict;
 use crate::time::now_ms;
 
 type Failure = (&'static str, Verdict, String);

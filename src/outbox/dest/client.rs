@@ -160,7 +160,7 @@ impl HttpClient {
         let mut response = match answer {
             Ok(r) => r,
             Err(e) => {
-                let (_, message) = crate::retry::classify_error(&e);
+                let (_, message) = crate::outbox::retry::classify_error(&e);
                 return Err(AuthFailure(format!("the token endpoint: {message}")));
             }
         };

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Destination, HttpClient, Message};
-use crate::check;
 use crate::outbox::Attempt;
-use crate::retry::{self, Verdict};
+use crate::outbox::ask;
+use crate::outbox::retry::{self, Verdict};
 use crate::time::now_ms;
 use crate::verify::Verifier;
 
@@ -76,8 +76,7 @@ impl Destination for HttpDest {
                     }
                     attempt.http_status = Some(status);
                     attempt.verdict = retry::classify_status(status);
-                    let read =
-                        check::read_answer(&mut response, &self.request_id_header, started_at);
+                    let read = ask::read_answer(&mut response, &self.request_id_header, started_at);
                     attempt.request_id = read.request_id;
                     attempt.retry_after = read.retry_after;
                     attempt.response_head = Some(read.head);

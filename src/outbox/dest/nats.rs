@@ -20,7 +20,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind};
 use super::{Destination, Message};
 use crate::config::broker::NatsTarget;
 use crate::outbox::Attempt;
-use crate::retry::Verdict;
+use crate::outbox::retry::Verdict;
 use crate::time::now_ms;
 
 /// The private runtime (of this module and `amqp.rs`): a current-thread runtime driven forever by its

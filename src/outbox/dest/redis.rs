@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::{Destination, Message};
 use crate::config::broker::RedisTarget;
 use crate::outbox::Attempt;
-use crate::retry::Verdict;
+use crate::outbox::retry::Verdict;
 use crate::time::now_ms;
 
 /// KEYS[1] the guard, KEYS[2] the stream; ARGV[1] the guard's life (ms),

@@ -194,7 +194,7 @@ mod tests {
     use super::*;
     use crate::config::database_url::DatabaseUrl;
     use crate::config::{Config, Durability};
-    use crate::ingest::{Claim, Decision, claim_in};
+    use crate::receive::ingest::{Claim, Decision, claim_in};
     use crate::store::pg_cluster;
     use crate::store::postgres::claimers::event_row_of;
     use crate::store::postgres::{Settings, migrate};

@@ -152,7 +152,7 @@ fn family_of(headers: &[(String, String)]) -> &'static Family {
         [family.id, family.timestamp, family.signature]
             .iter()
             .any(|name| {
-                crate::headers::header_values(headers, name)
+                crate::receive::headers::header_values(headers, name)
                     .next()
                     .is_some()
             })

@@ -8,7 +8,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use idemhook::key::{Input, Json, MAX_EVENT_ID_BYTES, Part, RawDoc, Rule, payload_hash};
+use idemhook::receive::key::{Input, Json, MAX_EVENT_ID_BYTES, Part, RawDoc, Rule, payload_hash};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

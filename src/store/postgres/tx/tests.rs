@@ -5,7 +5,7 @@ use super::params::numeric_binary;
 use super::*;
 use crate::config::database_url::DatabaseUrl;
 use crate::config::{Config, Durability};
-use crate::ingest::{Claim, Decision, claim_in};
+use crate::receive::ingest::{Claim, Decision, claim_in};
 use crate::state::EventState;
 use crate::store::pg_cluster;
 use crate::store::postgres::{Settings, migrate};
@@ -70,7 +70,7 @@ fn jobs_of_one_event_finished_at_once_leave_it_completed() {
             .unwrap();
         let mut st = Statements::default();
         let mut tx = PgTx::new(client, &mut st);
-        crate::ingest::refresh_event_state_in(&mut tx, "pay", "e1", 2).unwrap()
+        crate::receive::ingest::refresh_event_state_in(&mut tx, "pay", "e1", 2).unwrap()
     };
     a.batch_execute("BEGIN").unwrap();
     assert_eq!(finish(&mut a, "one"), EventState::Processing);

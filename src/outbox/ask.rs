@@ -10,6 +10,10 @@
 //! is an error and decides nothing. This module does the HTTP and the
 //! classification; what to record is the caller's (`outbox/`,
 //! `ops/reconcile.rs`). It runs no SQL.
+//!
+//! "Ask" is the code's word for this; the config key (`check`), the
+//! `checks` table, `reconcile --check` and the metrics keep the product's
+//! word, and `idemhook check` is the config report (`ops/check.rs`).
 
 use std::io::Read;
 use std::time::Duration;
@@ -122,7 +126,7 @@ pub fn ask(
                 }
             }
             Err(e) => {
-                let (kind, message) = crate::retry::classify_error(&e);
+                let (kind, message) = crate::outbox::retry::classify_error(&e);
                 asked.cause = Some(kind);
                 asked.error = Some(format!("the check got no answer: {message}"));
             }
@@ -158,8 +162,8 @@ pub fn read_answer(
             .map(str::to_string)
     };
     let request_id = header(request_id_header);
-    let retry_after =
-        header("retry-after").and_then(|v| crate::retry::parse_retry_after(&v, started_at / 1000));
+    let retry_after = header("retry-after")
+        .and_then(|v| crate::outbox::retry::parse_retry_after(&v, started_at / 1000));
     let mut head = Vec::new();
     let read = response
         .body_mut()

@@ -9,6 +9,8 @@ use crate::harness::{Server, ServerConfig, toml_str};
 use crate::helpers::StripeHook;
 use crate::pg_cluster;
 
+use super::count;
+
 const SECRET: &str = "whsec_it_pg_schema_0123456789";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 
@@ -45,10 +47,6 @@ fn plain_database(cluster: &pg_cluster::Cluster, hint: &str) -> (String, postgre
     (url, db)
 }
 
-fn count(db: &mut postgres::Client, sql: &str) -> i64 {
-    db.query_one(sql, &[]).expect(sql).get(0)
-}
-
 #[test]
 fn a_teams_table_named_like_idemhooks_is_the_teams() {
     let Some(cluster) = pg_cluster::cluster() else {
@@ -70,7 +68,8 @@ fn a_teams_table_named_like_idemhooks_is_the_teams() {
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM public.events WHERE event_id = 'evt_s1' AND amount = 5"
+            "SELECT count(*) FROM public.events WHERE event_id = 'evt_s1' AND amount = 5",
+            &[]
         ),
         1,
         "the action wrote the team's table"
@@ -78,21 +77,24 @@ fn a_teams_table_named_like_idemhooks_is_the_teams() {
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM idemhook.jobs WHERE event_id = 'evt_s1' AND status = 'done'"
+            "SELECT count(*) FROM idemhook.jobs WHERE event_id = 'evt_s1' AND status = 'done'",
+            &[]
         ),
         1
     );
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM idemhook.events WHERE event_id = 'evt_s1'"
+            "SELECT count(*) FROM idemhook.events WHERE event_id = 'evt_s1'",
+            &[]
         ),
         1
     );
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'events'"
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'events'",
+            &[]
         ),
         0,
         "none of idemhook's tables is in public"
@@ -119,14 +121,16 @@ fn pg_schema_names_the_schema_and_a_bad_name_is_refused() {
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM hooks.events WHERE event_id = 'evt_n1'"
+            "SELECT count(*) FROM hooks.events WHERE event_id = 'evt_n1'",
+            &[]
         ),
         1
     );
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM pg_namespace WHERE nspname = 'idemhook'"
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'idemhook'",
+            &[]
         ),
         0
     );
@@ -184,11 +188,15 @@ fn an_installation_in_public_moves_into_the_schema_with_its_keys() {
         again.text()
     );
     assert_eq!(STRIPE.deliver(&server, &event("evt_m2")).status, 200);
-    assert_eq!(count(&mut db, "SELECT count(*) FROM idemhook.events"), 2);
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM idemhook.events", &[]),
+        2
+    );
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
+            &[]
         ),
         0
     );
@@ -214,6 +222,7 @@ fn key_columns_compare_bytewise() {
                 ('jobs', 'source'), ('jobs', 'event_id'), ('jobs', 'action'),
                 ('deliveries', 'event_id'), ('incidents', 'event_id'))
            AND collation_name IS DISTINCT FROM 'C'",
+        &[],
     );
     assert_eq!(not_c, 0);
 }

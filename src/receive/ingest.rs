@@ -20,7 +20,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use crate::config::{Action, ActionKind, Config, Source};
-use crate::key::{Input, Part};
+use crate::receive::key::{Input, Part};
 use crate::state::{AttemptOutcome, Delivery, EventState, JobKind, JobStatus};
 use crate::store::backend::Claims;
 use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
@@ -364,7 +364,7 @@ fn execute_action<T: Tx>(
     };
     let input = Input {
         headers: &c.headers,
-        json: c.json.as_ref().map(crate::key::Json::Parsed),
+        json: c.json.as_ref().map(crate::receive::key::Json::Parsed),
         form: Some(&form),
         body: &c.body,
     };
@@ -382,9 +382,9 @@ fn bind_value(
 ) -> Option<ParamValue> {
     if let Some((_, part)) = sql_params.iter().find(|(n, _)| n == name) {
         return Some(match part.lookup(input) {
-            Some(crate::key::Found::Json(v)) => json_to_param(&v),
-            Some(crate::key::Found::Header(h)) => ParamValue::Text(h.to_string()),
-            Some(crate::key::Found::Text(t)) => ParamValue::Text(t),
+            Some(crate::receive::key::Found::Json(v)) => json_to_param(&v),
+            Some(crate::receive::key::Found::Header(h)) => ParamValue::Text(h.to_string()),
+            Some(crate::receive::key::Found::Text(t)) => ParamValue::Text(t),
             None => ParamValue::Null,
         });
     }
@@ -415,7 +415,7 @@ pub fn json_to_param(v: &Value) -> ParamValue {
             None => ParamValue::Number(n.to_string()),
         },
         Value::String(s) => ParamValue::Text(s.clone()),
-        other => ParamValue::Json(crate::key::canonical_json(other)),
+        other => ParamValue::Json(crate::receive::key::canonical_json(other)),
     }
 }
 
@@ -452,12 +452,12 @@ fn order_key_of(action: &Action, c: &Claim) -> Option<String> {
     let rule = f.control.order.as_ref()?;
     let doc;
     let json = match &c.json {
-        Some(v) => Some(crate::key::Json::Parsed(v)),
+        Some(v) => Some(crate::receive::key::Json::Parsed(v)),
         None => {
             doc = std::str::from_utf8(&c.body)
                 .ok()
-                .and_then(|t| crate::key::RawDoc::parse(t).ok());
-            doc.as_ref().map(crate::key::Json::Raw)
+                .and_then(|t| crate::receive::key::RawDoc::parse(t).ok());
+            doc.as_ref().map(crate::receive::key::Json::Raw)
         }
     };
     let input = Input {

@@ -10,6 +10,8 @@ use crate::harness::{Client, Server, ServerConfig, toml_str};
 use crate::pg_cluster;
 use crate::sign;
 
+use super::count;
+
 const SECRET: &str = "whsec_pg_instances";
 
 fn config(url: &str) -> ServerConfig {
@@ -37,13 +39,6 @@ fn event(i: usize) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-fn count(client: &mut postgres::Client, sql: &str) -> i64 {
-    client
-        .query_one(sql, &[])
-        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
-        .get(0)
 }
 
 /// Three instances on one database receive 300 events, each delivered 6
@@ -113,26 +108,28 @@ fn three_instances_on_one_database_store_each_event_once() {
     assert!(per_event.iter().all(|&n| n == 6), "{per_event:?}");
 
     let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-    assert_eq!(count(&mut db, "SELECT count(*) FROM events"), 300);
-    assert_eq!(count(&mut db, "SELECT count(*) FROM ledger"), 300);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM events", &[]), 300);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM ledger", &[]), 300);
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM ledger WHERE amount = 100 + substr(event_id, 5)::int"
+            "SELECT count(*) FROM ledger WHERE amount = 100 + substr(event_id, 5)::int",
+            &[]
         ),
         300,
         "each row has its own event's amount"
     );
-    assert_eq!(count(&mut db, "SELECT count(*) FROM deliveries"), 1800);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM deliveries", &[]), 1800);
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM deliveries WHERE outcome = 'accepted'"
+            "SELECT count(*) FROM deliveries WHERE outcome = 'accepted'",
+            &[]
         ),
         300
     );
     assert_eq!(
-        count(&mut db, "SELECT count(*) FROM idemhook_migrations"),
+        count(&mut db, "SELECT count(*) FROM idemhook_migrations", &[]),
         std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres"))
             .expect("the migrations")
             .count() as i64,
@@ -174,7 +171,8 @@ fn check_on_postgres_leaves_the_database_as_it_was() {
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+            &[]
         ),
         0,
         "nothing was created"
@@ -347,8 +345,8 @@ fn postgres_stopped_restarted_and_hung_under_load() {
         assert_eq!(r.status, 200, "event {i} delivered again");
     }
     let sent = seen.len() as i64;
-    assert_eq!(count(&mut db, "SELECT count(*) FROM events"), sent);
-    assert_eq!(count(&mut db, "SELECT count(*) FROM ledger"), sent);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM events", &[]), sent);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM ledger", &[]), sent);
 }
 
 /// Two instances share the forward jobs of one database; one is killed
@@ -405,7 +403,11 @@ fn two_instances_share_forward_jobs_and_one_takes_over_after_kill_9() {
     a.kill9();
 
     crate::harness::wait_until(Duration::from_secs(90), "every job done", || {
-        count(&mut db, "SELECT count(*) FROM jobs WHERE status = 'done'") == n as i64
+        count(
+            &mut db,
+            "SELECT count(*) FROM jobs WHERE status = 'done'",
+            &[],
+        ) == n as i64
     });
     for i in 0..n {
         let key = format!("stripe:evt_{i:04}:notify");
@@ -427,14 +429,16 @@ fn two_instances_share_forward_jobs_and_one_takes_over_after_kill_9() {
     assert!(
         count(
             &mut db,
-            "SELECT count(*) FROM attempts WHERE error_kind = 'lease'"
+            "SELECT count(*) FROM attempts WHERE error_kind = 'lease'",
+            &[]
         ) >= 1,
         "the takeover recorded the attempt cut short by kill -9"
     );
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM events WHERE state = 'completed'"
+            "SELECT count(*) FROM events WHERE state = 'completed'",
+            &[]
         ),
         n as i64
     );
@@ -567,7 +571,8 @@ fn migrate_then_every_old_event_is_a_duplicate() {
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM pg_namespace WHERE nspname = 'idemhook'"
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'idemhook'",
+            &[]
         ),
         0,
         "the plan writes nothing into the target"
@@ -607,12 +612,12 @@ fn migrate_then_every_old_event_is_a_duplicate() {
         "source_rules",
     ] {
         assert_eq!(
-            count(&mut db, &format!("SELECT count(*) FROM {table}")),
+            count(&mut db, &format!("SELECT count(*) FROM {table}"), &[]),
             sqlite_counts(table),
             "{table} copied row for row"
         );
     }
-    assert_eq!(count(&mut db, "SELECT count(*) FROM incidents"), 1);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM incidents", &[]), 1);
     let again = server.run_cli(&["migrate", "--to", &url, "--yes"]);
     assert!(
         again.status.code() == Some(2) && again.stderr.contains("already holds"),
@@ -621,11 +626,11 @@ fn migrate_then_every_old_event_is_a_duplicate() {
     );
 
     // serve on PostgreSQL now: every old event is a duplicate.
-    let jobs_before = count(&mut db, "SELECT count(*) FROM jobs");
+    let jobs_before = count(&mut db, "SELECT count(*) FROM jobs", &[]);
     let pg_server = Server::start(&config(&url).tables(&sources), &[]);
     // The team's table in the SQLite file is not idemhook's to move: on
     // PostgreSQL setup_sql makes it, empty.
-    let ledger_before = count(&mut db, "SELECT count(*) FROM ledger");
+    let ledger_before = count(&mut db, "SELECT count(*) FROM ledger", &[]);
     for i in 0..n {
         let r = post(&pg_server, &event(i));
         assert_eq!(r.status, 200, "event {i}");
@@ -636,9 +641,12 @@ fn migrate_then_every_old_event_is_a_duplicate() {
     crate::harness::wait_until(Duration::from_secs(60), "the new event forwarded", || {
         ds.total_effects() == n as u64 + 1
     });
-    assert_eq!(count(&mut db, "SELECT count(*) FROM jobs"), jobs_before + 2);
     assert_eq!(
-        count(&mut db, "SELECT count(*) FROM ledger"),
+        count(&mut db, "SELECT count(*) FROM jobs", &[]),
+        jobs_before + 2
+    );
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM ledger", &[]),
         ledger_before + 1
     );
     assert_eq!(
@@ -796,6 +804,7 @@ fn two_instances_take_the_same_burst_while_one_is_killed_mid_group() {
                     &mut db,
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
                      AND state = 'idle in transaction'",
+                    &[],
                 ) >= 1
         },
     );
@@ -843,18 +852,19 @@ fn two_instances_take_the_same_burst_while_one_is_killed_mid_group() {
     );
     assert_eq!(stored.len(), N, "every event stored (all were sent to B)");
     assert_eq!(
-        count(&mut db, "SELECT count(*) FROM effects"),
+        count(&mut db, "SELECT count(*) FROM effects", &[]),
         N as i64,
         "one effect per event"
     );
     assert_eq!(
-        count(&mut db, "SELECT count(DISTINCT event_id) FROM effects"),
+        count(&mut db, "SELECT count(DISTINCT event_id) FROM effects", &[]),
         N as i64
     );
     assert_eq!(
         count(
             &mut db,
-            "SELECT count(*) FROM deliveries WHERE outcome = 'accepted'"
+            "SELECT count(*) FROM deliveries WHERE outcome = 'accepted'",
+            &[]
         ),
         N as i64,
         "one claim per event"
@@ -875,7 +885,10 @@ fn two_instances_take_the_same_burst_while_one_is_killed_mid_group() {
             "event {i} again"
         );
     }
-    assert_eq!(count(&mut db, "SELECT count(*) FROM effects"), N as i64);
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM effects", &[]),
+        N as i64
+    );
 }
 
 /// Another session holds a lock on the events table (a long maintenance
@@ -1043,9 +1056,13 @@ fn two_instances_updating_shared_rows_survive_deadlocks_without_doubling() {
         }
     }
     let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-    assert_eq!(count(&mut db, "SELECT count(*) FROM events"), N as i64);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM events", &[]), N as i64);
     assert_eq!(
-        count(&mut db, "SELECT count(*) FROM jobs WHERE status = 'done'"),
+        count(
+            &mut db,
+            "SELECT count(*) FROM jobs WHERE status = 'done'",
+            &[]
+        ),
         2 * N as i64,
         "every action ran and committed"
     );
@@ -1062,6 +1079,7 @@ fn two_instances_updating_shared_rows_survive_deadlocks_without_doubling() {
     let deadlocks = count(
         &mut db,
         "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+        &[],
     );
     eprintln!("deadlocks detected (and their groups run again): {deadlocks}");
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use crate::headers::header_values;
+use crate::receive::headers::header_values;
 
 /// Longest event id we store; longer ids are refused as malformed.
 pub const MAX_EVENT_ID_BYTES: usize = 512;

@@ -373,7 +373,9 @@ fn scenario(backend: Backend) -> Vec<(String, Value)> {
 /// as on SQLite.
 #[test]
 fn operator_commands_and_the_admin_api_answer_alike_on_both_backends() {
-    if !Backend::Postgres.available("pg_ops::operator_commands_and_the_admin_api_answer_alike") {
+    if !Backend::Postgres
+        .available("pg::commands::operator_commands_and_the_admin_api_answer_alike")
+    {
         return;
     }
     let on_sqlite = scenario(Backend::Sqlite);
@@ -404,7 +406,7 @@ fn operator_commands_and_the_admin_api_answer_alike_on_both_backends() {
 /// `backup` points at pg_dump.
 #[test]
 fn backup_on_postgres_points_at_pg_dump() {
-    if !Backend::Postgres.available("pg_ops::backup_on_postgres_points_at_pg_dump") {
+    if !Backend::Postgres.available("pg::commands::backup_on_postgres_points_at_pg_dump") {
         return;
     }
     let ds = Downstream::start();
@@ -427,7 +429,7 @@ fn backup_on_postgres_points_at_pg_dump() {
 fn the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped() {
     let Some(local) = crate::pg_cluster::private() else {
         crate::pg_cluster::skipped(
-            "pg_ops::the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped",
+            "pg::commands::the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped",
         );
         return;
     };
@@ -483,7 +485,7 @@ fn the_admin_api_answers_503_and_the_cli_exits_2_while_postgres_is_stopped() {
 #[test]
 fn operator_changes_through_one_instance_hold_for_the_other() {
     if !Backend::Postgres
-        .available("pg_ops::operator_changes_through_one_instance_hold_for_the_other")
+        .available("pg::commands::operator_changes_through_one_instance_hold_for_the_other")
     {
         return;
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::config::{Config, Source};
-use crate::ingest::{Claim, Decision, DeliveryClaims};
 use crate::metrics::{JobGauges, Metrics};
+use crate::receive::ingest::{Claim, Decision, DeliveryClaims};
 use crate::state::{AttemptOutcome, Delivery};
 use crate::store::StoreError;
 use crate::store::backend::{Backend, Refusal};
@@ -21,13 +21,13 @@ pub struct App<B: Backend> {
     pub metrics: Arc<Metrics>,
     /// Wakes the forward workers when new jobs were committed.
     pub wake_outbox: Box<dyn Fn() + Send + Sync>,
-    pub admin_limiter: crate::auth::AuthLimiter,
+    pub admin_limiter: crate::http::auth::AuthLimiter,
     /// The inspector's signed-in browsers (in memory: a restart ends them).
-    pub ui_sign_ins: crate::auth::SignIns,
+    pub ui_sign_ins: crate::http::auth::SignIns,
     /// The inspector's overview: delivery counts of minutes that are over.
     pub overview_cache: crate::ops::inspector::OverviewCache,
     /// `/readyz` probes, at most one in flight.
-    pub readiness: crate::readiness::Coalesced,
+    pub readiness: crate::http::readiness::Coalesced,
 }
 
 impl<B: Backend> App<B> {

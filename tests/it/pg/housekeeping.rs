@@ -10,6 +10,8 @@ use crate::helpers::StripeHook;
 use crate::pg_cluster;
 use crate::sign;
 
+use super::count;
+
 const SECRET: &str = "whsec_pg_serve_ops";
 const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 
@@ -20,16 +22,6 @@ fn event(id: &str, amount: i64) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-fn count(
-    db: &mut postgres::Client,
-    sql: &str,
-    params: &[&(dyn postgres::types::ToSql + Sync)],
-) -> i64 {
-    db.query_one(sql, params)
-        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
-        .get(0)
 }
 
 /// A source of kind stripe with an SQL action into `ledger` (which
