@@ -2219,6 +2219,10 @@ fn a_panic_while_answering_is_answered_500_and_gives_the_slot_back() {
     // given back: with max_connections = 3, three panics left a server
     // that answered every new connection 503, though every client had left.
     const CAP: usize = 3;
+    // The 500 comes after the claim's commit (an fsync): on a loaded
+    // machine that can take longer than BOUND; the slot's return is the
+    // point here, not the speed.
+    const ANSWER: Duration = Duration::from_secs(10);
     let mut server = Server::start(
         &stripe_config().set("max_connections", &CAP.to_string()),
         &[
@@ -2230,7 +2234,7 @@ fn a_panic_while_answering_is_answered_500_and_gives_the_slot_back() {
     let acked = Acked::default();
     let mut conn = Conn::open(addr);
     conn.send(&delivery_bytes("evt_panic_0", false));
-    let answer = conn.answer(BOUND);
+    let answer = conn.answer(ANSWER);
     let closed = conn.closed(Duration::from_millis(500));
     drop(conn);
 
@@ -2245,9 +2249,9 @@ fn a_panic_while_answering_is_answered_500_and_gives_the_slot_back() {
     for i in 1..CAP {
         let mut c = Conn::open(addr);
         c.send(&delivery_bytes(&format!("evt_panic_{i}"), false));
-        let _ = c.answer(BOUND);
+        let _ = c.answer(ANSWER);
     }
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + ANSWER;
     let slots_back = loop {
         let probe = match Client::new(BOUND).try_get(&server.url("/healthz")) {
             Ok(r) if r.status == 200 => Ok(()),
@@ -2297,7 +2301,7 @@ fn a_panic_while_answering_is_answered_500_and_gives_the_slot_back() {
     };
     assert!(
         answered && slots_back.is_ok(),
-        "a panic after the claim committed\n  expected: 500 with a JSON error within {BOUND:?}, and the connection slot given back\n  got: {}; then the connection was {}; slots: {slots_back:?}",
+        "a panic after the claim committed\n  expected: 500 with a JSON error within {ANSWER:?}, and the connection slot given back\n  got: {}; then the connection was {}; slots: {slots_back:?}",
         match &answer {
             Ok(a) => a.describe(),
             Err(e) => e.clone(),
