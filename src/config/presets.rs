@@ -434,7 +434,23 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "linear",
-        scheme: || Scheme::Code(code::LINEAR),
+        scheme: || {
+            worded(
+                rule(
+                    "linear",
+                    Alg::Hmac(S256),
+                    HEX,
+                    vec![Piece::Body],
+                    header("Linear-Signature", ""),
+                    Some(Timestamp {
+                        from: TimeFrom::Member("webhookTimestamp".to_owned()),
+                        format: TimeFormat::UnixMs,
+                        window: Window::Both,
+                    }),
+                ),
+                "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance",
+            )
+        },
         key: &["header:Linear-Delivery"],
         event_type: &["header:Linear-Event"],
         tolerance_secs: Some(300),
@@ -1254,6 +1270,21 @@ mod tests {
             }
         }
         assert_eq!(PRESETS.len(), 44);
+    }
+
+    #[test]
+    fn a_timestamp_read_after_the_signature_is_not_signed_apart() {
+        for p in PRESETS {
+            if let Scheme::Rule { rule, .. } = (p.scheme)()
+                && let Some(Timestamp {
+                    from: TimeFrom::Member(_),
+                    ..
+                }) = rule.timestamp
+            {
+                assert!(rule.covers(&Piece::Body), "{}", p.name);
+                assert!(!rule.covers(&Piece::Timestamp), "{}", p.name);
+            }
+        }
     }
 
     #[test]

@@ -131,6 +131,11 @@ pub enum TimeFrom {
     /// The carrier's own timestamp (`Pairs`, `Positional`).
     Carrier,
     Json(String),
+    /// An integer member of the body's top-level object (unix seconds, or
+    /// milliseconds for `unix_ms`), read only once the signature holds, so
+    /// an unsigned body is never parsed (Linear's `webhookTimestamp`). The
+    /// body signs it: the message has no [`Piece::Timestamp`] of its own.
+    Member(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -379,6 +384,19 @@ pub(super) fn verify(
                 verifier.check_window(secs, now, t.window)?;
                 Some(secs)
             }
+            (
+                Some(
+                    t @ Timestamp {
+                        from: TimeFrom::Member(member),
+                        ..
+                    },
+                ),
+                None,
+            ) => {
+                let secs = member_time(rq.body, member, t.format)?;
+                verifier.check_window(secs, now, t.window)?;
+                Some(secs)
+            }
             _ => None,
         };
         return Ok(Verdict {
@@ -425,7 +443,84 @@ fn group_timestamp(
             .clone()
             .ok_or_else(|| malformed(rule.carrier.name(), MalformedReason::NoTimestamp))?,
         TimeFrom::Json(pointer) => body.text_at(pointer)?,
+        // Read once the signature holds (`member_time`).
+        TimeFrom::Member(_) => return Ok(None),
     }))
+}
+
+/// The integer `member` of the body's top-level object, in unix seconds.
+/// Every other member is skipped without being built (serde_json skips
+/// iteratively), so a deeply nested body costs no stack on the connection
+/// thread: this runs before the receiver's nesting check.
+fn member_time(body: &[u8], member: &str, format: TimeFormat) -> Result<i64, VerifyError> {
+    let not_json = || VerifyError::InvalidBody("not json".to_owned());
+    let absent = || VerifyError::InvalidBody(format!("no {member}"));
+    // Only an object has members.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|_| not_json())?;
+        return Err(absent());
+    }
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let value = serde::Deserializer::deserialize_map(&mut json, MemberOf(member))
+        .and_then(|value| json.end().map(|()| value))
+        .map_err(|_| not_json())?;
+    let number = value
+        .ok_or_else(absent)?
+        .as_i64()
+        .ok_or_else(|| VerifyError::InvalidBody(format!("{member} is not an integer")))?;
+    Ok(match format {
+        TimeFormat::UnixMs => number.div_euclid(1000),
+        TimeFormat::Unix | TimeFormat::Rfc3339 => number,
+    })
+}
+
+/// Reads one member of a JSON object (`null` counts as absent, a second
+/// copy is an error), skipping the others.
+struct MemberOf<'m>(&'m str);
+
+impl<'de> serde::de::Visitor<'de> for MemberOf<'_> {
+    type Value = Option<serde_json::Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found: Option<Option<serde_json::Value>> = None;
+        while let Some(is_member) = map.next_key_seed(IsMember(self.0))? {
+            if !is_member {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            } else if found.is_some() {
+                return Err(serde::de::Error::custom("the member is there twice"));
+            } else {
+                found = Some(map.next_value()?);
+            }
+        }
+        Ok(found.flatten())
+    }
+}
+
+/// True for a key that is the member, compared without building it.
+struct IsMember<'m>(&'m str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for IsMember<'_> {
+    type Value = bool;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for IsMember<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<bool, E> {
+        Ok(key == self.0)
+    }
 }
 
 /// The signed content's pieces, in order; the body's piece is left empty
