@@ -7,7 +7,8 @@
 //! and the source of each value are in docs/configuration.md's table.
 
 use crate::verify::rule::{
-    Alg, Carrier, Piece, SecretEncoding, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
+    Alg, Carrier, Family, Piece, SecretEncoding, SignedRule, TimeFormat, TimeFrom, Timestamp,
+    Window,
 };
 use crate::verify::{Encoding, HmacAlgorithm, Scheme, code};
 
@@ -156,6 +157,7 @@ fn rule(
             timestamp,
             secret_encoding: SecretEncoding::Text,
             secret_nfkd: false,
+            secret_prefixes: &[],
             escaped_body: false,
             require: Vec::new(),
             strict: false,
@@ -273,6 +275,57 @@ fn token(kind: &'static str, name: &str, prefix: &str, encoding: Encoding) -> Sc
         header(name, prefix),
         None,
     )
+}
+
+/// Standard Webhooks (and Svix, its origin): `webhook-id`,
+/// `webhook-timestamp` and `webhook-signature`, or the same three as
+/// `svix-*` (read when no `webhook-*` one is sent). The signed content is
+/// `{id}.{timestamp}.{body}`; `v1,<base64>` entries are an HMAC-SHA256
+/// keyed with a `whsec_` secret's base64 (a secret without the prefix is
+/// base64 too), `v1a,<base64>` ones an Ed25519 signature checked with a
+/// `whpk_<base64>` public key. Also what forward actions and
+/// notifications sign with (`sign_secret`).
+pub fn standard() -> Scheme {
+    const FAMILIES: &[Family] = &[
+        Family {
+            id: "webhook-id",
+            timestamp: "webhook-timestamp",
+            signature: "webhook-signature",
+        },
+        Family {
+            id: "svix-id",
+            timestamp: "svix-timestamp",
+            signature: "svix-signature",
+        },
+    ];
+    let scheme = strict(
+        rule(
+            "standard",
+            Alg::Hmac(S256),
+            B64,
+            vec![
+                Piece::Header("webhook-id".to_owned()),
+                Piece::Text(".".to_owned()),
+                Piece::Timestamp,
+                Piece::Text(".".to_owned()),
+                Piece::Body,
+            ],
+            Carrier::Versioned {
+                families: FAMILIES,
+                versions: &[("v1", Alg::Hmac(S256)), ("v1a", Alg::Ed25519)],
+            },
+            ts_carrier(TimeFormat::Unix, Window::Both),
+        ),
+        "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance",
+    );
+    match scheme {
+        Scheme::Rule { kind, mut rule } => {
+            rule.secret_encoding = SecretEncoding::Base64;
+            rule.secret_prefixes = &[("whsec_", Alg::Hmac(S256)), ("whpk_", Alg::Ed25519)];
+            Scheme::Rule { kind, rule }
+        }
+        other => other,
+    }
 }
 
 const S256: HmacAlgorithm = HmacAlgorithm::Sha256;
@@ -462,7 +515,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "standard",
-        scheme: || Scheme::Code(code::STANDARD),
+        scheme: standard,
         key: &["header:webhook-id|header:svix-id"],
         tolerance_secs: Some(300),
         horizon: Some((
@@ -1283,6 +1336,29 @@ mod tests {
             {
                 assert!(rule.covers(&Piece::Body), "{}", p.name);
                 assert!(!rule.covers(&Piece::Timestamp), "{}", p.name);
+            }
+        }
+    }
+
+    #[test]
+    fn versioned_carriers_sign_only_what_their_path_reads() {
+        for p in PRESETS {
+            if let Scheme::Rule { rule, .. } = (p.scheme)()
+                && let Carrier::Versioned { families, versions } = &rule.carrier
+            {
+                // `send` signs as the first version, with the rule's alg.
+                assert_eq!(versions.first().map(|v| v.1), Some(rule.alg), "{}", p.name);
+                let id = families.first().map(|f| f.id).unwrap_or_default();
+                for piece in &rule.message {
+                    assert!(
+                        matches!(
+                            piece,
+                            Piece::Timestamp | Piece::Body | Piece::Text(_) | Piece::Method
+                        ) || *piece == Piece::Header(id.to_owned()),
+                        "{}: {piece:?}",
+                        p.name
+                    );
+                }
             }
         }
     }

@@ -6,4 +6,5 @@ mod linear;
 mod paddle;
 mod shopify;
 mod slack;
+mod standard;
 mod stripe;
