@@ -7,27 +7,26 @@
 //! and the source of each value are in docs/configuration.md's table.
 
 use crate::verify::rule::{
-    Alg, Carrier, Piece, SecretEncoding, SignedRule, TimeFormat, TimeFrom, Timestamp, Window,
+    Alg, Carrier, Family, Piece, SecretEncoding, SignedRule, TimeFormat, TimeFrom, Timestamp,
+    Window,
 };
 use crate::verify::{Encoding, HmacAlgorithm, Scheme, code};
 
 /// A verification request some providers send before (or instead of)
 /// events; answered as the provider requires, never stored. One that is an
-/// echo of a field is data ([`Echo`]); the others are code
-/// (`http/hooks/providers.rs`, `send/handshake.rs`).
+/// echo of a field or a constant answer is data ([`Echo`]); the others are
+/// code (`http/hooks/providers.rs`, `send/handshake.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handshake {
     None,
-    /// Answered with a field of the request, as data.
+    /// Answered with a field of the request, or a constant, as data.
     Echo(Echo),
     Zoom,
     Twitch,
     Meta,
     Okta,
-    Discord,
     Asana,
     Notion,
-    Trello,
 }
 
 impl Handshake {
@@ -47,29 +46,57 @@ pub enum Field {
     Query(&'static str),
     /// A JSON string at a pointer in the body.
     Json(&'static str),
+    /// A JSON integer at a pointer in the body, as decimal text.
+    JsonInt(&'static str),
     Header(&'static str),
 }
 
-/// A handshake that is an echo of a field: answered 200 with the field's
-/// text, nothing stored. Adding one is data in the provider's row.
+impl Field {
+    /// The parameter's, pointer's or header's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Query(name) | Field::Json(name) | Field::JsonInt(name) | Field::Header(name) => {
+                name
+            }
+        }
+    }
+}
+
+/// What an [`Echo`] answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The text of this field, the challenge.
+    Challenge(Field),
+    /// Always `body`; `what` names it in the log.
+    Fixed {
+        what: &'static str,
+        body: &'static str,
+    },
+}
+
+/// A handshake that is an echo of a field or a constant answer: answered
+/// 200 with the field's text or the constant, nothing stored. Adding one
+/// is data in the provider's row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Echo {
     /// The provider's name for it, for `check`, the log and `send`.
     pub name: &'static str,
-    /// Only a request of this method is one ("" for any).
-    pub method: &'static str,
-    /// It is one when this field holds this text (its challenge then
-    /// empty when absent); without, when the challenge field is there.
+    /// Only a request of one of these methods is one (none: any); `send`
+    /// uses the first (none: POST).
+    pub methods: &'static [&'static str],
+    /// It is one when this field holds this text (a challenge then empty
+    /// when absent); without, when the challenge field is there, or
+    /// always for a constant answer.
     pub when: Option<(Field, &'static str)>,
-    pub challenge: Field,
+    pub answer: Answer,
     /// Answered before the signature is checked: the provider signs the
     /// events, not this request.
     pub unsigned: bool,
     pub content_type: &'static str,
     /// `X-Content-Type-Options: nosniff` on the answer.
     pub nosniff: bool,
-    /// Echoed as sent, unchecked (Slack's); else refused when too long or
-    /// holding control characters.
+    /// Echoed as sent, unchecked (Slack's); else a challenge is refused
+    /// when too long or holding control characters.
     pub as_sent: bool,
 }
 
@@ -156,6 +183,7 @@ fn rule(
             timestamp,
             secret_encoding: SecretEncoding::Text,
             secret_nfkd: false,
+            secret_prefixes: &[],
             escaped_body: false,
             require: Vec::new(),
             strict: false,
@@ -273,6 +301,57 @@ fn token(kind: &'static str, name: &str, prefix: &str, encoding: Encoding) -> Sc
         header(name, prefix),
         None,
     )
+}
+
+/// Standard Webhooks (and Svix, its origin): `webhook-id`,
+/// `webhook-timestamp` and `webhook-signature`, or the same three as
+/// `svix-*` (read when no `webhook-*` one is sent). The signed content is
+/// `{id}.{timestamp}.{body}`; `v1,<base64>` entries are an HMAC-SHA256
+/// keyed with a `whsec_` secret's base64 (a secret without the prefix is
+/// base64 too), `v1a,<base64>` ones an Ed25519 signature checked with a
+/// `whpk_<base64>` public key. Also what forward actions and
+/// notifications sign with (`sign_secret`).
+pub fn standard() -> Scheme {
+    const FAMILIES: &[Family] = &[
+        Family {
+            id: "webhook-id",
+            timestamp: "webhook-timestamp",
+            signature: "webhook-signature",
+        },
+        Family {
+            id: "svix-id",
+            timestamp: "svix-timestamp",
+            signature: "svix-signature",
+        },
+    ];
+    let scheme = strict(
+        rule(
+            "standard",
+            Alg::Hmac(S256),
+            B64,
+            vec![
+                Piece::Header("webhook-id".to_owned()),
+                Piece::Text(".".to_owned()),
+                Piece::Timestamp,
+                Piece::Text(".".to_owned()),
+                Piece::Body,
+            ],
+            Carrier::Versioned {
+                families: FAMILIES,
+                versions: &[("v1", Alg::Hmac(S256)), ("v1a", Alg::Ed25519)],
+            },
+            ts_carrier(TimeFormat::Unix, Window::Both),
+        ),
+        "webhook-signature v1,: base64 HMAC-SHA256 (or v1a ed25519) of id.timestamp.body; timestamp within tolerance",
+    );
+    match scheme {
+        Scheme::Rule { kind, mut rule } => {
+            rule.secret_encoding = SecretEncoding::Base64;
+            rule.secret_prefixes = &[("whsec_", Alg::Hmac(S256)), ("whpk_", Alg::Ed25519)];
+            Scheme::Rule { kind, rule }
+        }
+        other => other,
+    }
 }
 
 const S256: HmacAlgorithm = HmacAlgorithm::Sha256;
@@ -400,9 +479,9 @@ pub static PRESETS: &[Preset] = &[
         kept_headers: &["x-slack-request-timestamp", "x-slack-signature"],
         handshake: Handshake::Echo(Echo {
             name: "Slack",
-            method: "",
+            methods: &[],
             when: Some((Field::Json("/type"), "url_verification")),
-            challenge: Field::Json("/challenge"),
+            answer: Answer::Challenge(Field::Json("/challenge")),
             unsigned: false,
             content_type: "text/plain; charset=utf-8",
             nosniff: false,
@@ -434,7 +513,23 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "linear",
-        scheme: || Scheme::Code(code::LINEAR),
+        scheme: || {
+            worded(
+                rule(
+                    "linear",
+                    Alg::Hmac(S256),
+                    HEX,
+                    vec![Piece::Body],
+                    header("Linear-Signature", ""),
+                    Some(Timestamp {
+                        from: TimeFrom::Member("webhookTimestamp".to_owned()),
+                        format: TimeFormat::UnixMs,
+                        window: Window::Both,
+                    }),
+                ),
+                "Linear-Signature: hex HMAC-SHA256 of the body; webhookTimestamp within tolerance",
+            )
+        },
         key: &["header:Linear-Delivery"],
         event_type: &["header:Linear-Event"],
         tolerance_secs: Some(300),
@@ -446,7 +541,7 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "standard",
-        scheme: || Scheme::Code(code::STANDARD),
+        scheme: standard,
         key: &["header:webhook-id|header:svix-id"],
         tolerance_secs: Some(300),
         horizon: Some((
@@ -533,7 +628,20 @@ pub static PRESETS: &[Preset] = &[
         },
         tolerance_secs: Some(300),
         kept_headers: &["x-signature-ed25519", "x-signature-timestamp"],
-        handshake: Handshake::Discord,
+        // PING, signed as the events are.
+        handshake: Handshake::Echo(Echo {
+            name: "Discord",
+            methods: &[],
+            when: Some((Field::JsonInt("/type"), "1")),
+            answer: Answer::Fixed {
+                what: "PING",
+                body: r#"{"type":1}"#,
+            },
+            unsigned: false,
+            content_type: JSON,
+            nosniff: false,
+            as_sent: false,
+        }),
         ack: Ack::DiscordDeferred,
         sample: r#"{"id":"{id}","type":{type},"application_id":"1","token":"t","data":{"name":"hello"}}"#,
         sample_type: "2",
@@ -836,9 +944,9 @@ pub static PRESETS: &[Preset] = &[
         kept_headers: &["x-dropbox-signature"],
         handshake: Handshake::Echo(Echo {
             name: "Dropbox",
-            method: "GET",
+            methods: &["GET"],
             when: None,
-            challenge: Field::Query("challenge"),
+            answer: Answer::Challenge(Field::Query("challenge")),
             unsigned: true,
             content_type: "text/plain",
             nosniff: true,
@@ -980,9 +1088,9 @@ pub static PRESETS: &[Preset] = &[
         horizon: Some((4 * HOUR, "Graph retries for up to 4 hours")),
         handshake: Handshake::Echo(Echo {
             name: "Msgraph",
-            method: "",
+            methods: &[],
             when: None,
-            challenge: Field::Query("validationToken"),
+            answer: Answer::Challenge(Field::Query("validationToken")),
             unsigned: true,
             content_type: "text/plain",
             nosniff: false,
@@ -1095,7 +1203,20 @@ pub static PRESETS: &[Preset] = &[
         key: &["json:/action/id"],
         event_type: &["json:/action/type"],
         kept_headers: &["x-trello-webhook"],
-        handshake: Handshake::Trello,
+        // The callback URL checked before the webhook is created.
+        handshake: Handshake::Echo(Echo {
+            name: "Trello",
+            methods: &["HEAD", "GET"],
+            when: None,
+            answer: Answer::Fixed {
+                what: "callback check",
+                body: "",
+            },
+            unsigned: true,
+            content_type: "text/plain",
+            nosniff: false,
+            as_sent: false,
+        }),
         sample: r#"{"action":{"id":"{id}","type":"{type}","data":{}},"model":{"id":"m1"}}"#,
         sample_type: "updateCard",
         ..BASE
@@ -1254,6 +1375,44 @@ mod tests {
             }
         }
         assert_eq!(PRESETS.len(), 44);
+    }
+
+    #[test]
+    fn a_timestamp_read_after_the_signature_is_not_signed_apart() {
+        for p in PRESETS {
+            if let Scheme::Rule { rule, .. } = (p.scheme)()
+                && let Some(Timestamp {
+                    from: TimeFrom::Member(_),
+                    ..
+                }) = rule.timestamp
+            {
+                assert!(rule.covers(&Piece::Body), "{}", p.name);
+                assert!(!rule.covers(&Piece::Timestamp), "{}", p.name);
+            }
+        }
+    }
+
+    #[test]
+    fn versioned_carriers_sign_only_what_their_path_reads() {
+        for p in PRESETS {
+            if let Scheme::Rule { rule, .. } = (p.scheme)()
+                && let Carrier::Versioned { families, versions } = &rule.carrier
+            {
+                // `send` signs as the first version, with the rule's alg.
+                assert_eq!(versions.first().map(|v| v.1), Some(rule.alg), "{}", p.name);
+                let id = families.first().map(|f| f.id).unwrap_or_default();
+                for piece in &rule.message {
+                    assert!(
+                        matches!(
+                            piece,
+                            Piece::Timestamp | Piece::Body | Piece::Text(_) | Piece::Method
+                        ) || *piece == Piece::Header(id.to_owned()),
+                        "{}: {piece:?}",
+                        p.name
+                    );
+                }
+            }
+        }
     }
 
     #[test]

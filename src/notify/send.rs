@@ -13,7 +13,7 @@ use lettre::transport::smtp::client::{Tls, TlsParameters};
 
 use super::message::Message;
 use crate::config::notify::{NotifyTarget, TargetKind};
-use crate::verify::{Scheme, Secret, Verifier};
+use crate::verify::{Secret, Verifier};
 
 /// How long one send may take, connecting included.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,7 +37,7 @@ pub fn send(target: &NotifyTarget, m: &Message, id: &str, now_ms: i64) -> Result
 /// checks it).
 pub fn signer(secret: &Secret) -> Result<Verifier, String> {
     Verifier::new(
-        Scheme::Standard,
+        crate::config::presets::standard(),
         vec![secret.clone()],
         Duration::from_secs(300),
     )

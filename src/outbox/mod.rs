@@ -60,7 +60,7 @@ use crate::outbox::retry::Verdict;
 use crate::store::backend::{Backend, Guard};
 use crate::store::tx::OutboxTx;
 use crate::time::now_ms;
-use crate::verify::{Scheme, Verifier};
+use crate::verify::Verifier;
 
 pub mod ask;
 pub mod circuit;
@@ -259,7 +259,7 @@ pub(crate) fn signers(config: &Config) -> Result<HashMap<(String, String), Verif
                 && let Some(secret) = &f.sign_secret
             {
                 let v = Verifier::new(
-                    Scheme::Standard,
+                    crate::config::presets::standard(),
                     vec![secret.clone()],
                     Duration::from_secs(300),
                 )

@@ -9,7 +9,7 @@ use anyhow::{Result, anyhow, bail};
 use serde_json::json;
 
 use super::{Exchanged, exchange};
-use crate::config::presets::{Echo, Field, Handshake};
+use crate::config::presets::{Answer, Echo, Field, Handshake};
 use crate::config::{Config, Source};
 use crate::ops::text::{Unwritten, stdout};
 use crate::verify::Request;
@@ -48,17 +48,12 @@ pub(super) fn run(
         body,
     } = match handshake {
         Handshake::Echo(e) => echo_request(e, url, &challenge),
-        Handshake::Zoom | Handshake::Twitch | Handshake::Discord => {
-            challenge_request(handshake, url, now, &challenge)
-        }
+        Handshake::Zoom | Handshake::Twitch => challenge_request(handshake, url, now, &challenge),
         handshake => plain_request(source, handshake, url, &challenge)?,
     };
     let signed = match handshake {
         Handshake::Echo(e) => !e.unsigned,
-        other => matches!(
-            other,
-            Handshake::Zoom | Handshake::Twitch | Handshake::Discord
-        ),
+        other => matches!(other, Handshake::Zoom | Handshake::Twitch),
     };
     // Okta's check carries the event hook's auth header.
     if signed || handshake == Handshake::Okta {
@@ -86,13 +81,13 @@ struct Outgoing {
     body: Vec<u8>,
 }
 
-/// The handshakes the provider signs, a JSON POST carrying the challenge
-/// or computed from it: Zoom's, Twitch's, Discord's.
+/// The handshakes the provider signs that are more than an echo, a JSON
+/// POST carrying the challenge or computed from it: Zoom's, Twitch's.
 fn challenge_request(handshake: Handshake, url: &str, now: i64, challenge: &str) -> Outgoing {
     let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
     let body = match handshake {
         Handshake::Zoom => json!({"event": "endpoint.url_validation", "payload": {"plainToken": challenge}, "event_ts": now * 1000}).to_string().into_bytes(),
-        Handshake::Twitch => {
+        _ => {
             headers.push(("Twitch-Eventsub-Message-Id".to_owned(), token()));
             headers.push((
                 "Twitch-Eventsub-Message-Type".to_owned(),
@@ -104,7 +99,6 @@ fn challenge_request(handshake: Handshake, url: &str, now: i64, challenge: &str)
             ));
             json!({"challenge": challenge, "subscription": {"id": "sub1", "type": "channel.follow", "version": "1", "status": "webhook_callback_verification_pending"}}).to_string().into_bytes()
         }
-        _ => br#"{"type":1}"#.to_vec(),
     };
     Outgoing {
         method: "POST",
@@ -114,15 +108,12 @@ fn challenge_request(handshake: Handshake, url: &str, now: i64, challenge: &str)
     }
 }
 
-/// A handshake that echoes a field, as its row describes it: the challenge
-/// in a query parameter (a GET, or a POST of plain text), a header, or a
-/// JSON body (with the field that says what it is).
+/// A handshake that echoes a field or answers a constant, as its row
+/// describes it: the challenge in a query parameter (a GET, or a POST of
+/// plain text), a header, or a JSON body (with the field that says what
+/// it is), or only what says what it is (Discord's PING, Trello's HEAD).
 fn echo_request(e: Echo, url: &str, challenge: &str) -> Outgoing {
-    let method = if e.method.is_empty() {
-        "POST"
-    } else {
-        e.method
-    };
+    let method = e.methods.first().copied().unwrap_or("POST");
     let mut out = Outgoing {
         method,
         url: url.to_owned(),
@@ -139,12 +130,23 @@ fn echo_request(e: Echo, url: &str, challenge: &str) -> Outgoing {
         }
         Field::Header(name) => out.headers.push((name.to_owned(), value.to_owned())),
         Field::Json(pointer) => super::set_pointer(&mut body, pointer, json!(value)),
+        Field::JsonInt(pointer) => {
+            let number = value
+                .parse::<i64>()
+                .map_or_else(|_| json!(value), |n| json!(n));
+            super::set_pointer(&mut body, pointer, number)
+        }
     };
     if let Some((field, value)) = e.when {
         put(field, value, &mut out);
     }
-    put(e.challenge, challenge, &mut out);
-    if matches!(e.challenge, Field::Json(_)) {
+    if let Answer::Challenge(field) = e.answer {
+        put(field, challenge, &mut out);
+    }
+    let in_json = |field: Field| matches!(field, Field::Json(_) | Field::JsonInt(_));
+    let json_body = e.when.is_some_and(|(field, _)| in_json(field))
+        || matches!(e.answer, Answer::Challenge(field) if in_json(field));
+    if json_body {
         out.headers
             .push(("Content-Type".to_owned(), "application/json".to_owned()));
         out.body = body.to_string().into_bytes();
@@ -155,9 +157,9 @@ fn echo_request(e: Echo, url: &str, challenge: &str) -> Outgoing {
     out
 }
 
-/// The handshakes sent unsigned (Okta's is signed as its events are):
-/// Meta's, Dropbox's, Microsoft Graph's, Okta's, Asana's, Notion's,
-/// Trello's. A kind without a handshake is an error.
+/// The handshakes sent unsigned that are more than an echo (Okta's is
+/// signed as its events are): Meta's, Okta's, Asana's, Notion's. A kind
+/// without a handshake is an error.
 fn plain_request(
     source: &Source,
     handshake: Handshake,
@@ -213,15 +215,11 @@ fn plain_request(
                 body.into_bytes(),
             )
         }
-        Handshake::Trello => Outgoing {
-            method: "HEAD",
-            ..get(url.to_owned())
-        },
         Handshake::None => bail!(
             "kind {} has no verification handshake; send an event instead",
             source.kind
         ),
-        Handshake::Zoom | Handshake::Twitch | Handshake::Discord => {
+        Handshake::Zoom | Handshake::Twitch => {
             bail!("the {handshake:?} handshake is a signed challenge")
         }
         Handshake::Echo(e) => bail!("the {} handshake is an echo", e.name),

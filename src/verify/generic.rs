@@ -2,7 +2,9 @@
 //! public key written as base64, hex or PEM (Ed25519 raw or
 //! SubjectPublicKeyInfo, P-256 SubjectPublicKeyInfo or a SEC1 point), and a
 //! shared secret's text turned into key bytes as `secret_encoding` and
-//! `secret_normalize` say. Errors say what is wrong, never the secret.
+//! `secret_normalize` say; and the keys of a rule whose secrets say by a
+//! prefix what they are (Standard Webhooks' `whsec_` and `whpk_`). Errors
+//! say what is wrong, never the secret.
 
 use base64::Engine as _;
 use unicode_normalization::UnicodeNormalization as _;
@@ -34,6 +36,56 @@ pub(super) fn shared_key(rule: &SignedRule, secret: &str) -> Result<Vec<u8>, Str
             .map_err(|_| "secret_encoding is base64, and the secret is not base64".to_owned()),
         SecretEncoding::Hex => hex::decode(text.trim())
             .map_err(|_| "secret_encoding is hex, and the secret is not hex".to_owned()),
+    }
+}
+
+/// A secret of a rule with `secret_prefixes`: the prefix (if any) says
+/// what it is, the rest is the key written in `secret_encoding`, as is
+/// (nothing trimmed); a shared secret may not be empty.
+pub(super) fn prefixed_key(rule: &SignedRule, secret: &str) -> Result<Key, String> {
+    let prefixed = rule
+        .secret_prefixes
+        .iter()
+        .find_map(|(prefix, alg)| Some((*prefix, *alg, secret.strip_prefix(prefix)?)));
+    let (prefix, alg, written) = prefixed.unwrap_or(("", rule.alg, secret));
+    let name = if prefix.is_empty() { "the" } else { prefix };
+    let bytes = match rule.secret_encoding {
+        SecretEncoding::Text => Some(written.as_bytes().to_vec()),
+        SecretEncoding::Base64 => base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
+            .decode(written)
+            .ok(),
+        SecretEncoding::Hex => hex::decode(written).ok(),
+    };
+    let encoding = match rule.secret_encoding {
+        SecretEncoding::Text => "text",
+        SecretEncoding::Base64 => "base64",
+        SecretEncoding::Hex => "hex",
+    };
+    match alg {
+        Alg::Hmac(_) | Alg::Token => match bytes {
+            Some(bytes) if !bytes.is_empty() => Ok(Key::Hmac(bytes)),
+            _ => {
+                let prefixes: Vec<&str> = rule.secret_prefixes.iter().map(|(p, _)| *p).collect();
+                Err(format!("not a {} {encoding} key", prefixes.join(" or ")))
+            }
+        },
+        Alg::Ed25519 => {
+            let bytes = bytes.ok_or_else(|| format!("{name} key is not {encoding}"))?;
+            let bytes: [u8; 32] = bytes
+                .try_into()
+                .map_err(|_| format!("{name} key is not 32 bytes"))?;
+            ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+                .map(Key::Ed25519)
+                .map_err(|_| format!("{name} key is not an ed25519 public key"))
+        }
+        Alg::EcdsaP256 => {
+            use p256::pkcs8::DecodePublicKey as _;
+            let bytes = bytes.ok_or_else(|| format!("{name} key is not {encoding}"))?;
+            p256::ecdsa::VerifyingKey::from_public_key_der(&bytes)
+                .or_else(|_| p256::ecdsa::VerifyingKey::from_sec1_bytes(&bytes))
+                .map(Key::P256)
+                .map_err(|_| format!("{name} key is not a P-256 public key"))
+        }
     }
 }
 
@@ -116,6 +168,7 @@ mod wycheproof_vectors {
                 timestamp: None,
                 secret_encoding,
                 secret_nfkd: false,
+                secret_prefixes: &[],
                 escaped_body: false,
                 require: Vec::new(),
                 strict: false,

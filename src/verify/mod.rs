@@ -1,6 +1,6 @@
 //! Webhook signature verification: the rule engine (`rule.rs`, with the
-//! direct path of `stamped.rs`) that verifies the providers whose schemes
-//! are data, one file per provider whose scheme data cannot say (`code/`),
+//! direct paths of `stamped.rs` and `versioned.rs`) that verifies the
+//! providers whose schemes are data, one file per provider whose scheme data cannot say (`code/`),
 //! the generic kinds, and the pieces they share (keys, HMAC, header
 //! reading, timestamp tolerance) here.
 //!
@@ -30,6 +30,7 @@ mod same;
 mod stamped;
 #[cfg(test)]
 mod test_support;
+mod versioned;
 pub use same::same_secret;
 
 use std::borrow::Cow;
@@ -193,11 +194,6 @@ pub enum Scheme {
 }
 
 impl Scheme {
-    /// Standard Webhooks, also what forward actions sign with
-    /// (`sign_secret`).
-    #[allow(non_upper_case_globals)]
-    pub const Standard: Scheme = Scheme::Code(code::STANDARD);
-
     /// The config `kind` that names this scheme.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -553,7 +549,7 @@ impl Verifier {
         let body = rq.body;
         match &self.scheme {
             Scheme::Hmac(params) => hmac_generic::sign(self, params, body),
-            Scheme::Rule { rule, .. } => rule::sign(self, rule, rq, now, private_key),
+            Scheme::Rule { rule, .. } => rule::sign(self, rule, rq, (now, id), private_key),
             Scheme::Code(code) => code.sign(self, rq, now, id),
             Scheme::None => Err("kind none does not sign".to_owned()),
         }
@@ -686,6 +682,10 @@ fn decode_key(scheme: &Scheme, secret: &str) -> Result<Key, String> {
     }
     match scheme {
         Scheme::Code(code) => code.decode_key(secret),
+        // A prefix says what the secret is (Standard's `whsec_`, `whpk_`).
+        Scheme::Rule { rule, .. } if !rule.secret_prefixes.is_empty() => {
+            generic::prefixed_key(rule, secret)
+        }
         // The generic kinds: public keys as base64, hex or PEM, and a
         // shared secret's text turned into key bytes as configured.
         Scheme::Rule {

@@ -75,6 +75,28 @@ pub enum Carrier {
     },
     /// A string at a JSON pointer in the body (Mailgun).
     Json(String),
+    /// Blank-separated `<version>,<signature>` entries, the version naming
+    /// the signature's algorithm (Standard Webhooks' `v1,<hmac>
+    /// v1a,<ed25519>`), in a family of three headers: the event id (signed
+    /// as [`Piece::Header`] of the first family's id, and required of a
+    /// signed request), the timestamp and the signatures. Checked on its
+    /// own path (`versioned`), every signature base64 or hex as canonical.
+    Versioned {
+        /// The header families, by preference: the first any of whose
+        /// headers is sent is read, else the first (which errors then name).
+        families: &'static [Family],
+        /// The versions an entry may carry and their algorithms; entries
+        /// of other versions are ignored. `send` signs as the first.
+        versions: &'static [(&'static str, Alg)],
+    },
+}
+
+/// The names of one family of a [`Carrier::Versioned`]'s headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    pub id: &'static str,
+    pub timestamp: &'static str,
+    pub signature: &'static str,
 }
 
 impl Carrier {
@@ -85,6 +107,7 @@ impl Carrier {
             | Carrier::Pairs { name, .. }
             | Carrier::Positional(name) => name,
             Carrier::Stamped { name, .. } => name,
+            Carrier::Versioned { families, .. } => families.first().map_or("", |f| f.signature),
             Carrier::AnyHeader(names) => names.first().map_or("", String::as_str),
             Carrier::Numbered(prefix) => prefix,
             Carrier::Json(pointer) => pointer,
@@ -131,6 +154,11 @@ pub enum TimeFrom {
     /// The carrier's own timestamp (`Pairs`, `Positional`).
     Carrier,
     Json(String),
+    /// An integer member of the body's top-level object (unix seconds, or
+    /// milliseconds for `unix_ms`), read only once the signature holds, so
+    /// an unsigned body is never parsed (Linear's `webhookTimestamp`). The
+    /// body signs it: the message has no [`Piece::Timestamp`] of its own.
+    Member(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +189,12 @@ pub struct SignedRule {
     pub secret_encoding: SecretEncoding,
     /// The secret's text NFKD-normalised first (EasyPost).
     pub secret_nfkd: bool,
+    /// Prefixes naming what a secret is, the rest of it then written in
+    /// `secret_encoding` (Standard Webhooks' `whsec_` for a shared secret
+    /// and `whpk_` for an Ed25519 public key); a secret with none is a key
+    /// of the rule's own algorithm, written likewise. Empty: the secret is
+    /// taken as `secret_encoding` says, whole.
+    pub secret_prefixes: &'static [(&'static str, Alg)],
     /// Also accept a signature over the body with non-ASCII characters
     /// written as `\uXXXX` (Box's SDKs check both).
     pub escaped_body: bool,
@@ -211,6 +245,11 @@ impl SignedRule {
                 signature_key,
             } => format!("{name} {timestamp_key}=..{separator}{signature_key}=.."),
             Carrier::Json(pointer) => format!("body {pointer}"),
+            Carrier::Versioned { versions, .. } => {
+                let entries: Vec<String> =
+                    versions.iter().map(|(v, _)| format!("{v},..")).collect();
+                format!("{} {}", self.carrier.name(), entries.join(" "))
+            }
         }
     }
 
@@ -343,6 +382,9 @@ pub(super) fn verify(
         let keys = (timestamp_key, signature_key);
         return super::stamped::verify(verifier, rule, rq, now, (name, separator), keys);
     }
+    if let Carrier::Versioned { families, versions } = rule.carrier {
+        return super::versioned::verify(verifier, rule, rq, now, families, versions);
+    }
     let mut body = Body {
         bytes: rq.body,
         json: None,
@@ -376,6 +418,19 @@ pub(super) fn verify(
         let signed_at = match (&rule.timestamp, &timestamp) {
             (Some(t), Some(raw)) => {
                 let secs = parse_time(rule, t, raw)?;
+                verifier.check_window(secs, now, t.window)?;
+                Some(secs)
+            }
+            (
+                Some(
+                    t @ Timestamp {
+                        from: TimeFrom::Member(member),
+                        ..
+                    },
+                ),
+                None,
+            ) => {
+                let secs = member_time(rq.body, member, t.format)?;
                 verifier.check_window(secs, now, t.window)?;
                 Some(secs)
             }
@@ -425,7 +480,84 @@ fn group_timestamp(
             .clone()
             .ok_or_else(|| malformed(rule.carrier.name(), MalformedReason::NoTimestamp))?,
         TimeFrom::Json(pointer) => body.text_at(pointer)?,
+        // Read once the signature holds (`member_time`).
+        TimeFrom::Member(_) => return Ok(None),
     }))
+}
+
+/// The integer `member` of the body's top-level object, in unix seconds.
+/// Every other member is skipped without being built (serde_json skips
+/// iteratively), so a deeply nested body costs no stack on the connection
+/// thread: this runs before the receiver's nesting check.
+fn member_time(body: &[u8], member: &str, format: TimeFormat) -> Result<i64, VerifyError> {
+    let not_json = || VerifyError::InvalidBody("not json".to_owned());
+    let absent = || VerifyError::InvalidBody(format!("no {member}"));
+    // Only an object has members.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|_| not_json())?;
+        return Err(absent());
+    }
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let value = serde::Deserializer::deserialize_map(&mut json, MemberOf(member))
+        .and_then(|value| json.end().map(|()| value))
+        .map_err(|_| not_json())?;
+    let number = value
+        .ok_or_else(absent)?
+        .as_i64()
+        .ok_or_else(|| VerifyError::InvalidBody(format!("{member} is not an integer")))?;
+    Ok(match format {
+        TimeFormat::UnixMs => number.div_euclid(1000),
+        TimeFormat::Unix | TimeFormat::Rfc3339 => number,
+    })
+}
+
+/// Reads one member of a JSON object (`null` counts as absent, a second
+/// copy is an error), skipping the others.
+struct MemberOf<'m>(&'m str);
+
+impl<'de> serde::de::Visitor<'de> for MemberOf<'_> {
+    type Value = Option<serde_json::Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found: Option<Option<serde_json::Value>> = None;
+        while let Some(is_member) = map.next_key_seed(IsMember(self.0))? {
+            if !is_member {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            } else if found.is_some() {
+                return Err(serde::de::Error::custom("the member is there twice"));
+            } else {
+                found = Some(map.next_value()?);
+            }
+        }
+        Ok(found.flatten())
+    }
+}
+
+/// True for a key that is the member, compared without building it.
+struct IsMember<'m>(&'m str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for IsMember<'_> {
+    type Value = bool;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for IsMember<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<bool, E> {
+        Ok(key == self.0)
+    }
 }
 
 /// The signed content's pieces, in order; the body's piece is left empty
@@ -541,9 +673,9 @@ fn read_carrier(
             signature_key,
         } => pair_groups(headers, name, timestamp_key, signature_key, encoding)?,
         Carrier::Positional(name) => vec![positional_group(headers, name, encoding)?],
-        // Verified on its own path (`stamped`).
-        Carrier::Stamped { name, .. } => {
-            return Err(malformed(name, MalformedReason::NoSignature));
+        // Verified on their own paths (`stamped`, `versioned`).
+        Carrier::Stamped { .. } | Carrier::Versioned { .. } => {
+            return Err(malformed(rule.carrier.name(), MalformedReason::NoSignature));
         }
         Carrier::Json(pointer) => {
             let raw = body.text_at(pointer)?;
@@ -727,10 +859,23 @@ fn match_keys(
     if signatures.is_empty() {
         return None;
     }
-    let joined = || message.concat();
     let mut content: Option<Vec<u8>> = None;
     let keys = verifier.keys_now();
-    keys.iter().position(|key| match (rule.alg, key) {
+    keys.iter()
+        .position(|key| key_matches(rule.alg, key, message, signatures, &mut content))
+}
+
+/// True when one of `signatures`, made by `alg`, is `key`'s over
+/// `message`; `content` keeps the joined message for the public keys.
+pub(super) fn key_matches(
+    alg: Alg,
+    key: &Key,
+    message: &[&[u8]],
+    signatures: &[Vec<u8>],
+    content: &mut Option<Vec<u8>>,
+) -> bool {
+    let joined = || message.concat();
+    match (alg, key) {
         (Alg::Hmac(alg), Key::Hmac(k)) => super::hmac_matches(alg, k, message, signatures),
         (Alg::Token, Key::Hmac(k)) => signatures.iter().any(|s| super::same_secret(s, k)),
         (Alg::Ed25519, Key::Ed25519(k)) => {
@@ -749,7 +894,7 @@ fn match_keys(
             })
         }
         _ => false,
-    })
+    }
 }
 
 pub(super) fn parse_time(rule: &SignedRule, t: &Timestamp, raw: &str) -> Result<i64, VerifyError> {
@@ -757,7 +902,12 @@ pub(super) fn parse_time(rule: &SignedRule, t: &Timestamp, raw: &str) -> Result<
         TimeFrom::Header(name) => name.as_str(),
         _ => rule.carrier.name(),
     };
-    match t.format {
+    parse_time_as(name, t.format, raw)
+}
+
+/// A timestamp sent in the header `name`, in unix seconds.
+pub(super) fn parse_time_as(name: &str, format: TimeFormat, raw: &str) -> Result<i64, VerifyError> {
+    match format {
         TimeFormat::Unix => super::parse_timestamp(name, raw),
         TimeFormat::UnixMs => super::parse_timestamp(name, raw).map(|ms| ms.div_euclid(1000)),
         TimeFormat::Rfc3339 => crate::time::parse_rfc3339(raw)
@@ -833,10 +983,19 @@ pub(super) fn sign(
     verifier: &Verifier,
     rule: &SignedRule,
     rq: &Request<'_>,
-    now: i64,
+    (now, id): (i64, &str),
     private_key: Option<&str>,
 ) -> Result<Vec<(String, String)>, String> {
     let mut out: Vec<(String, String)> = rule.require.clone();
+    // A versioned carrier's id header is signed: `id` is sent in it.
+    if let Carrier::Versioned { families, .. } = &rule.carrier
+        && let Some(family) = families.first()
+    {
+        if id.is_empty() || id.trim_matches([' ', '\t']) != id || id.chars().any(char::is_control) {
+            return Err(format!("{id:?} cannot be a {}", family.id));
+        }
+        out.push((family.id.to_owned(), id.to_owned()));
+    }
     let timestamp = rule.timestamp.as_ref().map(|t| format_time(t.format, now));
     if let (Some(t), Some(ts)) = (&rule.timestamp, &timestamp)
         && let TimeFrom::Header(name) = &t.from
@@ -974,6 +1133,16 @@ fn push_signature(
                 timestamp.unwrap_or("")
             ),
         )),
+        Carrier::Versioned { families, versions } => {
+            let (Some(family), Some((version, _))) = (families.first(), versions.first()) else {
+                return Err("no signature header".to_owned());
+            };
+            out.push((
+                family.timestamp.to_owned(),
+                timestamp.unwrap_or("").to_owned(),
+            ));
+            out.push((family.signature.to_owned(), format!("{version},{encoded}")));
+        }
         // In the body: `sign_into_body` writes it there.
         Carrier::Json(_) => {}
     }

@@ -5,6 +5,7 @@
 //! expects instead of idemhook's JSON (Adyen's `[accepted]`, Discord's
 //! deferred response).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -13,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Refused, refused};
 use crate::config::Source;
-use crate::config::presets::{Ack, BatchShape, Echo, Field, Handshake};
+use crate::config::presets::{Ack, Answer, BatchShape, Echo, Field, Handshake};
 use crate::http::Incoming;
 use crate::http::app::App;
 use crate::http::reply::Reply;
@@ -74,11 +75,11 @@ pub(super) fn unsigned<B: Backend>(
     match handshake {
         Handshake::Meta if rq.method == "GET" => Some(meta(source, rq)),
         Handshake::Echo(e) if e.unsigned => {
-            let json_text = |pointer: &str| {
-                let body: Value = serde_json::from_slice(&rq.body).ok()?;
-                body.pointer(pointer)?.as_str().map(str::to_owned)
+            let json_at = |pointer: &str| {
+                let mut body: Value = serde_json::from_slice(&rq.body).ok()?;
+                body.pointer_mut(pointer).map(Value::take)
             };
-            echo(source, rq, e, &json_text)
+            echo(source, rq, e, &json_at)
         }
         Handshake::Okta if rq.method == "GET" => {
             let challenge = rq.header("x-okta-verification-challenge")?.to_owned();
@@ -120,48 +121,47 @@ pub(super) fn unsigned<B: Backend>(
                 }),
             )
         }
-        Handshake::Trello if rq.method == "HEAD" || rq.method == "GET" => {
-            logged(source, "callback check");
-            Some(Ok(Reply::text(200, "text/plain", String::new())))
-        }
         _ => None,
     }
 }
 
-/// A handshake that echoes a field ([`Echo`]): its answer, or None when
-/// the request is not one.
+/// A handshake that echoes a field or answers a constant ([`Echo`]): its
+/// answer, or None when the request is not one. `json_at` reads the
+/// body's JSON at a pointer.
 fn echo(
     source: &Source,
     rq: &Incoming<'_>,
     e: Echo,
-    json_text: &dyn Fn(&str) -> Option<String>,
+    json_at: &dyn Fn(&str) -> Option<Value>,
 ) -> Option<Result<Reply, Refused>> {
-    if !e.method.is_empty() && rq.method != e.method {
+    if !e.methods.is_empty() && !e.methods.contains(&rq.method) {
         return None;
     }
     let read = |field: Field| match field {
         Field::Query(name) => query_value(rq.query, name),
-        Field::Json(pointer) => json_text(pointer),
+        Field::Json(pointer) => json_at(pointer)?.as_str().map(str::to_owned),
+        Field::JsonInt(pointer) => json_at(pointer)?.as_i64().map(|n| n.to_string()),
         Field::Header(name) => rq.header(name).map(str::to_owned),
     };
-    let (challenge, what) = match e.when {
-        Some((field, value)) => {
-            if read(field).as_deref() != Some(value) {
-                return None;
-            }
-            (read(e.challenge).unwrap_or_default(), value)
-        }
-        None => {
-            let name = match e.challenge {
-                Field::Query(name) | Field::Json(name) | Field::Header(name) => name,
+    if let Some((field, value)) = e.when
+        && read(field).as_deref() != Some(value)
+    {
+        return None;
+    }
+    let (challenge, what) = match e.answer {
+        Answer::Fixed { what, body } => (Ok(body.to_owned()), what),
+        Answer::Challenge(field) => {
+            let (text, what) = match e.when {
+                Some((_, value)) => (read(field).unwrap_or_default(), value),
+                None => (read(field)?, field.name()),
             };
-            (read(e.challenge)?, name)
+            let text = if e.as_sent {
+                Ok(text)
+            } else {
+                challenge_text(text)
+            };
+            (text, what)
         }
-    };
-    let challenge = if e.as_sent {
-        Ok(challenge)
-    } else {
-        challenge_text(challenge)
     };
     Some(challenge.map(|c| {
         logged(source, what);
@@ -296,7 +296,10 @@ pub(super) fn signed(
             .and_then(|v| v.as_str().map(str::to_owned))
     };
     match handshake {
-        Handshake::Echo(e) if !e.unsigned => echo(source, rq, e, &text_at),
+        Handshake::Echo(e) if !e.unsigned => {
+            let json_at = |p: &str| json.and_then(|j| j.pointer(p)).map(Cow::into_owned);
+            echo(source, rq, e, &json_at)
+        }
         Handshake::Zoom if text_at("/event").as_deref() == Some("endpoint.url_validation") => {
             let plain = text_at("/payload/plainToken").unwrap_or_default();
             let encrypted = source
@@ -331,15 +334,6 @@ pub(super) fn signed(
             }
             _ => None,
         },
-        Handshake::Discord
-            if json
-                .and_then(|j| j.pointer("/type"))
-                .and_then(|v| v.as_i64())
-                == Some(1) =>
-        {
-            logged(source, "PING");
-            Some(Ok(Reply::json(200, &serde_json::json!({ "type": 1 }))))
-        }
         _ => None,
     }
 }

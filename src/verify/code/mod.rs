@@ -1,18 +1,14 @@
 //! What data cannot say: a provider whose signature no [`SignedRule`]
 //! describes is code behind the small [`Code`] trait, one file each
 //! (Twilio's sorted form parameters, HubSpot's v1/v2, Adyen's per-item
-//! HMAC, Graph's `clientState`, Linear's timestamp read from the body only
-//! once the signature holds, Standard Webhooks' `whsec_`/`whpk_` secrets
-//! with `v1`/`v1a` entries in two header families). Every other provider
-//! is a rule, as data (`super::rule`).
+//! HMAC, Graph's `clientState`). Every other provider is a rule, as data
+//! (`super::rule`).
 //!
 //! [`SignedRule`]: super::rule::SignedRule
 
 mod adyen;
 mod hubspot;
-mod linear;
 mod msgraph;
-mod standard;
 mod twilio;
 
 use std::fmt;
@@ -79,5 +75,3 @@ pub static TWILIO: &dyn Code = &twilio::Twilio;
 pub static HUBSPOT: &dyn Code = &hubspot::Hubspot;
 pub static ADYEN: &dyn Code = &adyen::Adyen;
 pub static MSGRAPH: &dyn Code = &msgraph::Msgraph;
-pub static LINEAR: &dyn Code = &linear::Linear;
-pub static STANDARD: &dyn Code = &standard::Standard;

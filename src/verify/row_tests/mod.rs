@@ -2,7 +2,9 @@
 //! headers, as they were checked when each kind was code of its own.
 
 mod github;
+mod linear;
 mod paddle;
 mod shopify;
 mod slack;
+mod standard;
 mod stripe;
