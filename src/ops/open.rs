@@ -8,7 +8,6 @@ use std::path::Path;
 
 use crate::config::Config;
 use crate::config::database_url::DatabaseUrl;
-use crate::store::db;
 use crate::store::db::Handle;
 use crate::store::sqlite::Opened;
 
@@ -47,11 +46,14 @@ pub fn open_write(config: &Config) -> Result<Opened> {
 /// transactions are read-only.
 pub fn open_db_read(config: &Config) -> Result<Handle> {
     match &config.database {
-        DatabaseUrl::Postgres(url) => {
-            db::connect_postgres(url, config.durability, config.busy_timeout, true)
-                .map(Handle::Postgres)
-                .with_context(|| format!("cannot open the database {url}"))
-        }
+        DatabaseUrl::Postgres(url) => crate::store::postgres::db::connect_postgres(
+            url,
+            config.durability,
+            config.busy_timeout,
+            true,
+        )
+        .map(Handle::Postgres)
+        .with_context(|| format!("cannot open the database {url}")),
         DatabaseUrl::Sqlite(_) => open_read(config).map(|o| Handle::Sqlite(o.into_connection())),
     }
 }
@@ -60,11 +62,14 @@ pub fn open_db_read(config: &Config) -> Result<Handle> {
 /// changes something (in [`Handle::write`]'s transaction).
 pub fn open_db_write(config: &Config) -> Result<Handle> {
     match &config.database {
-        DatabaseUrl::Postgres(url) => {
-            db::connect_postgres(url, config.durability, config.busy_timeout, false)
-                .map(Handle::Postgres)
-                .with_context(|| format!("cannot open the database {url}"))
-        }
+        DatabaseUrl::Postgres(url) => crate::store::postgres::db::connect_postgres(
+            url,
+            config.durability,
+            config.busy_timeout,
+            false,
+        )
+        .map(Handle::Postgres)
+        .with_context(|| format!("cannot open the database {url}")),
         DatabaseUrl::Sqlite(_) => open_write(config).map(|o| Handle::Sqlite(o.into_connection())),
     }
 }

@@ -495,15 +495,16 @@ pub fn listed(
     Ok((items, n))
 }
 
+/// Forward workers on every instance are woken on this channel
+/// (PostgreSQL's LISTEN and NOTIFY).
+pub const JOBS_CHANNEL: &str = "idemhook_jobs";
+
 /// On PostgreSQL, wakes the forward workers of every instance when the
 /// caller's transaction commits (`NOTIFY` is delivered then, or never).
 /// Nothing on SQLite: the server's own wake-up is the caller's.
 pub fn wake_workers(db: &Db<'_>) -> Result<(), StoreError> {
     if db.dialect() == Dialect::Postgres {
-        db.execute(
-            &format!("NOTIFY {}", crate::store::postgres::tx::JOBS_CHANNEL),
-            &[],
-        )?;
+        db.execute(&format!("NOTIFY {JOBS_CHANNEL}"), &[])?;
     }
     Ok(())
 }

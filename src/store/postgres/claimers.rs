@@ -546,8 +546,7 @@ impl Backend for Postgres {
     }
 
     fn read<T, E: TxError>(&self, f: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
-        self.pool
-            .with(|client| Ok(crate::store::db::pg_read(client, f)))?
+        self.pool.with(|client| Ok(super::db::pg_read(client, f)))?
     }
 
     fn write<T, E>(
@@ -559,7 +558,7 @@ impl Backend for Postgres {
         E: TxError + Send + 'static,
     {
         self.pool
-            .with(|client| Ok(crate::store::db::pg_write(client, &mut f)))?
+            .with(|client| Ok(super::db::pg_write(client, &mut f)))?
     }
 
     fn claim_then<C: Claims>(

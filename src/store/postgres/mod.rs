@@ -11,6 +11,7 @@
 
 pub mod claimers;
 pub mod copy;
+pub mod db;
 mod grant;
 pub mod group;
 pub mod maint;

@@ -352,5 +352,4 @@ impl<'a> PgTx<'a> {
     }
 }
 
-/// Forward workers on every instance are woken on this channel.
-pub const JOBS_CHANNEL: &str = "idemhook_jobs";
+pub use crate::store::jobs::JOBS_CHANNEL;
