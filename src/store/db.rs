@@ -236,15 +236,25 @@ macro_rules! words_bind_as_text {
         }
     )+};
 }
-words_bind_as_text!(
-    JobStatus,
-    JobKind,
-    EventState,
-    AttemptOutcome,
-    Delivery,
-    ReplayResult,
-    Answer
-);
+
+/// Calls `$m!` with every `state.rs` enum that is stored as a word, so
+/// each driver's bindings (here, `sqlite/db.rs`) cover the same list.
+macro_rules! for_each_word {
+    ($m:ident) => {
+        $m!(
+            JobStatus,
+            JobKind,
+            EventState,
+            AttemptOutcome,
+            Delivery,
+            ReplayResult,
+            Answer
+        );
+    };
+}
+pub(crate) use for_each_word;
+
+for_each_word!(words_bind_as_text);
 
 /// A connection a wing lends to the query layer through a shared
 /// reference (SQLite's, whose calls take `&self`).

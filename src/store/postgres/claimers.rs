@@ -28,7 +28,9 @@ use crate::store::postgres::group::{Op, run_group};
 use crate::store::postgres::tx::{EventRow, PgTx, Session, Statements};
 use crate::store::postgres::{Settings, Tls};
 use crate::store::prune::Batch;
-use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::tx::{
+    ActionError, Arg, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx,
+};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// Claimer threads per instance: one group commits while the next forms.
@@ -903,6 +905,12 @@ fn stopped() -> StoreError {
 }
 
 impl Tx for FirstStep {
+    fn run(&mut self, _: &'static str, _: &[Arg<'_>]) -> Result<u64, StoreError> {
+        Err(stopped())
+    }
+    fn read_i64(&mut self, _: &'static str, _: &[Arg<'_>]) -> Result<Option<i64>, StoreError> {
+        Err(stopped())
+    }
     fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
         self.0 = Some(EventRow::of(e));
         Err(stopped())
@@ -935,14 +943,7 @@ impl Tx for FirstStep {
     fn insert_job(&mut self, _: &NewJob<'_>) -> Result<i64, StoreError> {
         Err(stopped())
     }
-    fn insert_sql_attempt(
-        &mut self,
-        _: i64,
-        _: i64,
-        _: i64,
-        _: &str,
-        _: Option<&str>,
-    ) -> Result<(), StoreError> {
+    fn write_attempt(&mut self, _: &NewAttempt<'_>, _: bool) -> Result<(), StoreError> {
         Err(stopped())
     }
     fn is_paused(&mut self, _: &str, _: &str) -> Result<bool, StoreError> {

@@ -10,7 +10,7 @@ use crate::state::{
     Answer, AttemptOutcome, Delivery, EventState, JobKind, JobStatus, ReplayResult, UnknownWord,
 };
 use crate::store::StoreError;
-use crate::store::db::{Db, Dialect, Driver, Row, TxError, Value};
+use crate::store::db::{Db, Dialect, Driver, Row, TxError, Value, for_each_word};
 
 /// The `state.rs` enums bind as their stored words in SQLite's own
 /// statements (the claim's and the outbox's), and read back from them (a
@@ -34,15 +34,7 @@ macro_rules! words_bind_as_text {
         }
     )+};
 }
-words_bind_as_text!(
-    JobStatus,
-    JobKind,
-    EventState,
-    AttemptOutcome,
-    Delivery,
-    ReplayResult,
-    Answer
-);
+for_each_word!(words_bind_as_text);
 
 impl<'c> Db<'c> {
     pub fn sqlite(conn: &'c Connection) -> Db<'c> {
