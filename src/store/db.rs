@@ -32,16 +32,16 @@
 //! Owns: the placeholder rewrite, values and rows, and [`Db`] over a
 //! wing's [`Driver`]. Each wing implements the driver and its own
 //! transactions (`sqlite/db.rs`, `postgres/db.rs`); the one place that
-//! names both is `open.rs`. Not the hot paths (the claim and the outbox
-//! have their own prepared statements in `sqlite/tx.rs`, `postgres/tx/`).
+//! names both is `open.rs`. Not the hot paths: the claim's and the
+//! outbox's steps (`tx.rs`) run on each wing's cached prepared statements.
 
 use std::any::Any;
 use std::cell::RefCell;
 use std::str::FromStr;
 
+use super::StoreError;
 /// An operator command's connection (its path from before `open.rs`).
 pub use super::open::Handle;
-use super::{StoreError, StoreErrorKind};
 use crate::state::{
     Answer, AttemptOutcome, Delivery, EventState, JobKind, JobStatus, ReplayResult, UnknownWord,
 };
@@ -377,14 +377,6 @@ impl TxError for StoreError {
     fn as_store(&self) -> Option<&StoreError> {
         Some(self)
     }
-}
-
-/// Whether a transaction failed only because another one ran at the same
-/// time (a deadlock or a serialization failure): nothing of it was
-/// committed and it may simply run again.
-pub fn is_retryable(e: &StoreError) -> bool {
-    e.kind == StoreErrorKind::Busy
-        && (e.message.contains("(40P01)") || e.message.contains("(40001)"))
 }
 
 /// SQLite's `?N` placeholders as PostgreSQL's `$N`, leaving string

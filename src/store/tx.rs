@@ -90,19 +90,6 @@ pub const JOB_INSERT: &str =
                        last_error, created_at, updated_at, order_key)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)";
 
-/// The last unfinished job of an order key (?1 source, ?2 action, ?3 key),
-/// locked (PostgreSQL). A claim that inserts a job of the key takes it
-/// first: a transaction that is finishing that job (whose trigger makes
-/// the next waiting job due) commits before the insert looks, so the new
-/// job is never parked behind a job that was finishing unseen, with no one
-/// left to make it due.
-pub fn order_last_locked() -> String {
-    format!(
-        "SELECT id FROM jobs WHERE {} ORDER BY order_seq DESC, id DESC LIMIT 1 FOR UPDATE",
-        order_open("$1", "$2", "$3")
-    )
-}
-
 /// Inserts a job of an order key (?10) at the end of its key's unfinished
 /// jobs, due at ?7 unless one of them is there (then it waits for
 /// `order`). Both lookups are one step down the `jobs_order` index.

@@ -10,7 +10,8 @@ use postgres::Client;
 use postgres::types::private::BytesMut;
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
-use crate::store::db::{Db, Dialect, DriverMut, Row, TxError, Value, is_retryable, to_dollars};
+use super::is_retryable_store;
+use crate::store::db::{Db, Dialect, DriverMut, Row, TxError, Value, to_dollars};
 use crate::store::{StoreError, StoreErrorKind};
 
 impl<'c> Db<'c> {
@@ -57,7 +58,7 @@ pub fn pg_write<T, E: TxError>(
     super::retrying(
         PG_WRITE_ATTEMPTS - 1,
         super::short_pause,
-        |e: &E| e.as_store().is_some_and(is_retryable),
+        |e: &E| e.as_store().is_some_and(is_retryable_store),
         || {
             client
                 .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")

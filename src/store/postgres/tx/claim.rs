@@ -11,6 +11,19 @@ use crate::store::{StoreError, StoreErrorKind, named};
 
 use super::{DeliveryRow, PgParam, PgTx, key};
 
+/// The last unfinished job of an order key ($1 source, $2 action, $3 key),
+/// locked. A claim that inserts a job of the key takes it
+/// first: a transaction that is finishing that job (whose trigger makes
+/// the next waiting job due) commits before the insert looks, so the new
+/// job is never parked behind a job that was finishing unseen, with no one
+/// left to make it due.
+fn order_last_locked() -> String {
+    format!(
+        "SELECT id FROM jobs WHERE {} ORDER BY order_seq DESC, id DESC LIMIT 1 FOR UPDATE",
+        crate::store::tx::order_open("$1", "$2", "$3")
+    )
+}
+
 /// The job inserts in PostgreSQL's dialect, made once.
 static PLAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 static ORDERED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -179,7 +192,7 @@ impl Tx for PgTx<'_> {
         let sql = match j.order_key {
             Some(order_key) => {
                 // The key's last unfinished job first (see `order_last_locked`).
-                let lock = self.prepared(&crate::store::tx::order_last_locked())?;
+                let lock = self.prepared(&order_last_locked())?;
                 self.client
                     .query(&lock, &[&j.source, &j.action, &order_key])?;
                 pg_sql(&ORDERED, crate::store::tx::ordered_job_insert())?

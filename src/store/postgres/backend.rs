@@ -1,4 +1,5 @@
-//! `serve` on PostgreSQL: the claimers (a few threads, each with its own
+//! The PostgreSQL backend ([`Postgres`], `store::backend`'s seam), that
+//! `serve` runs on: the claimers (a few threads, each with its own
 //! connection, taking every claim waiting in the queue into one group
 //! commit, `group::run_group`; the readiness probe is a write through
 //! them), a small pool of connections for the gauges and the admin API,
