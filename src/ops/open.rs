@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::config::Config;
 use crate::config::database_url::DatabaseUrl;
-use crate::store::db::Handle;
+use crate::store::open::Handle;
 use crate::store::sqlite::Opened;
 
 /// The SQLite file `config` names, for the steps only SQLite has; an

@@ -15,7 +15,7 @@
 //! is a bigint on PostgreSQL and bodies are bytea, so an integer binds as
 //! i64 and a body as bytes.
 //!
-//! Write transactions (`Handle::write`, the wing's `pg_write`) on PostgreSQL run
+//! Write transactions (`open::Handle::write`, the wing's `pg_write`) on PostgreSQL run
 //! at READ COMMITTED, as the forward workers of every instance do: a
 //! decision that reads a row it then changes takes that row with
 //! [`Dialect::for_update`] (a worker holding it is waited for, and a
@@ -40,8 +40,6 @@ use std::cell::RefCell;
 use std::str::FromStr;
 
 use super::StoreError;
-/// An operator command's connection (its path from before `open.rs`).
-pub use super::open::Handle;
 use crate::state::{
     Answer, AttemptOutcome, Delivery, EventState, JobKind, JobStatus, ReplayResult, UnknownWord,
 };
