@@ -9,6 +9,7 @@ use std::path::Path;
 use crate::config::Config;
 use crate::config::database_url::DatabaseUrl;
 use crate::store::open::Handle;
+use crate::store::postgres::db;
 use crate::store::sqlite::Opened;
 
 /// The SQLite file `config` names, for the steps only SQLite has; an
@@ -46,14 +47,11 @@ pub fn open_write(config: &Config) -> Result<Opened> {
 /// transactions are read-only.
 pub fn open_db_read(config: &Config) -> Result<Handle> {
     match &config.database {
-        DatabaseUrl::Postgres(url) => crate::store::postgres::db::connect_postgres(
-            url,
-            config.durability,
-            config.busy_timeout,
-            true,
-        )
-        .map(Handle::Postgres)
-        .with_context(|| format!("cannot open the database {url}")),
+        DatabaseUrl::Postgres(url) => {
+            db::connect_postgres(url, config.durability, config.busy_timeout, true)
+                .map(Handle::Postgres)
+                .with_context(|| format!("cannot open the database {url}"))
+        }
         DatabaseUrl::Sqlite(_) => open_read(config).map(|o| Handle::Sqlite(o.into_connection())),
     }
 }
@@ -62,14 +60,11 @@ pub fn open_db_read(config: &Config) -> Result<Handle> {
 /// changes something (in [`Handle::write`]'s transaction).
 pub fn open_db_write(config: &Config) -> Result<Handle> {
     match &config.database {
-        DatabaseUrl::Postgres(url) => crate::store::postgres::db::connect_postgres(
-            url,
-            config.durability,
-            config.busy_timeout,
-            false,
-        )
-        .map(Handle::Postgres)
-        .with_context(|| format!("cannot open the database {url}")),
+        DatabaseUrl::Postgres(url) => {
+            db::connect_postgres(url, config.durability, config.busy_timeout, false)
+                .map(Handle::Postgres)
+                .with_context(|| format!("cannot open the database {url}"))
+        }
         DatabaseUrl::Sqlite(_) => open_write(config).map(|o| Handle::Sqlite(o.into_connection())),
     }
 }
