@@ -16,7 +16,7 @@ use crate::catchup::{Report, RunDb, RunNotice, claim_of, claim_write, conclude, 
 use crate::config::{Config, parse_duration};
 use crate::receive::ingest::Decision;
 use crate::store::catchup::{self, RunRecord};
-use crate::store::db::Handle;
+use crate::store::open::Handle;
 
 struct HandleDb(Handle);
 

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use crate::config::Config;
 use crate::config::database_url::DatabaseUrl;
-use crate::store::db;
-use crate::store::db::Handle;
+use crate::store::open::Handle;
+use crate::store::postgres::db;
 use crate::store::sqlite::Opened;
 
 /// The SQLite file `config` names, for the steps only SQLite has; an

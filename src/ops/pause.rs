@@ -143,8 +143,8 @@ pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<Outcome, Comm
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::db::pg_write;
     use crate::store::pg_cluster;
+    use crate::store::postgres::db::pg_write;
     use std::path::Path;
     use std::time::{Duration, Instant};
 

@@ -198,13 +198,13 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
             std::thread::sleep(Duration::from_millis(5));
         }
         first = false;
-        prune::vacuum_once(&conn)
+        crate::store::sqlite::prune::vacuum_once(&conn)
     });
     match given.map_err(CommandError::Storage)? {
         Some((pages, left)) => writeln!(
             out,
             "gave {} KiB back to the file system{}",
-            pages * prune::page_size(&conn) / 1024,
+            pages * crate::store::sqlite::prune::page_size(&conn) / 1024,
             if left != 0 {
                 format!(" ({left} free pages left)")
             } else {

@@ -710,8 +710,8 @@ fn check_and_apply(config: &Config, report: Value, yes: bool) -> Result<Value, O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::db::pg_write;
     use crate::store::pg_cluster;
+    use crate::store::postgres::db::pg_write;
     use std::time::{Duration, Instant};
 
     /// A migrated database of the test cluster with one failed forward

@@ -544,9 +544,10 @@ mod tests {
 
     use super::*;
     use crate::config::{Config, Durability};
+    use crate::store;
     use crate::store::deliveries::OF_EVENT;
     use crate::store::sqlite::writer::Held;
-    use crate::store::{self, Writer};
+    use crate::store::sqlite::writer::Writer;
     use rusqlite::params;
 
     const CONFIG: &str = r#"

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::store;
 use crate::store::backend::Backend;
 use crate::store::postgres::Settings;
-use crate::store::postgres::claimers::{self, Migrator, Postgres};
+use crate::store::postgres::backend::{Migrator, Postgres};
 use crate::store::sqlite::{Opened, Sqlite};
 use crate::time::now_ms;
 
@@ -212,7 +212,7 @@ fn stop<B: Backend>(
     }
 }
 
-/// The PostgreSQL database made ready (`claimers::prepare`: migrations,
+/// The PostgreSQL database made ready (`store::postgres::backend::prepare`: migrations,
 /// `setup_sql`, the SQL actions) and the key rules recorded. A host that
 /// answers but refuses writes (a standby, a failover under way) does not
 /// stop serve: serve starts with a migrator that tries again every 2 s,
@@ -221,7 +221,7 @@ fn prepare_postgres(
     config: &Arc<Config>,
     url: &PostgresUrl,
 ) -> Result<(Settings, Option<Migrator>)> {
-    match claimers::prepare(config, url) {
+    match crate::store::postgres::backend::prepare(config, url) {
         Ok((settings, created)) => {
             if created {
                 new_database_notice(&format!("{url} (schema {})", url.schema()));
@@ -377,7 +377,8 @@ fn migrate_when_writable(config: &Arc<Config>, url: PostgresUrl) -> Migrator {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            if let Ok((settings, created)) = claimers::prepare(&config, &url) {
+            if let Ok((settings, created)) = crate::store::postgres::backend::prepare(&config, &url)
+            {
                 if created {
                     new_database_notice(&format!("{url} (schema {})", url.schema()));
                 }
@@ -498,7 +499,7 @@ fn record_key_rules(db: &store::db::Db<'_>, config: &Config) -> Result<()> {
 /// its tables may come from elsewhere). Changes nothing on disk.
 pub fn trial(config: &Config) -> Result<(), String> {
     let path = match &config.database {
-        DatabaseUrl::Postgres(url) => return crate::store::postgres::claimers::trial(config, url),
+        DatabaseUrl::Postgres(url) => return crate::store::postgres::backend::trial(config, url),
         DatabaseUrl::Sqlite(path) => path,
     };
     if let Some(dir) = store::sqlite::missing_folder(path) {

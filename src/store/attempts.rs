@@ -49,6 +49,26 @@ pub const PUT: &str = "INSERT INTO attempts (job_id, n, started_at, finished_at,
          worker = excluded.worker, note = excluded.note
      WHERE ?13";
 
+/// The outbox's reads of `attempts`, on both backends (`?N`): the
+/// attempts made up to the job's last operator replay (?1 job id).
+pub const REPLAY_BUDGET_BASE: &str = "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1
+       AND started_at <= (SELECT max(replayed_at) FROM replays WHERE job_id = ?1)";
+
+/// Whether attempt ?2 of job ?1 was recorded.
+pub const EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)";
+
+/// Whether an attempt of job ?1 since its last success may have reached
+/// the downstream (anything but a refused connection).
+pub const MAY_HAVE_REACHED: &str = "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1
+       AND n > (SELECT coalesce(max(n), 0) FROM attempts
+                 WHERE job_id = ?1 AND outcome = 'ok')
+       AND coalesce(error_kind, '') <> 'connect')";
+
+/// A question asked of a `check` URL, as a worker records it.
+pub const CHECK_INSERT: &str =
+    "INSERT INTO checks (job_id, n, asked_at, finished_at, answer, http_status, error, worker)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+
 /// Writes `a` unless the job already has an attempt of its number; true
 /// when written.
 fn put_if_new(db: &Db<'_>, a: &AttemptRow) -> Result<bool, StoreError> {

@@ -20,7 +20,20 @@ use crate::store::tx::{OutboxTx, Tx};
 /// How an outbox step's writes are kept apart from the rest of what they
 /// commit with: on SQLite the other operations of the writer's group, on
 /// PostgreSQL nothing (each step is a transaction of its own).
-pub use crate::store::sqlite::writer::Guard;
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Guard {
+    /// In its own savepoint: if it fails (or panics), only its own writes
+    /// are undone and the rest of the group commits.
+    Savepoint,
+    /// No savepoint of its own, for the hot operations that fail only when
+    /// storage does (a claim, whose SQL actions have savepoints of their
+    /// own; an outbox lease or completion). A savepoint makes SQLite copy
+    /// every page the operation touches into the savepoint journal, which
+    /// was about a tenth of the writer's time. If such an operation fails
+    /// or panics, the whole group is rolled back and every caller in it
+    /// gets the error.
+    Group,
+}
 
 /// One delivery's claims (one event, or each event of a batch), as the
 /// storage runs them in one transaction: they commit together or fail

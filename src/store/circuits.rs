@@ -330,7 +330,7 @@ pub fn waiting_count(db: &Db<'_>, source: &str, action: &str) -> Result<i64, Sto
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{self, sqlite::query_plan};
+    use crate::store::open::testing::{query_plan, sqlite_file};
     use rusqlite::params;
 
     /// The probe's pick and the release at close go down the
@@ -339,13 +339,7 @@ mod tests {
     #[test]
     fn the_waiting_jobs_are_found_through_their_index() {
         let dir = tempfile::tempdir().unwrap();
-        let mut conn = store::sqlite::open(
-            &dir.path().join("plan.db"),
-            crate::config::Durability::Normal,
-            std::time::Duration::from_secs(5),
-        )
-        .unwrap();
-        store::sqlite::migrate(&mut conn).unwrap();
+        let conn = sqlite_file(&dir.path().join("plan.db"));
         let oldest = query_plan(
             &conn,
             "SELECT id, event_id, n_attempts, updated_at, failing_since, probe_failures FROM jobs

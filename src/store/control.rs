@@ -206,7 +206,7 @@ pub fn supersede(db: &Db<'_>, job_id: i64, n: i64, now: i64) -> Result<bool, Sto
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{self, sqlite::query_plan};
+    use crate::store::open::testing::{query_plan, sqlite_file};
     use rusqlite::params;
 
     /// The lookups of delivery control go down their indexes, so they
@@ -215,13 +215,7 @@ mod tests {
     #[test]
     fn order_and_limits_lookups_use_their_indexes() {
         let dir = tempfile::tempdir().unwrap();
-        let mut conn = store::sqlite::open(
-            &dir.path().join("plan.db"),
-            crate::config::Durability::Normal,
-            std::time::Duration::from_secs(5),
-        )
-        .unwrap();
-        store::sqlite::migrate(&mut conn).unwrap();
+        let conn = sqlite_file(&dir.path().join("plan.db"));
         let behind = query_plan(&conn, &behind_sql(""), params!["s", "a", "k", 5, 9]);
         assert!(behind.contains("INDEX jobs_order"), "{behind}");
         let insert = crate::store::tx::ordered_job_insert();

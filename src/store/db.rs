@@ -15,7 +15,7 @@
 //! is a bigint on PostgreSQL and bodies are bytea, so an integer binds as
 //! i64 and a body as bytes.
 //!
-//! Write transactions ([`Handle::write`], [`pg_write`]) on PostgreSQL run
+//! Write transactions (`open::Handle::write`, the wing's `pg_write`) on PostgreSQL run
 //! at READ COMMITTED, as the forward workers of every instance do: a
 //! decision that reads a row it then changes takes that row with
 //! [`Dialect::for_update`] (a worker holding it is waited for, and a
@@ -29,22 +29,17 @@
 //! a few times. Connection failures are [`StoreError`]s of a transient
 //! kind, so the API answers 503 and the CLI exits 2, as on SQLite.
 //!
-//! Owns: the placeholder rewrite, values and rows, opening a connection
-//! for an operator command, write transactions. Not the hot paths (the
-//! claim and the outbox have their own prepared statements in
-//! `sqlite/tx.rs`, `postgres/tx/`).
+//! Owns: the placeholder rewrite, values and rows, and [`Db`] over a
+//! wing's [`Driver`]. Each wing implements the driver and its own
+//! transactions (`sqlite/db.rs`, `postgres/db.rs`); the one place that
+//! names both is `open.rs`. Not the hot paths: the claim's and the
+//! outbox's steps (`tx.rs`) run on each wing's cached prepared statements.
 
+use std::any::Any;
 use std::cell::RefCell;
-use std::error::Error as StdError;
 use std::str::FromStr;
 
-use postgres::Client;
-use postgres::types::private::BytesMut;
-use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use rusqlite::Connection;
-use rusqlite::types::ValueRef;
-
-use super::{StoreError, StoreErrorKind};
+use super::StoreError;
 use crate::state::{
     Answer, AttemptOutcome, Delivery, EventState, JobKind, JobStatus, ReplayResult, UnknownWord,
 };
@@ -228,9 +223,8 @@ impl Row {
     }
 }
 
-/// The `state.rs` enums bind as their stored words, here and in
-/// SQLite's own statements (the claim's and the outbox's), and read back
-/// from them (a word this build does not know is an error naming it).
+/// The `state.rs` enums bind as their stored words (SQLite's own
+/// statements bind them too: `sqlite/db.rs`).
 macro_rules! words_bind_as_text {
     ($($t:ty),+) => {$(
         impl From<$t> for Value {
@@ -238,113 +232,106 @@ macro_rules! words_bind_as_text {
                 Value::Text(v.as_str().to_string())
             }
         }
-
-        impl rusqlite::types::ToSql for $t {
-            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-                Ok(rusqlite::types::ToSqlOutput::Borrowed(ValueRef::Text(
-                    self.as_str().as_bytes(),
-                )))
-            }
-        }
-
-        impl rusqlite::types::FromSql for $t {
-            fn column_result(v: ValueRef<'_>) -> rusqlite::types::FromSqlResult<$t> {
-                v.as_str()?
-                    .parse()
-                    .map_err(|e: UnknownWord| rusqlite::types::FromSqlError::Other(Box::new(e)))
-            }
-        }
     )+};
 }
-words_bind_as_text!(
-    JobStatus,
-    JobKind,
-    EventState,
-    AttemptOutcome,
-    Delivery,
-    ReplayResult,
-    Answer
-);
+
+/// Calls `$m!` with every `state.rs` enum that is stored as a word, so
+/// each driver's bindings (here, `sqlite/db.rs`) cover the same list.
+macro_rules! for_each_word {
+    ($m:ident) => {
+        $m!(
+            JobStatus,
+            JobKind,
+            EventState,
+            AttemptOutcome,
+            Delivery,
+            ReplayResult,
+            Answer
+        );
+    };
+}
+pub(crate) use for_each_word;
+
+for_each_word!(words_bind_as_text);
+
+/// A connection a wing lends to the query layer through a shared
+/// reference (SQLite's, whose calls take `&self`).
+pub trait Driver {
+    fn dialect(&self) -> Dialect;
+    /// Every row of `sql` (written with `?N` placeholders).
+    fn query(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError>;
+    /// Runs a statement; how many rows it changed.
+    fn execute(&self, sql: &str, args: &[Value]) -> Result<u64, StoreError>;
+    /// The connection itself, for the one place that runs a wing's steps
+    /// on it (`open.rs`).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A connection a wing lends to the query layer exclusively (PostgreSQL's
+/// client, whose calls take `&mut self`).
+pub trait DriverMut {
+    fn dialect(&self) -> Dialect;
+    /// Every row of `sql` (written with `?N` placeholders).
+    fn query(&mut self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError>;
+    /// Runs a statement; how many rows it changed.
+    fn execute(&mut self, sql: &str, args: &[Value]) -> Result<u64, StoreError>;
+    /// The connection itself (see [`Driver::as_any`]).
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
 
 /// A connection of either backend, with or without an open transaction
-/// (its owner opened it). Calls take `&self`: the PostgreSQL client sits
+/// (its owner opened it). Calls take `&self`: an exclusive connection sits
 /// in a `RefCell` (a [`Db`] is used by one thread, one call at a time).
+/// The wings make it (`Db::sqlite`, `Db::postgres`).
 pub struct Db<'c> {
     conn: Conn<'c>,
 }
 
 enum Conn<'c> {
-    Sqlite(&'c Connection),
-    Postgres(RefCell<&'c mut Client>),
+    Shared(&'c dyn Driver),
+    Held(RefCell<&'c mut dyn DriverMut>),
+}
+
+/// The connection behind a [`Db`], as the one place that runs a wing's
+/// steps on it sees it (`open.rs`).
+pub(crate) enum Behind<'a> {
+    Shared(&'a dyn Any),
+    Held(&'a mut dyn Any),
 }
 
 impl<'c> Db<'c> {
-    pub fn sqlite(conn: &'c Connection) -> Db<'c> {
+    pub fn shared(conn: &'c dyn Driver) -> Db<'c> {
         Db {
-            conn: Conn::Sqlite(conn),
+            conn: Conn::Shared(conn),
         }
     }
 
-    pub fn postgres(client: &'c mut Client) -> Db<'c> {
+    pub fn held(conn: &'c mut dyn DriverMut) -> Db<'c> {
         Db {
-            conn: Conn::Postgres(RefCell::new(client)),
+            conn: Conn::Held(RefCell::new(conn)),
         }
     }
 
     pub fn dialect(&self) -> Dialect {
-        match self.conn {
-            Conn::Sqlite(_) => Dialect::Sqlite,
-            Conn::Postgres(_) => Dialect::Postgres,
+        match &self.conn {
+            Conn::Shared(d) => d.dialect(),
+            Conn::Held(cell) => cell.borrow().dialect(),
         }
     }
 
-    /// Runs `sqlite` or `pg` with the open transaction as the claim's and
-    /// outbox's storage steps (`store::Tx`, `store::OutboxTx`), for the
-    /// shared decisions written against them (an event's state, a check's
-    /// record). See [`with_tx!`](crate::with_tx) for one body for both.
-    pub fn steps<R>(
-        &self,
-        sqlite: impl FnOnce(&mut super::sqlite::SqliteTx<'_>) -> R,
-        pg: impl FnOnce(&mut super::postgres::tx::PgTx<'_>) -> R,
-    ) -> R {
+    /// Runs `f` on the connection behind.
+    pub(crate) fn behind<R>(&self, f: impl FnOnce(Behind<'_>) -> R) -> R {
         match &self.conn {
-            Conn::Sqlite(c) => sqlite(&mut super::sqlite::SqliteTx::new(c)),
-            Conn::Postgres(cell) => {
-                let mut client = cell.borrow_mut();
-                let mut statements = super::postgres::tx::Statements::default();
-                pg(&mut super::postgres::tx::PgTx::new(
-                    &mut client,
-                    &mut statements,
-                ))
-            }
+            Conn::Shared(d) => f(Behind::Shared(d.as_any())),
+            Conn::Held(cell) => f(Behind::Held(cell.borrow_mut().as_any_mut())),
         }
     }
 
     /// Every row of `sql`.
     pub fn query(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
         match &self.conn {
-            Conn::Sqlite(c) => {
-                let mut stmt = c.prepare_cached(sql)?;
-                let width = stmt.column_count();
-                let mut rows =
-                    stmt.query(rusqlite::params_from_iter(args.iter().map(SqliteArg)))?;
-                let mut out = Vec::new();
-                while let Some(r) = rows.next()? {
-                    let mut row = Vec::with_capacity(width);
-                    for i in 0..width {
-                        row.push(from_sqlite(r.get_ref(i)?));
-                    }
-                    out.push(Row(row));
-                }
-                Ok(out)
-            }
-            Conn::Postgres(cell) => {
-                let sql = to_dollars(sql)?;
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    args.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-                let rows = cell.borrow_mut().query(sql.as_str(), &refs)?;
-                rows.iter().map(from_postgres).collect()
-            }
+            Conn::Shared(d) => d.query(sql, args),
+            Conn::Held(cell) => cell.borrow_mut().query(sql, args),
         }
     }
 
@@ -362,25 +349,15 @@ impl<'c> Db<'c> {
     /// Runs a statement; returns how many rows it changed.
     pub fn execute(&self, sql: &str, args: &[Value]) -> Result<u64, StoreError> {
         match &self.conn {
-            Conn::Sqlite(c) => {
-                let n = c
-                    .prepare_cached(sql)?
-                    .execute(rusqlite::params_from_iter(args.iter().map(SqliteArg)))?;
-                Ok(n as u64)
-            }
-            Conn::Postgres(cell) => {
-                let sql = to_dollars(sql)?;
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    args.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-                Ok(cell.borrow_mut().execute(sql.as_str(), &refs)?)
-            }
+            Conn::Shared(d) => d.execute(sql, args),
+            Conn::Held(cell) => cell.borrow_mut().execute(sql, args),
         }
     }
 }
 
 /// One body for both backends' storage steps: `with_tx!(db, |tx| ...)`
 /// compiles `...` once for SQLite's and once for PostgreSQL's
-/// `store::OutboxTx`.
+/// `store::OutboxTx` (`Db::steps`, in `open.rs`).
 #[macro_export]
 macro_rules! with_tx {
     ($db:expr, |$tx:ident| $body:expr) => {
@@ -398,317 +375,6 @@ impl TxError for StoreError {
     fn as_store(&self) -> Option<&StoreError> {
         Some(self)
     }
-}
-
-/// Whether a transaction failed only because another one ran at the same
-/// time (a deadlock or a serialization failure): nothing of it was
-/// committed and it may simply run again.
-pub fn is_retryable(e: &StoreError) -> bool {
-    e.kind == StoreErrorKind::Busy
-        && (e.message.contains("(40P01)") || e.message.contains("(40001)"))
-}
-
-/// How many times a PostgreSQL write transaction runs at most.
-const PG_WRITE_ATTEMPTS: u32 = 5;
-
-/// Runs `body` in one READ COMMITTED transaction on `client`: committed
-/// on Ok, rolled back on Err; run again after a deadlock or a
-/// serialization failure (`store::postgres::retrying`).
-pub fn pg_write<T, E: TxError>(
-    client: &mut Client,
-    mut body: impl FnMut(&Db<'_>) -> Result<T, E>,
-) -> Result<T, E> {
-    crate::store::postgres::retrying(
-        PG_WRITE_ATTEMPTS - 1,
-        crate::store::postgres::short_pause,
-        |e: &E| e.as_store().is_some_and(is_retryable),
-        || {
-            client
-                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                .map_err(StoreError::from)?;
-            let outcome = body(&Db::postgres(client));
-            let result = outcome.and_then(|v| {
-                client.batch_execute("COMMIT").map_err(StoreError::from)?;
-                Ok(v)
-            });
-            if result.is_err() {
-                let _ = client.batch_execute("ROLLBACK");
-            }
-            result
-        },
-    )
-}
-
-/// Runs `body` in one read-only REPEATABLE READ transaction on `client`,
-/// so every statement of one answer (an event, its jobs, their attempts)
-/// reads the same snapshot, as SQLite's single writer makes it look.
-pub fn pg_read<T, E: TxError>(
-    client: &mut Client,
-    body: impl FnOnce(&Db<'_>) -> Result<T, E>,
-) -> Result<T, E> {
-    client
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .map_err(StoreError::from)?;
-    let outcome = body(&Db::postgres(client));
-    // Nothing was written: ending it cannot lose anything.
-    let _ = client.batch_execute("ROLLBACK");
-    outcome
-}
-
-/// Runs `body` in a savepoint of its own inside the writer's open
-/// transaction on `conn`: released on Ok; rolled back to on Err, which
-/// comes back as `Ok(Err(refusal))`, or as the storage error that fails
-/// the writer's call.
-pub fn sqlite_savepoint<T, E: TxError>(
-    conn: &Connection,
-    body: &mut impl FnMut(&Db<'_>) -> Result<T, E>,
-) -> Result<Result<T, E>, StoreError> {
-    conn.prepare_cached("SAVEPOINT admin")?.execute([])?;
-    match body(&Db::sqlite(conn)) {
-        Ok(v) => {
-            conn.prepare_cached("RELEASE admin")?.execute([])?;
-            Ok(Ok(v))
-        }
-        Err(e) => {
-            // Gone already when SQLite rolled the whole transaction back
-            // (disk full); the writer notices.
-            let _ = conn.execute_batch("ROLLBACK TO admin; RELEASE admin");
-            match e.as_store() {
-                Some(store) => Err(store.clone()),
-                None => Ok(Err(e)),
-            }
-        }
-    }
-}
-
-/// Runs `body` in one `BEGIN IMMEDIATE` transaction on `conn`.
-pub fn sqlite_write<T, E: TxError>(
-    conn: &Connection,
-    body: impl FnOnce(&Db<'_>) -> Result<T, E>,
-) -> Result<T, E> {
-    conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(StoreError::from)?;
-    let result = body(&Db::sqlite(conn)).and_then(|v| {
-        conn.execute_batch("COMMIT").map_err(StoreError::from)?;
-        Ok(v)
-    });
-    if result.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    result
-}
-
-/// An operator command's own connection, to either backend.
-pub enum Handle {
-    Sqlite(Connection),
-    Postgres(Client),
-}
-
-impl Handle {
-    /// The connection, outside any transaction.
-    pub fn db(&mut self) -> Db<'_> {
-        match self {
-            Handle::Sqlite(c) => Db::sqlite(c),
-            Handle::Postgres(c) => Db::postgres(c),
-        }
-    }
-
-    /// Runs `body` to read: on PostgreSQL in one snapshot ([`pg_read`]);
-    /// on SQLite on the read-only connection as it is.
-    pub fn read<T, E: TxError>(
-        &mut self,
-        body: impl FnOnce(&Db<'_>) -> Result<T, E>,
-    ) -> Result<T, E> {
-        match self {
-            Handle::Sqlite(c) => body(&Db::sqlite(c)),
-            Handle::Postgres(c) => pg_read(c, body),
-        }
-    }
-
-    /// Runs `body` in one write transaction (see the module's note).
-    pub fn write<T, E: TxError>(
-        &mut self,
-        mut body: impl FnMut(&Db<'_>) -> Result<T, E>,
-    ) -> Result<T, E> {
-        match self {
-            Handle::Sqlite(c) => sqlite_write(c, body),
-            Handle::Postgres(c) => pg_write(c, &mut body),
-        }
-    }
-}
-
-/// Connects an operator command to PostgreSQL. With `read_only` every
-/// transaction of the session is read-only. A database `serve` never
-/// migrated is refused, as SQLite refuses a missing file.
-pub fn connect_postgres(
-    url: &crate::config::database_url::PostgresUrl,
-    durability: crate::config::Durability,
-    busy_timeout: std::time::Duration,
-    read_only: bool,
-) -> Result<Client, StoreError> {
-    let settings = super::postgres::Settings::from_url(url, durability, busy_timeout)
-        .map_err(StoreError::other)?;
-    let mut client = settings.connect()?;
-    if read_only {
-        client.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")?;
-    }
-    let migrated: bool = client
-        .query_one("SELECT to_regclass('idemhook_migrations') IS NOT NULL", &[])?
-        .get(0);
-    if !migrated {
-        return Err(StoreError {
-            kind: StoreErrorKind::ReadOnly,
-            message: format!(
-                "no idemhook tables in schema {:?} of this database (has serve run yet?)",
-                url.schema()
-            ),
-        });
-    }
-    // As serve: a schema this build does not know is refused, one that is
-    // behind is migrated by serve first.
-    let version: i32 = client
-        .query_one(
-            "SELECT COALESCE(MAX(version), 0) FROM idemhook_migrations",
-            &[],
-        )?
-        .get(0);
-    let latest = super::postgres::MIGRATIONS.last().map_or(0, |m| m.0);
-    if version != latest {
-        let what = if version > latest {
-            "newer than this idemhook's: run the newer idemhook"
-        } else {
-            "older than this idemhook's: start serve once (it migrates), then run the command"
-        };
-        return Err(StoreError {
-            kind: StoreErrorKind::Other,
-            message: format!("the database has schema version {version}, {what} ({latest})"),
-        });
-    }
-    Ok(client)
-}
-
-/// A [`Value`] bound to a SQLite statement.
-struct SqliteArg<'a>(&'a Value);
-
-impl rusqlite::ToSql for SqliteArg<'_> {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        use rusqlite::types::ToSqlOutput::Borrowed;
-        Ok(Borrowed(match self.0 {
-            Value::Null => ValueRef::Null,
-            Value::Int(i) => ValueRef::Integer(*i),
-            Value::Real(f) => ValueRef::Real(*f),
-            Value::Text(s) => ValueRef::Text(s.as_bytes()),
-            Value::Bytes(b) => ValueRef::Blob(b),
-        }))
-    }
-}
-
-fn from_sqlite(v: ValueRef<'_>) -> Value {
-    match v {
-        ValueRef::Null => Value::Null,
-        ValueRef::Integer(i) => Value::Int(i),
-        ValueRef::Real(f) => Value::Real(f),
-        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(b) => Value::Bytes(b.to_vec()),
-    }
-}
-
-/// A PostgreSQL row as values. Types outside the schema's (bigint, text,
-/// bytea) and what expressions over them give (int, bool, double) are an
-/// error that says to cast.
-fn from_postgres(r: &postgres::Row) -> Result<Row, StoreError> {
-    let mut out = Vec::with_capacity(r.len());
-    for (i, column) in r.columns().iter().enumerate() {
-        let ty = column.type_();
-        let v = if *ty == Type::INT8 {
-            r.try_get::<_, Option<i64>>(i)?.map(Value::Int)
-        } else if *ty == Type::INT4 {
-            r.try_get::<_, Option<i32>>(i)?
-                .map(|v| Value::Int(i64::from(v)))
-        } else if *ty == Type::INT2 {
-            r.try_get::<_, Option<i16>>(i)?
-                .map(|v| Value::Int(i64::from(v)))
-        } else if *ty == Type::BOOL {
-            r.try_get::<_, Option<bool>>(i)?
-                .map(|v| Value::Int(i64::from(v)))
-        } else if *ty == Type::FLOAT8 {
-            r.try_get::<_, Option<f64>>(i)?.map(Value::Real)
-        } else if *ty == Type::FLOAT4 {
-            r.try_get::<_, Option<f32>>(i)?
-                .map(|v| Value::Real(f64::from(v)))
-        } else if *ty == Type::BYTEA {
-            r.try_get::<_, Option<Vec<u8>>>(i)?.map(Value::Bytes)
-        } else if [Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME].contains(ty) {
-            r.try_get::<_, Option<String>>(i)?.map(Value::Text)
-        } else {
-            return Err(StoreError::other(format!(
-                "column {} is of type {ty}: cast it to bigint or text in the query",
-                column.name()
-            )));
-        };
-        out.push(v.unwrap_or(Value::Null));
-    }
-    Ok(Row(out))
-}
-
-type BoxError = Box<dyn StdError + Sync + Send>;
-
-/// A [`Value`] bound as the type PostgreSQL inferred for its parameter:
-/// an integer into any integer, a float, text or a bool column; NULL into
-/// anything. What does not fit is an error naming the type.
-impl ToSql for Value {
-    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
-        let mismatch = || -> BoxError { format!("{self:?} does not bind as {ty}").into() };
-        match self {
-            Value::Null => Ok(IsNull::Yes),
-            Value::Int(i) => {
-                if *ty == Type::INT8 {
-                    i.to_sql(ty, out)
-                } else if *ty == Type::INT4 {
-                    i32::try_from(*i)?.to_sql(ty, out)
-                } else if *ty == Type::INT2 {
-                    i16::try_from(*i)?.to_sql(ty, out)
-                } else if *ty == Type::BOOL {
-                    (*i != 0).to_sql(ty, out)
-                } else if *ty == Type::FLOAT8 {
-                    (*i as f64).to_sql(ty, out)
-                } else if [Type::TEXT, Type::VARCHAR, Type::UNKNOWN].contains(ty) {
-                    i.to_string().to_sql(ty, out)
-                } else {
-                    Err(mismatch())
-                }
-            }
-            Value::Real(f) => {
-                if *ty == Type::FLOAT8 {
-                    f.to_sql(ty, out)
-                } else if *ty == Type::FLOAT4 {
-                    (*f as f32).to_sql(ty, out)
-                } else {
-                    Err(mismatch())
-                }
-            }
-            Value::Text(s) => {
-                if <&str as ToSql>::accepts(ty) {
-                    s.as_str().to_sql(ty, out)
-                } else {
-                    Err(mismatch())
-                }
-            }
-            Value::Bytes(b) => {
-                if *ty == Type::BYTEA {
-                    b.as_slice().to_sql(ty, out)
-                } else {
-                    Err(mismatch())
-                }
-            }
-        }
-    }
-
-    fn accepts(_: &Type) -> bool {
-        true
-    }
-
-    to_sql_checked!();
 }
 
 /// SQLite's `?N` placeholders as PostgreSQL's `$N`, leaving string
@@ -767,18 +433,14 @@ pub fn to_dollars(sql: &str) -> Result<String, StoreError> {
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::Connection;
+
     use super::*;
+    use crate::store::open::Handle;
     use crate::store::pg_cluster;
 
     #[test]
-    fn sqlite_reads_and_writes_the_words() {
-        let conn = Connection::open_in_memory().unwrap();
-        let s: JobStatus = conn
-            .query_row("SELECT ?1", [JobStatus::Paused], |r| r.get(0))
-            .unwrap();
-        assert_eq!(s, JobStatus::Paused);
-        let bad = conn.query_row("SELECT 'lost'", [], |r| r.get::<_, JobStatus>(0));
-        assert!(bad.is_err());
+    fn unknown_words_are_errors() {
         let row = Row(vec![Value::Text("lost".into())]);
         assert!(
             row.word::<JobStatus>(0).is_err(),

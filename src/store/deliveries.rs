@@ -6,6 +6,12 @@ use crate::state::Delivery;
 use crate::store::StoreError;
 use crate::store::db::Db;
 
+/// A delivery row, as the claim (one at a time) and a refusal's record
+/// write it, on both backends (`?N`).
+pub const INSERT: &str =
+    "INSERT INTO deliveries (source, event_id, received_at, outcome, remote, detail)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+
 /// The condition that selects one event's delivery rows by id, for
 /// `SELECT ... FROM deliveries WHERE {OF_EVENT}` and `DELETE ...`, with
 /// ?1 = source, ?2 = event_id and ?3 = the event's received_at (ms). The

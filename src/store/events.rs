@@ -9,6 +9,20 @@ use crate::state::EventState;
 use crate::store::StoreError;
 use crate::store::db::{self, Db, Dialect};
 
+/// The claim's and the outbox's statements on `events`, written once for
+/// both backends (`?N`; PostgreSQL's wing rewrites them to `$N`): the
+/// stored state and payload hash of an event (a duplicate's claim).
+pub const STATE_AND_HASH: &str =
+    "SELECT state, payload_hash FROM events WHERE source = ?1 AND event_id = ?2";
+
+/// What a forward sends of its event.
+pub const FORWARDED: &str =
+    "SELECT type, payload, content_type FROM events WHERE source = ?1 AND event_id = ?2";
+
+/// accepted -> processing, when a worker takes one of its jobs.
+pub const MARK_PROCESSING: &str = "UPDATE events SET state = 'processing'
+     WHERE source = ?1 AND event_id = ?2 AND state = 'accepted'";
+
 /// What `events list` and `GET /api/events` select.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {

@@ -13,6 +13,55 @@ use crate::store::StoreError;
 use crate::store::backend::JobCounts;
 use crate::store::db::{Db, Dialect, Row, Value};
 
+// The outbox's statements on `jobs` that both backends run as written
+// (`?N`; PostgreSQL's wing rewrites them to `$N`). The takes (due and
+// expired jobs, `SKIP LOCKED` on PostgreSQL) differ and live in the wings.
+
+/// An event's jobs that are not done, with their status.
+pub const OPEN_OF_EVENT: &str =
+    "SELECT action, status FROM jobs WHERE source = ?1 AND event_id = ?2 AND status <> 'done'";
+
+/// Parks a pending job (?1, of ?2 attempts): no due time, the reason ?3.
+pub const PARK: &str =
+    "UPDATE jobs SET next_attempt_at = NULL, last_error = ?3, updated_at = ?4, waiting = 'after'
+     WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'";
+
+/// The lease, decided by a conditional UPDATE: one row when ?2 took job
+/// ?1 (due and pending, or a lease that ran out) until ?3.
+pub const LEASE: &str =
+    "UPDATE jobs SET status = 'processing', waiting = NULL, lease_owner = ?2, lease_until = ?3,
+            n_attempts = n_attempts + 1, updated_at = ?4
+     WHERE id = ?1 AND n_attempts = ?5
+       AND ((status = 'pending' AND next_attempt_at <= ?4)
+            OR (status = 'processing' AND lease_until < ?4))";
+
+/// Ends job ?1 as ?4 with the error ?3.
+pub const END: &str = "UPDATE jobs SET status = ?4, lease_owner = NULL, lease_until = NULL,
+            last_error = ?3, updated_at = ?2
+     WHERE id = ?1";
+
+/// When the next job falls due (pending) or its lease ends.
+pub const NEXT_DUE: &str = "SELECT min(t) FROM (
+         SELECT min(next_attempt_at) AS t FROM jobs WHERE status = 'pending'
+         UNION ALL
+         SELECT min(lease_until) FROM jobs WHERE status = 'processing') due";
+
+/// An attempt's result, fenced by owner (?2) and attempt number (?3).
+pub const FINISH: &str =
+    "UPDATE jobs SET status = ?4, next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL,
+            last_error = ?6, updated_at = ?7
+     WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3";
+
+/// A job taken but not sent given back, fenced like [`FINISH`].
+pub const GIVE_BACK: &str = "UPDATE jobs SET status = ?4, n_attempts = n_attempts - 1,
+            lease_owner = NULL, lease_until = NULL
+     WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3";
+
+/// Every parked job due at ?1 (but those a circuit holds).
+pub const RELEASE_PARKED: &str = "UPDATE jobs SET next_attempt_at = ?1
+     WHERE status = 'pending' AND next_attempt_at IS NULL
+       AND coalesce(waiting, '') <> 'circuit'";
+
 /// One job of an event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {
@@ -495,15 +544,16 @@ pub fn listed(
     Ok((items, n))
 }
 
+/// Forward workers on every instance are woken on this channel
+/// (PostgreSQL's LISTEN and NOTIFY).
+pub const JOBS_CHANNEL: &str = "idemhook_jobs";
+
 /// On PostgreSQL, wakes the forward workers of every instance when the
 /// caller's transaction commits (`NOTIFY` is delivered then, or never).
 /// Nothing on SQLite: the server's own wake-up is the caller's.
 pub fn wake_workers(db: &Db<'_>) -> Result<(), StoreError> {
     if db.dialect() == Dialect::Postgres {
-        db.execute(
-            &format!("NOTIFY {}", crate::store::postgres::tx::JOBS_CHANNEL),
-            &[],
-        )?;
+        db.execute(&format!("NOTIFY {JOBS_CHANNEL}"), &[])?;
     }
     Ok(())
 }

@@ -1,13 +1,15 @@
 //! Storage: every SQL statement of idemhook runs under here (but for
-//! the tests'). `backend.rs` is the seam a
-//! running `serve` asks things of, implemented once per backend in its own
-//! wing: `sqlite/` (the claim's statements, the group-commit writer) and
-//! `postgres/` (settings, migrations, claimers, transactions,
-//! housekeeping). Beside them: the claim's and outbox's steps as traits
-//! (`tx.rs`), the operator side's query layer on both backends (`db.rs`),
-//! a module per table, and here the storage errors, sorted by what a
-//! caller does about them. Nothing here knows HTTP or what a claim
-//! decides.
+//! the tests'). The root is the seam and what both backends share:
+//! `backend.rs` (what a running `serve` asks of its storage), `tx.rs`
+//! (the claim's and the outbox's steps), `db.rs` (the query layer, its
+//! rows and values, and the `?N` to `$N` rewrite), a module per table
+//! whose statements are written once, and here the storage errors,
+//! sorted by what a caller does about them. The wings implement the seam:
+//! `sqlite/` (the claim's statements, the group-commit writer) and
+//! `postgres/` (settings, migrations, the claimers, transactions,
+//! housekeeping). The wings import the root, never the other way round,
+//! but for `open.rs`, the one place that picks a backend. Nothing here
+//! knows HTTP or what a claim decides.
 
 pub mod attempts;
 pub mod backend;
@@ -22,6 +24,7 @@ pub mod jobs;
 pub mod meta;
 pub mod named;
 pub mod notifications;
+pub mod open;
 pub mod paused;
 #[cfg(test)]
 #[path = "../../tests/support/pg_cluster.rs"]
@@ -34,7 +37,7 @@ pub mod rules;
 pub mod sqlite;
 pub mod tx;
 
-pub use sqlite::writer::{Guard, Writer};
+pub use backend::Guard;
 
 /// Why storage failed, sorted by what the caller should do about it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -317,9 +317,7 @@ mod tests {
     use super::*;
 
     fn db() -> rusqlite::Connection {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        conn.execute_batch(crate::store::sqlite::SCHEMA).unwrap();
-        conn
+        crate::store::open::testing::sqlite_memory()
     }
 
     fn row<'a>(event_id: &'a str) -> NewRow<'a> {

@@ -9,6 +9,10 @@ use crate::state::JobStatus;
 use crate::store::StoreError;
 use crate::store::db::{Db, Dialect};
 
+/// Whether an operator paused an action (?1 source, ?2 action): the
+/// claim's lookup, on both backends.
+pub const IS_PAUSED: &str = "SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2";
+
 /// On PostgreSQL, waits until every claim that has read whether an action
 /// is paused has committed, and holds new ones back until the caller's
 /// transaction ends. A claim decides a forward job's status from

@@ -6,6 +6,11 @@ use crate::state::JobStatus;
 use crate::store::StoreError;
 use crate::store::db::Db;
 
+/// Where a job's latest replay came from (?1 job id): the outbox's
+/// lookup, on both backends.
+pub const LATEST_FROM: &str =
+    "SELECT from_status FROM replays WHERE job_id = ?1 ORDER BY id DESC LIMIT 1";
+
 /// One replay of one of an event's jobs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplayRow {

@@ -1,12 +1,44 @@
 //! The seam between the claim's decisions (`ingest.rs`: who owns an event,
 //! which actions run, the event's state) and a backend's SQL. [`Tx`] is
-//! one open transaction of a backend; each method is one storage step and
-//! holds that backend's SQL. The claim is generic over it, so each backend
-//! gets its own compiled claim: no dynamic dispatch and no allocation per
-//! step on the hot path.
+//! one open transaction of a backend; each method is one storage step.
+//! A step whose statement both backends run as written is written here
+//! once, over the table module's statement (`?N`) and the two primitives
+//! each wing implements ([`Tx::run`], [`Tx::read_i64`]); a wing writes
+//! only the steps whose SQL or reading differs (the event insert, the
+//! tallies, the takes, SQL actions). The claim is generic over it, so each
+//! backend gets its own compiled claim: no dynamic dispatch and no
+//! allocation per step on the hot path.
 
 use super::StoreError;
 use crate::state::{JobKind, JobStatus};
+use crate::store::{attempts, deliveries, events, jobs, paused};
+
+/// A parameter of a statement written once for both backends, borrowed:
+/// each wing binds it as its driver's type, with no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg<'a> {
+    Null,
+    Int(i64),
+    Text(&'a str),
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(v)
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Arg::Null, Into::into)
+    }
+}
 
 /// A new event row, as the claim inserts it.
 pub struct NewEvent<'a> {
@@ -57,19 +89,6 @@ pub const JOB_INSERT: &str =
     "INSERT INTO jobs (source, event_id, action, kind, status, n_attempts, next_attempt_at,
                        last_error, created_at, updated_at, order_key)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)";
-
-/// The last unfinished job of an order key (?1 source, ?2 action, ?3 key),
-/// locked (PostgreSQL). A claim that inserts a job of the key takes it
-/// first: a transaction that is finishing that job (whose trigger makes
-/// the next waiting job due) commits before the insert looks, so the new
-/// job is never parked behind a job that was finishing unseen, with no one
-/// left to make it due.
-pub fn order_last_locked() -> String {
-    format!(
-        "SELECT id FROM jobs WHERE {} ORDER BY order_seq DESC, id DESC LIMIT 1 FOR UPDATE",
-        order_open("$1", "$2", "$3")
-    )
-}
 
 /// Inserts a job of an order key (?10) at the end of its key's unfinished
 /// jobs, due at ?7 unless one of them is there (then it waits for
@@ -172,10 +191,36 @@ pub trait Tx {
         outcome: &str,
         remote: &str,
         detail: Option<&str>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.run(
+            deliveries::INSERT,
+            &[
+                source.into(),
+                event_id.into(),
+                received_at.into(),
+                outcome.into(),
+                remote.into(),
+                detail.into(),
+            ],
+        )?;
+        Ok(())
+    }
 
     /// Inserts a job and returns its id.
     fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError>;
+
+    /// Runs a statement the root writes once for both backends (a table
+    /// module's, `?N`): how many rows it changed.
+    fn run(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64, StoreError>;
+
+    /// The first column of the first row of such a statement, as an
+    /// integer (a boolean as 0 or 1); None for no row or NULL.
+    fn read_i64(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<i64>, StoreError>;
+
+    /// Writes an attempt's row (`store::attempts::PUT`): over the job's
+    /// attempt of the same number when `replace`, else not at all if
+    /// there is one.
+    fn write_attempt(&mut self, a: &NewAttempt<'_>, replace: bool) -> Result<(), StoreError>;
 
     /// Records an SQL action's one attempt.
     fn insert_sql_attempt(
@@ -185,10 +230,18 @@ pub trait Tx {
         finished_at: i64,
         outcome: &str,
         error: Option<&str>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.write_attempt(
+            &NewAttempt::of_sql(job_id, started_at, finished_at, outcome, error),
+            false,
+        )
+    }
 
     /// Whether an operator paused this action.
-    fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError>;
+    fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError> {
+        let paused = self.read_i64(paused::IS_PAUSED, &[source.into(), action.into()])?;
+        Ok(paused.is_some())
+    }
 
     /// The event's jobs, counted by what decides its state.
     fn job_tallies(&mut self, source: &str, event_id: &str) -> Result<JobTallies, StoreError>;
@@ -379,7 +432,13 @@ pub trait OutboxTx: Tx {
         n_attempts: i64,
         reason: &str,
         now: i64,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.run(
+            jobs::PARK,
+            &[job_id.into(), n_attempts.into(), reason.into(), now.into()],
+        )?;
+        Ok(())
+    }
     /// The lease, decided by a conditional UPDATE: true when this worker
     /// took the job.
     fn lease(
@@ -389,11 +448,29 @@ pub trait OutboxTx: Tx {
         lease_until: i64,
         now: i64,
         n_before: i64,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<bool, StoreError> {
+        let won = self.run(
+            jobs::LEASE,
+            &[
+                job_id.into(),
+                owner.into(),
+                lease_until.into(),
+                now.into(),
+                n_before.into(),
+            ],
+        )?;
+        Ok(won == 1)
+    }
     /// Attempts made up to the job's last operator replay.
-    fn replay_budget_base(&mut self, job_id: i64) -> Result<i64, StoreError>;
+    fn replay_budget_base(&mut self, job_id: i64) -> Result<i64, StoreError> {
+        let n = self.read_i64(attempts::REPLAY_BUDGET_BASE, &[job_id.into()])?;
+        Ok(n.unwrap_or(0))
+    }
     /// Whether attempt `n` of the job was recorded.
-    fn attempt_exists(&mut self, job_id: i64, n: i64) -> Result<bool, StoreError>;
+    fn attempt_exists(&mut self, job_id: i64, n: i64) -> Result<bool, StoreError> {
+        let exists = self.read_i64(attempts::EXISTS, &[job_id.into(), n.into()])?;
+        Ok(exists.is_some_and(|v| v != 0))
+    }
     /// Records an attempt cut short by a lost lease (unless recorded).
     fn record_cut_short(
         &mut self,
@@ -402,7 +479,12 @@ pub trait OutboxTx: Tx {
         started_at: i64,
         now: i64,
         worker: Option<&str>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.write_attempt(
+            &NewAttempt::cut_short(job_id, n, started_at, now, worker),
+            false,
+        )
+    }
     /// Where the job's latest replay came from, if it was replayed.
     fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<JobStatus>, StoreError>;
     /// Ends a job as `status` (failed, or done for a forced re-run).
@@ -412,7 +494,13 @@ pub trait OutboxTx: Tx {
         now: i64,
         error: &str,
         status: &str,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.run(
+            jobs::END,
+            &[job_id.into(), now.into(), error.into(), status.into()],
+        )?;
+        Ok(())
+    }
     /// The event a forward sends.
     fn forward_event(
         &mut self,
@@ -421,11 +509,19 @@ pub trait OutboxTx: Tx {
     ) -> Result<Option<ForwardEvent>, StoreError>;
     /// Whether an attempt since the job's last success may have reached
     /// the downstream (anything but a refused connection).
-    fn may_have_reached(&mut self, job_id: i64) -> Result<bool, StoreError>;
+    fn may_have_reached(&mut self, job_id: i64) -> Result<bool, StoreError> {
+        let reached = self.read_i64(attempts::MAY_HAVE_REACHED, &[job_id.into()])?;
+        Ok(reached.is_some_and(|v| v != 0))
+    }
     /// accepted -> processing.
-    fn mark_processing(&mut self, source: &str, event_id: &str) -> Result<(), StoreError>;
+    fn mark_processing(&mut self, source: &str, event_id: &str) -> Result<(), StoreError> {
+        self.run(events::MARK_PROCESSING, &[source.into(), event_id.into()])?;
+        Ok(())
+    }
     /// When the next job falls due (pending) or its lease ends.
-    fn next_due(&mut self) -> Result<Option<i64>, StoreError>;
+    fn next_due(&mut self) -> Result<Option<i64>, StoreError> {
+        self.read_i64(jobs::NEXT_DUE, &[])
+    }
     /// Records an attempt's result, fenced by owner and attempt number:
     /// false when this worker no longer holds the job.
     #[allow(clippy::too_many_arguments)]
@@ -438,11 +534,42 @@ pub trait OutboxTx: Tx {
         next_attempt_at: Option<i64>,
         last_error: Option<&str>,
         now: i64,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<bool, StoreError> {
+        let changed = self.run(
+            jobs::FINISH,
+            &[
+                job_id.into(),
+                owner.into(),
+                n.into(),
+                status.into(),
+                next_attempt_at.into(),
+                last_error.into(),
+                now.into(),
+            ],
+        )?;
+        Ok(changed == 1)
+    }
     /// Writes (or rewrites) an attempt's row.
-    fn put_attempt(&mut self, a: &NewAttempt<'_>) -> Result<(), StoreError>;
+    fn put_attempt(&mut self, a: &NewAttempt<'_>) -> Result<(), StoreError> {
+        self.write_attempt(a, true)
+    }
     /// Records a check.
-    fn insert_check(&mut self, c: &CheckRow<'_>) -> Result<(), StoreError>;
+    fn insert_check(&mut self, c: &CheckRow<'_>) -> Result<(), StoreError> {
+        self.run(
+            attempts::CHECK_INSERT,
+            &[
+                c.job_id.into(),
+                c.n.into(),
+                c.asked_at.into(),
+                c.finished_at.into(),
+                c.answer.into(),
+                c.http_status.into(),
+                c.error.into(),
+                c.worker.into(),
+            ],
+        )?;
+        Ok(())
+    }
     /// Gives a job taken but not sent back, fenced like `finish_job`.
     fn give_back(
         &mut self,
@@ -450,8 +577,17 @@ pub trait OutboxTx: Tx {
         owner: &str,
         n: i64,
         status: &str,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.run(
+            jobs::GIVE_BACK,
+            &[job_id.into(), owner.into(), n.into(), status.into()],
+        )?;
+        Ok(())
+    }
     /// Makes every parked job due now (at start: the config may have
     /// changed what they wait for).
-    fn release_parked(&mut self, now: i64) -> Result<(), StoreError>;
+    fn release_parked(&mut self, now: i64) -> Result<(), StoreError> {
+        self.run(jobs::RELEASE_PARKED, &[now.into()])?;
+        Ok(())
+    }
 }

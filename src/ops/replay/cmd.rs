@@ -11,7 +11,7 @@ use crate::ops::error::OpError;
 use crate::ops::open::{open_db_read, open_db_write};
 use crate::ops::text::{cell, clean, fmt_json_time, stdout};
 use crate::state::{JobStatus, ReplayResult};
-use crate::store::db;
+use crate::store::open::Handle;
 use crate::time::now_ms;
 
 /// `idemhook replay`: prints the plan, and without `yes` stops there;
@@ -37,7 +37,7 @@ pub fn cmd(config: &Config, target: &Target, yes: bool) -> Result<Outcome, Comma
 
 /// One event: planned and applied in one write transaction.
 fn replay_event_cli(
-    handle: &mut db::Handle,
+    handle: &mut Handle,
     config: &Config,
     target: &Target,
 ) -> Result<Outcome, CommandError> {
@@ -72,7 +72,7 @@ fn replay_event_cli(
 /// A batch: planned once, applied [`APPLY_CHUNK`] jobs per write
 /// transaction (each job checked again there).
 fn replay_batch_cli(
-    handle: &mut db::Handle,
+    handle: &mut Handle,
     config: &Config,
     target: &Target,
 ) -> Result<Outcome, CommandError> {

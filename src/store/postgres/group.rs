@@ -19,7 +19,6 @@ use std::time::Duration;
 use postgres::Client;
 
 use super::tx::{EventRow, PgTx, Statements};
-use crate::store::db::is_retryable;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// Savepoints one transaction may open: below the 64 subtransactions
@@ -164,14 +163,14 @@ fn try_transaction<R>(
     let mut rows: Vec<&EventRow> = chunk.iter().flat_map(|&i| ops[i].events.iter()).collect();
     rows.sort_by(|a, b| (&a.source, &a.event_id).cmp(&(&b.source, &b.event_id)));
     if let Err(e) = tx.insert_events(&rows) {
-        let retryable = is_retryable(&e);
+        let retryable = super::is_retryable_store(&e);
         return Err((e, retryable));
     }
     for &i in chunk {
         match (ops[i].run)(&mut tx) {
             Ok(v) => values.push(v),
             Err(e) => {
-                let retryable = is_retryable(&e);
+                let retryable = super::is_retryable_store(&e);
                 return Err((e, retryable));
             }
         }
@@ -196,7 +195,7 @@ mod tests {
     use crate::config::{Config, Durability};
     use crate::receive::ingest::{Claim, Decision, claim_in};
     use crate::store::pg_cluster;
-    use crate::store::postgres::claimers::event_row_of;
+    use crate::store::postgres::backend::event_row_of;
     use crate::store::postgres::{Settings, migrate};
     use crate::time::now_ms;
 

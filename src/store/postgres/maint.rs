@@ -15,12 +15,35 @@
 use postgres::Client;
 
 use crate::store::StoreError;
+use crate::store::db::Db;
+use crate::store::prune::{BATCH, Batch, NO_OPEN_JOB};
 
-/// The condition that holds an event back: work that still needs it (the
-/// same rule as SQLite's).
-const NO_OPEN_JOB: &str = "NOT EXISTS (SELECT 1 FROM jobs j
-        WHERE j.source = e.source AND j.event_id = e.event_id
-          AND j.status IN ('pending', 'processing', 'paused', 'failed'))";
+impl Batch {
+    /// Runs the batch on PostgreSQL, in the caller's transaction (every
+    /// lock is SKIP LOCKED, so several instances prune at once on disjoint
+    /// rows).
+    pub fn run_postgres(&self, client: &mut Client) -> Result<(u64, u64), StoreError> {
+        match self {
+            Batch::Events { source, before } => delete_events_batch(client, source, *before, BATCH),
+            Batch::Bodies {
+                source,
+                before,
+                now,
+            } => Ok((erase_bodies_batch(client, source, *before, *now, BATCH)?, 0)),
+            Batch::Refused { source, before } => {
+                Ok((delete_refused_batch(client, source, *before, BATCH)?, 0))
+            }
+            Batch::UnknownRefused { known, before } => Ok((
+                delete_unknown_refused_batch(client, known, *before, BATCH)?,
+                0,
+            )),
+            Batch::Kept { source, before } => Ok((
+                crate::store::rejected::prune_batch(&Db::postgres(client), source, *before, BATCH)?,
+                0,
+            )),
+        }
+    }
+}
 
 /// Job statuses that keep an event and its body.
 const OPEN: [&str; 4] = ["pending", "processing", "paused", "failed"];

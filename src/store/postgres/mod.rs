@@ -9,8 +9,9 @@
 //! the CA file named by `sslrootcert=PATH`. (libpq's `require` encrypts
 //! without verifying; idemhook does not offer an unverified connection.)
 
-pub mod claimers;
+pub mod backend;
 pub mod copy;
+pub mod db;
 mod grant;
 pub mod group;
 pub mod maint;
@@ -532,6 +533,14 @@ pub fn is_retryable(e: &postgres::Error) -> bool {
     e.code().is_some_and(|c| {
         *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
     })
+}
+
+/// Whether a transaction failed only because another one ran at the same
+/// time (a deadlock or a serialization failure): nothing of it was
+/// committed and it may simply run again.
+pub fn is_retryable_store(e: &StoreError) -> bool {
+    e.kind == StoreErrorKind::Busy
+        && (e.message.contains("(40P01)") || e.message.contains("(40001)"))
 }
 
 /// The pause before a write transaction runs again (`store::db::pg_write`,

@@ -5,7 +5,9 @@
 //! prepared against it, and `backup`'s online copy (`backup.rs`).
 
 pub mod backup;
+pub mod db;
 mod open;
+pub mod prune;
 mod tx;
 pub mod writer;
 
@@ -156,7 +158,7 @@ impl Backend for Sqlite {
         E: TxError + Send + 'static,
     {
         self.writer
-            .call(move |conn| crate::store::db::sqlite_savepoint(conn, &mut f))?
+            .call(move |conn| db::sqlite_savepoint(conn, &mut f))?
     }
 
     /// No savepoint of their own: a claim fails only when storage does (its
@@ -245,7 +247,7 @@ impl Backend for Sqlite {
     }
 
     fn vacuum_step(&self) -> Result<(i64, i64), StoreError> {
-        self.writer.call(crate::store::prune::vacuum_once)
+        self.writer.call(prune::vacuum_once)
     }
 
     fn listen(&self, _: impl Fn() + Send + 'static) {}

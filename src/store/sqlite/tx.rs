@@ -1,4 +1,5 @@
-//! SQLite's side of the claim seam ([`Tx`]): the statements of a claim,
+//! SQLite's side of the claim seam ([`Tx`]): the primitives the shared
+//! steps run on and the steps SQLite writes its own way, each statement
 //! cached per connection, on the writer's connection inside its group
 //! transaction.
 
@@ -6,7 +7,9 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::state::{JobStatus, open_job_statuses_sql};
-use crate::store::tx::{ActionError, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::tx::{
+    ActionError, Arg, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx,
+};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// A connection with an open transaction, seen through [`Tx`].
@@ -17,29 +20,6 @@ pub struct SqliteTx<'c> {
 impl<'c> SqliteTx<'c> {
     pub fn new(conn: &'c Connection) -> SqliteTx<'c> {
         SqliteTx { conn }
-    }
-
-    /// Writes `a` (`store::attempts::PUT`): over the job's attempt of the
-    /// same number when `replace`, else not at all if there is one.
-    fn put(&self, a: &NewAttempt<'_>, replace: bool) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(crate::store::attempts::PUT)?
-            .execute(params![
-                a.job_id,
-                a.n,
-                a.started_at,
-                a.finished_at,
-                a.outcome,
-                a.http_status,
-                a.error,
-                a.error_kind,
-                a.request_id,
-                a.response_head,
-                a.worker,
-                None::<&str>,
-                replace,
-            ])?;
-        Ok(())
     }
 }
 
@@ -59,7 +39,57 @@ pub fn to_sql_value(v: ParamValue) -> SqlValue {
     }
 }
 
+/// A shared statement's parameter, bound as SQLite's value.
+impl rusqlite::ToSql for Arg<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::ToSqlOutput::Borrowed;
+        use rusqlite::types::ValueRef;
+        Ok(Borrowed(match *self {
+            Arg::Null => ValueRef::Null,
+            Arg::Int(i) => ValueRef::Integer(i),
+            Arg::Text(s) => ValueRef::Text(s.as_bytes()),
+        }))
+    }
+}
+
 impl Tx for SqliteTx<'_> {
+    fn run(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
+        let n = self
+            .conn
+            .prepare_cached(sql)?
+            .execute(rusqlite::params_from_iter(args))?;
+        Ok(n as u64)
+    }
+
+    fn read_i64(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(sql)?
+            .query_row(rusqlite::params_from_iter(args), |r| r.get(0))
+            .optional()?
+            .flatten())
+    }
+
+    fn write_attempt(&mut self, a: &NewAttempt<'_>, replace: bool) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(crate::store::attempts::PUT)?
+            .execute(params![
+                a.job_id,
+                a.n,
+                a.started_at,
+                a.finished_at,
+                a.outcome,
+                a.http_status,
+                a.error,
+                a.error_kind,
+                a.request_id,
+                a.response_head,
+                a.worker,
+                None::<&str>,
+                replace,
+            ])?;
+        Ok(())
+    }
     fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
         let inserted = self
             .conn
@@ -92,9 +122,7 @@ impl Tx for SqliteTx<'_> {
     ) -> Result<(String, String), StoreError> {
         Ok(self
             .conn
-            .prepare_cached(
-                "SELECT state, payload_hash FROM events WHERE source = ?1 AND event_id = ?2",
-            )?
+            .prepare_cached(crate::store::events::STATE_AND_HASH)?
             .query_row(params![source, event_id], |r| Ok((r.get(0)?, r.get(1)?)))?)
     }
 
@@ -121,31 +149,6 @@ impl Tx for SqliteTx<'_> {
         Ok(())
     }
 
-    fn insert_delivery(
-        &mut self,
-        source: &str,
-        event_id: Option<&str>,
-        received_at: i64,
-        outcome: &str,
-        remote: &str,
-        detail: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO deliveries (source, event_id, received_at, outcome, remote, detail)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                source,
-                event_id,
-                received_at,
-                outcome,
-                remote,
-                detail
-            ])?;
-        Ok(())
-    }
-
     fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError> {
         let sql = if j.order_key.is_some() {
             crate::store::tx::ordered_job_insert()
@@ -165,29 +168,6 @@ impl Tx for SqliteTx<'_> {
             j.order_key,
         ])?;
         Ok(self.conn.last_insert_rowid())
-    }
-
-    fn insert_sql_attempt(
-        &mut self,
-        job_id: i64,
-        started_at: i64,
-        finished_at: i64,
-        outcome: &str,
-        error: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.put(
-            &NewAttempt::of_sql(job_id, started_at, finished_at, outcome, error),
-            false,
-        )
-    }
-
-    fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError> {
-        let paused: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT 1 FROM paused_actions WHERE source = ?1 AND action = ?2")?
-            .query_row(params![source, action], |r| r.get(0))
-            .optional()?;
-        Ok(paused.is_some())
     }
 
     fn job_tallies(&mut self, source: &str, event_id: &str) -> Result<JobTallies, StoreError> {
@@ -291,7 +271,7 @@ impl Tx for SqliteTx<'_> {
     }
 }
 
-use crate::store::tx::{Candidate, CheckRow, ForwardEvent, OutboxTx};
+use crate::store::tx::{Candidate, ForwardEvent, OutboxTx};
 
 fn candidate(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
     Ok(Candidate {
@@ -351,108 +331,21 @@ impl OutboxTx for SqliteTx<'_> {
         source: &str,
         event_id: &str,
     ) -> Result<Vec<(String, JobStatus)>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT action, status FROM jobs WHERE source = ?1 AND event_id = ?2 AND status <> 'done'",
-        )?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(crate::store::jobs::OPEN_OF_EVENT)?;
         let rows = stmt.query_map(params![source, event_id], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, JobStatus>(1)?))
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
-    fn park(
-        &mut self,
-        job_id: i64,
-        n_attempts: i64,
-        reason: &str,
-        now: i64,
-    ) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "UPDATE jobs SET next_attempt_at = NULL, last_error = ?3, updated_at = ?4, waiting = 'after'
-                 WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'",
-            )?
-            .execute(params![job_id, n_attempts, reason, now])?;
-        Ok(())
-    }
-
-    fn lease(
-        &mut self,
-        job_id: i64,
-        owner: &str,
-        lease_until: i64,
-        now: i64,
-        n_before: i64,
-    ) -> Result<bool, StoreError> {
-        let won = self
-            .conn
-            .prepare_cached(
-                "UPDATE jobs SET status = 'processing', waiting = NULL, lease_owner = ?2, lease_until = ?3,
-                        n_attempts = n_attempts + 1, updated_at = ?4
-                 WHERE id = ?1 AND n_attempts = ?5
-                   AND ((status = 'pending' AND next_attempt_at <= ?4)
-                        OR (status = 'processing' AND lease_until < ?4))",
-            )?
-            .execute(params![job_id, owner, lease_until, now, n_before])?;
-        Ok(won == 1)
-    }
-
-    fn replay_budget_base(&mut self, job_id: i64) -> Result<i64, StoreError> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT coalesce(max(n), 0) FROM attempts WHERE job_id = ?1
-                   AND started_at <= (SELECT max(replayed_at) FROM replays WHERE job_id = ?1)",
-            )?
-            .query_row(params![job_id], |r| r.get(0))?)
-    }
-
-    fn attempt_exists(&mut self, job_id: i64, n: i64) -> Result<bool, StoreError> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1 AND n = ?2)")?
-            .query_row(params![job_id, n], |r| r.get::<_, bool>(0))?)
-    }
-
-    fn record_cut_short(
-        &mut self,
-        job_id: i64,
-        n: i64,
-        started_at: i64,
-        now: i64,
-        worker: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.put(
-            &NewAttempt::cut_short(job_id, n, started_at, now, worker),
-            false,
-        )
-    }
-
     fn latest_replay_from(&mut self, job_id: i64) -> Result<Option<JobStatus>, StoreError> {
         Ok(self
             .conn
-            .prepare_cached(
-                "SELECT from_status FROM replays WHERE job_id = ?1 ORDER BY id DESC LIMIT 1",
-            )?
+            .prepare_cached(crate::store::replays::LATEST_FROM)?
             .query_row([job_id], |r| r.get(0))
             .optional()?)
-    }
-
-    fn end_job(
-        &mut self,
-        job_id: i64,
-        now: i64,
-        error: &str,
-        status: &str,
-    ) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "UPDATE jobs SET status = ?4, lease_owner = NULL, lease_until = NULL,
-                        last_error = ?3, updated_at = ?2
-                 WHERE id = ?1",
-            )?
-            .execute(params![job_id, now, error, status])?;
-        Ok(())
     }
 
     fn forward_event(
@@ -462,9 +355,7 @@ impl OutboxTx for SqliteTx<'_> {
     ) -> Result<Option<ForwardEvent>, StoreError> {
         Ok(self
             .conn
-            .prepare_cached(
-                "SELECT type, payload, content_type FROM events WHERE source = ?1 AND event_id = ?2",
-            )?
+            .prepare_cached(crate::store::events::FORWARDED)?
             .query_row(params![source, event_id], |r| {
                 Ok(ForwardEvent {
                     event_type: r.get(0)?,
@@ -473,118 +364,5 @@ impl OutboxTx for SqliteTx<'_> {
                 })
             })
             .optional()?)
-    }
-
-    fn may_have_reached(&mut self, job_id: i64) -> Result<bool, StoreError> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM attempts WHERE job_id = ?1
-                   AND n > (SELECT coalesce(max(n), 0) FROM attempts
-                             WHERE job_id = ?1 AND outcome = 'ok')
-                   AND coalesce(error_kind, '') <> 'connect')",
-            )?
-            .query_row(params![job_id], |r| r.get::<_, bool>(0))?)
-    }
-
-    fn mark_processing(&mut self, source: &str, event_id: &str) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "UPDATE events SET state = 'processing' WHERE source = ?1 AND event_id = ?2 AND state = 'accepted'",
-            )?
-            .execute(params![source, event_id])?;
-        Ok(())
-    }
-
-    fn next_due(&mut self) -> Result<Option<i64>, StoreError> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT min(t) FROM (
-                     SELECT min(next_attempt_at) AS t FROM jobs WHERE status = 'pending'
-                     UNION ALL
-                     SELECT min(lease_until) FROM jobs WHERE status = 'processing')",
-            )?
-            .query_row([], |r| r.get(0))?)
-    }
-
-    fn finish_job(
-        &mut self,
-        job_id: i64,
-        owner: &str,
-        n: i64,
-        status: &str,
-        next_attempt_at: Option<i64>,
-        last_error: Option<&str>,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let changed = self
-            .conn
-            .prepare_cached(
-                "UPDATE jobs SET status = ?4, next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL,
-                        last_error = ?6, updated_at = ?7
-                 WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
-            )?
-            .execute(params![
-                job_id,
-                owner,
-                n,
-                status,
-                next_attempt_at,
-                last_error,
-                now
-            ])?;
-        Ok(changed == 1)
-    }
-
-    fn put_attempt(&mut self, a: &NewAttempt<'_>) -> Result<(), StoreError> {
-        self.put(a, true)
-    }
-
-    fn insert_check(&mut self, c: &CheckRow<'_>) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO checks (job_id, n, asked_at, finished_at, answer, http_status, error, worker)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![
-                c.job_id,
-                c.n,
-                c.asked_at,
-                c.finished_at,
-                c.answer,
-                c.http_status,
-                c.error,
-                c.worker,
-            ])?;
-        Ok(())
-    }
-
-    fn give_back(
-        &mut self,
-        job_id: i64,
-        owner: &str,
-        n: i64,
-        status: &str,
-    ) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "UPDATE jobs SET status = ?4, n_attempts = n_attempts - 1,
-                        lease_owner = NULL, lease_until = NULL
-                 WHERE id = ?1 AND status = 'processing' AND lease_owner = ?2 AND n_attempts = ?3",
-            )?
-            .execute(params![job_id, owner, n, status])?;
-        Ok(())
-    }
-
-    fn release_parked(&mut self, now: i64) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached(
-                "UPDATE jobs SET next_attempt_at = ?1
-                 WHERE status = 'pending' AND next_attempt_at IS NULL
-                   AND coalesce(waiting, '') <> 'circuit'",
-            )?
-            .execute([now])?;
-        Ok(())
     }
 }

@@ -1,12 +1,28 @@
 //! [`PgTx`]'s claim steps ([`Tx`]) in PostgreSQL's dialect.
 
-use postgres::types::ToSql;
+use postgres::fallible_iterator::FallibleIterator as _;
+use postgres::types::{ToSql, Type};
 
 use crate::state::{JobKind, JobStatus, open_job_statuses_sql};
-use crate::store::tx::{ActionError, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::tx::{
+    ActionError, Arg, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx,
+};
 use crate::store::{StoreError, StoreErrorKind, named};
 
 use super::{DeliveryRow, PgParam, PgTx, key};
+
+/// The last unfinished job of an order key ($1 source, $2 action, $3 key),
+/// locked. A claim that inserts a job of the key takes it
+/// first: a transaction that is finishing that job (whose trigger makes
+/// the next waiting job due) commits before the insert looks, so the new
+/// job is never parked behind a job that was finishing unseen, with no one
+/// left to make it due.
+fn order_last_locked() -> String {
+    format!(
+        "SELECT id FROM jobs WHERE {} ORDER BY order_seq DESC, id DESC LIMIT 1 FOR UPDATE",
+        crate::store::tx::order_open("$1", "$2", "$3")
+    )
+}
 
 /// The job inserts in PostgreSQL's dialect, made once.
 static PLAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -25,6 +41,27 @@ fn pg_sql(
 }
 
 impl Tx for PgTx<'_> {
+    fn run(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
+        let s = self.shared(sql)?;
+        let mut rows = self.client.query_raw(&s, args)?;
+        while rows.next()?.is_some() {}
+        Ok(rows.rows_affected().unwrap_or(0))
+    }
+
+    fn read_i64(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<Option<i64>, StoreError> {
+        let s = self.shared(sql)?;
+        let mut rows = self.client.query_raw(&s, args)?;
+        let Some(row) = rows.next()? else {
+            return Ok(None);
+        };
+        let ty = row.columns().first().map(|c| c.type_().clone());
+        Ok(match ty {
+            Some(Type::BOOL) => row.try_get::<_, Option<bool>>(0)?.map(i64::from),
+            Some(Type::INT4) => row.try_get::<_, Option<i32>>(0)?.map(i64::from),
+            _ => row.try_get::<_, Option<i64>>(0)?,
+        })
+    }
+
     fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
         if let Some(won) = self
             .group
@@ -74,9 +111,7 @@ impl Tx for PgTx<'_> {
         {
             return Ok(known.clone());
         }
-        let s = self.prepared(
-            "SELECT state, payload_hash FROM events WHERE source = $1 AND event_id = $2",
-        )?;
+        let s = self.shared(crate::store::events::STATE_AND_HASH)?;
         let row = self.client.query_one(&s, &[&source, &event_id])?;
         Ok((row.get(0), row.get(1)))
     }
@@ -131,13 +166,16 @@ impl Tx for PgTx<'_> {
             });
             return Ok(());
         }
-        let s = self.prepared(
-            "INSERT INTO deliveries (source, event_id, received_at, outcome, remote, detail)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )?;
-        self.client.execute(
-            &s,
-            &[&source, &event_id, &received_at, &outcome, &remote, &detail],
+        self.run(
+            crate::store::deliveries::INSERT,
+            &[
+                source.into(),
+                event_id.into(),
+                received_at.into(),
+                outcome.into(),
+                remote.into(),
+                detail.into(),
+            ],
         )?;
         Ok(())
     }
@@ -154,7 +192,7 @@ impl Tx for PgTx<'_> {
         let sql = match j.order_key {
             Some(order_key) => {
                 // The key's last unfinished job first (see `order_last_locked`).
-                let lock = self.prepared(&crate::store::tx::order_last_locked())?;
+                let lock = self.prepared(&order_last_locked())?;
                 self.client
                     .query(&lock, &[&j.source, &j.action, &order_key])?;
                 pg_sql(&ORDERED, crate::store::tx::ordered_job_insert())?
@@ -180,23 +218,8 @@ impl Tx for PgTx<'_> {
         Ok(row.get(0))
     }
 
-    fn insert_sql_attempt(
-        &mut self,
-        job_id: i64,
-        started_at: i64,
-        finished_at: i64,
-        outcome: &str,
-        error: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.put(
-            &NewAttempt::of_sql(job_id, started_at, finished_at, outcome, error),
-            false,
-        )
-    }
-
-    fn is_paused(&mut self, source: &str, action: &str) -> Result<bool, StoreError> {
-        let s = self.prepared("SELECT 1 FROM paused_actions WHERE source = $1 AND action = $2")?;
-        Ok(!self.client.query(&s, &[&source, &action])?.is_empty())
+    fn write_attempt(&mut self, a: &NewAttempt<'_>, replace: bool) -> Result<(), StoreError> {
+        self.put(a, replace)
     }
 
     fn job_tallies(&mut self, source: &str, event_id: &str) -> Result<JobTallies, StoreError> {

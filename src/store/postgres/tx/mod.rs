@@ -314,10 +314,7 @@ impl<'a> PgTx<'a> {
     /// Writes `a` (`store::attempts::PUT`): over the job's attempt of the
     /// same number when `replace`, else not at all if there is one.
     fn put(&mut self, a: &NewAttempt<'_>, replace: bool) -> Result<(), StoreError> {
-        static PUT: std::sync::LazyLock<Result<String, StoreError>> =
-            std::sync::LazyLock::new(|| crate::store::db::to_dollars(crate::store::attempts::PUT));
-        let sql = PUT.as_ref().map_err(Clone::clone)?;
-        let s = self.prepared(sql)?;
+        let s = self.shared(crate::store::attempts::PUT)?;
         let note: Option<&str> = None;
         self.client.execute(
             &s,
@@ -340,6 +337,21 @@ impl<'a> PgTx<'a> {
         Ok(())
     }
 
+    /// A statement the root writes once for both backends (`?N`, in a
+    /// table's module), prepared in PostgreSQL's dialect once per
+    /// connection: cached under its text as written, so a call after the
+    /// first costs what [`PgTx::prepared`]'s does.
+    fn shared(&mut self, sql: &str) -> Result<Statement, StoreError> {
+        if let Some((s, _)) = self.statements.cache.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(&crate::store::db::to_dollars(sql)?)?;
+        self.statements
+            .cache
+            .insert(sql.to_string(), (s.clone(), Vec::new()));
+        Ok(s)
+    }
+
     fn prepared(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
         if let Some((s, _)) = self.statements.cache.get(sql) {
             return Ok(s.clone());
@@ -352,5 +364,4 @@ impl<'a> PgTx<'a> {
     }
 }
 
-/// Forward workers on every instance are woken on this channel.
-pub const JOBS_CHANNEL: &str = "idemhook_jobs";
+pub use crate::store::jobs::JOBS_CHANNEL;

@@ -195,3 +195,28 @@ pub(super) fn numeric_binary(text: &str) -> Option<Vec<u8>> {
     }
     Some(out)
 }
+
+/// A shared statement's parameter (`store::tx::Arg`), bound as the type
+/// PostgreSQL inferred for it: an integer into an integer column, text
+/// into a text one, NULL into anything.
+impl ToSql for crate::store::tx::Arg<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        use crate::store::tx::Arg;
+        match *self {
+            Arg::Null => Ok(IsNull::Yes),
+            Arg::Int(i) if *ty == Type::INT4 => i32::try_from(i)?.to_sql(ty, out),
+            Arg::Int(i) => i.to_sql(ty, out),
+            Arg::Text(s) => s.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <i64 as ToSql>::accepts(ty) || <i32 as ToSql>::accepts(ty) || <&str as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}

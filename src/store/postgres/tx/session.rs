@@ -2,7 +2,7 @@
 
 use postgres::Client;
 
-use crate::store::db::is_retryable;
+use crate::store::postgres::is_retryable_store;
 use crate::store::{StoreError, StoreErrorKind};
 
 use super::{PgTx, Statements};
@@ -43,7 +43,7 @@ impl Session {
         let result = crate::store::postgres::retrying(
             4,
             crate::store::postgres::short_pause,
-            is_retryable,
+            is_retryable_store,
             || {
                 let mut reused = true;
                 if self.client.as_ref().is_none_or(Client::is_closed) {

@@ -74,21 +74,7 @@ type Answers = (Vec<AfterCommit>, Result<(), StoreError>);
 type Op =
     Box<dyn FnOnce(Result<&Connection, &StoreError>) -> (AfterCommit, Option<StoreError>) + Send>;
 
-/// How an operation's writes are kept apart from the rest of its group.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Guard {
-    /// In its own savepoint: if it fails (or panics), only its own writes
-    /// are undone and the rest of the group commits.
-    Savepoint,
-    /// No savepoint of its own, for the hot operations that fail only when
-    /// storage does (a claim, whose SQL actions have savepoints of their
-    /// own; an outbox lease or completion). A savepoint makes SQLite copy
-    /// every page the operation touches into the savepoint journal, which
-    /// was about a tenth of the writer's time. If such an operation fails
-    /// or panics, the whole group is rolled back and every caller in it
-    /// gets the error.
-    Group,
-}
+pub use crate::store::backend::Guard;
 
 /// Runs `f` under `guard`: its result, and the error that poisons the
 /// group if it failed without a savepoint.

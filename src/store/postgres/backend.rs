@@ -1,4 +1,5 @@
-//! `serve` on PostgreSQL: the claimers (a few threads, each with its own
+//! The PostgreSQL backend ([`Postgres`], `store::backend`'s seam), that
+//! `serve` runs on: the claimers (a few threads, each with its own
 //! connection, taking every claim waiting in the queue into one group
 //! commit, `group::run_group`; the readiness probe is a write through
 //! them), a small pool of connections for the gauges and the admin API,
@@ -28,7 +29,9 @@ use crate::store::postgres::group::{Op, run_group};
 use crate::store::postgres::tx::{EventRow, PgTx, Session, Statements};
 use crate::store::postgres::{Settings, Tls};
 use crate::store::prune::Batch;
-use crate::store::tx::{ActionError, JobTallies, NewEvent, NewJob, ParamValue, Tx};
+use crate::store::tx::{
+    ActionError, Arg, JobTallies, NewAttempt, NewEvent, NewJob, ParamValue, Tx,
+};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// Claimer threads per instance: one group commits while the next forms.
@@ -546,8 +549,7 @@ impl Backend for Postgres {
     }
 
     fn read<T, E: TxError>(&self, f: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
-        self.pool
-            .with(|client| Ok(crate::store::db::pg_read(client, f)))?
+        self.pool.with(|client| Ok(super::db::pg_read(client, f)))?
     }
 
     fn write<T, E>(
@@ -559,7 +561,7 @@ impl Backend for Postgres {
         E: TxError + Send + 'static,
     {
         self.pool
-            .with(|client| Ok(crate::store::db::pg_write(client, &mut f)))?
+            .with(|client| Ok(super::db::pg_write(client, &mut f)))?
     }
 
     fn claim_then<C: Claims>(
@@ -904,6 +906,12 @@ fn stopped() -> StoreError {
 }
 
 impl Tx for FirstStep {
+    fn run(&mut self, _: &'static str, _: &[Arg<'_>]) -> Result<u64, StoreError> {
+        Err(stopped())
+    }
+    fn read_i64(&mut self, _: &'static str, _: &[Arg<'_>]) -> Result<Option<i64>, StoreError> {
+        Err(stopped())
+    }
     fn insert_event(&mut self, e: &NewEvent<'_>) -> Result<bool, StoreError> {
         self.0 = Some(EventRow::of(e));
         Err(stopped())
@@ -936,14 +944,7 @@ impl Tx for FirstStep {
     fn insert_job(&mut self, _: &NewJob<'_>) -> Result<i64, StoreError> {
         Err(stopped())
     }
-    fn insert_sql_attempt(
-        &mut self,
-        _: i64,
-        _: i64,
-        _: i64,
-        _: &str,
-        _: Option<&str>,
-    ) -> Result<(), StoreError> {
+    fn write_attempt(&mut self, _: &NewAttempt<'_>, _: bool) -> Result<(), StoreError> {
         Err(stopped())
     }
     fn is_paused(&mut self, _: &str, _: &str) -> Result<bool, StoreError> {
