@@ -223,7 +223,7 @@ impl RedisDest {
             .map(|(i, _)| i)
             .collect();
         if sound && !lost.is_empty() {
-            match self.script.load(&mut c) {
+            match bound(&c, deadline).and_then(|()| self.script.load(&mut c)) {
                 Ok(_) => {
                     let (again, still) = exchange(&mut c, commands, &lost, deadline);
                     for (i, answer) in lost.into_iter().zip(again) {
@@ -261,26 +261,12 @@ fn exchange(
     for &i in which {
         commands[i].write_packed_command(&mut packed);
     }
-    let left = || {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(redis::RedisError::from(std::io::Error::from(
-                std::io::ErrorKind::TimedOut,
-            )));
-        }
-        Ok(left)
-    };
-    let sent = left()
-        .and_then(|left| c.set_write_timeout(Some(left)))
-        .and_then(|()| c.send_packed_command(&packed));
-    if let Err(e) = sent {
+    if let Err(e) = bound(c, deadline).and_then(|()| c.send_packed_command(&packed)) {
         return (vec![Err(e); which.len()], false);
     }
     let mut answers = Vec::with_capacity(which.len());
     while answers.len() < which.len() {
-        let reply = left()
-            .and_then(|left| c.set_read_timeout(Some(left)))
-            .and_then(|()| c.recv_response());
+        let reply = bound(c, deadline).and_then(|()| c.recv_response());
         match reply {
             // Out-of-band data (RESP3), not a reply.
             Ok(redis::Value::Push { .. }) => {}
@@ -293,6 +279,19 @@ fn exchange(
         }
     }
     (answers, true)
+}
+
+/// Bounds the connection's next write and read by what is left until
+/// `deadline` (a timeout when nothing is).
+fn bound(c: &redis::Connection, deadline: Instant) -> redis::RedisResult<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        )));
+    }
+    c.set_write_timeout(Some(left))?;
+    c.set_read_timeout(Some(left))
 }
 
 /// Unreachable, cut or slow: a retry; a transient error reply: a retry
