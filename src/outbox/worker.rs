@@ -175,7 +175,17 @@ impl<B: Backend> Worker<B> {
             // Held from here until each is recorded or given back (the
             // guard drops at the end of its turn).
             let guards: Vec<HeldJob> = jobs.iter().map(|j| self.held.hold(j.job_id)).collect();
-            for (job, _held) in jobs.into_iter().zip(guards) {
+            let mut turns: Vec<Option<(Leased, HeldJob)>> =
+                jobs.into_iter().zip(guards).map(Some).collect();
+            for i in 0..turns.len() {
+                let Some(turn) = turns[i].take() else {
+                    continue;
+                };
+                let Some((job, _held)) =
+                    self.send_together(turn, &mut turns[i + 1..], &mut failing)
+                else {
+                    continue;
+                };
                 // A job whose lease could run out during the call is given
                 // back rather than sent: once the lease ends another worker
                 // may take it, and two workers would send it at once.
@@ -237,7 +247,20 @@ impl<B: Backend> Worker<B> {
             }
         };
 
-        let outcome = outcome_of(&job, &fwd, &attempt);
+        Some(self.settle(job, &fwd, asked, attempt, clock))
+    }
+
+    /// The bookkeeping after an attempt: its outcome, metrics, log line,
+    /// retry delay and record. Its verdict.
+    fn settle(
+        &self,
+        job: Leased,
+        fwd: &Forward,
+        asked: Option<Asked>,
+        attempt: Attempt,
+        clock: Instant,
+    ) -> Verdict {
+        let outcome = outcome_of(&job, fwd, &attempt);
         self.metrics.attempt(&job.source, &job.action, outcome);
         log_attempt(&job, outcome, &attempt, clock);
         let next_attempt_at = (outcome == AttemptOutcome::Retry).then(|| {
@@ -256,7 +279,7 @@ impl<B: Backend> Worker<B> {
             // Another worker may be asleep past this retry's due time.
             self.waker.wake();
         }
-        Some(verdict)
+        verdict
     }
 
     /// Asks the downstream's `check` URL before a send. None when the
@@ -426,26 +449,95 @@ impl<B: Backend> Worker<B> {
             attempt.error = Some("the action has no destination".to_string());
             return attempt;
         };
-        let message = Message {
-            source: &job.source,
-            event_id: &job.event_id,
-            action: &job.action,
-            event_type: job.event_type.as_deref(),
-            content_type: job.content_type.as_deref(),
-            body: &job.body,
-            n: job.n,
-        };
+        let message = message_of(job);
         // A client library's panic is this attempt's failure (a retry),
         // not the end of the worker.
         let started_at = now_ms();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dest.send(&message)))
-            .unwrap_or_else(|_| {
-                let mut attempt = Attempt::started(started_at);
-                attempt.error_kind = Some("protocol");
-                attempt.error = Some("the destination's client panicked".to_string());
-                attempt.finished_at = now_ms();
-                attempt
-            })
+            .unwrap_or_else(|_| panicked(started_at))
+    }
+
+    /// Sends `first` together with the later jobs of this take (`rest`)
+    /// of the same broker action when its destination pipelines and two
+    /// or more may go: none needs a check or is a circuit's probe, the
+    /// action is not held by `failing`, and every one's lease covers one
+    /// timeout from now. Each is recorded, in order (never given back: it
+    /// was sent), and a retry among them holds the action (`failing`).
+    /// None then; `first` back when it goes alone.
+    fn send_together(
+        &self,
+        first: (Leased, HeldJob),
+        rest: &mut [Option<(Leased, HeldJob)>],
+        failing: &mut Vec<(String, String)>,
+    ) -> Option<(Leased, HeldJob)> {
+        let job = &first.0;
+        let Some(fwd) = self.forward_of(&job.source, &job.action) else {
+            return Some(first);
+        };
+        if fwd.broker.is_none() || self.stop.load(Ordering::Relaxed) {
+            return Some(first);
+        }
+        let Some(dest) = self.dests.get(&job.source, &job.action) else {
+            return Some(first);
+        };
+        if !dest.pipelines() {
+            return Some(first);
+        }
+        let has_circuit = fwd.circuit.is_some();
+        if has_circuit
+            && failing
+                .iter()
+                .any(|(s, a)| *s == job.source && *a == job.action)
+        {
+            return Some(first);
+        }
+        let timeout = i64::try_from(fwd.timeout.as_millis()).unwrap_or(i64::MAX / 4);
+        let now = now_ms();
+        let goes = |other: &Leased| {
+            other.source == job.source
+                && other.action == job.action
+                && !other.needs_check
+                && !other.probe
+                && now + timeout < other.lease_ends
+        };
+        let others: Vec<usize> = (0..rest.len())
+            .filter(|&i| rest[i].as_ref().is_some_and(|(other, _)| goes(other)))
+            .collect();
+        if !goes(job) || others.is_empty() {
+            return Some(first);
+        }
+        let action = (job.source.clone(), job.action.clone());
+        let mut batch = vec![first];
+        batch.extend(others.into_iter().filter_map(|i| rest[i].take()));
+
+        let clock = Instant::now();
+        let messages: Vec<Message<'_>> = batch.iter().map(|(job, _)| message_of(job)).collect();
+        crate::failpoint::hit("forward.before_call");
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let started_at = now_ms();
+        let mut attempts =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dest.send_batch(&messages)))
+                .unwrap_or_else(|_| messages.iter().map(|_| panicked(started_at)).collect());
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.metrics.downstream_duration.observe(clock.elapsed());
+        crate::failpoint::hit("forward.after_response");
+        drop(messages);
+        // One attempt per message; a short answer is a retry for the rest.
+        attempts.resize_with(batch.len(), || {
+            let mut attempt = Attempt::started(started_at);
+            attempt.error_kind = Some("protocol");
+            attempt.error = Some("the destination gave no answer for it".to_string());
+            attempt.finished_at = now_ms();
+            attempt
+        });
+        let mut retried = false;
+        for ((job, _held), attempt) in batch.into_iter().zip(attempts) {
+            retried |= self.settle(job, fwd, None, attempt, clock) == Verdict::Retry;
+        }
+        if retried && has_circuit {
+            failing.push(action);
+        }
+        None
     }
 
     /// Gives back a job taken but not sent (shutdown, or too little of the
@@ -479,6 +571,29 @@ impl<B: Backend> Worker<B> {
         let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
         self.backend.jobs_queued(&mut session, guard, body)
     }
+}
+
+/// The job's message, as its destination sees it.
+fn message_of(job: &Leased) -> Message<'_> {
+    Message {
+        source: &job.source,
+        event_id: &job.event_id,
+        action: &job.action,
+        event_type: job.event_type.as_deref(),
+        content_type: job.content_type.as_deref(),
+        body: &job.body,
+        n: job.n,
+    }
+}
+
+/// The attempt of a destination whose client panicked: a retry, not the
+/// end of the worker.
+fn panicked(started_at: i64) -> Attempt {
+    let mut attempt = Attempt::started(started_at);
+    attempt.error_kind = Some("protocol");
+    attempt.error = Some("the destination's client panicked".to_string());
+    attempt.finished_at = now_ms();
+    attempt
 }
 
 impl Attempt {

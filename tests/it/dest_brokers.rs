@@ -25,7 +25,11 @@ fn config(forward: &str) -> ServerConfig {
 }
 
 fn event(id: &str) -> Vec<u8> {
-    serde_json::json!({"id": id, "type": "invoice.paid"})
+    event_of(id, "invoice.paid")
+}
+
+fn event_of(id: &str, event_type: &str) -> Vec<u8> {
+    serde_json::json!({"id": id, "type": event_type})
         .to_string()
         .into_bytes()
 }
@@ -110,29 +114,7 @@ fn redis_exactly_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
     );
 
     let mut c = redis.connection().expect("redis is back");
-    let entries: Vec<redis::Value> = redis::cmd("XRANGE")
-        .arg("events-shop")
-        .arg("-")
-        .arg("+")
-        .query(&mut c)
-        .expect("XRANGE");
-    let mut seen = Vec::new();
-    for entry in entries {
-        let (_, fields): (String, Vec<(String, Vec<u8>)>) =
-            redis::from_redis_value(entry).expect("an entry");
-        let get = |name: &str| {
-            fields
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default()
-        };
-        assert_eq!(get("key"), format!("shop:{}:app", get("event_id")));
-        assert_eq!(get("source"), "shop");
-        assert_eq!(get("type"), "invoice.paid");
-        assert_eq!(get("body").as_bytes(), &event(&get("event_id"))[..]);
-        seen.push(get("event_id"));
-    }
+    let seen = stream_event_ids(&mut c, "events-shop", "invoice.paid");
     assert_eq!(seen.len(), 30, "each event once: {seen:?}");
     assert_eq!(seen.iter().collect::<HashSet<_>>().len(), 30);
     let ttl: i64 = redis::cmd("PTTL")
@@ -152,6 +134,253 @@ fn redis_exactly_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
     assert!(check.stdout.contains("reachable"), "{}", check.stdout);
 }
 both_backends!(redis_exactly_once_across_a_broker_restart_and_a_kill9);
+
+/// The event ids of a stream's entries, each entry checked to hold what a
+/// send writes: the key, the source, the type and the body.
+fn stream_event_ids(c: &mut redis::Connection, stream: &str, event_type: &str) -> Vec<String> {
+    let entries: Vec<redis::Value> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query(c)
+        .expect("XRANGE");
+    let mut seen = Vec::new();
+    for entry in entries {
+        let (_, fields): (String, Vec<(String, Vec<u8>)>) =
+            redis::from_redis_value(entry).expect("an entry");
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default()
+        };
+        assert_eq!(get("key"), format!("shop:{}:app", get("event_id")));
+        assert_eq!(get("source"), "shop");
+        assert_eq!(get("type"), event_type);
+        assert_eq!(
+            get("body").as_bytes(),
+            &event_of(&get("event_id"), event_type)[..]
+        );
+        seen.push(get("event_id"));
+    }
+    seen
+}
+
+/// Posts the events while the action is paused, then resumes it: with
+/// one worker, every job is due at once and taken in one take.
+fn post_as_one_backlog(server: &Server, events: &[(String, &str)]) {
+    server.run_cli(&["pause", "shop/app"]).assert_success();
+    let client = Client::new(HTTP_TIMEOUT);
+    let url = server.url("/hooks/shop");
+    for (id, event_type) in events {
+        let body = event_of(id, event_type);
+        let r = client
+            .try_post(&url, &sign::stripe_now(SECRET, &body), &body)
+            .expect("posted");
+        assert_eq!(r.status, 200);
+    }
+    server.run_cli(&["resume", "shop/app"]).assert_success();
+}
+
+/// Every job's first attempt was sent in one batch: all started at the
+/// same instant by the same worker (one at a time, each would start after
+/// the previous one's answer). (A slow machine may add retries after a
+/// timeout: the brokers' counts say each message is there once.)
+fn assert_sent_together(server: &Server, jobs: i64) {
+    assert_eq!(
+        server.count("SELECT count(*) FROM attempts WHERE n = 1", &[]),
+        jobs,
+        "{}",
+        server.dump("SELECT job_id, n, started_at, outcome, error FROM attempts")
+    );
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM (SELECT DISTINCT started_at, worker FROM attempts WHERE n = 1) t",
+            &[]
+        ),
+        1,
+        "one batch: {}",
+        server.dump("SELECT job_id, n, started_at, worker FROM attempts")
+    );
+}
+
+fn one_worker(forward: &str) -> ServerConfig {
+    config(forward).set("forward_workers", "1")
+}
+
+fn backlog(prefix: &str, n: usize) -> Vec<(String, &'static str)> {
+    (0..n)
+        .map(|i| (format!("{prefix}{i:02}"), "invoice.paid"))
+        .collect()
+}
+
+/// Jobs due together go to Redis as one pipelined batch: each event is in
+/// the stream once, with the fields a single send writes, and each guard
+/// key is set.
+fn redis_batch_arrives_exactly_once(backend: Backend) {
+    let Some(redis) = Redis::start("dest_brokers::redis_batch") else {
+        return;
+    };
+    let server = Server::start_on(backend, &one_worker(&redis.url("0/events-{source}")), &[]);
+    let events = backlog("evt_rb", 8);
+    post_as_one_backlog(&server, &events);
+    wait_until(WAIT, "all eight are done", || done(&server) == 8);
+    assert_sent_together(&server, 8);
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM attempts WHERE response_head LIKE 'XADD events-shop %'",
+            &[]
+        ),
+        8
+    );
+    let mut c = redis.connection().expect("redis");
+    let seen = stream_event_ids(&mut c, "events-shop", "invoice.paid");
+    let expected: HashSet<String> = events.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(seen.len(), 8, "each event once: {seen:?}");
+    assert_eq!(seen.into_iter().collect::<HashSet<_>>(), expected);
+    for (id, _) in &events {
+        let guard: i64 = redis::cmd("EXISTS")
+            .arg(format!("idemhook:shop:{id}:app"))
+            .query(&mut c)
+            .expect("EXISTS");
+        assert_eq!(guard, 1, "{id}'s guard key");
+    }
+
+    // Redis lost the script (a restart without it, SCRIPT FLUSH): the
+    // batch's NOSCRIPT answers load it and send again, each job once.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut c)
+        .expect("SCRIPT FLUSH");
+    post_as_one_backlog(&server, &backlog("evt_rc", 4));
+    wait_until(WAIT, "the next four are done", || done(&server) == 12);
+    let seen = stream_event_ids(&mut c, "events-shop", "invoice.paid");
+    assert_eq!(seen.len(), 12, "each event once: {seen:?}");
+}
+both_backends!(redis_batch_arrives_exactly_once);
+
+/// A batch in which Redis refuses one message (its stream, named by the
+/// event's type, is a key of another type): that job fails with the
+/// server's reason, the others of the batch are done, each once.
+fn redis_batch_fails_only_the_refused_job(backend: Backend) {
+    let Some(redis) = Redis::start("dest_brokers::redis_batch_refused") else {
+        return;
+    };
+    let mut c = redis.connection().expect("redis");
+    let _: () = redis::cmd("SET")
+        .arg("events-bad.type")
+        .arg("a string")
+        .query(&mut c)
+        .expect("SET");
+    let server = Server::start_on(backend, &one_worker(&redis.url("0/events-{type}")), &[]);
+    let mut events = backlog("evt_rf", 6);
+    events.insert(3, ("evt_rf_bad".to_string(), "bad.type"));
+    post_as_one_backlog(&server, &events);
+    wait_until(WAIT, "six done, the refused one failed", || {
+        done(&server) == 6
+            && crate::helpers::job_status(&server, "shop", "evt_rf_bad", "app").as_deref()
+                == Some("failed")
+    });
+    assert_sent_together(&server, 7);
+    let error = server
+        .row(
+            "SELECT a.error FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.event_id = 'evt_rf_bad'",
+            &[],
+        )
+        .map(|r| r.text(0))
+        .unwrap_or_default();
+    assert!(error.contains("WRONGTYPE"), "{error}");
+    let seen = stream_event_ids(&mut c, "events-invoice.paid", "invoice.paid");
+    assert_eq!(seen.len(), 6, "each event once: {seen:?}");
+    assert!(!seen.contains(&"evt_rf_bad".to_string()));
+    let guard: i64 = redis::cmd("EXISTS")
+        .arg("idemhook:shop:evt_rf_bad:app")
+        .query(&mut c)
+        .expect("EXISTS");
+    assert_eq!(guard, 0, "a refused XADD leaves no guard");
+}
+both_backends!(redis_batch_fails_only_the_refused_job);
+
+/// Jobs due together go to JetStream as one batch (every message
+/// published, then every ack awaited): the stream holds each once, with
+/// its `Nats-Msg-Id`.
+fn nats_batch_arrives_exactly_once(backend: Backend) {
+    let Some(nats) = Nats::start("dest_brokers::nats_batch") else {
+        return;
+    };
+    let server = Server::start_on(backend, &one_worker(&nats.url("events.{source}")), &[]);
+    let events = backlog("evt_nb", 8);
+    post_as_one_backlog(&server, &events);
+    wait_until(WAIT, "all eight are done", || done(&server) == 8);
+    assert_sent_together(&server, 8);
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM attempts WHERE response_head LIKE 'stored: stream EVENTS seq %'",
+            &[]
+        ),
+        8
+    );
+    let (count, msg_ids) = nats.messages();
+    assert_eq!(count, 8, "each event once: {msg_ids:?}");
+    let expected: HashSet<String> = events
+        .iter()
+        .map(|(id, _)| format!("shop:{id}:app"))
+        .collect();
+    assert_eq!(msg_ids.into_iter().collect::<HashSet<_>>(), expected);
+}
+both_backends!(nats_batch_arrives_exactly_once);
+
+/// A batch in which one message is larger than the NATS server takes:
+/// that job fails at once with the reason, the others are done.
+fn nats_batch_fails_only_the_message_too_large(backend: Backend) {
+    let Some(nats) = Nats::start_with("dest_brokers::nats_batch_too_large", "max_payload: 2048\n")
+    else {
+        return;
+    };
+    let server = Server::start_on(backend, &one_worker(&nats.url("events.{source}")), &[]);
+    server.run_cli(&["pause", "shop/app"]).assert_success();
+    let big =
+        serde_json::json!({"id": "evt_nf_big", "type": "invoice.paid", "pad": "x".repeat(4000)})
+            .to_string()
+            .into_bytes();
+    post_all(&server, &["evt_nf0".to_string(), "evt_nf1".to_string()]);
+    let r = server.post("/hooks/shop", &sign::stripe_now(SECRET, &big), &big);
+    assert_eq!(r.status, 200, "{}", r.text());
+    post_all(&server, &["evt_nf2".to_string(), "evt_nf3".to_string()]);
+    server.run_cli(&["resume", "shop/app"]).assert_success();
+    wait_until(WAIT, "four done, the big one failed", || {
+        done(&server) == 4
+            && crate::helpers::job_status(&server, "shop", "evt_nf_big", "app").as_deref()
+                == Some("failed")
+    });
+    assert_sent_together(&server, 5);
+    let (count, _) = nats.messages();
+    assert_eq!(count, 4);
+}
+both_backends!(nats_batch_fails_only_the_message_too_large);
+
+/// Jobs due together go to RabbitMQ as one batch (every message
+/// published, then every confirm awaited): each is in the queue, with its
+/// `message_id`.
+fn amqp_batch_arrives_once_each(backend: Backend) {
+    let Some(rabbit) = Rabbit::start("dest_brokers::amqp_batch") else {
+        return;
+    };
+    let server = Server::start_on(backend, &one_worker(&rabbit.url("{source}")), &[]);
+    let events = backlog("evt_ab", 8);
+    post_as_one_backlog(&server, &events);
+    wait_until(WAIT, "all eight are done", || done(&server) == 8);
+    assert_sent_together(&server, 8);
+    let got = rabbit.drain();
+    let expected: HashSet<String> = events
+        .iter()
+        .map(|(id, _)| format!("shop:{id}:app"))
+        .collect();
+    assert_eq!(got.len(), 8, "{got:?}");
+    assert_eq!(got.into_iter().collect::<HashSet<_>>(), expected);
+}
+both_backends!(amqp_batch_arrives_once_each);
 
 /// The same with JetStream: killed after the ack, the resend carries the
 /// same `Nats-Msg-Id` and is acked as a duplicate; NATS killed and

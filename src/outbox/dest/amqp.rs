@@ -9,6 +9,8 @@
 //! The client is `lapin` on the private runtime of `nats.rs`; one
 //! connection and confirm channel per target, made at the first attempt
 //! and shared; a failed one is dropped and the next attempt connects anew.
+//! A batch's messages are all published before their confirms are
+//! awaited.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -91,40 +93,113 @@ pub(crate) fn connect(
 
 impl Destination for AmqpDest {
     fn send(&self, m: &Message<'_>) -> Attempt {
-        let mut attempt = Attempt::started(now_ms());
-        let result = runtime()
+        let started_at = now_ms();
+        self.send_batch(std::slice::from_ref(m))
+            .pop()
+            .unwrap_or_else(|| Attempt::started(started_at))
+    }
+
+    /// Every message published on the confirm channel, then every confirm
+    /// awaited, each its own result.
+    fn send_batch(&self, messages: &[Message<'_>]) -> Vec<Attempt> {
+        let started_at = now_ms();
+        let answers = match runtime()
             .map_err(|e| ("connect", Verdict::Retry, e))
-            .and_then(|handle| {
-                let channel = self.channel(&handle)?;
-                let answer = self.publish(&handle, &channel, m);
-                if answer.as_ref().is_err_and(|(kind, _, _)| *kind != "status") {
+            .and_then(|handle| Ok((self.channel(&handle)?, handle)))
+        {
+            Ok((channel, handle)) => {
+                let answers = self.publish(&handle, &channel, messages);
+                if answers
+                    .iter()
+                    .any(|a| a.as_ref().is_err_and(|(kind, _, _)| *kind != "status"))
+                {
                     self.drop_connection();
                 }
-                answer
-            });
-        match result {
-            Ok(line) => {
-                attempt.verdict = Verdict::Done;
-                attempt.response_head = Some(line);
+                answers
             }
-            Err((kind, verdict, message)) => {
-                attempt.error_kind = Some(kind);
-                attempt.verdict = verdict;
-                attempt.error = Some(format!("amqp: {message}"));
-            }
-        }
-        attempt.finished_at = now_ms();
-        attempt
+            Err(failure) => vec![Err(failure); messages.len()],
+        };
+        let finished_at = now_ms();
+        answers
+            .into_iter()
+            .map(|answer| {
+                let mut attempt = Attempt::started(started_at);
+                match answer {
+                    Ok(line) => {
+                        attempt.verdict = Verdict::Done;
+                        attempt.response_head = Some(line);
+                    }
+                    Err((kind, verdict, message)) => {
+                        attempt.error_kind = Some(kind);
+                        attempt.verdict = verdict;
+                        attempt.error = Some(format!("amqp: {message}"));
+                    }
+                }
+                attempt.finished_at = finished_at;
+                attempt
+            })
+            .collect()
+    }
+
+    fn pipelines(&self) -> bool {
+        true
     }
 }
 
 impl AmqpDest {
+    /// Publishes every message, then awaits every confirm, all within the
+    /// action's timeout: each message's line or why it failed.
     fn publish(
         &self,
         handle: &tokio::runtime::Handle,
         channel: &Channel,
-        m: &Message<'_>,
-    ) -> Result<String, Failure> {
+        messages: &[Message<'_>],
+    ) -> Vec<Result<String, Failure>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let no_confirm = || {
+            Err((
+                "timeout",
+                Verdict::Retry,
+                format!("no publisher confirm within {:?}", self.timeout),
+            ))
+        };
+        handle.block_on(async {
+            let mut sent = Vec::with_capacity(messages.len());
+            for m in messages {
+                let (routing_key, properties) = self.prepare(m);
+                let publish = channel.basic_publish(
+                    ShortString::from(self.target.exchange.clone()),
+                    ShortString::from(routing_key.clone()),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    m.body,
+                    properties,
+                );
+                sent.push((
+                    routing_key,
+                    tokio::time::timeout_at(deadline, publish).await,
+                ));
+            }
+            let mut answers = Vec::with_capacity(sent.len());
+            for (routing_key, sent) in sent {
+                answers.push(match sent {
+                    Err(_) => no_confirm(),
+                    Ok(Err(e)) => Err(refused(&e)),
+                    Ok(Ok(confirm)) => match tokio::time::timeout_at(deadline, confirm).await {
+                        Err(_) => no_confirm(),
+                        Ok(Err(e)) => Err(refused(&e)),
+                        Ok(Ok(confirmation)) => self.confirmed(confirmation, &routing_key),
+                    },
+                });
+            }
+            answers
+        })
+    }
+
+    /// The message's routing key and properties.
+    fn prepare(&self, m: &Message<'_>) -> (String, BasicProperties) {
         let routing_key =
             self.target
                 .routing_key
@@ -147,66 +222,51 @@ impl AmqpDest {
                 m.content_type.unwrap_or("application/octet-stream"),
             ))
             .with_headers(headers);
-        let exchange = self.target.exchange.clone();
-        let answer = handle.block_on(async {
-            tokio::time::timeout(self.timeout, async {
-                channel
-                    .basic_publish(
-                        ShortString::from(exchange),
-                        ShortString::from(routing_key.clone()),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        m.body,
-                        properties,
-                    )
-                    .await?
-                    .await
-            })
-            .await
-        });
-        match answer {
-            Err(_) => Err((
-                "timeout",
-                Verdict::Retry,
-                format!("no publisher confirm within {:?}", self.timeout),
+        (routing_key, properties)
+    }
+
+    /// What the broker's confirm says of a message.
+    fn confirmed(
+        &self,
+        confirmation: lapin::Confirmation,
+        routing_key: &str,
+    ) -> Result<String, Failure> {
+        match confirmation {
+            lapin::Confirmation::Ack(None) => Ok(format!(
+                "confirmed: exchange {:?}, routing key {routing_key}",
+                self.target.exchange
             )),
-            Ok(Err(e)) => {
-                let text = e.to_string();
-                // A message larger than the broker takes closes the channel
-                // with PRECONDITION_FAILED: the job fails with the reason.
-                if text.contains("PRECONDITION_FAILED") || text.contains("max size") {
-                    Err(("status", Verdict::Fail, text))
-                } else {
-                    Err(("connect", Verdict::Retry, text))
-                }
-            }
-            Ok(Ok(confirmation)) => match confirmation {
-                lapin::Confirmation::Ack(None) => Ok(format!(
-                    "confirmed: exchange {:?}, routing key {routing_key}",
-                    self.target.exchange
-                )),
-                lapin::Confirmation::Ack(Some(returned)) => Err((
-                    "status",
-                    Verdict::Retry,
-                    format!(
-                        "unroutable: the broker returned the message ({} {}): no queue is bound for routing key {routing_key}",
-                        returned.reply_code, returned.reply_text
-                    ),
-                )),
-                lapin::Confirmation::Nack(_) => Err((
-                    "status",
-                    Verdict::Retry,
-                    "the broker nacked the message".to_string(),
-                )),
-                lapin::Confirmation::NotRequested => Err((
-                    "protocol",
-                    Verdict::Retry,
-                    "the channel is not in confirm mode".to_string(),
-                )),
-            },
+            lapin::Confirmation::Ack(Some(returned)) => Err((
+                "status",
+                Verdict::Retry,
+                format!(
+                    "unroutable: the broker returned the message ({} {}): no queue is bound for routing key {routing_key}",
+                    returned.reply_code, returned.reply_text
+                ),
+            )),
+            lapin::Confirmation::Nack(_) => Err((
+                "status",
+                Verdict::Retry,
+                "the broker nacked the message".to_string(),
+            )),
+            lapin::Confirmation::NotRequested => Err((
+                "protocol",
+                Verdict::Retry,
+                "the channel is not in confirm mode".to_string(),
+            )),
         }
+    }
+}
+
+/// A message larger than the broker takes closes the channel with
+/// PRECONDITION_FAILED: the job fails with the reason; any other error is
+/// the connection's (a retry).
+fn refused(e: &lapin::Error) -> Failure {
+    let text = e.to_string();
+    if text.contains("PRECONDITION_FAILED") || text.contains("max size") {
+        ("status", Verdict::Fail, text)
+    } else {
+        ("connect", Verdict::Retry, text)
     }
 }
 

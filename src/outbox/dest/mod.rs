@@ -50,6 +50,19 @@ impl Message<'_> {
 /// blocks past the timeout.
 pub(crate) trait Destination: Send + Sync {
     fn send(&self, message: &Message<'_>) -> Attempt;
+
+    /// One attempt per message, in order, each with its own verdict, all
+    /// within the action's one timeout. A destination that pipelines
+    /// (the brokers) sends every message before it reads the first
+    /// acknowledgement; the default sends them one after another.
+    fn send_batch(&self, messages: &[Message<'_>]) -> Vec<Attempt> {
+        messages.iter().map(|m| self.send(m)).collect()
+    }
+
+    /// Whether `send_batch` pipelines: the worker sends a batch only then.
+    fn pipelines(&self) -> bool {
+        false
+    }
 }
 
 /// The destinations of every forward action, by (source, action), and the

@@ -6,8 +6,9 @@
 //!
 //! The client is `async-nats` (the synchronous `nats` crate is deprecated)
 //! behind a private runtime confined to this module: one thread drives the
-//! connections' I/O, and a worker blocks on its own publish with
-//! `Handle::block_on`, bounded by the action's timeout. One connection per
+//! connections' I/O, and a worker blocks on its own publishes with
+//! `Handle::block_on`, bounded by the action's timeout (a batch's messages
+//! are all published before their acks are awaited). One connection per
 //! target, made at the first attempt and shared by the workers; the client
 //! reconnects by itself after a server restart, and until then attempts
 //! time out and are retried.
@@ -104,45 +105,102 @@ fn connect(
 
 impl Destination for NatsDest {
     fn send(&self, m: &Message<'_>) -> Attempt {
-        let mut attempt = Attempt::started(now_ms());
-        let result = runtime()
-            .map_err(|e| ("connect", Verdict::Retry, e))
-            .and_then(|handle| {
-                let js = self
-                    .context(&handle)
-                    .map_err(|e| ("connect", Verdict::Retry, e))?;
-                self.publish(&handle, &js, m)
-            });
-        match result {
-            Ok(ack) => {
-                attempt.verdict = Verdict::Done;
-                attempt.request_id = Some(format!("{}:{}", ack.stream, ack.sequence));
-                attempt.response_head = Some(if ack.duplicate {
-                    format!("duplicate: stream {} already has it", ack.stream)
-                } else {
-                    format!("stored: stream {} seq {}", ack.stream, ack.sequence)
-                });
-            }
-            Err((kind, verdict, message)) => {
-                attempt.error_kind = Some(kind);
-                attempt.verdict = verdict;
-                attempt.error = Some(format!("nats: {message}"));
-            }
-        }
-        attempt.finished_at = now_ms();
-        attempt
+        let started_at = now_ms();
+        self.send_batch(std::slice::from_ref(m))
+            .pop()
+            .unwrap_or_else(|| Attempt::started(started_at))
+    }
+
+    /// Every message published, then every ack awaited, each its own
+    /// result.
+    fn send_batch(&self, messages: &[Message<'_>]) -> Vec<Attempt> {
+        let started_at = now_ms();
+        let answers = match runtime().and_then(|handle| {
+            let js = self.context(&handle)?;
+            Ok((handle, js))
+        }) {
+            Ok((handle, js)) => self.publish(&handle, &js, messages),
+            Err(e) => messages
+                .iter()
+                .map(|_| Err(("connect", Verdict::Retry, e.clone())))
+                .collect(),
+        };
+        let finished_at = now_ms();
+        answers
+            .into_iter()
+            .map(|answer| {
+                let mut attempt = Attempt::started(started_at);
+                match answer {
+                    Ok(ack) => {
+                        attempt.verdict = Verdict::Done;
+                        attempt.request_id = Some(format!("{}:{}", ack.stream, ack.sequence));
+                        attempt.response_head = Some(if ack.duplicate {
+                            format!("duplicate: stream {} already has it", ack.stream)
+                        } else {
+                            format!("stored: stream {} seq {}", ack.stream, ack.sequence)
+                        });
+                    }
+                    Err((kind, verdict, message)) => {
+                        attempt.error_kind = Some(kind);
+                        attempt.verdict = verdict;
+                        attempt.error = Some(format!("nats: {message}"));
+                    }
+                }
+                attempt.finished_at = finished_at;
+                attempt
+            })
+            .collect()
+    }
+
+    fn pipelines(&self) -> bool {
+        true
     }
 }
 
 type Failure = (&'static str, Verdict, String);
 
 impl NatsDest {
+    /// Publishes every message, then awaits every ack, all within the
+    /// action's timeout: each message's ack or why it has none.
     fn publish(
         &self,
         handle: &tokio::runtime::Handle,
         js: &jetstream::Context,
-        m: &Message<'_>,
-    ) -> Result<jetstream::publish::PublishAck, Failure> {
+        messages: &[Message<'_>],
+    ) -> Vec<Result<jetstream::publish::PublishAck, Failure>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let prepared: Vec<_> = messages.iter().map(|m| self.prepare(m)).collect();
+        let no_ack = || {
+            Err((
+                "timeout",
+                Verdict::Retry,
+                format!("no ack from JetStream within {:?}", self.timeout),
+            ))
+        };
+        handle.block_on(async {
+            let mut sent = Vec::with_capacity(prepared.len());
+            for (subject, headers, body) in prepared {
+                let publish = js.publish_with_headers(subject.clone(), headers, body.into());
+                sent.push((subject, tokio::time::timeout_at(deadline, publish).await));
+            }
+            let mut answers = Vec::with_capacity(sent.len());
+            for (subject, sent) in sent {
+                answers.push(match sent {
+                    Err(_) => no_ack(),
+                    Ok(Err(e)) => Err(classify(&e, &subject)),
+                    Ok(Ok(ack)) => match tokio::time::timeout_at(deadline, ack).await {
+                        Err(_) => no_ack(),
+                        Ok(Err(e)) => Err(classify(&e, &subject)),
+                        Ok(Ok(ack)) => Ok(ack),
+                    },
+                });
+            }
+            answers
+        })
+    }
+
+    /// The message's subject, headers and payload.
+    fn prepare(&self, m: &Message<'_>) -> (String, async_nats::HeaderMap, Vec<u8>) {
         let subject = self
             .target
             .subject
@@ -156,24 +214,7 @@ impl NatsDest {
         if let Some(ct) = m.content_type {
             headers.insert("Content-Type", ct);
         }
-        let body = m.body.to_vec();
-        let answer = handle.block_on(async {
-            tokio::time::timeout(self.timeout, async {
-                js.publish_with_headers(subject.clone(), headers, body.into())
-                    .await?
-                    .await
-            })
-            .await
-        });
-        match answer {
-            Err(_) => Err((
-                "timeout",
-                Verdict::Retry,
-                format!("no ack from JetStream within {:?}", self.timeout),
-            )),
-            Ok(Ok(ack)) => Ok(ack),
-            Ok(Err(e)) => Err(classify(&e, &subject)),
-        }
+        (subject, headers, m.body.to_vec())
     }
 }
 

@@ -8,9 +8,11 @@
 //! Connections are pooled per target; one that fails is dropped, and the
 //! next attempt connects anew (a restarted Redis is reached again). The
 //! script is sent by its SHA and loaded again when the server has lost it.
+//! A batch's invocations are pipelined on one connection (every one
+//! written, then every reply read), each reply its own job's answer.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Destination, Message};
 use crate::config::broker::RedisTarget;
@@ -121,51 +123,175 @@ pub(crate) fn connect(
 
 impl Destination for RedisDest {
     fn send(&self, m: &Message<'_>) -> Attempt {
-        let mut attempt = Attempt::started(now_ms());
+        let started_at = now_ms();
+        self.send_batch(std::slice::from_ref(m))
+            .pop()
+            .unwrap_or_else(|| Attempt::started(started_at))
+    }
+
+    /// One connection, the script's invocations pipelined (every one
+    /// written, then every reply read), each reply classified on its own.
+    fn send_batch(&self, messages: &[Message<'_>]) -> Vec<Attempt> {
+        let started_at = now_ms();
+        let deadline = Instant::now() + self.timeout;
+        let streams: Vec<String> = messages
+            .iter()
+            .map(|m| {
+                self.target
+                    .stream
+                    .render(m.source, m.event_type.unwrap_or(""), m.action)
+            })
+            .collect();
+        let commands: Vec<redis::Cmd> = messages
+            .iter()
+            .zip(&streams)
+            .map(|(m, stream)| self.invocation(m, stream))
+            .collect();
+        let answers = self.pipeline(&commands, deadline);
+        let finished_at = now_ms();
+        answers
+            .into_iter()
+            .zip(&streams)
+            .map(|(answer, stream)| {
+                let mut attempt = Attempt::started(started_at);
+                match answer {
+                    Ok((added, id)) => {
+                        attempt.verdict = Verdict::Done;
+                        attempt.request_id = Some(id.clone());
+                        attempt.response_head = Some(if added == 1 {
+                            format!("XADD {stream} {id}")
+                        } else {
+                            format!("already added ({stream} {id}): the guard key is present")
+                        });
+                    }
+                    Err(e) => {
+                        let (kind, verdict) = classify(&e);
+                        attempt.error_kind = Some(kind);
+                        attempt.verdict = verdict;
+                        attempt.error = Some(format!("redis: {e}"));
+                    }
+                }
+                attempt.finished_at = finished_at;
+                attempt
+            })
+            .collect()
+    }
+
+    fn pipelines(&self) -> bool {
+        true
+    }
+}
+
+type Answer = redis::RedisResult<(i64, String)>;
+
+impl RedisDest {
+    /// The script's invocation for `m` by its SHA (`EVALSHA`): KEYS the
+    /// guard and the stream, ARGV the guard's life and the entry's fields.
+    fn invocation(&self, m: &Message<'_>, stream: &str) -> redis::Cmd {
         let key = m.key();
-        let stream = self
-            .target
-            .stream
-            .render(m.source, m.event_type.unwrap_or(""), m.action);
-        let result = self.connection().and_then(|mut c| {
-            let answer: redis::RedisResult<(i64, String)> = self
-                .script
-                .key(format!("idemhook:{key}"))
-                .key(&stream)
-                .arg(self.guard_ms)
-                .arg(&key)
-                .arg(m.source)
-                .arg(m.event_id)
-                .arg(m.event_type.unwrap_or(""))
-                .arg(m.content_type.unwrap_or(""))
-                .arg(m.body)
-                .invoke(&mut c);
-            // A connection that answered (even an error reply) is sound.
-            if answer.is_ok() || answer.as_ref().is_err_and(|e| e.code().is_some()) {
-                self.give_back(c);
-            }
-            answer
-        });
-        match result {
-            Ok((added, id)) => {
-                attempt.verdict = Verdict::Done;
-                attempt.request_id = Some(id.clone());
-                attempt.response_head = Some(if added == 1 {
-                    format!("XADD {stream} {id}")
-                } else {
-                    format!("already added ({stream} {id}): the guard key is present")
-                });
-            }
-            Err(e) => {
-                let (kind, verdict) = classify(&e);
-                attempt.error_kind = Some(kind);
-                attempt.verdict = verdict;
-                attempt.error = Some(format!("redis: {e}"));
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash())
+            .arg(2)
+            .arg(format!("idemhook:{key}"))
+            .arg(stream)
+            .arg(self.guard_ms)
+            .arg(&key)
+            .arg(m.source)
+            .arg(m.event_id)
+            .arg(m.event_type.unwrap_or(""))
+            .arg(m.content_type.unwrap_or(""))
+            .arg(m.body);
+        cmd
+    }
+
+    /// Each command's answer, in order, on one pooled connection before
+    /// `deadline`. Invocations the server answered NOSCRIPT (it lost the
+    /// script: none of them ran) are sent again once the script is
+    /// loaded, as `Script::invoke` does. A connection that failed makes
+    /// every answer not yet read that failure (a retry), and is dropped.
+    fn pipeline(&self, commands: &[redis::Cmd], deadline: Instant) -> Vec<Answer> {
+        let mut c = match self.connection() {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e); commands.len()],
+        };
+        let all: Vec<usize> = (0..commands.len()).collect();
+        let (mut answers, mut sound) = exchange(&mut c, commands, &all, deadline);
+        let lost: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.as_ref().is_err_and(|e| e.code() == Some("NOSCRIPT")))
+            .map(|(i, _)| i)
+            .collect();
+        if sound && !lost.is_empty() {
+            match bound(&c, deadline).and_then(|()| self.script.load(&mut c)) {
+                Ok(_) => {
+                    let (again, still) = exchange(&mut c, commands, &lost, deadline);
+                    for (i, answer) in lost.into_iter().zip(again) {
+                        answers[i] = answer;
+                    }
+                    sound = still;
+                }
+                Err(e) => {
+                    sound = e.code().is_some();
+                    for i in lost {
+                        answers[i] = Err(e.clone());
+                    }
+                }
             }
         }
-        attempt.finished_at = now_ms();
-        attempt
+        // A connection that answered everything (even error replies) is
+        // sound.
+        if sound {
+            self.give_back(c);
+        }
+        answers
     }
+}
+
+/// Writes the commands at `which`, then reads their replies, each read
+/// bounded by what is left until `deadline`. The answers, in the order of
+/// `which`, and whether the connection is still sound (every reply read).
+fn exchange(
+    c: &mut redis::Connection,
+    commands: &[redis::Cmd],
+    which: &[usize],
+    deadline: Instant,
+) -> (Vec<Answer>, bool) {
+    let mut packed = Vec::new();
+    for &i in which {
+        commands[i].write_packed_command(&mut packed);
+    }
+    if let Err(e) = bound(c, deadline).and_then(|()| c.send_packed_command(&packed)) {
+        return (vec![Err(e); which.len()], false);
+    }
+    let mut answers = Vec::with_capacity(which.len());
+    while answers.len() < which.len() {
+        let reply = bound(c, deadline).and_then(|()| c.recv_response());
+        match reply {
+            // Out-of-band data (RESP3), not a reply.
+            Ok(redis::Value::Push { .. }) => {}
+            Ok(value) => answers
+                .push(redis::from_redis_value::<Answer>(value).unwrap_or_else(|e| Err(e.into()))),
+            Err(e) => {
+                answers.resize(which.len(), Err(e));
+                return (answers, false);
+            }
+        }
+    }
+    (answers, true)
+}
+
+/// Bounds the connection's next write and read by what is left until
+/// `deadline` (a timeout when nothing is).
+fn bound(c: &redis::Connection, deadline: Instant) -> redis::RedisResult<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        )));
+    }
+    c.set_write_timeout(Some(left))?;
+    c.set_read_timeout(Some(left))
 }
 
 /// Unreachable, cut or slow: a retry; a transient error reply: a retry
