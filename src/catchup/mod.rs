@@ -331,7 +331,10 @@ fn claim_for(source: &Source, body: Vec<u8>, remote: &str) -> Result<Claim, Stri
     }
     .map_err(|e| format!("the source's key: {e}"))?;
     let event_type = source.type_of(&input);
-    let payload_hash = crate::http::hooks::hash_of(source, &body, &input);
+    let payload_hash = match crate::receive::ingest::listed_hash(source, &input) {
+        Some(listed) => listed,
+        None => crate::http::hooks::hash_of(source, &body, &input),
+    };
     Ok(Claim {
         event_id,
         event_type,

@@ -99,9 +99,8 @@ impl Kind {
     }
 
     /// The parts the payload hash covers by default: the kind's own
-    /// (Stripe's id, type and data; Mailgun re-signs every attempt inside
-    /// the body, so only `event-data`), else none, which hashes the whole
-    /// body.
+    /// (Mailgun re-signs every attempt inside the body, so only
+    /// `event-data`), else none, which hashes the whole body.
     pub(super) fn default_hash(self) -> Vec<Part> {
         self.preset().map_or_else(Vec::new, |p| {
             p.hash.iter().filter_map(|s| Part::parse(s).ok()).collect()

@@ -163,6 +163,9 @@ pub struct Source {
     /// With an empty `hash`: members left out of the body's hash (a
     /// provider's attempt counter).
     pub hash_without: Vec<&'static str>,
+    /// The hash of an event claimed from the provider's API list (the
+    /// kind's `listed_hash`); empty for kinds catch-up does not list.
+    pub listed_hash: Vec<Part>,
     pub on_mismatch: OnMismatch,
     pub actions: Vec<Action>,
     /// The URL the provider calls, for kinds that sign it.

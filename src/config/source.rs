@@ -50,6 +50,12 @@ pub(super) fn resolve_source(name: &str, mut rs: RawSource, base: &Path) -> Resu
         Some(p) if rs.hash.is_none() => p.hash_without.to_vec(),
         _ => Vec::new(),
     };
+    let listed_hash = preset.map_or_else(Vec::new, |p| {
+        p.listed_hash
+            .iter()
+            .filter_map(|s| Part::parse(s).ok())
+            .collect()
+    });
     let on_mismatch = on_mismatch_of(&rs)?;
     let (keep_rejected, keep_rejected_bytes) = super::rejected::keep_of(&rs)?;
     let catchup = super::catchup::catchup_of(kind, rs.catchup, base)?;
@@ -70,6 +76,7 @@ pub(super) fn resolve_source(name: &str, mut rs: RawSource, base: &Path) -> Resu
         key_fallback,
         hash,
         hash_without,
+        listed_hash,
         on_mismatch,
         actions,
         public_url,

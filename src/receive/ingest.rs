@@ -262,7 +262,7 @@ fn run_actions<T: Tx>(
 /// when the payload hash differs from the stored one.
 fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decision, StoreError> {
     let (state, stored_hash) = tx.event_state_and_hash(&source.name, &c.event_id)?;
-    if stored_hash == c.payload_hash || same_whole_body(&stored_hash, c) {
+    if stored_hash == c.payload_hash || c.catchup || same_as_listed(source, &stored_hash, c) {
         return Ok(Decision::Duplicate { state });
     }
     tx.insert_mismatch(
@@ -281,13 +281,46 @@ fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decision,
     Ok(Decision::Mismatch { state })
 }
 
-/// True when the stored hash is this body's whole-body hash: the event
-/// was stored under an older hash rule (the `stripe` kind hashed the whole
-/// body before it hashed id, type and data), and this is the same body
-/// again. Only a losing claim with a differing hash computes it.
-fn same_whole_body(stored_hash: &str, c: &Claim) -> bool {
-    use sha2::Digest as _;
-    stored_hash.len() == 64 && stored_hash == hex::encode(sha2::Sha256::digest(&c.body))
+/// The hash an event listed by the provider's API is stored under, when
+/// the kind has one (`listed:` and the hex SHA-256 of its `listed_hash`
+/// parts): a later delivery of it, hashed by the source's own rule,
+/// compares against it on the losing path ([`same_as_listed`]).
+pub fn listed_hash(source: &Source, input: &Input<'_>) -> Option<String> {
+    (!source.listed_hash.is_empty()).then(|| {
+        format!(
+            "{LISTED}{}",
+            super::key::payload_hash(&source.listed_hash, input.body, input)
+        )
+    })
+}
+
+/// The prefix of a hash stored by [`listed_hash`].
+pub const LISTED: &str = "listed:";
+
+/// True when the event was claimed from the provider's API list (its
+/// hash `listed:`, over parts the list and a delivery share) and this
+/// delivery has the same parts. Only a losing claim whose hash differs
+/// computes it. (A catch-up claim that loses is a duplicate outright: the
+/// provider's own copy of an event already stored.)
+fn same_as_listed(source: &Source, stored_hash: &str, c: &Claim) -> bool {
+    if !stored_hash.starts_with(LISTED) {
+        return false;
+    }
+    let parsed;
+    let json = match &c.json {
+        Some(v) => Some(super::key::Json::Parsed(v)),
+        None => {
+            parsed = serde_json::from_slice::<Value>(&c.body).ok();
+            parsed.as_ref().map(super::key::Json::Parsed)
+        }
+    };
+    let input = Input {
+        headers: &c.headers,
+        json,
+        form: None,
+        body: &c.body,
+    };
+    listed_hash(source, &input).as_deref() == Some(stored_hash)
 }
 
 fn short(hash: &str) -> &str {
@@ -452,7 +485,7 @@ fn order_key_of(action: &Action, c: &Claim) -> Option<String> {
     let rule = f.control.order.as_ref()?;
     let doc;
     let json = match &c.json {
-        Some(v) => Some(crate::receive::key::Json::Parsed(v)),
+        Some(v) => Some(super::key::Json::Parsed(v)),
         None => {
             doc = std::str::from_utf8(&c.body)
                 .ok()

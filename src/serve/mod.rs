@@ -469,14 +469,7 @@ fn record_key_rules(db: &store::db::Db<'_>, config: &Config) -> Result<()> {
                         ("now", &hash_rule),
                         (
                             "risk",
-                            // A stored whole-body hash is compared too
-                            // (`ingest::lost_claim`): the same body stays
-                            // a duplicate.
-                            if old_hash == "body" {
-                                &"redeliveries of stored events with the same body stay duplicates; others are compared by the new rule"
-                            } else {
-                                &"redeliveries of stored events will be reported as payload mismatches"
-                            },
+                            &"redeliveries of stored events will be reported as payload mismatches",
                         ),
                     ],
                 );
