@@ -187,7 +187,7 @@ fn events_list_and_show_print_the_contract_json() {
     assert_eq!(e["type"], "charge.succeeded");
     assert_eq!(e["state"], "completed");
     assert!(e["completed_at"].is_i64(), "completed_at set: {e}");
-    assert_eq!(e["payload_hash"], sign::stripe_payload_hash(&first));
+    assert_eq!(e["payload_hash"], sign::sha256_hex(&first));
     assert_eq!(e["verified_with"], 0);
     let sent: Value = serde_json::from_slice(&first).unwrap();
     assert_eq!(e["payload"], sent, "the payload is the body, as JSON");
@@ -868,11 +868,7 @@ fn erase_drops_the_body_and_keeps_duplicate_detection() {
         "body and headers dropped"
     );
     assert!(erased_at.is_some(), "erased_at stamped");
-    assert_eq!(
-        hash,
-        sign::stripe_payload_hash(&b),
-        "the payload hash is kept"
-    );
+    assert_eq!(hash, sign::sha256_hex(&b), "the payload hash is kept");
     let show = server
         .run_cli(&["events", "show", "stripe", "evt_erase", "--json"])
         .json();

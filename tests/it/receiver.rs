@@ -760,8 +760,8 @@ fn mismatched_duplicate_keeps_the_original_and_records_an_incident(backend: Back
         );
         assert_eq!(
             row.payload_hash.as_deref(),
-            Some(stripe_hash(&original).as_str()),
-            "[{source}] payload_hash is the stripe kind's, over the original's id, type and data"
+            Some(crate::sign::sha256_hex(&original).as_str()),
+            "[{source}] payload_hash is the original body's"
         );
         let incidents = wait_for(Duration::from_secs(5), "one incidents row", || {
             let kinds = db.texts(
@@ -1519,43 +1519,4 @@ fn zero_config_serve_prints_the_send_line_and_send_demo_stores_an_event() {
             }
         },
     );
-}
-
-/// The `stripe` kind's payload hash, computed independently: hex SHA-256
-/// over `/id`, `/type` and `/data`, each as compact JSON with its objects'
-/// keys sorted, prefixed by its length in bytes and `:`.
-fn stripe_hash(body: &[u8]) -> String {
-    fn canonical(v: &serde_json::Value) -> String {
-        match v {
-            serde_json::Value::Object(map) => {
-                let mut entries: Vec<_> = map.iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-                let inner: Vec<String> = entries
-                    .iter()
-                    .map(|(k, v)| {
-                        format!(
-                            "{}:{}",
-                            serde_json::Value::String(k.to_string()),
-                            canonical(v)
-                        )
-                    })
-                    .collect();
-                format!("{{{}}}", inner.join(","))
-            }
-            serde_json::Value::Array(items) => {
-                format!(
-                    "[{}]",
-                    items.iter().map(canonical).collect::<Vec<_>>().join(",")
-                )
-            }
-            other => other.to_string(),
-        }
-    }
-    let v: serde_json::Value = serde_json::from_slice(body).expect("a JSON body");
-    let mut signed = Vec::new();
-    for pointer in ["/id", "/type", "/data"] {
-        let text = v.pointer(pointer).map_or("null".to_string(), canonical);
-        signed.extend_from_slice(format!("{}:{text}", text.len()).as_bytes());
-    }
-    sign::sha256_hex(&signed)
 }

@@ -56,11 +56,12 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
-/// The `stripe` kind's payload hash, written independently of the
-/// server: over `/id`, `/type` and `/data`, each as canonical JSON (keys
-/// sorted, compact; `null` when absent), each prefixed with its length
-/// and a colon, so a body formatted differently hashes the same.
-pub fn stripe_payload_hash(body: &[u8]) -> String {
+/// The hash of a Stripe event claimed by catch-up from the API list,
+/// after its `listed:` prefix, written independently of the server: over
+/// `/id`, `/type` and `/data`, each as canonical JSON (keys sorted,
+/// compact; `null` when absent), each prefixed with its length and a
+/// colon, so a body formatted differently hashes the same.
+pub fn stripe_listed_hash(body: &[u8]) -> String {
     use sha2::Digest as _;
     fn canonical(v: &serde_json::Value) -> String {
         match v {
