@@ -7,7 +7,7 @@
 
 use crate::args;
 use crate::store::StoreError;
-use crate::store::db::{Db, Row};
+use crate::store::db::{Db, Dialect, Row};
 
 /// An action's circuit row as the outbox and the operator read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,11 +260,33 @@ pub fn oldest_waiting(
 /// at the end of the waiting jobs (`updated_at`).
 pub fn park(db: &Db<'_>, job_id: i64, n_attempts: i64, now: i64) -> Result<(), StoreError> {
     db.execute(
-        "UPDATE jobs SET next_attempt_at = NULL, waiting = 'circuit', updated_at = ?3
-          WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'",
+        &format!(
+            "UPDATE jobs SET next_attempt_at = NULL, waiting = 'circuit', updated_at = ?3
+              WHERE id = ?1 AND n_attempts = ?2 AND status = 'pending'{}",
+            while_open(db)
+        ),
         args![job_id, n_attempts, now],
     )?;
     Ok(())
+}
+
+/// Parks only while the job's circuit is still open. On PostgreSQL the
+/// circuit's row is share-locked: a close (which updates that row, then
+/// releases the waiting jobs) either waits for the parking transaction
+/// and then releases what it parked, or commits first, and then nothing
+/// is parked. Without it, a take that read the circuit open could park
+/// jobs just after a close released the others: they waited for a
+/// circuit no probe would ever close (until a restart). SQLite has one
+/// writer: the condition holds by construction there.
+fn while_open(db: &Db<'_>) -> &'static str {
+    match db.dialect() {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => {
+            " AND EXISTS (SELECT 1 FROM circuits c
+                           WHERE c.source = jobs.source AND c.action = jobs.action
+                             AND c.opened_at IS NOT NULL FOR SHARE)"
+        }
+    }
 }
 
 /// A job of an open circuit whose lease ran out (its worker crashed or
@@ -277,9 +299,12 @@ pub fn park_lapsed(
     now: i64,
 ) -> Result<bool, StoreError> {
     Ok(db.execute(
-        "UPDATE jobs SET status = 'pending', lease_owner = NULL, lease_until = NULL,
-                next_attempt_at = NULL, waiting = 'circuit', updated_at = ?3
-          WHERE id = ?1 AND n_attempts = ?2 AND status = 'processing' AND lease_until < ?3",
+        &format!(
+            "UPDATE jobs SET status = 'pending', lease_owner = NULL, lease_until = NULL,
+                    next_attempt_at = NULL, waiting = 'circuit', updated_at = ?3
+              WHERE id = ?1 AND n_attempts = ?2 AND status = 'processing' AND lease_until < ?3{}",
+            while_open(db)
+        ),
         args![job_id, n_attempts, now],
     )? == 1)
 }

@@ -338,7 +338,11 @@ fn a_pause_wins_over_probes(backend: Backend) {
     }
     wait_until(WAIT, "the circuit opens", || open_circuits(&server) == 1);
     server.run_cli(&["pause", "shop/notify"]).assert_success();
-    std::thread::sleep(Duration::from_millis(1_200));
+    // An attempt (or probe) taken before the pause may still be on its
+    // way: its result is recorded before the count is taken.
+    wait_until(WAIT, "no attempt in flight", || {
+        jobs_with(&server, "processing") == 0
+    });
     let requests = ds.request_count();
     ds.set_down(false);
     // The probe was due long ago (200 ms to 1 s): nothing goes out.
