@@ -268,7 +268,7 @@ fn admin_token_of(
 
 /// The HTTP server's caps and deadlines.
 fn http_limits_of(raw: &RawConfig) -> Result<HttpLimits, String> {
-    let max_connections = raw.max_connections.unwrap_or(1024);
+    let max_connections = raw.max_connections.unwrap_or(512);
     if !(1..=65_536).contains(&max_connections) {
         return Err(format!(
             "max_connections: must be 1 to 65536, got {max_connections}"

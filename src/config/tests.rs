@@ -33,6 +33,7 @@ fn durations() {
 fn per_address_cap_and_minimum_rate() {
     let src = "[sources.a]\nkind = \"github\"\nsecrets = [\"s\"]\n";
     let c = parse(src).unwrap();
+    assert_eq!(c.http.max_connections, 512);
     assert_eq!(c.http.max_connections_per_address, 128);
     assert_eq!(c.http.min_receive_rate, 1024);
     let c = parse(&format!("max_connections = 16\n{src}")).unwrap();

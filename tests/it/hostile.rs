@@ -73,7 +73,7 @@ fn short_timeouts() -> ServerConfig {
         .set("header_timeout", &toml_str("2s"))
         .set("body_timeout", &toml_str("4s"))
         .set("min_receive_rate", "0")
-        .set("max_connections_per_address", "1024")
+        .set("max_connections_per_address", "512")
 }
 
 fn start(config: &ServerConfig) -> Server {

@@ -70,9 +70,12 @@ fn start_connection(
         .name("idemhook-conn".into())
         .stack_size(256 * 1024)
         .spawn(move || {
-            // Gives the slot back however the thread ends, panics included.
-            let _slot = Slot(&s, id);
-            serve_connection(socket, remote, &s, &state);
+            // Gives the slot back however the thread ends, panics included,
+            // unless the lingering thread took it with the socket.
+            let mut slot = Slot(&s, Some(id));
+            if serve_connection(socket, remote, &s, &state, id) {
+                slot.1 = None;
+            }
         });
     if let Err(e) = spawned {
         finish(shared, id);
@@ -571,15 +574,19 @@ fn refuse_in_thread(shared: &Shared, socket: Arc<TcpStream>, answer: &[u8]) {
     drain(&socket, LINGER.min(REFUSE_WITHIN), 64 * 1024);
 }
 
-struct Slot<'a>(&'a Shared, u64);
+/// A connection's place under the caps, given back when it goes.
+struct Slot<'a>(&'a Shared, Option<u64>);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        finish(self.0, self.1);
+        if let Some(id) = self.1 {
+            finish(self.0, id);
+        }
     }
 }
 
-fn finish(shared: &Shared, id: u64) {
+/// Gives connection `id`'s place under the caps back.
+pub(super) fn finish(shared: &Shared, id: u64) {
     let mut open = lock(&shared.open);
     if let Some(r) = open.conns.remove(&id) {
         if r.state.evicted.load(Ordering::SeqCst) {

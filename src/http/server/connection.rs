@@ -12,22 +12,26 @@ use std::time::Duration;
 use super::body::read_body;
 use super::head::{Head, HeadError, read_head};
 use super::later::{Later, OutState, Outbound, locked};
+use super::linger::linger;
 use super::permit::Permit;
 use super::read::{BodyError, Budget, Over, write_out};
 use super::response::serialize;
 use super::wire::{ConnState, Io, Wire};
 use super::{
     BUSY, BodyProblem, Conn, DRAIN_413, DRAIN_MAX_BYTES, IDLE, LINGER, Limits, REFUSE_WITHIN,
-    Request, Shared, address_key, drain, dropped,
+    Request, Shared, address_key, dropped,
 };
 use crate::http::reply::Reply;
 
+/// Serves connection `id` until it closes; true when its socket and
+/// place under the caps were handed to the lingering thread.
 pub(super) fn serve_connection(
     socket: Arc<TcpStream>,
     remote: SocketAddr,
     shared: &Shared,
     state: &Arc<ConnState>,
-) {
+    id: u64,
+) -> bool {
     let _ = socket.set_nodelay(true);
     let limits = &shared.limits;
     // The first byte (after the TLS handshake, on a TLS listener) within
@@ -50,7 +54,7 @@ pub(super) fn serve_connection(
             Ok(tls) => Io::Tls(Box::new(rustls::StreamOwned::new(tls, wire))),
             Err(e) => {
                 dropped(Some(remote), "tls setup failed", &e);
-                return;
+                return false;
             }
         },
         None => Io::Plain(wire),
@@ -60,18 +64,22 @@ pub(super) fn serve_connection(
     // A promised answer is written before the connection closes.
     let settled = out.settle(&mut reader);
     match end {
-        End::Quietly => {}
-        End::Dropped(why) => dropped(Some(remote), why, &"closed"),
+        End::Quietly => false,
+        End::Dropped(why) => {
+            dropped(Some(remote), why, &"closed");
+            false
+        }
         End::Answered => {
             if settled {
                 reader.get_mut().close_notify();
             }
             let _ = socket.shutdown(Shutdown::Write);
+            false
         }
-        End::Refused(linger) => {
+        End::Refused(within) => {
             reader.get_mut().close_notify();
             let _ = socket.shutdown(Shutdown::Write);
-            drain(&socket, linger, DRAIN_MAX_BYTES);
+            linger(shared, socket, within, DRAIN_MAX_BYTES, id).is_none()
         }
     }
 }

@@ -37,8 +37,14 @@
 //! order: the thread waits for a promised answer before it handles the
 //! next request on the same connection, and before it closes.
 //!
+//! A refused request's connection is answered, half-closed and handed to
+//! the one lingering thread, which drains what the client still sends for
+//! a moment; its own thread ends at once, so a flood of refused senders
+//! does not hold a thread each.
+//!
 //! The files: `accept.rs` (the acceptor, the caps, eviction, the tarpit),
 //! `connection.rs` (a connection's thread: requests one after another),
+//! `linger.rs` (the lingering thread),
 //! `wire.rs` (a connection's state and deadlines, its socket below TLS),
 //! `head.rs` (request heads), `body.rs` (bodies: Content-Length or the
 //! chunked coding), `read.rs` (reading lines and bytes under the limits,
@@ -63,6 +69,7 @@ mod connection;
 pub mod fuzzing;
 mod head;
 mod later;
+mod linger;
 mod permit;
 mod read;
 mod response;
@@ -239,6 +246,8 @@ struct Shared {
     refusing: AtomicUsize,
     /// Connections past a per-address cap, held a while before their 503.
     tarpit: std::sync::mpsc::SyncSender<Held>,
+    /// Refused connections handed to the lingering thread.
+    lingering: std::sync::mpsc::SyncSender<linger::Lingering>,
 }
 
 /// The open connections, as the acceptor and `stop` see them.
@@ -465,6 +474,9 @@ impl Server {
         let listener = listen_on(listen)?;
         let addr = listener.local_addr()?;
         let (tarpit, held) = std::sync::mpsc::sync_channel(tarpit_size(&limits));
+        // Each socket handed over keeps its connection's slot.
+        let most_lingering = limits.max_connections;
+        let (lingering, to_drain) = linger::channel(most_lingering);
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tls,
@@ -481,12 +493,18 @@ impl Server {
             drained: Condvar::new(),
             refusing: AtomicUsize::new(0),
             tarpit,
+            lingering,
         });
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name("idemhook-tarpit".into())
             .stack_size(128 * 1024)
             .spawn(move || tarpit_loop(&held, &weak))?;
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("idemhook-linger".into())
+            .stack_size(256 * 1024)
+            .spawn(move || linger::linger_loop(&to_drain, &weak, most_lingering))?;
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
             .name("idemhook-accept".into())
