@@ -17,7 +17,7 @@ const STRIPE: StripeHook = StripeHook::new("stripe", SECRET);
 
 /// libfaketime's multi-threaded library, where Debian's package puts it;
 /// None (with a loud SKIPPED, or a failure under CI=true) when missing.
-fn libfaketime(test: &str) -> Option<PathBuf> {
+pub(crate) fn libfaketime(test: &str) -> Option<PathBuf> {
     let lib = Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1");
     if lib.exists() {
         return Some(lib.to_path_buf());
@@ -39,8 +39,15 @@ fn body(id: &str) -> Vec<u8> {
 /// The environment that preloads libfaketime with its offset read from
 /// `offset` at every clock read (the monotonic clock left alone).
 fn faked(lib: &Path, offset: &Path) -> Vec<(&'static str, String)> {
+    let mut env = vec![("STRIPE_SECRET", SECRET.to_string())];
+    env.extend(faked_clock(lib, offset));
+    env
+}
+
+/// What preloads libfaketime, its offset read from `offset` at every
+/// clock read, the monotonic clock left alone.
+pub(crate) fn faked_clock(lib: &Path, offset: &Path) -> Vec<(&'static str, String)> {
     vec![
-        ("STRIPE_SECRET", SECRET.to_string()),
         ("LD_PRELOAD", lib.display().to_string()),
         ("FAKETIME_TIMESTAMP_FILE", offset.display().to_string()),
         ("FAKETIME_NO_CACHE", "1".to_string()),

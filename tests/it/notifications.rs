@@ -720,25 +720,44 @@ fn smtp_auth_comes_from_the_url() {
 /// `storage_unavailable`: with the SQLite file locked by another process,
 /// deliveries are refused (503); after 60 s in a row the targets are told
 /// from memory (nothing can be written), and once a delivery is stored
-/// again that message is recorded and a "writable again" one sent.
+/// again that message is recorded and a "writable again" one sent. The
+/// minute passes on the wall clock, moved by libfaketime (the monotonic
+/// clock, which times the HTTP deadlines, left alone).
 #[test]
 fn storage_refusing_deliveries_for_a_minute_is_told_and_recorded_once_back() {
+    let test = "storage_refusing_deliveries_for_a_minute_is_told_and_recorded_once_back";
+    let Some(lib) = crate::clock::libfaketime(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let offset = dir.path().join("faketime");
+    std::fs::write(&offset, "+0\n").expect("write the clock offset");
     let cap = Capture::start();
     let config = ServerConfig::new()
         .set("busy_timeout", &toml_str("200ms"))
         .tables(&stripe_source("stripe", ""))
         .tables("[[notify]]\nname = \"pager\"\nwebhook = \"env:HOOK_URL\"\non = [\"storage_unavailable\"]\n");
-    let server = start(Backend::Sqlite, &config, &env(&cap));
+    let mut env = env(&cap);
+    env.extend(
+        crate::clock::faked_clock(&lib, &offset)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v)),
+    );
+    let server = start(Backend::Sqlite, &config, &env);
     STRIPE.deliver_ok(&server, &event("evt_before"));
     let lock = server.db_rw();
     lock.execute_batch("BEGIN IMMEDIATE")
         .expect("take the write lock");
     assert_eq!(STRIPE.deliver(&server, &event("evt_locked")).status, 503);
-    std::thread::sleep(Duration::from_secs(50));
+    // 50 s later by the wall clock, and four of the notifier's rounds:
+    // nothing yet.
+    std::fs::write(&offset, "+50s\n").expect("move the clock");
+    std::thread::sleep(Duration::from_secs(1));
     assert!(
         hooks_of(&cap, "idemhook.storage_unavailable").is_empty(),
         "not before 60 s"
     );
+    std::fs::write(&offset, "+61s\n").expect("move the clock");
     wait_until(WAIT, "storage_unavailable sent from memory", || {
         !hooks_of(&cap, "idemhook.storage_unavailable").is_empty()
     });
