@@ -7,12 +7,15 @@
 //! consumers to deduplicate.
 //!
 //! The client is `lapin` on the private runtime of `nats.rs`; one
-//! connection and confirm channel per target, made at the first attempt
-//! and shared; a failed one is dropped and the next attempt connects anew.
+//! connection per target with a few confirm channels that batches take in
+//! turn, made at the first attempt and shared; a failed connection is
+//! dropped and the next attempt connects anew, a closed channel is opened
+//! again.
 //! A batch's messages are all published before their confirms are
 //! awaited.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -20,19 +23,30 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use super::nats::runtime;
-use super::{Destination, Message};
+use super::{Destination, Failure, Message, attempts, send_one};
 use crate::config::broker::AmqpTarget;
 use crate::outbox::Attempt;
 use crate::outbox::retry::Verdict;
 use crate::time::now_ms;
 
-type Failure = (&'static str, Verdict, String);
-
 pub(super) struct AmqpDest {
     target: AmqpTarget,
     timeout: Duration,
-    open: Mutex<Option<(Connection, Channel)>>,
+    open: Mutex<Option<Open>>,
+    /// Which channel the next batch takes.
+    next: AtomicUsize,
 }
+
+/// The target's connection and its confirm channels.
+struct Open {
+    conn: Connection,
+    channels: Vec<Channel>,
+}
+
+/// Confirm channels per target: the broker runs each channel as one
+/// process, so the workers' batches on one channel would queue behind
+/// each other there; one channel per default forward worker.
+const CHANNELS: usize = 4;
 
 impl AmqpDest {
     pub fn new(target: &AmqpTarget, timeout: Duration) -> AmqpDest {
@@ -40,22 +54,39 @@ impl AmqpDest {
             target: target.clone(),
             timeout,
             open: Mutex::new(None),
+            next: AtomicUsize::new(0),
         }
     }
 
-    /// The confirm channel, connecting when there is none (or it closed).
+    /// A confirm channel, taken in turn; connecting when there is no
+    /// connection (or it closed), and opening the channel again when it
+    /// alone closed (a message over the broker's size limit closes it).
     fn channel(&self, handle: &tokio::runtime::Handle) -> Result<Channel, Failure> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % CHANNELS;
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((conn, channel)) = open.as_ref()
-            && conn.status().connected()
-            && channel.status().connected()
+        if let Some(o) = open.as_mut()
+            && o.conn.status().connected()
         {
-            return Ok(channel.clone());
+            if let Some(channel) = o.channels.get(i)
+                && channel.status().connected()
+            {
+                return Ok(channel.clone());
+            }
+            if let Ok(channel) = confirm_channel(handle, &o.conn, self.timeout) {
+                if let Some(slot) = o.channels.get_mut(i) {
+                    *slot = channel.clone();
+                }
+                return Ok(channel);
+            }
         }
         *open = None;
-        let (conn, channel) = connect(handle, &self.target, self.timeout)
+        let (conn, channels) = connect(handle, &self.target, self.timeout, CHANNELS)
             .map_err(|e| ("connect", Verdict::Retry, e))?;
-        *open = Some((conn, channel.clone()));
+        let channel = channels
+            .get(i)
+            .cloned()
+            .ok_or_else(|| ("connect", Verdict::Retry, "no channel".to_string()))?;
+        *open = Some(Open { conn, channels });
         Ok(channel)
     }
 
@@ -64,27 +95,49 @@ impl AmqpDest {
     }
 }
 
-/// A connection and a channel in confirm mode, within `timeout`.
+/// A new channel on `conn` in confirm mode, within `timeout`.
+fn confirm_channel(
+    handle: &tokio::runtime::Handle,
+    conn: &Connection,
+    timeout: Duration,
+) -> Result<Channel, String> {
+    handle.block_on(async {
+        tokio::time::timeout(timeout.min(Duration::from_secs(5)), open_channel(conn))
+            .await
+            .map_err(|_| "cannot open a channel: timed out".to_string())?
+    })
+}
+
+async fn open_channel(conn: &Connection) -> Result<Channel, String> {
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(|e| format!("cannot open a channel: {e}"))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| format!("cannot turn publisher confirms on: {e}"))?;
+    Ok(channel)
+}
+
+/// A connection and `channels` channels in confirm mode, within `timeout`.
 pub(crate) fn connect(
     handle: &tokio::runtime::Handle,
     target: &AmqpTarget,
     timeout: Duration,
-) -> Result<(Connection, Channel), String> {
+    channels: usize,
+) -> Result<(Connection, Vec<Channel>), String> {
     let uri = target.uri.expose().to_string();
     handle.block_on(async {
         tokio::time::timeout(timeout.min(Duration::from_secs(5)), async {
             let conn = Connection::connect(&uri, ConnectionProperties::default())
                 .await
                 .map_err(|e| format!("cannot connect: {e}"))?;
-            let channel = conn
-                .create_channel()
-                .await
-                .map_err(|e| format!("cannot open a channel: {e}"))?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .map_err(|e| format!("cannot turn publisher confirms on: {e}"))?;
-            Ok((conn, channel))
+            let mut opened = Vec::with_capacity(channels);
+            for _ in 0..channels.max(1) {
+                opened.push(open_channel(&conn).await?);
+            }
+            Ok((conn, opened))
         })
         .await
         .map_err(|_| "cannot connect: timed out".to_string())?
@@ -93,10 +146,7 @@ pub(crate) fn connect(
 
 impl Destination for AmqpDest {
     fn send(&self, m: &Message<'_>) -> Attempt {
-        let started_at = now_ms();
-        self.send_batch(std::slice::from_ref(m))
-            .pop()
-            .unwrap_or_else(|| Attempt::started(started_at))
+        send_one(self, m)
     }
 
     /// Every message published on the confirm channel, then every confirm
@@ -119,26 +169,14 @@ impl Destination for AmqpDest {
             }
             Err(failure) => vec![Err(failure); messages.len()],
         };
-        let finished_at = now_ms();
-        answers
-            .into_iter()
-            .map(|answer| {
-                let mut attempt = Attempt::started(started_at);
-                match answer {
-                    Ok(line) => {
-                        attempt.verdict = Verdict::Done;
-                        attempt.response_head = Some(line);
-                    }
-                    Err((kind, verdict, message)) => {
-                        attempt.error_kind = Some(kind);
-                        attempt.verdict = verdict;
-                        attempt.error = Some(format!("amqp: {message}"));
-                    }
-                }
-                attempt.finished_at = finished_at;
-                attempt
-            })
-            .collect()
+        attempts(
+            "amqp",
+            started_at,
+            answers
+                .into_iter()
+                .map(|answer| answer.map(|line| (line, None)))
+                .collect(),
+        )
     }
 
     fn pipelines(&self) -> bool {
@@ -274,7 +312,10 @@ fn refused(e: &lapin::Error) -> Failure {
 /// exchange exists (a passive declare).
 pub(crate) fn report(target: &AmqpTarget, timeout: Duration) -> Result<String, String> {
     let handle = runtime()?;
-    let (conn, channel) = connect(&handle, target, timeout)?;
+    let (conn, channels) = connect(&handle, target, timeout, 1)?;
+    let channel = channels
+        .first()
+        .ok_or_else(|| "cannot open a channel".to_string())?;
     let exchange = target.exchange.clone();
     let found = if exchange.is_empty() {
         Ok("reachable; the default exchange (routing key = queue name)".to_string())

@@ -65,6 +65,48 @@ pub(crate) trait Destination: Send + Sync {
     }
 }
 
+/// Why a broker did not take a message: the attempt's error kind, its
+/// verdict and the broker's words.
+pub(super) type Failure = (&'static str, crate::outbox::retry::Verdict, String);
+
+/// What a broker said of one message: taken (the attempt's response line
+/// and the broker's id for it, if any), or why not.
+pub(super) type Taken = Result<(String, Option<String>), Failure>;
+
+/// The attempts of a batch sent from `started_at` (ms), one per broker
+/// answer and in the same order; `broker` prefixes each error.
+pub(super) fn attempts(broker: &str, started_at: i64, answers: Vec<Taken>) -> Vec<Attempt> {
+    let finished_at = crate::time::now_ms();
+    answers
+        .into_iter()
+        .map(|answer| {
+            let mut attempt = Attempt::started(started_at);
+            match answer {
+                Ok((line, id)) => {
+                    attempt.verdict = crate::outbox::retry::Verdict::Done;
+                    attempt.request_id = id;
+                    attempt.response_head = Some(line);
+                }
+                Err((kind, verdict, message)) => {
+                    attempt.error_kind = Some(kind);
+                    attempt.verdict = verdict;
+                    attempt.error = Some(format!("{broker}: {message}"));
+                }
+            }
+            attempt.finished_at = finished_at;
+            attempt
+        })
+        .collect()
+}
+
+/// One message sent as a batch of one (the brokers' `send`).
+pub(super) fn send_one(dest: &dyn Destination, m: &Message<'_>) -> Attempt {
+    let started_at = crate::time::now_ms();
+    dest.send_batch(std::slice::from_ref(m))
+        .pop()
+        .unwrap_or_else(|| Attempt::started(started_at))
+}
+
 /// The destinations of every forward action, by (source, action), and the
 /// HTTP clients (for `check` requests and health probes).
 pub(crate) struct Destinations {

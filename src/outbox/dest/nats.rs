@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind};
 
-use super::{Destination, Message};
+use super::{Destination, Failure, Message, attempts, send_one};
 use crate::config::broker::NatsTarget;
 use crate::outbox::Attempt;
 use crate::outbox::retry::Verdict;
@@ -105,10 +105,7 @@ fn connect(
 
 impl Destination for NatsDest {
     fn send(&self, m: &Message<'_>) -> Attempt {
-        let started_at = now_ms();
-        self.send_batch(std::slice::from_ref(m))
-            .pop()
-            .unwrap_or_else(|| Attempt::started(started_at))
+        send_one(self, m)
     }
 
     /// Every message published, then every ack awaited, each its own
@@ -125,39 +122,26 @@ impl Destination for NatsDest {
                 .map(|_| Err(("connect", Verdict::Retry, e.clone())))
                 .collect(),
         };
-        let finished_at = now_ms();
-        answers
+        let taken = answers
             .into_iter()
             .map(|answer| {
-                let mut attempt = Attempt::started(started_at);
-                match answer {
-                    Ok(ack) => {
-                        attempt.verdict = Verdict::Done;
-                        attempt.request_id = Some(format!("{}:{}", ack.stream, ack.sequence));
-                        attempt.response_head = Some(if ack.duplicate {
-                            format!("duplicate: stream {} already has it", ack.stream)
-                        } else {
-                            format!("stored: stream {} seq {}", ack.stream, ack.sequence)
-                        });
-                    }
-                    Err((kind, verdict, message)) => {
-                        attempt.error_kind = Some(kind);
-                        attempt.verdict = verdict;
-                        attempt.error = Some(format!("nats: {message}"));
-                    }
-                }
-                attempt.finished_at = finished_at;
-                attempt
+                answer.map(|ack| {
+                    let line = if ack.duplicate {
+                        format!("duplicate: stream {} already has it", ack.stream)
+                    } else {
+                        format!("stored: stream {} seq {}", ack.stream, ack.sequence)
+                    };
+                    (line, Some(format!("{}:{}", ack.stream, ack.sequence)))
+                })
             })
-            .collect()
+            .collect();
+        attempts("nats", started_at, taken)
     }
 
     fn pipelines(&self) -> bool {
         true
     }
 }
-
-type Failure = (&'static str, Verdict, String);
 
 impl NatsDest {
     /// Publishes every message, then awaits every ack, all within the

@@ -14,7 +14,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Destination, Message};
+use super::{Destination, Message, attempts, send_one};
 use crate::config::broker::RedisTarget;
 use crate::outbox::Attempt;
 use crate::outbox::retry::Verdict;
@@ -123,10 +123,7 @@ pub(crate) fn connect(
 
 impl Destination for RedisDest {
     fn send(&self, m: &Message<'_>) -> Attempt {
-        let started_at = now_ms();
-        self.send_batch(std::slice::from_ref(m))
-            .pop()
-            .unwrap_or_else(|| Attempt::started(started_at))
+        send_one(self, m)
     }
 
     /// One connection, the script's invocations pipelined (every one
@@ -148,33 +145,25 @@ impl Destination for RedisDest {
             .map(|(m, stream)| self.invocation(m, stream))
             .collect();
         let answers = self.pipeline(&commands, deadline);
-        let finished_at = now_ms();
-        answers
+        let taken = answers
             .into_iter()
             .zip(&streams)
-            .map(|(answer, stream)| {
-                let mut attempt = Attempt::started(started_at);
-                match answer {
-                    Ok((added, id)) => {
-                        attempt.verdict = Verdict::Done;
-                        attempt.request_id = Some(id.clone());
-                        attempt.response_head = Some(if added == 1 {
-                            format!("XADD {stream} {id}")
-                        } else {
-                            format!("already added ({stream} {id}): the guard key is present")
-                        });
-                    }
-                    Err(e) => {
-                        let (kind, verdict) = classify(&e);
-                        attempt.error_kind = Some(kind);
-                        attempt.verdict = verdict;
-                        attempt.error = Some(format!("redis: {e}"));
-                    }
+            .map(|(answer, stream)| match answer {
+                Ok((added, id)) => {
+                    let line = if added == 1 {
+                        format!("XADD {stream} {id}")
+                    } else {
+                        format!("already added ({stream} {id}): the guard key is present")
+                    };
+                    Ok((line, Some(id)))
                 }
-                attempt.finished_at = finished_at;
-                attempt
+                Err(e) => {
+                    let (kind, verdict) = classify(&e);
+                    Err((kind, verdict, e.to_string()))
+                }
             })
-            .collect()
+            .collect();
+        attempts("redis", started_at, taken)
     }
 
     fn pipelines(&self) -> bool {
