@@ -244,6 +244,12 @@ pub struct Rabbit {
 
 impl Rabbit {
     pub fn start(test: &str) -> Option<Rabbit> {
+        Rabbit::start_with(test, "")
+    }
+
+    /// With `conf` as the server's `rabbitmq.conf` (e.g.
+    /// `max_message_size = 4096`).
+    pub fn start_with(test: &str, conf: &str) -> Option<Rabbit> {
         let program = program("rabbitmq-server", "rabbitmq-server", test)?;
         // The wrapper in /usr/sbin switches user; the server script itself
         // runs as whoever starts it.
@@ -271,6 +277,10 @@ impl Rabbit {
                 .build()
                 .expect("a runtime"),
         };
+        if !conf.is_empty() {
+            std::fs::write(rabbit.dir.path().join("rabbitmq.conf"), conf)
+                .expect("write rabbitmq.conf");
+        }
         rabbit.spawn();
         let url = rabbit.amqp_url();
         rabbit.rt.block_on(async {

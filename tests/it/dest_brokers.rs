@@ -553,6 +553,59 @@ fn amqp_at_least_once_across_a_broker_restart_and_a_kill9(backend: Backend) {
 }
 both_backends!(amqp_at_least_once_across_a_broker_restart_and_a_kill9);
 
+/// A batch in which one message is larger than RabbitMQ takes
+/// (`max_message_size`): that job fails with the broker's reason; the
+/// broker closes the channel, and every other job of the batch is done
+/// (some after a retry on a channel opened again), each in the queue.
+#[test]
+fn amqp_batch_fails_only_the_message_too_large() {
+    let Some(rabbit) = Rabbit::start_with(
+        "dest_brokers::amqp_batch_fails_only_the_message_too_large",
+        "max_message_size = 4096\n",
+    ) else {
+        return;
+    };
+    let server = Server::start(&one_worker(&rabbit.url("{source}")), &[]);
+    server.run_cli(&["pause", "shop/app"]).assert_success();
+    let big =
+        serde_json::json!({"id": "evt_af_big", "type": "invoice.paid", "pad": "x".repeat(8000)})
+            .to_string()
+            .into_bytes();
+    post_all(&server, &["evt_af0".to_string(), "evt_af1".to_string()]);
+    let r = server.post("/hooks/shop", &sign::stripe_now(SECRET, &big), &big);
+    assert_eq!(r.status, 200, "{}", r.text());
+    post_all(&server, &["evt_af2".to_string(), "evt_af3".to_string()]);
+    server.run_cli(&["resume", "shop/app"]).assert_success();
+    wait_until(WAIT, "four done, the big one failed", || {
+        done(&server) == 4
+            && crate::helpers::job_status(&server, "shop", "evt_af_big", "app").as_deref()
+                == Some("failed")
+    });
+    let error = server
+        .row(
+            "SELECT a.error FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE j.event_id = 'evt_af_big' ORDER BY a.n DESC LIMIT 1",
+            &[],
+        )
+        .map(|r| r.text(0))
+        .unwrap_or_default();
+    assert!(
+        error.contains("PRECONDITION_FAILED") || error.contains("max size"),
+        "{error}"
+    );
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.event_id = 'evt_af_big'",
+            &[]
+        ),
+        1,
+        "failed at once, not retried"
+    );
+    let got: HashSet<String> = rabbit.drain().into_iter().collect();
+    let expected: HashSet<String> = (0..4).map(|i| format!("shop:evt_af{i}:app")).collect();
+    assert_eq!(got, expected);
+}
+
 /// A message larger than the NATS server takes (`max_payload`) fails the
 /// job at once with the reason; a small one of the same action is done.
 fn a_message_larger_than_nats_takes_fails_with_the_reason(backend: Backend) {

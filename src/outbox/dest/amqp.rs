@@ -6,6 +6,10 @@
 //! once: a resend is a second message with the same `message_id`, for
 //! consumers to deduplicate.
 //!
+//! A message over the broker's size limit fails with the broker's reason;
+//! RabbitMQ closes the channel with it, and the other messages of the
+//! batch are retried.
+//!
 //! The client is `lapin` on the private runtime of `nats.rs`; one
 //! connection per target with a few confirm channels that batches take in
 //! turn, made at the first attempt and shared; a failed connection is
@@ -90,6 +94,14 @@ impl AmqpDest {
         Ok(channel)
     }
 
+    fn connected(&self) -> bool {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|o| o.conn.status().connected())
+    }
+
     fn drop_connection(&self) {
         *self.open.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
@@ -159,9 +171,12 @@ impl Destination for AmqpDest {
         {
             Ok((channel, handle)) => {
                 let answers = self.publish(&handle, &channel, messages);
+                // A closed channel is opened again at the next use; a
+                // connection that closed or stopped answering goes.
                 if answers
                     .iter()
-                    .any(|a| a.as_ref().is_err_and(|(kind, _, _)| *kind != "status"))
+                    .any(|a| a.as_ref().is_err_and(|(kind, _, _)| *kind == "timeout"))
+                    || !self.connected()
                 {
                     self.drop_connection();
                 }
@@ -217,17 +232,18 @@ impl AmqpDest {
                 );
                 sent.push((
                     routing_key,
+                    m.body.len(),
                     tokio::time::timeout_at(deadline, publish).await,
                 ));
             }
             let mut answers = Vec::with_capacity(sent.len());
-            for (routing_key, sent) in sent {
+            for (routing_key, size, sent) in sent {
                 answers.push(match sent {
                     Err(_) => no_confirm(),
-                    Ok(Err(e)) => Err(refused(&e)),
+                    Ok(Err(e)) => Err(refused(&e, size)),
                     Ok(Ok(confirm)) => match tokio::time::timeout_at(deadline, confirm).await {
                         Err(_) => no_confirm(),
-                        Ok(Err(e)) => Err(refused(&e)),
+                        Ok(Err(e)) => Err(refused(&e, size)),
                         Ok(Ok(confirmation)) => self.confirmed(confirmation, &routing_key),
                     },
                 });
@@ -297,15 +313,32 @@ impl AmqpDest {
 }
 
 /// A message larger than the broker takes closes the channel with
-/// PRECONDITION_FAILED: the job fails with the reason; any other error is
-/// the connection's (a retry).
-fn refused(e: &lapin::Error) -> Failure {
+/// PRECONDITION_FAILED, naming the message's size: the message of that
+/// size (a body of `size` bytes) fails with the reason; the others
+/// published on the channel lost it with the same error, and are retried
+/// (as they are when the size cannot be read). Any other error is the
+/// connection's (a retry).
+fn refused(e: &lapin::Error, size: usize) -> Failure {
     let text = e.to_string();
-    if text.contains("PRECONDITION_FAILED") || text.contains("max size") {
+    if !(text.contains("PRECONDITION_FAILED") || text.contains("max size")) {
+        return ("connect", Verdict::Retry, text);
+    }
+    if refused_size(&text) == Some(size) {
         ("status", Verdict::Fail, text)
     } else {
-        ("connect", Verdict::Retry, text)
+        (
+            "connect",
+            Verdict::Retry,
+            format!("the channel closed for another message: {text}"),
+        )
     }
+}
+
+/// The size in RabbitMQ's refusal of a message over its limit ("message
+/// size 8050 is larger than configured max size 4096").
+fn refused_size(text: &str) -> Option<usize> {
+    let rest = text.split("message size ").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// What `idemhook check` says of the target: reachable, and whether the
@@ -340,4 +373,17 @@ pub(crate) fn report(target: &AmqpTarget, timeout: Duration) -> Result<String, S
         tokio::time::timeout(Duration::from_secs(2), conn.close(200, "check".into())).await
     });
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_size;
+
+    #[test]
+    fn the_refused_size_is_read_from_rabbitmqs_words() {
+        let text = "protocol error: AMQP soft error: PRECONDITION-FAILED: PRECONDITION_FAILED - \
+                    message size 8050 is larger than configured max size 4096";
+        assert_eq!(refused_size(text), Some(8050));
+        assert_eq!(refused_size("PRECONDITION_FAILED - something else"), None);
+    }
 }
