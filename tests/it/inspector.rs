@@ -664,10 +664,11 @@ fn zero_config_prints_a_one_click_inspector_link() {
         b"",
     );
     assert_eq!(r.status, 200, "the printed token is this run's admin token");
-    assert!(
-        server.stdout().contains("idemhook send demo"),
-        "{}",
-        server.stdout()
+    // Printed after the listening line, so it may come a moment later.
+    wait_until(
+        Duration::from_secs(10),
+        "the `idemhook send demo` hint on stdout",
+        || server.stdout().contains("idemhook send demo"),
     );
     if let Some(browser) = browser() {
         browser.go(url);

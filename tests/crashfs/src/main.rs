@@ -762,6 +762,11 @@ impl Filesystem for CrashFs {
             reply.error(Errno::EIO);
             return;
         }
+        if wal && writes && st.fail_wal_fsync.is_some_and(|failed| nth > failed) {
+            // The test's proof that nothing was committed after the
+            // failure: no such line.
+            eprintln!("crashfs: WAL fsync #{nth} made writes durable after the failed one");
+        }
         if wal && st.crash_at_wal_fsync == Some(nth) {
             let summary = st.crash(&format!("right after WAL fsync #{nth}"));
             announce(&st.opts.control, &summary);
