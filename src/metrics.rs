@@ -123,6 +123,13 @@ pub struct Metrics {
     pub notify: crate::notify::Watch,
 }
 
+/// What the notifier reads of the metrics (`notify::Notifier::start`).
+impl AsRef<crate::notify::Watch> for Metrics {
+    fn as_ref(&self) -> &crate::notify::Watch {
+        &self.notify
+    }
+}
+
 impl Metrics {
     pub fn new(config: &Config) -> Metrics {
         let sources: Vec<String> = config.sources.iter().map(|s| s.name.clone()).collect();
