@@ -31,6 +31,7 @@ pub mod presets;
 pub mod public_origin;
 mod raw;
 pub mod rejected;
+pub mod smtp_url;
 mod source;
 #[cfg(test)]
 mod tests;

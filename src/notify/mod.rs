@@ -20,7 +20,6 @@
 //! `notify` commands (`cmd.rs`). Not the rows' SQL (`store/notifications.rs`).
 
 use std::collections::VecDeque;
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -40,68 +39,7 @@ pub mod send;
 
 pub use notifier::Notifier;
 
-/// What a target can be told about (`on = [...]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Condition {
-    DeadLetter,
-    CircuitOpen,
-    CircuitClosed,
-    SignatureFailures,
-    Mismatch,
-    StorageUnavailable,
-    Catchup,
-    Rejected,
-}
-
-impl Condition {
-    pub const ALL: [Condition; 8] = [
-        Condition::DeadLetter,
-        Condition::CircuitOpen,
-        Condition::CircuitClosed,
-        Condition::SignatureFailures,
-        Condition::Mismatch,
-        Condition::StorageUnavailable,
-        Condition::Catchup,
-        Condition::Rejected,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Condition::DeadLetter => "dead_letter",
-            Condition::CircuitOpen => "circuit_open",
-            Condition::CircuitClosed => "circuit_closed",
-            Condition::SignatureFailures => "signature_failures",
-            Condition::Mismatch => "mismatch",
-            Condition::StorageUnavailable => "storage_unavailable",
-            Condition::Catchup => "catchup",
-            Condition::Rejected => "rejected",
-        }
-    }
-
-    /// How a window's message names several of them ("3 more dead letters").
-    pub fn plural(self) -> &'static str {
-        match self {
-            Condition::DeadLetter => "dead letters",
-            Condition::CircuitOpen => "circuit openings",
-            Condition::CircuitClosed => "circuit closings",
-            Condition::SignatureFailures => "signature failure alerts",
-            Condition::Mismatch => "payload mismatches",
-            Condition::StorageUnavailable => "storage alerts",
-            Condition::Catchup => "catch-up findings",
-            Condition::Rejected => "rejected delivery alerts",
-        }
-    }
-}
-
-impl FromStr for Condition {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Condition, ()> {
-        Condition::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or(())
-    }
-}
+pub use crate::config::notify::Condition;
 
 /// One occurrence of a condition.
 #[derive(Debug, Clone)]
