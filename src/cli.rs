@@ -639,6 +639,7 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
                 id: args.id,
                 dry_run: !args.yes,
             },
+            crate::http::hooks::reverify::reverify,
         ),
         Command::Catchup(args) => ops::catchup::cmd(
             std::sync::Arc::new(config),

@@ -7,20 +7,14 @@ use serde_json::Value;
 
 use super::{event_id_of, event_type_of, form_of, hash_of, kept_headers, providers, read_json};
 use crate::config::Source;
+use crate::ops::reingest::Passed;
 use crate::receive::ingest::Claim;
 use crate::receive::key::{Input, Json, RawDoc};
 use crate::store::rejected::KeptRequest;
 use crate::verify::Request;
 
-/// A kept request that now passes: the secret it matched (0-based; None
-/// for a source that signs nothing) and its claims (one, or each event of
-/// a batch; none for a batch without events).
-pub struct Passed {
-    pub secret: Option<usize>,
-    pub claims: Vec<Claim>,
-}
-
-/// Verifies `k` again for `source`; the reason when it still fails.
+/// Verifies `k` again for `source`; the reason when it still fails (an
+/// `ops::reingest::Reverify`).
 pub fn reverify(
     source: &Source,
     max_batch_items: usize,
