@@ -17,7 +17,6 @@
 pub mod api;
 mod background;
 pub mod github;
-pub mod status;
 pub mod stripe;
 
 use std::collections::HashSet;

@@ -10,6 +10,7 @@
 
 pub mod backup;
 pub mod catchup;
+pub mod catchup_status;
 pub mod check;
 pub mod command;
 pub mod erase;

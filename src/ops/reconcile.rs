@@ -86,7 +86,7 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
             .map(|(name, n)| (name.to_string(), json!(n)))
             .collect(),
     );
-    out["catchup"] = crate::catchup::status::status(db, config)?;
+    out["catchup"] = super::catchup_status::status(db, config)?;
     Ok(out)
 }
 
@@ -675,11 +675,7 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<Outcom
         )?;
     } else {
         write!(out, "{}", render(&report))?;
-        write!(
-            out,
-            "{}",
-            crate::catchup::status::render(&report["catchup"])
-        )?;
+        write!(out, "{}", super::catchup_status::render(&report["catchup"]))?;
     }
     Ok(if report["clean"].as_bool() == Some(true) {
         Outcome::Done
