@@ -15,7 +15,6 @@ use super::{
     Report, RunDb, RunNotice, claim_of, claim_write, conclude, found_events, owner_name, run,
 };
 use crate::config::Config;
-use crate::http::app::App;
 use crate::ops::error::OpError;
 use crate::receive::ingest::Decision;
 use crate::store::backend::Backend;
@@ -71,6 +70,10 @@ impl Counts {
     }
 }
 
+/// What serve does with a run's report once it is recorded (counts it
+/// and wakes the outbox when it claimed events).
+pub type Found = Box<dyn Fn(&Report) + Send>;
+
 /// The thread of `serve`'s catch-ups.
 pub struct Background {
     inner: Option<(Arc<StopSignal>, JoinHandle<()>)>,
@@ -80,9 +83,8 @@ type StopSignal = (Mutex<bool>, Condvar);
 
 impl Background {
     /// Starts the thread when any source catches up by itself.
-    pub fn start<B: Backend>(app: Arc<App<B>>) -> Background {
-        let any = app
-            .config
+    pub fn start<B: Backend>(config: Arc<Config>, backend: Arc<B>, found: Found) -> Background {
+        let any = config
             .sources
             .iter()
             .any(|s| s.catchup.as_ref().is_some_and(|c| !c.interval.is_zero()));
@@ -93,7 +95,7 @@ impl Background {
         let thread_signal = signal.clone();
         let spawned = std::thread::Builder::new()
             .name("idemhook-catchup".into())
-            .spawn(move || schedule(&app, &thread_signal));
+            .spawn(move || schedule(&config, &backend, &found, &thread_signal));
         match spawned {
             Ok(handle) => Background {
                 inner: Some((signal, handle)),
@@ -120,9 +122,13 @@ impl Background {
     }
 }
 
-fn schedule<B: Backend>(app: &Arc<App<B>>, signal: &StopSignal) {
-    let sources: Vec<(String, Duration)> = app
-        .config
+fn schedule<B: Backend>(
+    config: &Arc<Config>,
+    backend: &Arc<B>,
+    found: &Found,
+    signal: &StopSignal,
+) {
+    let sources: Vec<(String, Duration)> = config
         .sources
         .iter()
         .filter_map(|s| {
@@ -136,7 +142,7 @@ fn schedule<B: Backend>(app: &Arc<App<B>>, signal: &StopSignal) {
         let now = Instant::now();
         for (i, (name, interval)) in sources.iter().enumerate() {
             if due[i] <= now {
-                run_in_serve(app, name);
+                run_in_serve(config, backend, found, name);
                 due[i] = Instant::now() + *interval;
             }
         }
@@ -156,15 +162,18 @@ fn schedule<B: Backend>(app: &Arc<App<B>>, signal: &StopSignal) {
 }
 
 /// One run of `name`'s catch-up inside serve, logged and counted.
-fn run_in_serve<B: Backend>(app: &Arc<App<B>>, name: &str) {
-    let Some(source) = app.config.source(name) else {
+fn run_in_serve<B: Backend>(config: &Arc<Config>, backend: &Arc<B>, found: &Found, name: &str) {
+    let Some(source) = config.source(name) else {
         return;
     };
     let Some(c) = &source.catchup else {
         return;
     };
     let owner = owner_name();
-    let mut db = AppDb { app: app.clone() };
+    let mut db = BackendDb {
+        config: config.clone(),
+        backend: backend.clone(),
+    };
     match db.lease(name, &owner, true) {
         Ok(true) => {}
         Ok(false) => return,
@@ -181,16 +190,13 @@ fn run_in_serve<B: Backend>(app: &Arc<App<B>>, name: &str) {
         }
     }
     let api = super::api_for(c);
-    let result = run(&mut db, &app.config, source, c.window, false, api.as_ref());
-    if let Err(e) = conclude(&mut db, &app.config, &owner, name, &result) {
+    let result = run(&mut db, config, source, c.window, false, api.as_ref());
+    if let Err(e) = conclude(&mut db, config, &owner, name, &result) {
         crate::log::warn("catchup not recorded", &[("source", &name), ("error", &e)]);
     }
     match result {
         Ok(report) => {
-            app.metrics.catchup.add(&report);
-            if !report.claimed.is_empty() {
-                (app.wake_outbox)();
-            }
+            found(&report);
             log_report(&report);
         }
         Err(e) => crate::log::warn(
@@ -227,13 +233,14 @@ pub fn log_report(report: &Report) {
 
 /// Serve's backend as a run's storage (on SQLite, writes go through the
 /// one writer).
-struct AppDb<B: Backend> {
-    app: Arc<App<B>>,
+struct BackendDb<B: Backend> {
+    config: Arc<Config>,
+    backend: Arc<B>,
 }
 
-impl<B: Backend> RunDb for AppDb<B> {
+impl<B: Backend> RunDb for BackendDb<B> {
     fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, OpError> {
-        self.app
+        self.backend
             .read(|db| catchup::stored_ids(db, source, ids).map_err(OpError::from))
     }
 
@@ -245,7 +252,7 @@ impl<B: Backend> RunDb for AppDb<B> {
     ) -> Result<Decision, OpError> {
         let (_, claim) = claim_of(config, source, body)?;
         let (config, source) = (config.clone(), source.to_string());
-        self.app.write(move |db| {
+        self.backend.write(move |db| {
             let s = config.source(&source).ok_or_else(|| {
                 OpError::NotFound(format!("source {source} is not in the config"))
             })?;
@@ -255,7 +262,7 @@ impl<B: Backend> RunDb for AppDb<B> {
 
     fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, OpError> {
         let (source, owner) = (source.to_string(), owner.to_string());
-        self.app.write(move |db| {
+        self.backend.write(move |db| {
             catchup::take_lease(db, &source, &owner, super::LEASE_MS, honour).map_err(OpError::from)
         })
     }
@@ -269,8 +276,8 @@ impl<B: Backend> RunDb for AppDb<B> {
         let owner = owner.to_string();
         // The settings are serve's own (`told` names them for the command).
         let occurrence = told.map(|(_, o)| o.clone());
-        let config = self.app.config.clone();
-        self.app.write(move |db| {
+        let config = self.config.clone();
+        self.backend.write(move |db| {
             let told = occurrence.as_ref().map(|o| (&config.notify, o));
             super::finish_in(db, &owner, &record, told)
         })

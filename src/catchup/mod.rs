@@ -332,7 +332,7 @@ fn claim_for(source: &Source, body: Vec<u8>, remote: &str) -> Result<Claim, Stri
     let event_type = source.type_of(&input);
     let payload_hash = match crate::receive::ingest::listed_hash(source, &input) {
         Some(listed) => listed,
-        None => crate::http::hooks::hash_of(source, &body, &input),
+        None => crate::receive::ingest::hash_of(source, &body, &input),
     };
     Ok(Claim {
         event_id,

@@ -5,10 +5,10 @@
 
 use serde_json::Value;
 
-use super::{event_id_of, event_type_of, form_of, hash_of, kept_headers, providers, read_json};
+use super::{event_id_of, event_type_of, form_of, kept_headers, providers, read_json};
 use crate::config::Source;
 use crate::ops::reingest::Passed;
-use crate::receive::ingest::Claim;
+use crate::receive::ingest::{Claim, hash_of};
 use crate::receive::key::{Input, Json, RawDoc};
 use crate::store::rejected::KeptRequest;
 use crate::verify::Request;
