@@ -12,10 +12,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{
-    Report, RunDb, RunNotice, claim_of, claim_write, conclude, found_events, owner_name, run,
+    Report, RunDb, RunError, RunNotice, claim_of, claim_write, conclude, found_events, owner_name,
+    run,
 };
 use crate::config::Config;
-use crate::ops::error::OpError;
 use crate::receive::ingest::Decision;
 use crate::store::backend::Backend;
 use crate::store::catchup::{self, RunRecord};
@@ -239,9 +239,9 @@ struct BackendDb<B: Backend> {
 }
 
 impl<B: Backend> RunDb for BackendDb<B> {
-    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, OpError> {
+    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, RunError> {
         self.backend
-            .read(|db| catchup::stored_ids(db, source, ids).map_err(OpError::from))
+            .read(|db| catchup::stored_ids(db, source, ids).map_err(RunError::from))
     }
 
     fn claim(
@@ -249,21 +249,22 @@ impl<B: Backend> RunDb for BackendDb<B> {
         config: &Arc<Config>,
         source: &str,
         body: Vec<u8>,
-    ) -> Result<Decision, OpError> {
+    ) -> Result<Decision, RunError> {
         let (_, claim) = claim_of(config, source, body)?;
         let (config, source) = (config.clone(), source.to_string());
         self.backend.write(move |db| {
             let s = config.source(&source).ok_or_else(|| {
-                OpError::NotFound(format!("source {source} is not in the config"))
+                RunError::NotFound(format!("source {source} is not in the config"))
             })?;
             claim_write(db, s, &claim)
         })
     }
 
-    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, OpError> {
+    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, RunError> {
         let (source, owner) = (source.to_string(), owner.to_string());
         self.backend.write(move |db| {
-            catchup::take_lease(db, &source, &owner, super::LEASE_MS, honour).map_err(OpError::from)
+            catchup::take_lease(db, &source, &owner, super::LEASE_MS, honour)
+                .map_err(RunError::from)
         })
     }
 
@@ -272,7 +273,7 @@ impl<B: Backend> RunDb for BackendDb<B> {
         owner: &str,
         record: RunRecord,
         told: RunNotice<'_>,
-    ) -> Result<(), OpError> {
+    ) -> Result<(), RunError> {
         let owner = owner.to_string();
         // The settings are serve's own (`told` names them for the command).
         let occurrence = told.map(|(_, o)| o.clone());

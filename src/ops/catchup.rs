@@ -12,7 +12,9 @@ use super::command::{CommandError, Outcome};
 use super::error::OpError;
 use super::open::{open_db_read, open_db_write};
 use super::text::{clean, stdout};
-use crate::catchup::{Report, RunDb, RunNotice, claim_of, claim_write, conclude, owner_name, run};
+use crate::catchup::{
+    Report, RunDb, RunError, RunNotice, claim_of, claim_write, conclude, owner_name, run,
+};
 use crate::config::{Config, parse_duration};
 use crate::receive::ingest::Decision;
 use crate::store::catchup::{self, RunRecord};
@@ -21,9 +23,9 @@ use crate::store::open::Handle;
 struct HandleDb(Handle);
 
 impl RunDb for HandleDb {
-    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, OpError> {
+    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, RunError> {
         self.0
-            .read(|db| catchup::stored_ids(db, source, ids).map_err(OpError::from))
+            .read(|db| catchup::stored_ids(db, source, ids).map_err(RunError::from))
     }
 
     fn claim(
@@ -31,15 +33,15 @@ impl RunDb for HandleDb {
         config: &Arc<Config>,
         source: &str,
         body: Vec<u8>,
-    ) -> Result<Decision, OpError> {
+    ) -> Result<Decision, RunError> {
         let (s, claim) = claim_of(config, source, body)?;
         self.0.write(|db| claim_write(db, s, &claim))
     }
 
-    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, OpError> {
+    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, RunError> {
         self.0.write(|db| {
             catchup::take_lease(db, source, owner, crate::catchup::LEASE_MS, honour)
-                .map_err(OpError::from)
+                .map_err(RunError::from)
         })
     }
 
@@ -48,7 +50,7 @@ impl RunDb for HandleDb {
         owner: &str,
         record: RunRecord,
         told: RunNotice<'_>,
-    ) -> Result<(), OpError> {
+    ) -> Result<(), RunError> {
         self.0
             .write(|db| crate::catchup::finish_in(db, owner, &record, told))
     }
@@ -95,17 +97,20 @@ pub fn cmd(
     let mut db = HandleDb(handle);
     let report = if yes {
         let owner = owner_name();
-        if !db.lease(&source.name, &owner, false)? {
+        if !db
+            .lease(&source.name, &owner, false)
+            .map_err(OpError::from)?
+        {
             return Err(CommandError::Invalid(format!(
                 "another catch-up of {} is running (serve's, or another command's); try again when it ends",
                 clean(&source.name)
             )));
         }
         let result = run(&mut db, &config, source, window, false, api.as_ref());
-        conclude(&mut db, &config, &owner, &source.name, &result)?;
-        result?
+        conclude(&mut db, &config, &owner, &source.name, &result).map_err(OpError::from)?;
+        result.map_err(OpError::from)?
     } else {
-        run(&mut db, &config, source, window, true, api.as_ref())?
+        run(&mut db, &config, source, window, true, api.as_ref()).map_err(OpError::from)?
     };
     print(&report, as_json)?;
     Ok(if report.error.is_some() || !report.failed.is_empty() {
