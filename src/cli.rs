@@ -649,8 +649,8 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             args.json,
         ),
         Command::Notify { command } => match command {
-            NotifyCommand::Test { name } => crate::notify::cmd::test_cmd(&config, &name),
-            NotifyCommand::List { json } => crate::notify::cmd::list_cmd(&config, json),
+            NotifyCommand::Test { name } => crate::ops::notify::test_cmd(&config, &name),
+            NotifyCommand::List { json } => crate::ops::notify::list_cmd(&config, json),
         },
         // Answered before the config is loaded.
         Command::Completions { .. } | Command::Man { .. } => Ok(Outcome::Done),

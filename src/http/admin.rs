@@ -664,13 +664,13 @@ fn actions_route<B: Backend>(app: &App<B>) -> Reply {
 /// `notify list --json` prints them.
 fn notifications_route<B: Backend>(app: &App<B>) -> Reply {
     match read(app, |db| {
-        crate::store::notifications::list(db, crate::notify::cmd::LIST_LIMIT)
+        crate::store::notifications::list(db, crate::ops::notify::LIST_LIMIT)
             .map_err(OpError::Store)
     }) {
         Ok(list) => {
             let shaped: Vec<serde_json::Value> = list
                 .iter()
-                .map(crate::notify::cmd::contract_shape)
+                .map(crate::ops::notify::contract_shape)
                 .collect();
             Reply::json(200, &shaped)
         }

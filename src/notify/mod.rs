@@ -15,9 +15,11 @@
 //! [`Watch`]'s, which the notifier turns into rows (or, for storage that is
 //! down, into messages sent from memory and recorded once it is back).
 //!
-//! Owns: the conditions, the messages' text and shapes (`message.rs`),
-//! the senders (`send.rs`), the notifier thread (`notifier.rs`) and the
-//! `notify` commands (`cmd.rs`). Not the rows' SQL (`store/notifications.rs`).
+//! Owns: raising the conditions, the messages' text and shapes
+//! (`message.rs`), the senders (`send.rs`) and the notifier thread
+//! (`notifier.rs`). Not the conditions' words (`config/notify.rs`), the
+//! rows' SQL (`store/notifications.rs`) nor the `notify` commands
+//! (`ops/notify.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -32,7 +34,6 @@ use crate::store::db::Db;
 use crate::store::notifications::{self, NewRow};
 use crate::store::tx::Tx;
 
-pub mod cmd;
 pub mod message;
 mod notifier;
 pub mod send;

@@ -18,6 +18,7 @@ pub mod error;
 pub mod inspect;
 pub mod inspector;
 pub mod migrate;
+pub mod notify;
 pub mod open;
 pub mod pause;
 pub mod probe;

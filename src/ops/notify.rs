@@ -4,13 +4,13 @@
 
 use std::io::Write as _;
 
-use super::message::Message;
-use super::send::send;
+use super::command::{CommandError, Outcome};
+use super::error::OpError;
+use super::open::open_db_read;
+use super::text::{clean, fmt_json_time, stdout};
 use crate::config::Config;
-use crate::ops::command::{CommandError, Outcome};
-use crate::ops::error::OpError;
-use crate::ops::open::open_db_read;
-use crate::ops::text::{clean, fmt_json_time, stdout};
+use crate::notify::message::Message;
+use crate::notify::send::send;
 use crate::store::notifications;
 use crate::time::now_ms;
 
