@@ -3,10 +3,10 @@
 //! by command), under the source's lease in `catchup_runs` (one instance
 //! at a time on PostgreSQL; another instance's run in the meantime
 //! counts as this one's). A run's errors are logged and recorded, never
-//! fatal. The counts of `idemhook_catchup_events_total` are this serve's.
+//! fatal. Serve counts what the runs found (`idemhook_catchup_events_total`,
+//! `metrics.rs`) in the callback it hands over.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,59 +20,9 @@ use crate::receive::ingest::Decision;
 use crate::store::backend::Backend;
 use crate::store::catchup::{self, RunRecord};
 
-/// `idemhook_catchup_events_total{source,outcome}`, per source with a
-/// catchup table: [claimed, redelivery_requested, already_stored].
-pub struct Counts {
-    rows: Vec<(String, [AtomicU64; 3])>,
-}
-
-impl Counts {
-    pub fn new(config: &Config) -> Counts {
-        Counts {
-            rows: config
-                .sources
-                .iter()
-                .filter(|s| s.catchup.is_some())
-                .map(|s| (s.name.clone(), Default::default()))
-                .collect(),
-        }
-    }
-
-    pub fn add(&self, r: &Report) {
-        if let Some((_, row)) = self.rows.iter().find(|(name, _)| *name == r.source) {
-            row[0].fetch_add(r.claimed.len() as u64, Ordering::Relaxed);
-            row[1].fetch_add(r.redelivery_requested.len() as u64, Ordering::Relaxed);
-            row[2].fetch_add(r.already_stored as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// The exposition's lines (nothing without a catchup table).
-    pub fn render(&self, out: &mut String, escape: impl Fn(&str) -> String) {
-        use std::fmt::Write as _;
-        if self.rows.is_empty() {
-            return;
-        }
-        out.push_str("# HELP idemhook_catchup_events_total Events a catch-up run of this serve found, by source and outcome (claimed, redelivery_requested, already_stored).\n");
-        out.push_str("# TYPE idemhook_catchup_events_total counter\n");
-        for (name, row) in &self.rows {
-            for (i, outcome) in ["claimed", "redelivery_requested", "already_stored"]
-                .iter()
-                .enumerate()
-            {
-                let _ = writeln!(
-                    out,
-                    "idemhook_catchup_events_total{{source=\"{}\",outcome=\"{outcome}\"}} {}",
-                    escape(name),
-                    row[i].load(Ordering::Relaxed)
-                );
-            }
-        }
-    }
-}
-
 /// What serve does with a run's report once it is recorded (counts it
 /// and wakes the outbox when it claimed events).
-pub type Found = Box<dyn Fn(&Report) + Send>;
+pub type OnReport = Box<dyn Fn(&Report) + Send>;
 
 /// The thread of `serve`'s catch-ups.
 pub struct Background {
@@ -83,7 +33,7 @@ type StopSignal = (Mutex<bool>, Condvar);
 
 impl Background {
     /// Starts the thread when any source catches up by itself.
-    pub fn start<B: Backend>(config: Arc<Config>, backend: Arc<B>, found: Found) -> Background {
+    pub fn start<B: Backend>(config: Arc<Config>, backend: Arc<B>, found: OnReport) -> Background {
         let any = config
             .sources
             .iter()
@@ -125,7 +75,7 @@ impl Background {
 fn schedule<B: Backend>(
     config: &Arc<Config>,
     backend: &Arc<B>,
-    found: &Found,
+    found: &OnReport,
     signal: &StopSignal,
 ) {
     let sources: Vec<(String, Duration)> = config
@@ -162,7 +112,7 @@ fn schedule<B: Backend>(
 }
 
 /// One run of `name`'s catch-up inside serve, logged and counted.
-fn run_in_serve<B: Backend>(config: &Arc<Config>, backend: &Arc<B>, found: &Found, name: &str) {
+fn run_in_serve<B: Backend>(config: &Arc<Config>, backend: &Arc<B>, found: &OnReport, name: &str) {
     let Some(source) = config.source(name) else {
         return;
     };

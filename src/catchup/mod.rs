@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 pub use api::{ApiError, Found, ProviderApi, Recovery};
-pub use background::{Background, Counts};
+pub use background::{Background, OnReport};
 
 use crate::config::catchup::{Catchup, Provider};
 use crate::config::{Config, Source};

@@ -148,7 +148,14 @@ fn launch<B: Backend>(
             config.clone(),
             backend.clone(),
             Box::new(move |report| {
-                app.metrics.catchup.add(report);
+                app.metrics.catchup.add(
+                    &report.source,
+                    [
+                        report.claimed.len(),
+                        report.redelivery_requested.len(),
+                        report.already_stored,
+                    ],
+                );
                 if !report.claimed.is_empty() {
                     (app.wake_outbox)();
                 }
