@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Source;
 pub use crate::config::key_rule::{Atom, Part, Rule};
-use crate::receive::headers::header_values;
+use crate::verify::headers::header_values;
 
 /// Longest event id we store; longer ids are refused as malformed.
 pub const MAX_EVENT_ID_BYTES: usize = 512;

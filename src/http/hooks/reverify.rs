@@ -33,7 +33,7 @@ pub fn reverify(
         .verifier
         .verify_request(&request, received_at / 1000)
         .map_err(|e| e.to_string())?;
-    let content_type = crate::receive::headers::header_values(headers, "content-type").next();
+    let content_type = crate::verify::headers::header_values(headers, "content-type").next();
     let kept = kept_headers(source, headers);
     let claim = |event_id, event_type, body: Vec<u8>, json, hash, batch| Claim {
         event_id,
