@@ -6,7 +6,7 @@ use std::io::Write as _;
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::open_db_read;
+use super::open;
 use super::text::{clean, fmt_json_time, stdout};
 use crate::config::Config;
 use crate::notify::message::Message;
@@ -64,10 +64,10 @@ pub fn test_cmd(config: &Config, name: &str) -> Result<Outcome, CommandError> {
 
 /// The recent notifications, newest first.
 pub fn list_cmd(config: &Config, json: bool) -> Result<Outcome, CommandError> {
-    let mut handle = open_db_read(config)?;
-    let list = handle
-        .read(|db| notifications::list(db, LIST_LIMIT).map_err(OpError::Store))
-        .map_err(CommandError::from)?;
+    let list = open::read(config, |db| {
+        notifications::list(db, LIST_LIMIT).map_err(OpError::Store)
+    })?
+    .map_err(CommandError::from)?;
     let mut out = stdout();
     if json {
         let shaped: Vec<serde_json::Value> = list.iter().map(contract_shape).collect();

@@ -20,12 +20,13 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::open_db_write;
+use super::open::{self, OnDb};
 use super::rejected::{MAX_LIST, not_found, since_ms};
 use super::text::{clean, fmt_time, stdout};
 use crate::config::{Config, Source};
 use crate::receive::ingest::{Claim, Decision, claim_in};
 use crate::store::db::{Db, Dialect};
+use crate::store::open::CommandDb;
 use crate::store::rejected::{self, KeptRequest};
 use crate::time::{ms_to_secs, now_ms};
 
@@ -209,7 +210,37 @@ pub fn summary(requests: &[Value], dry_run: bool) -> Value {
 
 /// `idemhook reingest`.
 pub fn cmd(config: &Config, r: &Request, reverify: Reverify) -> Result<Outcome, CommandError> {
-    let mut handle = open_db_write(config)?;
+    open::on_db_write(
+        config,
+        Reingesting {
+            config,
+            r,
+            reverify,
+        },
+    )?
+}
+
+/// `idemhook reingest` on the command's connection, either backend.
+struct Reingesting<'a> {
+    config: &'a Config,
+    r: &'a Request,
+    reverify: Reverify,
+}
+
+impl OnDb for Reingesting<'_> {
+    type Out = Result<Outcome, CommandError>;
+    fn run<D: CommandDb>(self, mut handle: D) -> Self::Out {
+        let (config, r, reverify) = (self.config, self.r, self.reverify);
+        reingest_on(&mut handle, config, r, reverify)
+    }
+}
+
+fn reingest_on(
+    handle: &mut impl CommandDb,
+    config: &Config,
+    r: &Request,
+    reverify: Reverify,
+) -> Result<Outcome, CommandError> {
     let ids = handle.read(|db| plan_ids(db, config, r))?;
     let mut out = stdout();
     let mut requests = Vec::with_capacity(ids.len());
