@@ -639,6 +639,7 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
                 id: args.id,
                 dry_run: !args.yes,
             },
+            crate::http::hooks::reverify::reverify,
         ),
         Command::Catchup(args) => ops::catchup::cmd(
             std::sync::Arc::new(config),
@@ -648,8 +649,8 @@ fn run(cli: Cli) -> Result<Outcome, CommandError> {
             args.json,
         ),
         Command::Notify { command } => match command {
-            NotifyCommand::Test { name } => crate::notify::cmd::test_cmd(&config, &name),
-            NotifyCommand::List { json } => crate::notify::cmd::list_cmd(&config, json),
+            NotifyCommand::Test { name } => crate::ops::notify::test_cmd(&config, &name),
+            NotifyCommand::List { json } => crate::ops::notify::list_cmd(&config, json),
         },
         // Answered before the config is loaded.
         Command::Completions { .. } | Command::Man { .. } => Ok(Outcome::Done),

@@ -100,6 +100,58 @@ impl JobGauges {
 
 pub use crate::store::backend::StorageGauges;
 
+/// `idemhook_catchup_events_total{source,outcome}`, per source with a
+/// catchup table: [claimed, redelivery_requested, already_stored].
+pub struct CatchupCounts {
+    rows: Vec<(String, [AtomicU64; 3])>,
+}
+
+impl CatchupCounts {
+    pub fn new(config: &Config) -> CatchupCounts {
+        CatchupCounts {
+            rows: config
+                .sources
+                .iter()
+                .filter(|s| s.catchup.is_some())
+                .map(|s| (s.name.clone(), Default::default()))
+                .collect(),
+        }
+    }
+
+    /// Adds a run's findings: [claimed, redelivery_requested,
+    /// already_stored] (a `catchup::Report`'s).
+    pub fn add(&self, source: &str, found: [usize; 3]) {
+        if let Some((_, row)) = self.rows.iter().find(|(name, _)| *name == source) {
+            for (count, n) in row.iter().zip(found) {
+                count.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The exposition's lines (nothing without a catchup table).
+    pub fn render(&self, out: &mut String, escape: impl Fn(&str) -> String) {
+        use std::fmt::Write as _;
+        if self.rows.is_empty() {
+            return;
+        }
+        out.push_str("# HELP idemhook_catchup_events_total Events a catch-up run of this serve found, by source and outcome (claimed, redelivery_requested, already_stored).\n");
+        out.push_str("# TYPE idemhook_catchup_events_total counter\n");
+        for (name, row) in &self.rows {
+            for (i, outcome) in ["claimed", "redelivery_requested", "already_stored"]
+                .iter()
+                .enumerate()
+            {
+                let _ = writeln!(
+                    out,
+                    "idemhook_catchup_events_total{{source=\"{}\",outcome=\"{outcome}\"}} {}",
+                    escape(name),
+                    row[i].load(Ordering::Relaxed)
+                );
+            }
+        }
+    }
+}
+
 pub struct Metrics {
     started: Instant,
     sources: Vec<String>,
@@ -118,9 +170,16 @@ pub struct Metrics {
     /// Log lines or records dropped because a queue was full.
     pub dropped_records: AtomicU64,
     /// `idemhook_catchup_events_total`: this serve's catch-up runs.
-    pub catchup: crate::catchup::Counts,
+    pub catchup: CatchupCounts,
     /// Notifications: what is counted in memory, and messages by outcome.
     pub notify: crate::notify::Watch,
+}
+
+/// What the notifier reads of the metrics (`notify::Notifier::start`).
+impl AsRef<crate::notify::Watch> for Metrics {
+    fn as_ref(&self) -> &crate::notify::Watch {
+        &self.notify
+    }
 }
 
 impl Metrics {
@@ -169,7 +228,7 @@ impl Metrics {
             claim_duration: Histogram::new(),
             downstream_duration: Histogram::new(),
             dropped_records: AtomicU64::new(0),
-            catchup: crate::catchup::Counts::new(config),
+            catchup: CatchupCounts::new(config),
             notify: crate::notify::Watch::new(config),
         }
     }

@@ -197,7 +197,7 @@ fn error_message(body: &[u8]) -> String {
     });
     let text = found.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
     let text: String = text.chars().take(200).collect();
-    crate::ops::text::clean(&text)
+    crate::log::clean(&text)
 }
 
 /// The URL of the `rel` link in a `Link` header (RFC 8288):

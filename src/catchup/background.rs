@@ -3,73 +3,26 @@
 //! by command), under the source's lease in `catchup_runs` (one instance
 //! at a time on PostgreSQL; another instance's run in the meantime
 //! counts as this one's). A run's errors are logged and recorded, never
-//! fatal. The counts of `idemhook_catchup_events_total` are this serve's.
+//! fatal. Serve counts what the runs found (`idemhook_catchup_events_total`,
+//! `metrics.rs`) in the callback it hands over.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{
-    Report, RunDb, RunNotice, claim_of, claim_write, conclude, found_events, owner_name, run,
+    Report, RunDb, RunError, RunNotice, claim_of, claim_write, conclude, found_events, owner_name,
+    run,
 };
 use crate::config::Config;
-use crate::http::app::App;
-use crate::ops::error::OpError;
 use crate::receive::ingest::Decision;
 use crate::store::backend::Backend;
 use crate::store::catchup::{self, RunRecord};
 
-/// `idemhook_catchup_events_total{source,outcome}`, per source with a
-/// catchup table: [claimed, redelivery_requested, already_stored].
-pub struct Counts {
-    rows: Vec<(String, [AtomicU64; 3])>,
-}
-
-impl Counts {
-    pub fn new(config: &Config) -> Counts {
-        Counts {
-            rows: config
-                .sources
-                .iter()
-                .filter(|s| s.catchup.is_some())
-                .map(|s| (s.name.clone(), Default::default()))
-                .collect(),
-        }
-    }
-
-    pub fn add(&self, r: &Report) {
-        if let Some((_, row)) = self.rows.iter().find(|(name, _)| *name == r.source) {
-            row[0].fetch_add(r.claimed.len() as u64, Ordering::Relaxed);
-            row[1].fetch_add(r.redelivery_requested.len() as u64, Ordering::Relaxed);
-            row[2].fetch_add(r.already_stored as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// The exposition's lines (nothing without a catchup table).
-    pub fn render(&self, out: &mut String, escape: impl Fn(&str) -> String) {
-        use std::fmt::Write as _;
-        if self.rows.is_empty() {
-            return;
-        }
-        out.push_str("# HELP idemhook_catchup_events_total Events a catch-up run of this serve found, by source and outcome (claimed, redelivery_requested, already_stored).\n");
-        out.push_str("# TYPE idemhook_catchup_events_total counter\n");
-        for (name, row) in &self.rows {
-            for (i, outcome) in ["claimed", "redelivery_requested", "already_stored"]
-                .iter()
-                .enumerate()
-            {
-                let _ = writeln!(
-                    out,
-                    "idemhook_catchup_events_total{{source=\"{}\",outcome=\"{outcome}\"}} {}",
-                    escape(name),
-                    row[i].load(Ordering::Relaxed)
-                );
-            }
-        }
-    }
-}
+/// What serve does with a run's report once it is recorded (counts it
+/// and wakes the outbox when it claimed events).
+pub type OnReport = Box<dyn Fn(&Report) + Send>;
 
 /// The thread of `serve`'s catch-ups.
 pub struct Background {
@@ -80,9 +33,8 @@ type StopSignal = (Mutex<bool>, Condvar);
 
 impl Background {
     /// Starts the thread when any source catches up by itself.
-    pub fn start<B: Backend>(app: Arc<App<B>>) -> Background {
-        let any = app
-            .config
+    pub fn start<B: Backend>(config: Arc<Config>, backend: Arc<B>, found: OnReport) -> Background {
+        let any = config
             .sources
             .iter()
             .any(|s| s.catchup.as_ref().is_some_and(|c| !c.interval.is_zero()));
@@ -93,7 +45,7 @@ impl Background {
         let thread_signal = signal.clone();
         let spawned = std::thread::Builder::new()
             .name("idemhook-catchup".into())
-            .spawn(move || schedule(&app, &thread_signal));
+            .spawn(move || schedule(&config, &backend, &found, &thread_signal));
         match spawned {
             Ok(handle) => Background {
                 inner: Some((signal, handle)),
@@ -120,9 +72,13 @@ impl Background {
     }
 }
 
-fn schedule<B: Backend>(app: &Arc<App<B>>, signal: &StopSignal) {
-    let sources: Vec<(String, Duration)> = app
-        .config
+fn schedule<B: Backend>(
+    config: &Arc<Config>,
+    backend: &Arc<B>,
+    found: &OnReport,
+    signal: &StopSignal,
+) {
+    let sources: Vec<(String, Duration)> = config
         .sources
         .iter()
         .filter_map(|s| {
@@ -136,7 +92,7 @@ fn schedule<B: Backend>(app: &Arc<App<B>>, signal: &StopSignal) {
         let now = Instant::now();
         for (i, (name, interval)) in sources.iter().enumerate() {
             if due[i] <= now {
-                run_in_serve(app, name);
+                run_in_serve(config, backend, found, name);
                 due[i] = Instant::now() + *interval;
             }
         }
@@ -156,15 +112,18 @@ fn schedule<B: Backend>(app: &Arc<App<B>>, signal: &StopSignal) {
 }
 
 /// One run of `name`'s catch-up inside serve, logged and counted.
-fn run_in_serve<B: Backend>(app: &Arc<App<B>>, name: &str) {
-    let Some(source) = app.config.source(name) else {
+fn run_in_serve<B: Backend>(config: &Arc<Config>, backend: &Arc<B>, found: &OnReport, name: &str) {
+    let Some(source) = config.source(name) else {
         return;
     };
     let Some(c) = &source.catchup else {
         return;
     };
     let owner = owner_name();
-    let mut db = AppDb { app: app.clone() };
+    let mut db = BackendDb {
+        config: config.clone(),
+        backend: backend.clone(),
+    };
     match db.lease(name, &owner, true) {
         Ok(true) => {}
         Ok(false) => return,
@@ -181,16 +140,13 @@ fn run_in_serve<B: Backend>(app: &Arc<App<B>>, name: &str) {
         }
     }
     let api = super::api_for(c);
-    let result = run(&mut db, &app.config, source, c.window, false, api.as_ref());
-    if let Err(e) = conclude(&mut db, &app.config, &owner, name, &result) {
+    let result = run(&mut db, config, source, c.window, false, api.as_ref());
+    if let Err(e) = conclude(&mut db, config, &owner, name, &result) {
         crate::log::warn("catchup not recorded", &[("source", &name), ("error", &e)]);
     }
     match result {
         Ok(report) => {
-            app.metrics.catchup.add(&report);
-            if !report.claimed.is_empty() {
-                (app.wake_outbox)();
-            }
+            found(&report);
             log_report(&report);
         }
         Err(e) => crate::log::warn(
@@ -227,14 +183,15 @@ pub fn log_report(report: &Report) {
 
 /// Serve's backend as a run's storage (on SQLite, writes go through the
 /// one writer).
-struct AppDb<B: Backend> {
-    app: Arc<App<B>>,
+struct BackendDb<B: Backend> {
+    config: Arc<Config>,
+    backend: Arc<B>,
 }
 
-impl<B: Backend> RunDb for AppDb<B> {
-    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, OpError> {
-        self.app
-            .read(|db| catchup::stored_ids(db, source, ids).map_err(OpError::from))
+impl<B: Backend> RunDb for BackendDb<B> {
+    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, RunError> {
+        self.backend
+            .read(|db| catchup::stored_ids(db, source, ids).map_err(RunError::from))
     }
 
     fn claim(
@@ -242,21 +199,22 @@ impl<B: Backend> RunDb for AppDb<B> {
         config: &Arc<Config>,
         source: &str,
         body: Vec<u8>,
-    ) -> Result<Decision, OpError> {
+    ) -> Result<Decision, RunError> {
         let (_, claim) = claim_of(config, source, body)?;
         let (config, source) = (config.clone(), source.to_string());
-        self.app.write(move |db| {
+        self.backend.write(move |db| {
             let s = config.source(&source).ok_or_else(|| {
-                OpError::NotFound(format!("source {source} is not in the config"))
+                RunError::NotFound(format!("source {source} is not in the config"))
             })?;
             claim_write(db, s, &claim)
         })
     }
 
-    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, OpError> {
+    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, RunError> {
         let (source, owner) = (source.to_string(), owner.to_string());
-        self.app.write(move |db| {
-            catchup::take_lease(db, &source, &owner, super::LEASE_MS, honour).map_err(OpError::from)
+        self.backend.write(move |db| {
+            catchup::take_lease(db, &source, &owner, super::LEASE_MS, honour)
+                .map_err(RunError::from)
         })
     }
 
@@ -265,12 +223,12 @@ impl<B: Backend> RunDb for AppDb<B> {
         owner: &str,
         record: RunRecord,
         told: RunNotice<'_>,
-    ) -> Result<(), OpError> {
+    ) -> Result<(), RunError> {
         let owner = owner.to_string();
         // The settings are serve's own (`told` names them for the command).
         let occurrence = told.map(|(_, o)| o.clone());
-        let config = self.app.config.clone();
-        self.app.write(move |db| {
+        let config = self.config.clone();
+        self.backend.write(move |db| {
             let told = occurrence.as_ref().map(|o| (&config.notify, o));
             super::finish_in(db, &owner, &record, told)
         })

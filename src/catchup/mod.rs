@@ -17,7 +17,6 @@
 pub mod api;
 mod background;
 pub mod github;
-pub mod status;
 pub mod stripe;
 
 use std::collections::HashSet;
@@ -27,15 +26,15 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 pub use api::{ApiError, Found, ProviderApi, Recovery};
-pub use background::{Background, Counts};
+pub use background::{Background, OnReport};
 
 use crate::config::catchup::{Catchup, Provider};
 use crate::config::{Config, Source};
-use crate::ops::error::OpError;
 use crate::receive::ingest::{Claim, Decision, claim_in};
 use crate::receive::key::{Input, Json};
+use crate::store::StoreError;
 use crate::store::catchup::RunRecord;
-use crate::store::db::{Db, Dialect};
+use crate::store::db::{Db, Dialect, TxError};
 
 /// How long a run's lease lasts before another instance may take over
 /// (a run that died holding it).
@@ -53,24 +52,46 @@ pub fn api_for(c: &Catchup) -> Box<dyn ProviderApi> {
     }
 }
 
+/// Why a step of a run failed, sorted as `ops::OpError` sorts it (which
+/// takes each variant as its own): the source is not in the config, the
+/// event is not one the source can claim, or storage failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+impl TxError for RunError {
+    fn as_store(&self) -> Option<&StoreError> {
+        match self {
+            RunError::Store(e) => Some(e),
+            RunError::NotFound(_) | RunError::Invalid(_) => None,
+        }
+    }
+}
+
 /// The storage steps of a run.
 pub trait RunDb {
     /// Which of `ids` the source has stored.
-    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, OpError>;
+    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, RunError>;
     /// Claims one event the API handed over, in a write of its own.
     fn claim(
         &mut self,
         config: &Arc<Config>,
         source: &str,
         body: Vec<u8>,
-    ) -> Result<Decision, OpError>;
+    ) -> Result<Decision, RunError>;
     /// Takes the source's lease (false: another run holds it).
     fn lease(
         &mut self,
         source: &str,
         owner: &str,
         honour_retry_after: bool,
-    ) -> Result<bool, OpError>;
+    ) -> Result<bool, RunError>;
     /// Records the run and gives the lease back, writing `told` (the
     /// `catchup` notification of a run that found events) in the same
     /// transaction.
@@ -79,7 +100,7 @@ pub trait RunDb {
         owner: &str,
         record: RunRecord,
         told: RunNotice<'_>,
-    ) -> Result<(), OpError>;
+    ) -> Result<(), RunError>;
 }
 
 /// A notification to write with a run's record: the settings and what
@@ -95,7 +116,7 @@ pub fn finish_in(
     owner: &str,
     record: &RunRecord,
     told: RunNotice<'_>,
-) -> Result<(), OpError> {
+) -> Result<(), RunError> {
     crate::store::catchup::finish(db, owner, record)?;
     if let Some((settings, o)) = told {
         crate::notify::raise_db(db, settings, o, crate::time::now_ms())?;
@@ -179,8 +200,8 @@ pub fn conclude(
     config: &Config,
     owner: &str,
     source: &str,
-    result: &Result<Report, OpError>,
-) -> Result<bool, OpError> {
+    result: &Result<Report, RunError>,
+) -> Result<bool, RunError> {
     let now = crate::time::now_ms();
     let found = result.as_ref().is_ok_and(found_events);
     let occurrence = result.as_ref().ok().filter(|_| found).map(|report| {
@@ -227,7 +248,7 @@ pub fn run(
     since: Duration,
     dry_run: bool,
     api: &dyn ProviderApi,
-) -> Result<Report, OpError> {
+) -> Result<Report, RunError> {
     let window_from = crate::time::now_ms() - since.as_millis() as i64;
     let listing = api.list_since(window_from);
     let mut report = Report {
@@ -264,7 +285,7 @@ pub fn run(
                     Ok(Decision::Duplicate { .. } | Decision::Mismatch { .. }) => {
                         report.already_stored += 1;
                     }
-                    Err(OpError::Invalid(why)) => report.failed.push((found.event_id, why)),
+                    Err(RunError::Invalid(why)) => report.failed.push((found.event_id, why)),
                     Err(e) => return Err(e),
                 }
             }
@@ -302,14 +323,14 @@ pub fn claim_of<'c>(
     config: &'c Config,
     source: &str,
     body: Vec<u8>,
-) -> Result<(&'c Source, Claim), OpError> {
+) -> Result<(&'c Source, Claim), RunError> {
     let Some(s) = config.source(source) else {
-        return Err(OpError::NotFound(format!(
+        return Err(RunError::NotFound(format!(
             "source {source} is not in the config"
         )));
     };
     let remote = s.catchup.as_ref().map_or("", |c| c.api_url.as_str());
-    let claim = claim_for(s, body, remote).map_err(OpError::Invalid)?;
+    let claim = claim_for(s, body, remote).map_err(RunError::Invalid)?;
     Ok((s, claim))
 }
 
@@ -333,7 +354,7 @@ fn claim_for(source: &Source, body: Vec<u8>, remote: &str) -> Result<Claim, Stri
     let event_type = source.type_of(&input);
     let payload_hash = match crate::receive::ingest::listed_hash(source, &input) {
         Some(listed) => listed,
-        None => crate::http::hooks::hash_of(source, &body, &input),
+        None => crate::receive::ingest::hash_of(source, &body, &input),
     };
     Ok(Claim {
         event_id,
@@ -356,7 +377,7 @@ fn claim_for(source: &Source, body: Vec<u8>, remote: &str) -> Result<Claim, Stri
 
 /// The claim's write: in `db`'s transaction, then a NOTIFY on PostgreSQL
 /// when it wrote forward jobs (every instance's workers wake).
-pub fn claim_write(db: &Db<'_>, source: &Source, claim: &Claim) -> Result<Decision, OpError> {
+pub fn claim_write(db: &Db<'_>, source: &Source, claim: &Claim) -> Result<Decision, RunError> {
     let decision = crate::with_tx!(db, |tx| claim_in(tx, source, claim))?;
     if let Decision::Accepted { forward_jobs, .. } = &decision
         && *forward_jobs > 0

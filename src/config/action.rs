@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::raw::RawAction;
 use super::values::{format_duration, opt_duration, parse_duration, resolve_secret, valid_name};
 use super::{Action, ActionKind, Circuit, Control, Forward, Rate, is_builtin_param};
-use crate::receive::key::{Part, Rule};
+use crate::config::key_rule::{Part, Rule};
 
 pub(super) fn resolve_action(mut ra: RawAction, base: &Path) -> Result<Action, String> {
     if !valid_name(&ra.name) {

@@ -1,5 +1,5 @@
 //! `[sources.NAME.catchup]`: how idemhook asks the provider's API what it
-//! missed (`crate::catchup`). Only kinds whose provider has such an API
+//! missed (`catchup/`). Only kinds whose provider has such an API
 //! take the table; the key is a secret like the others.
 
 use std::path::Path;

@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::presets::{self, Preset};
-use crate::receive::key::Part;
+use crate::config::key_rule::Part;
 
 /// The kinds of source: the generic `hmac`, `basic` and `token`, `none`,
 /// and every provider of the table in `presets`.

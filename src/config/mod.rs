@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::receive::key::{Part, Rule};
+use crate::config::key_rule::{Part, Rule};
 use crate::state::JobKind;
 use crate::verify::{Secret, Verifier};
 use database_url::DatabaseUrl;
@@ -24,6 +24,7 @@ pub mod check_template;
 pub mod database_url;
 pub mod dest;
 pub mod generic;
+pub mod key_rule;
 mod kind;
 pub mod notify;
 mod parse;
@@ -31,6 +32,7 @@ pub mod presets;
 pub mod public_origin;
 mod raw;
 pub mod rejected;
+pub mod smtp_url;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -211,19 +213,6 @@ impl Source {
             ActionKind::Sql { params, .. } => params.iter().any(|(_, p)| p.reads_json()),
             ActionKind::Forward(_) => false,
         })
-    }
-
-    /// The event type of `input`: the type rule's value, and each further
-    /// part joined with `.` when present (GoCardless's `resource_type` +
-    /// `action`).
-    pub fn type_of(&self, input: &crate::receive::key::Input<'_>) -> Option<String> {
-        let first = self.event_type.as_ref()?.text(input);
-        self.event_type_more
-            .iter()
-            .fold(first, |acc, more| match (acc, more.text(input)) {
-                (Some(a), Some(m)) => Some(format!("{a}.{m}")),
-                (a, m) => a.or(m),
-            })
     }
 
     /// The type rule as text, for `check`.

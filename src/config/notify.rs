@@ -1,14 +1,89 @@
 //! `[[notify]]` targets, `coalesce` and `ui_url`, resolved: each target's
 //! one kind (slack, webhook, email), its secret URL read, the conditions
-//! it wants. Sending is `notify/`'s.
+//! it wants ([`Condition`], the words of `on = [...]`). Sending is
+//! `notify/`'s.
 
 use std::path::Path;
+use std::str::FromStr;
 use std::time::Duration;
 
 use super::raw::{RawConfig, RawNotify};
 use super::values::{opt_duration, resolve_secret};
-use crate::notify::Condition;
-use crate::verify::Secret;
+use crate::verify::{Secret, Verifier};
+
+/// What a target can be told about (`on = [...]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    DeadLetter,
+    CircuitOpen,
+    CircuitClosed,
+    SignatureFailures,
+    Mismatch,
+    StorageUnavailable,
+    Catchup,
+    Rejected,
+}
+
+impl Condition {
+    pub const ALL: [Condition; 8] = [
+        Condition::DeadLetter,
+        Condition::CircuitOpen,
+        Condition::CircuitClosed,
+        Condition::SignatureFailures,
+        Condition::Mismatch,
+        Condition::StorageUnavailable,
+        Condition::Catchup,
+        Condition::Rejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Condition::DeadLetter => "dead_letter",
+            Condition::CircuitOpen => "circuit_open",
+            Condition::CircuitClosed => "circuit_closed",
+            Condition::SignatureFailures => "signature_failures",
+            Condition::Mismatch => "mismatch",
+            Condition::StorageUnavailable => "storage_unavailable",
+            Condition::Catchup => "catchup",
+            Condition::Rejected => "rejected",
+        }
+    }
+
+    /// How a window's message names several of them ("3 more dead letters").
+    pub fn plural(self) -> &'static str {
+        match self {
+            Condition::DeadLetter => "dead letters",
+            Condition::CircuitOpen => "circuit openings",
+            Condition::CircuitClosed => "circuit closings",
+            Condition::SignatureFailures => "signature failure alerts",
+            Condition::Mismatch => "payload mismatches",
+            Condition::StorageUnavailable => "storage alerts",
+            Condition::Catchup => "catch-up findings",
+            Condition::Rejected => "rejected delivery alerts",
+        }
+    }
+}
+
+impl FromStr for Condition {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Condition, ()> {
+        Condition::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or(())
+    }
+}
+
+/// The Standard Webhooks signer of a `sign_secret` (also how the config
+/// checks it; `notify/send.rs` signs with it).
+pub fn signer(secret: &Secret) -> Result<Verifier, String> {
+    Verifier::new(
+        crate::config::presets::standard(),
+        vec![secret.clone()],
+        Duration::from_secs(300),
+    )
+    .map_err(|e| e.to_string())
+}
 
 /// Everything about notifications: no targets means none are ever written.
 #[derive(Debug, Default)]
@@ -174,7 +249,7 @@ fn target_of(rn: &RawNotify, base: &Path) -> Result<NotifyTarget, String> {
         let sign_secret = match &rn.sign_secret {
             Some(s) => {
                 let secret = resolve_secret(s, base).map_err(|e| format!("sign_secret: {e}"))?;
-                crate::notify::send::signer(&secret).map_err(|e| format!("sign_secret: {e}"))?;
+                signer(&secret).map_err(|e| format!("sign_secret: {e}"))?;
                 Some(secret)
             }
             None => None,
@@ -202,8 +277,7 @@ fn target_of(rn: &RawNotify, base: &Path) -> Result<NotifyTarget, String> {
             }
         }
         let smtp = url("email.smtp", smtp, &["smtp", "smtps"])?;
-        crate::notify::send::check_smtp_url(smtp.expose())
-            .map_err(|e| format!("email.smtp: {e}"))?;
+        super::smtp_url::parse_smtp(smtp.expose()).map_err(|e| format!("email.smtp: {e}"))?;
         TargetKind::Email { smtp, from, to }
     } else {
         return Err("slack, webhook or email: each [[notify]] needs exactly one target".into());

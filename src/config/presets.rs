@@ -1360,7 +1360,7 @@ pub fn alias(name: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receive::key::Part;
+    use crate::config::key_rule::Part;
 
     #[test]
     fn every_row_parses_and_names_are_unique() {

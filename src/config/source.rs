@@ -11,7 +11,7 @@ use super::presets::Handshake;
 use super::raw::{RawAction, RawSource};
 use super::values::{opt_duration, parse_duration, resolve_secret, valid_name};
 use super::{Action, OnMismatch, Source};
-use crate::receive::key::{Part, Rule};
+use crate::config::key_rule::{Part, Rule};
 use crate::verify::{Scheme, Verifier};
 
 /// Resolves one source, step by step in the file's order of keys, so the

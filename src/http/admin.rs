@@ -140,7 +140,7 @@ fn check_token<B: Backend>(app: &App<B>, rq: &Incoming<'_>, token: &str) -> Resu
             )
             .with_header("WWW-Authenticate", "Bearer")
         };
-        if crate::receive::headers::header_values(&rq.headers, "authorization")
+        if crate::verify::headers::header_values(&rq.headers, "authorization")
             .next()
             .is_none()
         {
@@ -178,7 +178,7 @@ pub fn metrics_gate<B: Backend>(app: &App<B>, rq: &Incoming<'_>) -> Result<(), R
 }
 
 fn authorized(rq: &Incoming<'_>, token: &str) -> bool {
-    let mut values = crate::receive::headers::header_values(&rq.headers, "authorization");
+    let mut values = crate::verify::headers::header_values(&rq.headers, "authorization");
     let (Some(value), None) = (values.next(), values.next()) else {
         return false;
     };
@@ -310,7 +310,7 @@ fn list<B: Backend>(app: &App<B>, rq: &Incoming<'_>) -> Reply {
     // a few index look-ups. `since` moves with the clock, so it is left
     // out of the tag only when absent.
     let query = rq.query.to_string();
-    let known: Vec<String> = crate::receive::headers::header_values(&rq.headers, "if-none-match")
+    let known: Vec<String> = crate::verify::headers::header_values(&rq.headers, "if-none-match")
         .flat_map(|v| v.split(','))
         .map(|t| t.trim().to_string())
         .collect();
@@ -427,7 +427,7 @@ fn show<B: Backend>(app: &App<B>, rq: &Incoming<'_>, source: &str, event_id: &st
             // a 304 instead of the same payload again.
             let reply = Reply::json(200, &v);
             let tag = format!("\"{}\"", hex::encode(&Sha256::digest(&reply.body)[..12]));
-            let known = crate::receive::headers::header_values(&rq.headers, "if-none-match")
+            let known = crate::verify::headers::header_values(&rq.headers, "if-none-match")
                 .flat_map(|v| v.split(','))
                 .any(|t| t.trim() == tag);
             if known {
@@ -664,13 +664,13 @@ fn actions_route<B: Backend>(app: &App<B>) -> Reply {
 /// `notify list --json` prints them.
 fn notifications_route<B: Backend>(app: &App<B>) -> Reply {
     match read(app, |db| {
-        crate::store::notifications::list(db, crate::notify::cmd::LIST_LIMIT)
+        crate::store::notifications::list(db, crate::ops::notify::LIST_LIMIT)
             .map_err(OpError::Store)
     }) {
         Ok(list) => {
             let shaped: Vec<serde_json::Value> = list
                 .iter()
-                .map(crate::notify::cmd::contract_shape)
+                .map(crate::ops::notify::contract_shape)
                 .collect();
             Reply::json(200, &shaped)
         }

@@ -43,7 +43,7 @@ pub struct Incoming<'a> {
 
 impl Incoming<'_> {
     pub fn header(&self, name: &str) -> Option<&str> {
-        crate::receive::headers::header_values(&self.headers, name).next()
+        crate::verify::headers::header_values(&self.headers, name).next()
     }
 }
 

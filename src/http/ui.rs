@@ -209,7 +209,7 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
 
 /// The session cookie's value in the request, if it sent one.
 fn session_cookie<'a>(rq: &'a Incoming<'_>) -> Option<&'a str> {
-    crate::receive::headers::header_values(&rq.headers, "cookie")
+    crate::verify::headers::header_values(&rq.headers, "cookie")
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(name, _)| *name == COOKIE)
@@ -263,7 +263,7 @@ pub fn cookie_auth<B: Backend>(app: &App<B>, rq: &Incoming<'_>, listener: &Liste
 }
 
 fn check_host(rq: &Incoming<'_>, listener: &Listener) -> Result<(), Reply> {
-    let mut hosts = crate::receive::headers::header_values(&rq.headers, "host");
+    let mut hosts = crate::verify::headers::header_values(&rq.headers, "host");
     match (hosts.next(), hosts.next()) {
         (Some(host), None) if listener.answers_as(host) => Ok(()),
         _ => Err(Reply::error(
@@ -351,7 +351,7 @@ fn route<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>, listener: &Listener) -
 /// An asset, or 304 when the browser already has these bytes.
 fn serve(rq: &Incoming<'_>, asset: &Asset) -> Reply {
     let tag = etag(asset);
-    let cached = crate::receive::headers::header_values(&rq.headers, "if-none-match")
+    let cached = crate::verify::headers::header_values(&rq.headers, "if-none-match")
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().trim_start_matches("W/") == tag);
     let reply = if cached {

@@ -15,12 +15,13 @@
 //! [`Watch`]'s, which the notifier turns into rows (or, for storage that is
 //! down, into messages sent from memory and recorded once it is back).
 //!
-//! Owns: the conditions, the messages' text and shapes (`message.rs`),
-//! the senders (`send.rs`), the notifier thread (`notifier.rs`) and the
-//! `notify` commands (`cmd.rs`). Not the rows' SQL (`store/notifications.rs`).
+//! Owns: raising the conditions, the messages' text and shapes
+//! (`message.rs`), the senders (`send.rs`) and the notifier thread
+//! (`notifier.rs`). Not the conditions' words (`config/notify.rs`), the
+//! rows' SQL (`store/notifications.rs`) nor the `notify` commands
+//! (`ops/notify.rs`).
 
 use std::collections::VecDeque;
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -33,75 +34,13 @@ use crate::store::db::Db;
 use crate::store::notifications::{self, NewRow};
 use crate::store::tx::Tx;
 
-pub mod cmd;
 pub mod message;
 mod notifier;
 pub mod send;
 
 pub use notifier::Notifier;
 
-/// What a target can be told about (`on = [...]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Condition {
-    DeadLetter,
-    CircuitOpen,
-    CircuitClosed,
-    SignatureFailures,
-    Mismatch,
-    StorageUnavailable,
-    Catchup,
-    Rejected,
-}
-
-impl Condition {
-    pub const ALL: [Condition; 8] = [
-        Condition::DeadLetter,
-        Condition::CircuitOpen,
-        Condition::CircuitClosed,
-        Condition::SignatureFailures,
-        Condition::Mismatch,
-        Condition::StorageUnavailable,
-        Condition::Catchup,
-        Condition::Rejected,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Condition::DeadLetter => "dead_letter",
-            Condition::CircuitOpen => "circuit_open",
-            Condition::CircuitClosed => "circuit_closed",
-            Condition::SignatureFailures => "signature_failures",
-            Condition::Mismatch => "mismatch",
-            Condition::StorageUnavailable => "storage_unavailable",
-            Condition::Catchup => "catchup",
-            Condition::Rejected => "rejected",
-        }
-    }
-
-    /// How a window's message names several of them ("3 more dead letters").
-    pub fn plural(self) -> &'static str {
-        match self {
-            Condition::DeadLetter => "dead letters",
-            Condition::CircuitOpen => "circuit openings",
-            Condition::CircuitClosed => "circuit closings",
-            Condition::SignatureFailures => "signature failure alerts",
-            Condition::Mismatch => "payload mismatches",
-            Condition::StorageUnavailable => "storage alerts",
-            Condition::Catchup => "catch-up findings",
-            Condition::Rejected => "rejected delivery alerts",
-        }
-    }
-}
-
-impl FromStr for Condition {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Condition, ()> {
-        Condition::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or(())
-    }
-}
+pub use crate::config::notify::Condition;
 
 /// One occurrence of a condition.
 #[derive(Debug, Clone)]

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use super::message::Message;
 use super::send::send;
-use super::{COALESCED, Condition, FAILED, Occurrence, SENT, STORAGE_DOWN_MS, raise_db};
+use super::{COALESCED, Condition, FAILED, Occurrence, SENT, STORAGE_DOWN_MS, Watch, raise_db};
 use crate::config::Config;
-use crate::metrics::Metrics;
 use crate::store::StoreError;
 use crate::store::backend::Backend;
 use crate::store::notifications::{self, Ended, NewRow, Taken};
@@ -39,11 +38,13 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    /// Starts the thread; None when no target is configured.
-    pub fn start<B: Backend>(
+    /// Starts the thread; None when no target is configured. `metrics`
+    /// is serve's `Metrics`, of which the notifier reads only the
+    /// [`Watch`] (so `notify/` does not import `metrics.rs`).
+    pub fn start<B: Backend, M: AsRef<Watch> + Send + Sync + 'static>(
         config: Arc<Config>,
         backend: Arc<B>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<M>,
     ) -> std::io::Result<Option<Notifier>> {
         if config.notify.targets.is_empty() {
             return Ok(None);
@@ -61,9 +62,10 @@ impl Notifier {
                         pruned_at = now;
                         prune_old(&*backend, now);
                     }
-                    write_watched(&config, &*backend, &metrics);
-                    storage_watch(&config, &*backend, &metrics, &mut down, now);
-                    if let Err(e) = round(&config, &*backend, &metrics, &flag) {
+                    let watch: &Watch = (*metrics).as_ref();
+                    write_watched(&config, &*backend, watch);
+                    storage_watch(&config, &*backend, watch, &mut down, now);
+                    if let Err(e) = round(&config, &*backend, watch, &flag) {
                         crate::log::warn("notify", &[("error", &e.message)]);
                     }
                     std::thread::sleep(TICK);
@@ -95,8 +97,8 @@ fn prune_old<B: Backend>(backend: &B, now: i64) {
 }
 
 /// Writes the occurrences counted in memory (bad signatures).
-fn write_watched<B: Backend>(config: &Arc<Config>, backend: &B, metrics: &Metrics) {
-    for o in metrics.notify.take_pending() {
+fn write_watched<B: Backend>(config: &Arc<Config>, backend: &B, watch: &Watch) {
+    for o in watch.take_pending() {
         let c = config.clone();
         let now = now_ms();
         if let Err(e) = backend.write(move |db| raise_db(db, &c.notify, &o, now)) {
@@ -109,7 +111,7 @@ fn write_watched<B: Backend>(config: &Arc<Config>, backend: &B, metrics: &Metric
 fn round<B: Backend>(
     config: &Arc<Config>,
     backend: &B,
-    metrics: &Metrics,
+    watch: &Watch,
     stop: &AtomicBool,
 ) -> Result<(), StoreError> {
     let now = now_ms();
@@ -122,7 +124,7 @@ fn round<B: Backend>(
             // Left due again after its lease.
             break;
         }
-        deliver(config, backend, metrics, t)?;
+        deliver(config, backend, watch, t)?;
     }
     Ok(())
 }
@@ -131,7 +133,7 @@ fn round<B: Backend>(
 fn deliver<B: Backend>(
     config: &Arc<Config>,
     backend: &B,
-    metrics: &Metrics,
+    watch: &Watch,
     t: Taken,
 ) -> Result<(), StoreError> {
     let Some(target) = config.notify.target(&t.notify) else {
@@ -157,14 +159,14 @@ fn deliver<B: Backend>(
     };
     match &ended {
         Ended::Sent => {
-            metrics.notify.count(&t.notify, &t.condition, SENT, 1);
+            watch.count(&t.notify, &t.condition, SENT, 1);
             if t.due_at > t.created_at {
                 let n = u64::try_from(t.count).unwrap_or(0);
-                metrics.notify.count(&t.notify, &t.condition, COALESCED, n);
+                watch.count(&t.notify, &t.condition, COALESCED, n);
             }
         }
         Ended::Retry { error, .. } | Ended::Failed { error } => {
-            metrics.notify.count(&t.notify, &t.condition, FAILED, 1);
+            watch.count(&t.notify, &t.condition, FAILED, 1);
             crate::log::warn(
                 "notify",
                 &[
@@ -212,14 +214,14 @@ struct Told {
 fn storage_watch<B: Backend>(
     config: &Arc<Config>,
     backend: &B,
-    metrics: &Metrics,
+    watch: &Watch,
     down: &mut StorageDown,
     now: i64,
 ) {
     if !config.notify.wants(Condition::StorageUnavailable) {
         return;
     }
-    let since = metrics.notify.unavailable_since.load(Ordering::Relaxed);
+    let since = watch.unavailable_since.load(Ordering::Relaxed);
     if since != 0 && down.told.is_none() && now - since >= STORAGE_DOWN_MS {
         let summary = format!(
             "storage unavailable: deliveries have been refused (503) for {} s in a row",
@@ -252,7 +254,7 @@ fn storage_watch<B: Backend>(
                 link: config.notify.ui_url.as_ref().map(|u| format!("{u}/ui/")),
             };
             let ok = send(target, &m, &format!("ntf_storage_{since}"), now).is_ok();
-            metrics.notify.count(
+            watch.count(
                 &target.name,
                 o.condition.as_str(),
                 if ok { SENT } else { FAILED },

@@ -12,8 +12,9 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls, TlsParameters};
 
 use super::message::Message;
-use crate::config::notify::{NotifyTarget, TargetKind};
-use crate::verify::{Secret, Verifier};
+use crate::config::notify::{NotifyTarget, TargetKind, signer};
+use crate::config::smtp_url::parse_smtp;
+use crate::verify::Secret;
 
 /// How long one send may take, connecting included.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,17 +32,6 @@ pub fn send(target: &NotifyTarget, m: &Message, id: &str, now_ms: i64) -> Result
             mail(smtp, from, to, &subject, body)
         }
     }
-}
-
-/// The Standard Webhooks signer of a `sign_secret` (also how the config
-/// checks it).
-pub fn signer(secret: &Secret) -> Result<Verifier, String> {
-    Verifier::new(
-        crate::config::presets::standard(),
-        vec![secret.clone()],
-        Duration::from_secs(300),
-    )
-    .map_err(|e| e.to_string())
 }
 
 /// `text` with the secret URL, and its path, replaced.
@@ -95,83 +85,6 @@ fn post(
             url.expose(),
         )),
     }
-}
-
-/// An `smtp://` or `smtps://` URL, taken apart.
-struct SmtpUrl {
-    tls_wrapper: bool,
-    starttls_required: bool,
-    host: String,
-    port: u16,
-    credentials: Option<(String, String)>,
-}
-
-fn parse_smtp(url: &str) -> Result<SmtpUrl, String> {
-    let (tls_wrapper, rest) = if let Some(r) = url.strip_prefix("smtps://") {
-        (true, r)
-    } else if let Some(r) = url.strip_prefix("smtp://") {
-        (false, r)
-    } else {
-        return Err("the SMTP URL must start smtp:// or smtps://".to_string());
-    };
-    let (authority, query) = match rest.split_once('?') {
-        Some((a, q)) => (a, q),
-        None => (rest, ""),
-    };
-    let authority = authority.trim_end_matches('/');
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| "the SMTP URL's user or password is not valid UTF-8".to_string())
-    };
-    let credentials = match userinfo {
-        Some(u) => {
-            let (user, pass) = u.split_once(':').unwrap_or((u, ""));
-            Some((decode(user)?, decode(pass)?))
-        }
-        None => None,
-    };
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) => (
-            h,
-            p.parse::<u16>()
-                .map_err(|_| "the SMTP URL's port is not a number".to_string())?,
-        ),
-        None => (hostport, if tls_wrapper { 465 } else { 25 }),
-    };
-    if host.is_empty() {
-        return Err("the SMTP URL has no host".to_string());
-    }
-    let mut starttls_required = false;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair {
-            "starttls=required" => starttls_required = true,
-            "starttls=opportunistic" => starttls_required = false,
-            other => {
-                let key = other.split('=').next().unwrap_or("");
-                return Err(format!(
-                    "the SMTP URL's query {key:?} is not known: use starttls=required"
-                ));
-            }
-        }
-    }
-    Ok(SmtpUrl {
-        tls_wrapper,
-        starttls_required,
-        host: host.trim_matches(['[', ']']).to_string(),
-        port,
-        credentials,
-    })
-}
-
-/// Checks an SMTP URL as the config reads it.
-pub fn check_smtp_url(url: &str) -> Result<(), String> {
-    parse_smtp(url).map(|_| ())
 }
 
 fn mail(
@@ -229,18 +142,6 @@ fn mail(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_smtp_url_gives_host_port_tls_and_credentials() {
-        let u = parse_smtp("smtp://me%40x:p%3Aw@mail.example.com:587?starttls=required").unwrap();
-        assert_eq!((u.host.as_str(), u.port), ("mail.example.com", 587));
-        assert!(u.starttls_required && !u.tls_wrapper);
-        assert_eq!(u.credentials, Some(("me@x".to_string(), "p:w".to_string())));
-        let s = parse_smtp("smtps://mail.example.com").unwrap();
-        assert_eq!((s.port, s.tls_wrapper), (465, true));
-        assert!(parse_smtp("smtp://h?tls=no").is_err());
-        assert!(parse_smtp("http://h").is_err());
-    }
 
     #[test]
     fn a_send_error_holds_no_secret_path() {

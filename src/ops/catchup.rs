@@ -7,23 +7,28 @@
 use std::collections::HashSet;
 use std::io::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::{open_db_read, open_db_write};
+use super::open::{OnDb, on_db_read, on_db_write};
 use super::text::{clean, stdout};
-use crate::catchup::{Report, RunDb, RunNotice, claim_of, claim_write, conclude, owner_name, run};
-use crate::config::{Config, parse_duration};
+use crate::catchup::{
+    ProviderApi, Report, RunDb, RunError, RunNotice, claim_of, claim_write, conclude, owner_name,
+    run,
+};
+use crate::config::{Config, Source, parse_duration};
 use crate::receive::ingest::Decision;
 use crate::store::catchup::{self, RunRecord};
-use crate::store::open::Handle;
+use crate::store::open::CommandDb;
 
-struct HandleDb(Handle);
+/// The command's connection, either backend, as a run's storage.
+struct CommandRunDb<D: CommandDb>(D);
 
-impl RunDb for HandleDb {
-    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, OpError> {
+impl<D: CommandDb> RunDb for CommandRunDb<D> {
+    fn stored(&mut self, source: &str, ids: &[String]) -> Result<HashSet<String>, RunError> {
         self.0
-            .read(|db| catchup::stored_ids(db, source, ids).map_err(OpError::from))
+            .read(|db| catchup::stored_ids(db, source, ids).map_err(RunError::from))
     }
 
     fn claim(
@@ -31,15 +36,15 @@ impl RunDb for HandleDb {
         config: &Arc<Config>,
         source: &str,
         body: Vec<u8>,
-    ) -> Result<Decision, OpError> {
+    ) -> Result<Decision, RunError> {
         let (s, claim) = claim_of(config, source, body)?;
         self.0.write(|db| claim_write(db, s, &claim))
     }
 
-    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, OpError> {
+    fn lease(&mut self, source: &str, owner: &str, honour: bool) -> Result<bool, RunError> {
         self.0.write(|db| {
             catchup::take_lease(db, source, owner, crate::catchup::LEASE_MS, honour)
-                .map_err(OpError::from)
+                .map_err(RunError::from)
         })
     }
 
@@ -48,7 +53,7 @@ impl RunDb for HandleDb {
         owner: &str,
         record: RunRecord,
         told: RunNotice<'_>,
-    ) -> Result<(), OpError> {
+    ) -> Result<(), RunError> {
         self.0
             .write(|db| crate::catchup::finish_in(db, owner, &record, told))
     }
@@ -87,32 +92,60 @@ pub fn cmd(
         )));
     }
     let api = crate::catchup::api_for(c);
-    let handle = if yes {
-        open_db_write(&config)?
-    } else {
-        open_db_read(&config)?
+    let work = CatchingUp {
+        config: &config,
+        source,
+        window,
+        yes,
+        api: api.as_ref(),
     };
-    let mut db = HandleDb(handle);
     let report = if yes {
-        let owner = owner_name();
-        if !db.lease(&source.name, &owner, false)? {
-            return Err(CommandError::Invalid(format!(
-                "another catch-up of {} is running (serve's, or another command's); try again when it ends",
-                clean(&source.name)
-            )));
-        }
-        let result = run(&mut db, &config, source, window, false, api.as_ref());
-        conclude(&mut db, &config, &owner, &source.name, &result)?;
-        result?
+        on_db_write(&config, work)?
     } else {
-        run(&mut db, &config, source, window, true, api.as_ref())?
-    };
+        on_db_read(&config, work)?
+    }?;
     print(&report, as_json)?;
     Ok(if report.error.is_some() || !report.failed.is_empty() {
         Outcome::Attention
     } else {
         Outcome::Done
     })
+}
+
+/// One run of `idemhook catchup` on the command's connection, either
+/// backend: under the source's lease with `yes`, a dry run without.
+struct CatchingUp<'a> {
+    config: &'a Arc<Config>,
+    source: &'a Source,
+    window: Duration,
+    yes: bool,
+    api: &'a dyn ProviderApi,
+}
+
+impl OnDb for CatchingUp<'_> {
+    type Out = Result<Report, CommandError>;
+    fn run<D: CommandDb>(self, db: D) -> Self::Out {
+        let (config, source, window, api) = (self.config, self.source, self.window, self.api);
+        let mut db = CommandRunDb(db);
+        let report = if self.yes {
+            let owner = owner_name();
+            if !db
+                .lease(&source.name, &owner, false)
+                .map_err(OpError::from)?
+            {
+                return Err(CommandError::Invalid(format!(
+                    "another catch-up of {} is running (serve's, or another command's); try again when it ends",
+                    clean(&source.name)
+                )));
+            }
+            let result = run(&mut db, config, source, window, false, api);
+            conclude(&mut db, config, &owner, &source.name, &result).map_err(OpError::from)?;
+            result.map_err(OpError::from)?
+        } else {
+            run(&mut db, config, source, window, true, api).map_err(OpError::from)?
+        };
+        Ok(report)
+    }
 }
 
 fn print(r: &Report, as_json: bool) -> Result<(), CommandError> {

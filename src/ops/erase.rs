@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
-use super::open::{open_db_read, open_db_write};
+use super::open;
 use super::text::{clean, fmt_time, stdout};
 use crate::config::Config;
 use crate::state::JobStatus;
@@ -67,8 +67,7 @@ pub fn cmd(
     let mut out = stdout();
     let name = format!("{}/{}", clean(source), clean(event_id));
     if !yes {
-        let mut handle = open_db_read(config)?;
-        let d = handle.read(|db| describe(db, source, event_id))?;
+        let d = open::read(config, |db| describe(db, source, event_id))??;
         if let (Value::Null, Some(at)) = (&d["payload_bytes"], d["erased_at"].as_i64()) {
             writeln!(
                 out,
@@ -91,8 +90,7 @@ pub fn cmd(
         writeln!(out, "nothing changed: run again with --yes to erase")?;
         return Ok(Outcome::Done);
     }
-    let mut handle = open_db_write(config)?;
-    let d = handle.write(|db| erase(db, source, event_id, now_ms()))?;
+    let d = open::write(config, |db| erase(db, source, event_id, now_ms()))??;
     writeln!(
         out,
         "erased {name}: dropped the body ({} bytes) and headers; the key and payload hash are kept",

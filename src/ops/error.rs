@@ -2,6 +2,7 @@
 //! by who should fix it. The admin API answers it as an HTTP status; the
 //! CLI's commands turn it into a `CommandError`.
 
+use crate::catchup::RunError;
 use crate::ops::text::clean;
 use crate::store::StoreError;
 use crate::store::db::TxError;
@@ -25,6 +26,17 @@ impl TxError for OpError {
         match self {
             OpError::Store(e) => Some(e),
             OpError::NotFound(_) | OpError::Invalid(_) => None,
+        }
+    }
+}
+
+/// A catch-up run's error, as the command and the admin API sort it.
+impl From<RunError> for OpError {
+    fn from(e: RunError) -> OpError {
+        match e {
+            RunError::NotFound(m) => OpError::NotFound(m),
+            RunError::Invalid(m) => OpError::Invalid(m),
+            RunError::Store(e) => OpError::Store(e),
         }
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
-use super::open::open_db_read;
+use super::open;
 use super::text::{cell, clean, fmt_json_time, fmt_time, stdout, table};
 use crate::config::{Config, parse_duration};
 use crate::state::{EventState, JobKind, JobStatus};
@@ -111,8 +111,7 @@ pub fn list_cmd(
         limit,
         now_ms(),
     )?;
-    let mut handle = open_db_read(config)?;
-    let events = handle.read(|db| events::list(db, &filter))?;
+    let events = open::read(config, |db| events::list(db, &filter))??;
     let mut out = stdout();
     if json {
         writeln!(
@@ -627,8 +626,7 @@ pub fn show_cmd(
     event_id: &str,
     json: bool,
 ) -> Result<Outcome, CommandError> {
-    let mut handle = open_db_read(config)?;
-    let (event, extras) = handle.read(|db| {
+    let (event, extras) = open::read(config, |db| {
         let Some(e) = events::get(db, source, event_id)? else {
             return Err(not_found(source, event_id));
         };
@@ -644,7 +642,7 @@ pub fn show_cmd(
             })
         };
         Ok::<_, OpError>((event, extras))
-    })?;
+    })??;
     let mut out = stdout();
     match extras {
         None => writeln!(

@@ -10,6 +10,7 @@
 
 pub mod backup;
 pub mod catchup;
+pub mod catchup_status;
 pub mod check;
 pub mod command;
 pub mod erase;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod inspect;
 pub mod inspector;
 pub mod migrate;
+pub mod notify;
 pub mod open;
 pub mod pause;
 pub mod probe;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::open_db_write;
+use super::open;
 use super::text::{clean, stdout};
 use crate::config::{ActionKind, Config};
 use crate::store::db::Db;
@@ -102,14 +102,13 @@ pub fn resume(
 /// `idemhook pause` (`pausing`) and `idemhook resume`.
 pub fn cmd(config: &Config, target: &str, pausing: bool) -> Result<Outcome, CommandError> {
     let (source, action) = parse_target(target)?;
-    let mut handle = open_db_write(config)?;
-    let changed = handle.write(|db| {
+    let changed = open::write(config, |db| {
         if pausing {
             pause(db, config, &source, &action, now_ms())
         } else {
             resume(db, config, &source, &action, now_ms())
         }
-    })?;
+    })??;
     let name = format!("{}/{}", clean(&source), clean(&action));
     let mut out = stdout();
     if pausing {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::open_db_write;
+use super::open;
 use super::pause::parse_target;
 use super::text::{clean, stdout};
 use crate::config::{ActionKind, Config};
@@ -59,8 +59,7 @@ pub fn probe(
 /// `idemhook probe`.
 pub fn cmd(config: &Config, target: &str) -> Result<Outcome, CommandError> {
     let (source, action) = parse_target(target)?;
-    let mut handle = open_db_write(config)?;
-    let changed = handle.write(|db| probe(db, config, &source, &action, now_ms()))?;
+    let changed = open::write(config, |db| probe(db, config, &source, &action, now_ms()))??;
     let name = format!("{}/{}", clean(&source), clean(&action));
     let mut out = stdout();
     if changed["probe_due"].as_bool() == Some(true) {

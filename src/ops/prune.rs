@@ -19,12 +19,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::command::{CommandError, Outcome};
-use super::open::{open_db_read, open_db_write, open_write};
+use super::open::{self, OnDb, open_write};
 use super::text::stdout;
 use crate::config::{Config, format_duration};
 use crate::store::StoreError;
 use crate::store::backend::Backend;
 use crate::store::db::Db;
+use crate::store::open::CommandDb;
 use crate::store::prune;
 pub use crate::store::prune::{BATCH, Batch, Counts};
 use crate::time::{now_ms, steady_now_ms};
@@ -159,15 +160,13 @@ pub fn cmd(config: &Config, dry_run: bool) -> Result<Outcome, CommandError> {
     let now = now_ms();
     let mut out = stdout();
     if dry_run {
-        let mut handle = open_db_read(config)?;
-        let db = handle.db();
-        let mut all = Vec::new();
-        for c in cutoffs(config, now) {
-            all.push(
-                prune::count(&db, &c.source, c.keys_before, c.bodies_before)
-                    .map_err(CommandError::Storage)?,
-            );
-        }
+        let all = open::look(config, |db| {
+            cutoffs(config, now)
+                .iter()
+                .map(|c| prune::count(db, &c.source, c.keys_before, c.bodies_before))
+                .collect::<Result<Vec<_>, _>>()
+        })?
+        .map_err(CommandError::Storage)?;
         print_counts(&mut out, config, &all, true)?;
         writeln!(out, "dry run: nothing changed")?;
         return Ok(Outcome::Done);
@@ -228,9 +227,33 @@ fn cmd_postgres(
     url: &crate::config::database_url::PostgresUrl,
     now: i64,
 ) -> Result<Outcome, CommandError> {
-    use anyhow::Context as _;
     // Refuses a database serve has not migrated yet.
-    let mut handle = open_db_write(config)?;
+    open::on_db_write(config, PruningPostgres { config, url, now })?
+}
+
+/// `idemhook prune` on PostgreSQL, past the command's connection's
+/// opening (which refuses a database serve has not migrated yet).
+struct PruningPostgres<'a> {
+    config: &'a Config,
+    url: &'a crate::config::database_url::PostgresUrl,
+    now: i64,
+}
+
+impl OnDb for PruningPostgres<'_> {
+    type Out = Result<Outcome, CommandError>;
+    fn run<D: CommandDb>(self, mut handle: D) -> Self::Out {
+        let (config, url, now) = (self.config, self.url, self.now);
+        prune_postgres(&mut handle, config, url, now)
+    }
+}
+
+fn prune_postgres(
+    handle: &mut impl CommandDb,
+    config: &Config,
+    url: &crate::config::database_url::PostgresUrl,
+    now: i64,
+) -> Result<Outcome, CommandError> {
+    use anyhow::Context as _;
     let settings =
         crate::store::postgres::Settings::from_url(url, config.durability, config.busy_timeout)
             .map_err(anyhow::Error::msg)?;

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::{open_db_read, open_db_write};
+use super::open;
 use super::text::{cell, clean, fmt_json_time, stdout};
 use crate::config::{ActionKind, Config, Forward};
 use crate::outbox::ask::Asked;
@@ -86,7 +86,7 @@ pub fn reconcile(db: &Db<'_>, config: &Config, now: i64) -> Result<Value, OpErro
             .map(|(name, n)| (name.to_string(), json!(n)))
             .collect(),
     );
-    out["catchup"] = crate::catchup::status::status(db, config)?;
+    out["catchup"] = super::catchup_status::status(db, config)?;
     Ok(out)
 }
 
@@ -656,12 +656,8 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<Outcom
             "--yes marks done what --check finds done downstream: give --check --yes".to_string(),
         ));
     }
-    let mut handle = open_db_read(config)?;
-    let report = handle
-        .read(|db| reconcile(db, config, now_ms()))
-        .map_err(failed)?;
+    let report = open::read(config, |db| reconcile(db, config, now_ms()))?.map_err(failed)?;
     let report = if check {
-        drop(handle);
         check_and_apply(config, report, yes).map_err(failed)?
     } else {
         report
@@ -675,11 +671,7 @@ pub fn cmd(config: &Config, json: bool, check: bool, yes: bool) -> Result<Outcom
         )?;
     } else {
         write!(out, "{}", render(&report))?;
-        write!(
-            out,
-            "{}",
-            crate::catchup::status::render(&report["catchup"])
-        )?;
+        write!(out, "{}", super::catchup_status::render(&report["catchup"]))?;
     }
     Ok(if report["clean"].as_bool() == Some(true) {
         Outcome::Done
@@ -695,15 +687,15 @@ fn check_and_apply(config: &Config, report: Value, yes: bool) -> Result<Value, O
     if !yes || !checked.iter().any(|c| c.asked.answer == Answer::Found) {
         return Ok(with_checks(report, &checked, false));
     }
-    let mut handle = open_db_write(config).map_err(|e| OpError::Invalid(format!("{e:#}")))?;
-    let (checked, after) = handle.write(|db| {
+    let (checked, after) = open::write(config, |db| {
         // A copy per run: on PostgreSQL the transaction may run again.
         let mut checked = checked.clone();
         let now = now_ms();
         mark_done(db, &mut checked, "reconcile:cli", now)?;
         let after = reconcile(db, config, now)?;
         Ok::<_, OpError>((checked, after))
-    })?;
+    })
+    .map_err(|e| OpError::Invalid(format!("{e:#}")))??;
     Ok(with_checks(after, &checked, true))
 }
 

@@ -1,7 +1,8 @@
 //! `idemhook reingest` and `POST /api/reingest`: kept refused requests
 //! (`store::rejected`) verified again with the source's current secrets
 //! and rules (a timestamp's tolerance judged against the time the request
-//! was received: `http::hooks::reverify`), and each that passes claimed
+//! was received: `http::hooks::reverify`, handed in as a [`Reverify`] by
+//! the caller, as `ops/` sits below `http/`), and each that passes claimed
 //! through the same barrier as a delivery (`ingest::claim_in`: a
 //! duplicate stays a duplicate, SQL actions run and forward jobs are
 //! written as for a delivery), its delivery recorded as `reingested` and
@@ -19,15 +20,27 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::open_db_write;
+use super::open::{self, OnDb};
 use super::rejected::{MAX_LIST, not_found, since_ms};
 use super::text::{clean, fmt_time, stdout};
-use crate::config::Config;
-use crate::http::hooks::reverify::reverify;
-use crate::receive::ingest::{Decision, claim_in};
+use crate::config::{Config, Source};
+use crate::receive::ingest::{Claim, Decision, claim_in};
 use crate::store::db::{Db, Dialect};
-use crate::store::rejected;
+use crate::store::open::CommandDb;
+use crate::store::rejected::{self, KeptRequest};
 use crate::time::{ms_to_secs, now_ms};
+
+/// A kept request that now passes: the secret it matched (0-based; None
+/// for a source that signs nothing) and its claims (one, or each event of
+/// a batch; none for a batch without events).
+pub struct Passed {
+    pub secret: Option<usize>,
+    pub claims: Vec<Claim>,
+}
+
+/// Verifies a kept request again for its source (with the config's
+/// `max_batch_items`); the reason when it still fails.
+pub type Reverify = fn(&Source, usize, &KeptRequest) -> Result<Passed, String>;
 
 /// What to re-ingest.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -78,6 +91,7 @@ pub fn one(
     source_name: &str,
     id: i64,
     dry_run: bool,
+    reverify: Reverify,
 ) -> Result<Value, OpError> {
     let source = config.source(source_name).ok_or_else(|| {
         OpError::NotFound(format!(
@@ -195,16 +209,46 @@ pub fn summary(requests: &[Value], dry_run: bool) -> Value {
 }
 
 /// `idemhook reingest`.
-pub fn cmd(config: &Config, r: &Request) -> Result<Outcome, CommandError> {
-    let mut handle = open_db_write(config)?;
+pub fn cmd(config: &Config, r: &Request, reverify: Reverify) -> Result<Outcome, CommandError> {
+    open::on_db_write(
+        config,
+        Reingesting {
+            config,
+            r,
+            reverify,
+        },
+    )?
+}
+
+/// `idemhook reingest` on the command's connection, either backend.
+struct Reingesting<'a> {
+    config: &'a Config,
+    r: &'a Request,
+    reverify: Reverify,
+}
+
+impl OnDb for Reingesting<'_> {
+    type Out = Result<Outcome, CommandError>;
+    fn run<D: CommandDb>(self, mut handle: D) -> Self::Out {
+        let (config, r, reverify) = (self.config, self.r, self.reverify);
+        reingest_on(&mut handle, config, r, reverify)
+    }
+}
+
+fn reingest_on(
+    handle: &mut impl CommandDb,
+    config: &Config,
+    r: &Request,
+    reverify: Reverify,
+) -> Result<Outcome, CommandError> {
     let ids = handle.read(|db| plan_ids(db, config, r))?;
     let mut out = stdout();
     let mut requests = Vec::with_capacity(ids.len());
     for id in ids {
         let done = if r.dry_run {
-            handle.read(|db| one(db, config, &r.source, id, true))?
+            handle.read(|db| one(db, config, &r.source, id, true, reverify))?
         } else {
-            handle.write(|db| one(db, config, &r.source, id, false))?
+            handle.write(|db| one(db, config, &r.source, id, false, reverify))?
         };
         if done.is_null() {
             continue;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::OpError;
-use super::open::open_db_read;
+use super::open;
 use super::text::{clean, fmt_time, stdout};
 use crate::config::{Config, parse_duration};
 use crate::store::db::Db;
@@ -103,8 +103,7 @@ pub fn list_cmd(
     since: Option<&str>,
     as_json: bool,
 ) -> Result<Outcome, CommandError> {
-    let mut handle = open_db_read(config)?;
-    let listed = handle.read(|db| list(db, source, since))?;
+    let listed = open::read(config, |db| list(db, source, since))??;
     let mut out = stdout();
     if as_json {
         writeln!(out, "{listed}")?;
@@ -137,8 +136,7 @@ pub fn list_cmd(
 
 /// `idemhook rejected show ID`.
 pub fn show_cmd(config: &Config, id: i64, as_json: bool) -> Result<Outcome, CommandError> {
-    let mut handle = open_db_read(config)?;
-    let shown = handle.read(|db| show(db, id))?;
+    let shown = open::read(config, |db| show(db, id))??;
     let mut out = stdout();
     if as_json {
         writeln!(out, "{shown}")?;

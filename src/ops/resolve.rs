@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::command::{CommandError, Outcome};
 use super::error::{OpError, not_found};
-use super::open::{open_db_read, open_db_write};
+use super::open;
 use super::replay::Origin;
 use super::text::{clean, stdout};
 use crate::config::Config;
@@ -234,8 +234,7 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
     } = request;
     let mut out = stdout();
     if !yes {
-        let mut handle = open_db_read(config)?;
-        let plan = plan(&handle.db(), source, event_id, action, note)
+        let plan = open::look(config, |db| plan(db, source, event_id, action, note))?
             .map_err(CommandError::invalid_as_usage)?;
         if let Some(reason) = plan.refused {
             return Err(CommandError::Usage(reason));
@@ -244,17 +243,15 @@ pub fn cmd(config: &Config, request: &Request, yes: bool) -> Result<Outcome, Com
         writeln!(out, "nothing changed: run again with --yes to do this")?;
         return Ok(Outcome::Done);
     }
-    let mut handle = open_db_write(config)?;
-    let (plan, done) = handle
-        .write(|db| {
-            let plan = plan(db, source, event_id, action, note)?;
-            let done = match &plan.refused {
-                Some(reason) => Err(reason.clone()),
-                None => apply(db, &plan, Origin::Cli, now_ms())?,
-            };
-            Ok::<_, OpError>((plan, done))
-        })
-        .map_err(CommandError::invalid_as_usage)?;
+    let (plan, done) = open::write(config, |db| {
+        let plan = plan(db, source, event_id, action, note)?;
+        let done = match &plan.refused {
+            Some(reason) => Err(reason.clone()),
+            None => apply(db, &plan, Origin::Cli, now_ms())?,
+        };
+        Ok::<_, OpError>((plan, done))
+    })?
+    .map_err(CommandError::invalid_as_usage)?;
     if let Some(reason) = plan.refused {
         return Err(CommandError::Usage(reason));
     }

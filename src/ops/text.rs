@@ -34,20 +34,9 @@ pub fn fmt_json_time(v: &Value) -> String {
     v.as_i64().map_or_else(|| "-".to_string(), fmt_time)
 }
 
-/// Untrusted text (event ids, types, errors) made safe for a terminal:
-/// control characters are escaped so they cannot move the cursor or forge
-/// lines.
-pub fn clean(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+/// Untrusted text made safe for a terminal (`log.rs`'s, which catch-up's
+/// API errors take too).
+pub use crate::log::clean;
 
 /// A JSON value as table text: strings cleaned, null as `-`.
 pub fn cell(v: &Value) -> String {

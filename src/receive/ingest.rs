@@ -281,6 +281,18 @@ fn lost_claim<T: Tx>(tx: &mut T, source: &Source, c: &Claim) -> Result<Decision,
     Ok(Decision::Mismatch { state })
 }
 
+/// The payload hash: of the `hash` parts, or of the body less the members
+/// the kind's provider rewrites on every attempt, or of the whole body:
+/// what a delivery's claim stores (and catch-up's, when the kind lists no
+/// hash of its own).
+pub fn hash_of(source: &Source, body: &[u8], input: &Input<'_>) -> String {
+    if source.hash.is_empty() && !source.hash_without.is_empty() {
+        super::key::payload_hash_without(&source.hash_without, body, input)
+    } else {
+        super::key::payload_hash(&source.hash, body, input)
+    }
+}
+
 /// The hash an event listed by the provider's API is stored under, when
 /// the kind has one (`listed:` and the hex SHA-256 of its `listed_hash`
 /// parts): a later delivery of it, hashed by the source's own rule,

@@ -2,10 +2,10 @@
 //! event and what a duplicate must match. Pure functions over an already
 //! verified request; no IO.
 //!
-//! A *part* names one value: `json:/pointer` (RFC 6901) in the body or
-//! `header:Name`. `a|b` means "a, or b when a is absent". A key rule of one
-//! part uses that value as the event id; several parts make a derived key
-//! (see [`Rule::extract`]).
+//! The rules themselves ([`Part`], [`Rule`]) are the config's
+//! (`config/key_rule.rs`, re-exported here); this module is what they find
+//! in a request. A key rule of one part uses that value as the event id;
+//! several parts make a derived key (see [`Rule::extract`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -16,33 +16,12 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use crate::receive::headers::header_values;
+use crate::config::Source;
+pub use crate::config::key_rule::{Atom, Part, Rule};
+use crate::verify::headers::header_values;
 
 /// Longest event id we store; longer ids are refused as malformed.
 pub const MAX_EVENT_ID_BYTES: usize = 512;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Atom {
-    Json(String),
-    Header(String),
-    /// A field of an `application/x-www-form-urlencoded` body.
-    Form(String),
-    /// The hex SHA-256 of the raw body (`body:sha256`): the id of
-    /// providers whose events carry none and are resent byte for byte.
-    BodySha256,
-}
-
-/// One value, with fallbacks tried in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Part {
-    pub alternatives: Vec<Atom>,
-}
-
-/// The idempotency key rule of a source.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rule {
-    pub parts: Vec<Part>,
-}
 
 /// What a request looks like to the extractors.
 #[derive(Default)]
@@ -258,45 +237,6 @@ pub enum KeyError {
 }
 
 impl Part {
-    pub fn parse(spec: &str) -> Result<Part, String> {
-        let mut alternatives = Vec::new();
-        for alt in spec.split('|') {
-            let alt = alt.trim();
-            let atom = if let Some(ptr) = alt.strip_prefix("json:") {
-                if !(ptr.is_empty() || ptr.starts_with('/')) {
-                    return Err(format!(
-                        "{alt:?}: a JSON pointer starts with / (RFC 6901), e.g. json:/id"
-                    ));
-                }
-                Atom::Json(ptr.to_string())
-            } else if let Some(name) = alt.strip_prefix("header:") {
-                if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
-                    return Err(format!("{alt:?}: not a valid header name"));
-                }
-                Atom::Header(name.to_string())
-            } else if let Some(name) = alt.strip_prefix("form:") {
-                if name.is_empty() {
-                    return Err(format!(
-                        "{alt:?}: a form field needs a name, e.g. form:MessageStatus"
-                    ));
-                }
-                Atom::Form(name.to_string())
-            } else if alt == "body:sha256" {
-                Atom::BodySha256
-            } else {
-                return Err(format!(
-                    "{alt:?}: expected json:/pointer, header:Name, form:Name or body:sha256"
-                ));
-            };
-            alternatives.push(atom);
-        }
-        Ok(Part { alternatives })
-    }
-
-    pub fn reads_json(&self) -> bool {
-        self.alternatives.iter().any(|a| matches!(a, Atom::Json(_)))
-    }
-
     /// The first alternative present in the request.
     pub fn lookup<'a>(&self, input: &'a Input<'a>) -> Option<Found<'a>> {
         for atom in &self.alternatives {
@@ -325,11 +265,6 @@ impl Part {
         None
     }
 
-    /// True when the part reads form fields.
-    pub fn reads_form(&self) -> bool {
-        self.alternatives.iter().any(|a| matches!(a, Atom::Form(_)))
-    }
-
     /// The value as text: strings as their contents, numbers as written,
     /// other JSON as compact JSON text.
     pub fn text(&self, input: &Input<'_>) -> Option<String> {
@@ -355,6 +290,21 @@ pub enum Found<'a> {
     Header(&'a str),
     /// A value computed from the request (`body:sha256`).
     Text(String),
+}
+
+impl Source {
+    /// The event type of `input`: the type rule's value, and each further
+    /// part joined with `.` when present (GoCardless's `resource_type` +
+    /// `action`).
+    pub fn type_of(&self, input: &Input<'_>) -> Option<String> {
+        let first = self.event_type.as_ref()?.text(input);
+        self.event_type_more
+            .iter()
+            .fold(first, |acc, more| match (acc, more.text(input)) {
+                (Some(a), Some(m)) => Some(format!("{a}.{m}")),
+                (a, m) => a.or(m),
+            })
+    }
 }
 
 impl Found<'_> {
@@ -519,47 +469,6 @@ fn write_canonical(v: &Value, out: &mut String) {
             out.push(']');
         }
         other => out.push_str(&other.to_string()),
-    }
-}
-
-impl fmt::Display for Atom {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Atom::Json(p) => write!(f, "json:{p}"),
-            Atom::Header(h) => write!(f, "header:{h}"),
-            Atom::Form(name) => write!(f, "form:{name}"),
-            Atom::BodySha256 => f.write_str("body:sha256"),
-        }
-    }
-}
-
-impl fmt::Display for Part {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, a) in self.alternatives.iter().enumerate() {
-            if i > 0 {
-                f.write_str("|")?;
-            }
-            write!(f, "{a}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for Rule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.parts.len() > 1 {
-            f.write_str("sha256(")?;
-        }
-        for (i, p) in self.parts.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{p}")?;
-        }
-        if self.parts.len() > 1 {
-            f.write_str(")")?;
-        }
-        Ok(())
     }
 }
 

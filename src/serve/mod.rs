@@ -142,7 +142,26 @@ fn launch<B: Backend>(
         return Err(anyhow!(e)).context("cannot read the secrets kept from handshakes");
     }
     let pruner = crate::ops::prune::Background::start(config.clone(), backend.clone());
-    let catchup = crate::catchup::Background::start(app.clone());
+    let catchup = {
+        let app = app.clone();
+        crate::catchup::Background::start(
+            config.clone(),
+            backend.clone(),
+            Box::new(move |report| {
+                app.metrics.catchup.add(
+                    &report.source,
+                    [
+                        report.claimed.len(),
+                        report.redelivery_requested.len(),
+                        report.already_stored,
+                    ],
+                );
+                if !report.claimed.is_empty() {
+                    (app.wake_outbox)();
+                }
+            }),
+        )
+    };
     let notifier =
         crate::notify::Notifier::start(config.clone(), backend.clone(), app.metrics.clone())
             .context("cannot start the notifier")?;

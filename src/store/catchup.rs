@@ -2,7 +2,7 @@
 //! of a source holds (taken with the database's clock, so two instances
 //! on one PostgreSQL database never run the same source's catch-up at
 //! once), what the last run found, and the few reads a run makes
-//! (`crate::catchup`).
+//! (`catchup/`).
 
 use crate::args;
 use crate::store::StoreError;

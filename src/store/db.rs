@@ -15,7 +15,7 @@
 //! is a bigint on PostgreSQL and bodies are bytea, so an integer binds as
 //! i64 and a body as bytes.
 //!
-//! Write transactions (`open::Handle::write`, the wing's `pg_write`) on PostgreSQL run
+//! Write transactions (`open::CommandDb::write`, the wing's `pg_write`) on PostgreSQL run
 //! at READ COMMITTED, as the forward workers of every instance do: a
 //! decision that reads a row it then changes takes that row with
 //! [`Dialect::for_update`] (a worker holding it is waited for, and a
@@ -436,7 +436,7 @@ mod tests {
     use rusqlite::Connection;
 
     use super::*;
-    use crate::store::open::Handle;
+    use crate::store::open::CommandDb;
     use crate::store::pg_cluster;
 
     #[test]
@@ -534,7 +534,7 @@ mod tests {
         let url = cluster.create_database("db_write_tx");
         let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
         client.batch_execute("CREATE TABLE t (n bigint)").unwrap();
-        let mut handle = Handle::Postgres(client);
+        let mut handle = client;
         handle
             .write(|db| db.execute("INSERT INTO t VALUES (?1)", args![1i64]))
             .unwrap();

@@ -1,8 +1,9 @@
 //! The one place the store's root names its wings: an operator
-//! command's connection to either backend ([`Handle`]), and a body run
+//! command's connection to either backend (each wing's connection as a
+//! [`CommandDb`], which the commands are generic over), and a body run
 //! with the open transaction as either wing's storage steps
-//! ([`Db::steps`], behind `with_tx!`). Everything else in the root is
-//! written against the seam (`db.rs`, `tx.rs`, `backend.rs`).
+//! ([`Db::steps`], behind `with_tx!`). Everything else in
+//! the root is written against the seam (`db.rs`, `tx.rs`, `backend.rs`).
 
 use postgres::Client;
 use rusqlite::Connection;
@@ -14,42 +15,52 @@ use super::postgres::tx::{PgTx, Statements};
 use super::sqlite::SqliteTx;
 use super::sqlite::db::sqlite_write;
 
-/// An operator command's own connection, to either backend.
-pub enum Handle {
-    Sqlite(Connection),
-    Postgres(Client),
-}
-
-impl Handle {
+/// An operator command's own connection to one backend: SQLite's
+/// `Connection` or PostgreSQL's `Client`, chosen once when the command
+/// opens it (`ops::open::on_db`); a command generic over it is compiled
+/// for each.
+pub trait CommandDb {
     /// The connection, outside any transaction.
-    pub fn db(&mut self) -> Db<'_> {
-        match self {
-            Handle::Sqlite(c) => Db::sqlite(c),
-            Handle::Postgres(c) => Db::postgres(c),
-        }
-    }
+    fn db(&mut self) -> Db<'_>;
 
     /// Runs `body` to read: on PostgreSQL in one snapshot ([`pg_read`]);
     /// on SQLite on the read-only connection as it is.
-    pub fn read<T, E: TxError>(
-        &mut self,
-        body: impl FnOnce(&Db<'_>) -> Result<T, E>,
-    ) -> Result<T, E> {
-        match self {
-            Handle::Sqlite(c) => body(&Db::sqlite(c)),
-            Handle::Postgres(c) => pg_read(c, body),
-        }
+    fn read<T, E: TxError>(&mut self, body: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E>;
+
+    /// Runs `body` in one write transaction: on SQLite `BEGIN IMMEDIATE`
+    /// ([`sqlite_write`]); on PostgreSQL one transaction, run again after
+    /// a deadlock or serialization failure ([`pg_write`]).
+    fn write<T, E: TxError>(&mut self, body: impl FnMut(&Db<'_>) -> Result<T, E>) -> Result<T, E>;
+}
+
+impl CommandDb for Connection {
+    fn db(&mut self) -> Db<'_> {
+        Db::sqlite(self)
     }
 
-    /// Runs `body` in one write transaction (see the module's note).
-    pub fn write<T, E: TxError>(
+    fn read<T, E: TxError>(&mut self, body: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
+        body(&Db::sqlite(self))
+    }
+
+    fn write<T, E: TxError>(&mut self, body: impl FnMut(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
+        sqlite_write(self, body)
+    }
+}
+
+impl CommandDb for Client {
+    fn db(&mut self) -> Db<'_> {
+        Db::postgres(self)
+    }
+
+    fn read<T, E: TxError>(&mut self, body: impl FnOnce(&Db<'_>) -> Result<T, E>) -> Result<T, E> {
+        pg_read(self, body)
+    }
+
+    fn write<T, E: TxError>(
         &mut self,
         mut body: impl FnMut(&Db<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
-        match self {
-            Handle::Sqlite(c) => sqlite_write(c, body),
-            Handle::Postgres(c) => pg_write(c, &mut body),
-        }
+        pg_write(self, &mut body)
     }
 }
 

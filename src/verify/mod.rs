@@ -10,10 +10,11 @@
 //! It does not decide what an unsigned request means (the caller applies
 //! `allow_unsigned`), and it does not extract event ids or types.
 //!
-//! The module is self-contained: outside itself it uses only
-//! `crate::receive::headers` (reading a request's headers) and `crate::time`
-//! (dates in the signed formats); its tests build the providers' schemes
-//! from their rows (`config::presets`).
+//! The module is self-contained: outside itself it uses only `time.rs`
+//! (dates in the signed formats); its `headers.rs` (reading a request's
+//! headers) serves the key extractor, the receiver and the admin API too;
+//! its tests build the providers' schemes from their rows
+//! (`config::presets`).
 //!
 //! Invariants: comparisons of signatures are constant-time
 //! (`Mac::verify_slice`, or ed25519 verification); no error message and no
@@ -22,6 +23,7 @@
 
 pub mod code;
 mod generic;
+pub mod headers;
 mod hmac_generic;
 #[cfg(test)]
 mod row_tests;
@@ -42,7 +44,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 
-use crate::receive::headers::header_values;
+use headers::header_values;
 
 /// Longest signature, timestamp or id header value that is parsed at all.
 pub const MAX_HEADER_LEN: usize = 8 * 1024;

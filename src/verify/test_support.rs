@@ -61,7 +61,7 @@ pub fn doubled(headers: &[(String, String)], name: &str) -> Vec<(String, String)
 
 /// The value of the header called `name`.
 pub fn value_of<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
-    crate::receive::headers::header_values(headers, name)
+    crate::verify::headers::header_values(headers, name)
         .next()
         .unwrap()
 }

@@ -98,7 +98,7 @@ fn is_sent(headers: &[(String, String)], family: &Family) -> bool {
     [family.id, family.timestamp, family.signature]
         .iter()
         .any(|name| {
-            crate::receive::headers::header_values(headers, name)
+            crate::verify::headers::header_values(headers, name)
                 .next()
                 .is_some()
         })

@@ -52,6 +52,7 @@ pub(super) fn show<B: Backend>(app: &App<B>, id: &str) -> Reply {
 /// request in a write of its own. Answers `{source, dry_run, requests,
 /// totals}`.
 pub(super) fn reingest<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply {
+    use crate::http::hooks::reverify::reverify;
     use crate::ops::reingest;
     let request: reingest::Request = match body(app, rq) {
         Ok(r) => r,
@@ -73,10 +74,12 @@ pub(super) fn reingest<B: Backend>(app: &App<B>, rq: &mut Incoming<'_>) -> Reply
         let (config, source, dry_run) =
             (app.config.clone(), request.source.clone(), request.dry_run);
         let one = if dry_run {
-            read(app, |db| reingest::one(db, &config, &source, id, true))
+            read(app, |db| {
+                reingest::one(db, &config, &source, id, true, reverify)
+            })
         } else {
             write(app, move |db| {
-                reingest::one(db, &config, &source, id, false)
+                reingest::one(db, &config, &source, id, false, reverify)
             })
         };
         match one {

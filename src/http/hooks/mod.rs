@@ -18,8 +18,8 @@ use super::Incoming;
 use super::reply::Reply;
 use crate::config::{Kind, OnMismatch, Source};
 use crate::http::app::App;
-use crate::receive::ingest::{Claim, Decision};
-use crate::receive::key::{Input, Json, RawDoc, payload_hash, payload_hash_without};
+use crate::receive::ingest::{Claim, Decision, hash_of};
+use crate::receive::key::{Input, Json, RawDoc};
 use crate::state::Delivery;
 use crate::store::backend::Backend;
 use crate::time::now_ms;
@@ -211,16 +211,6 @@ fn event_id_of(source: &Source, input: &Input<'_>) -> Result<String, Refused> {
         (Err(e), _) => Err(e),
     }
     .map_err(|e| refused(Delivery::BadRequest, 400, e.to_string()))
-}
-
-/// The payload hash: of the `hash` parts, or of the body less the members
-/// the kind's provider rewrites on every attempt, or of the whole body.
-pub(crate) fn hash_of(source: &Source, body: &[u8], input: &Input<'_>) -> String {
-    if source.hash.is_empty() && !source.hash_without.is_empty() {
-        payload_hash_without(&source.hash_without, body, input)
-    } else {
-        payload_hash(&source.hash, body, input)
-    }
 }
 
 /// The body's form fields, when a rule reads them and it is form-encoded.

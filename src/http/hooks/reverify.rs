@@ -5,22 +5,16 @@
 
 use serde_json::Value;
 
-use super::{event_id_of, event_type_of, form_of, hash_of, kept_headers, providers, read_json};
+use super::{event_id_of, event_type_of, form_of, kept_headers, providers, read_json};
 use crate::config::Source;
-use crate::receive::ingest::Claim;
+use crate::ops::reingest::Passed;
+use crate::receive::ingest::{Claim, hash_of};
 use crate::receive::key::{Input, Json, RawDoc};
 use crate::store::rejected::KeptRequest;
 use crate::verify::Request;
 
-/// A kept request that now passes: the secret it matched (0-based; None
-/// for a source that signs nothing) and its claims (one, or each event of
-/// a batch; none for a batch without events).
-pub struct Passed {
-    pub secret: Option<usize>,
-    pub claims: Vec<Claim>,
-}
-
-/// Verifies `k` again for `source`; the reason when it still fails.
+/// Verifies `k` again for `source`; the reason when it still fails (an
+/// `ops::reingest::Reverify`).
 pub fn reverify(
     source: &Source,
     max_batch_items: usize,
@@ -39,7 +33,7 @@ pub fn reverify(
         .verifier
         .verify_request(&request, received_at / 1000)
         .map_err(|e| e.to_string())?;
-    let content_type = crate::receive::headers::header_values(headers, "content-type").next();
+    let content_type = crate::verify::headers::header_values(headers, "content-type").next();
     let kept = kept_headers(source, headers);
     let claim = |event_id, event_type, body: Vec<u8>, json, hash, batch| Claim {
         event_id,

@@ -98,7 +98,7 @@ fn request<'a>(v: &'a Vector, headers: &'a [(String, String)], body: &'a [u8]) -
 /// The event ids and types the receiver reads from the vector's request.
 fn identify(source: &Source, v: &Vector) -> Result<Vec<(String, Option<String>)>, String> {
     let body = v.body.as_bytes();
-    let content_type = crate::receive::headers::header_values(&v.headers, "content-type").next();
+    let content_type = crate::verify::headers::header_values(&v.headers, "content-type").next();
     let form = form_of(source, content_type, body);
     let one = |json: Option<Json<'_>>, item: &[u8]| {
         let input = Input {

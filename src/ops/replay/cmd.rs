@@ -8,18 +8,17 @@ use super::{APPLY_CHUNK, Origin, Plan, Replayed, Target, apply, event_state, pla
 use crate::config::Config;
 use crate::ops::command::{CommandError, Outcome};
 use crate::ops::error::OpError;
-use crate::ops::open::{open_db_read, open_db_write};
+use crate::ops::open::{self, OnDb};
 use crate::ops::text::{cell, clean, fmt_json_time, stdout};
 use crate::state::{JobStatus, ReplayResult};
-use crate::store::open::Handle;
+use crate::store::open::CommandDb;
 use crate::time::now_ms;
 
 /// `idemhook replay`: prints the plan, and without `yes` stops there;
 /// with it, applies the plan and prints what was done.
 pub fn cmd(config: &Config, target: &Target, yes: bool) -> Result<Outcome, CommandError> {
     if !yes {
-        let mut handle = open_db_read(config)?;
-        let plan = plan(&handle.db(), config, target)?;
+        let plan = open::look(config, |db| plan(db, config, target))??;
         let mut out = stdout();
         write!(out, "{}", render_plan(&plan))?;
         if !plan.steps.is_empty() {
@@ -27,17 +26,28 @@ pub fn cmd(config: &Config, target: &Target, yes: bool) -> Result<Outcome, Comma
         }
         return Ok(Outcome::Done);
     }
-    let mut handle = open_db_write(config)?;
-    let outcome = match target {
-        Target::Event { .. } => replay_event_cli(&mut handle, config, target)?,
-        Target::Batch { .. } => replay_batch_cli(&mut handle, config, target)?,
-    };
-    Ok(outcome)
+    open::on_db_write(config, Replaying { config, target })?
+}
+
+/// `idemhook replay --yes` on the command's connection, either backend.
+struct Replaying<'a> {
+    config: &'a Config,
+    target: &'a Target,
+}
+
+impl OnDb for Replaying<'_> {
+    type Out = Result<Outcome, CommandError>;
+    fn run<D: CommandDb>(self, mut db: D) -> Self::Out {
+        match self.target {
+            Target::Event { .. } => replay_event_cli(&mut db, self.config, self.target),
+            Target::Batch { .. } => replay_batch_cli(&mut db, self.config, self.target),
+        }
+    }
 }
 
 /// One event: planned and applied in one write transaction.
 fn replay_event_cli(
-    handle: &mut Handle,
+    handle: &mut impl CommandDb,
     config: &Config,
     target: &Target,
 ) -> Result<Outcome, CommandError> {
@@ -72,7 +82,7 @@ fn replay_event_cli(
 /// A batch: planned once, applied [`APPLY_CHUNK`] jobs per write
 /// transaction (each job checked again there).
 fn replay_batch_cli(
-    handle: &mut Handle,
+    handle: &mut impl CommandDb,
     config: &Config,
     target: &Target,
 ) -> Result<Outcome, CommandError> {

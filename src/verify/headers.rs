@@ -1,7 +1,8 @@
 //! Reading request headers as the server hands them over: a list of
 //! (name, value) pairs in arrival order, names in any case. Shared by the
-//! verifiers, the key extractor, the receiver and the admin API. No IO;
-//! nothing else in the crate is used.
+//! verifiers, the key extractor, the receiver and the admin API (it is
+//! `verify/`'s, the lowest layer that reads them). No IO; nothing else in
+//! the crate is used.
 
 /// Values of every header called `name` (compared ignoring ASCII case), in order.
 pub fn header_values<'a>(

@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
+use super::error::OpError;
+use super::text::{clean, fmt_json_time};
 use crate::config::Config;
 use crate::config::catchup::Provider;
-use crate::ops::error::OpError;
-use crate::ops::text::{clean, fmt_json_time};
 use crate::store::catchup::last_runs;
 use crate::store::db::Db;
 use crate::time::ms_to_secs;

@@ -4,13 +4,13 @@
 
 use std::io::Write as _;
 
-use super::message::Message;
-use super::send::send;
+use super::command::{CommandError, Outcome};
+use super::error::OpError;
+use super::open;
+use super::text::{clean, fmt_json_time, stdout};
 use crate::config::Config;
-use crate::ops::command::{CommandError, Outcome};
-use crate::ops::error::OpError;
-use crate::ops::open::open_db_read;
-use crate::ops::text::{clean, fmt_json_time, stdout};
+use crate::notify::message::Message;
+use crate::notify::send::send;
 use crate::store::notifications;
 use crate::time::now_ms;
 
@@ -64,10 +64,10 @@ pub fn test_cmd(config: &Config, name: &str) -> Result<Outcome, CommandError> {
 
 /// The recent notifications, newest first.
 pub fn list_cmd(config: &Config, json: bool) -> Result<Outcome, CommandError> {
-    let mut handle = open_db_read(config)?;
-    let list = handle
-        .read(|db| notifications::list(db, LIST_LIMIT).map_err(OpError::Store))
-        .map_err(CommandError::from)?;
+    let list = open::read(config, |db| {
+        notifications::list(db, LIST_LIMIT).map_err(OpError::Store)
+    })?
+    .map_err(CommandError::from)?;
     let mut out = stdout();
     if json {
         let shaped: Vec<serde_json::Value> = list.iter().map(contract_shape).collect();
