@@ -89,11 +89,14 @@ fn attempt_starts_keep_to_the_rate(backend: Backend) {
     // The rate is decided when a job is taken; its start is stamped after
     // (by a worker that may be setting up its first connection), so
     // starts keep the 200 ms spacing give or take up to 100 ms: no 900 ms
-    // holds more than 5 of them, and 11 take at least 2 s.
+    // holds more than 5 of them, and 11 take at least 2 s. On a starved
+    // machine a worker can start a slot late, next to the following one
+    // (seen: 822 ms late, 1 ms apart), so one more is let through; twice
+    // the rate would put 9 or 10 there.
     for (i, &s) in starts.iter().enumerate() {
         let within = starts[i..].iter().take_while(|&&t| t < s + 900).count();
         assert!(
-            within <= 5,
+            within <= 6,
             "{within} starts within a second from {s}: {starts:?}"
         );
     }
