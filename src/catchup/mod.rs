@@ -34,7 +34,7 @@ use crate::receive::ingest::{Claim, Decision, claim_in};
 use crate::receive::key::{Input, Json};
 use crate::store::StoreError;
 use crate::store::catchup::RunRecord;
-use crate::store::db::{Db, Dialect, TxError};
+use crate::store::db::{Db, TxError};
 
 /// How long a run's lease lasts before another instance may take over
 /// (a run that died holding it).
@@ -381,12 +381,8 @@ pub fn claim_write(db: &Db<'_>, source: &Source, claim: &Claim) -> Result<Decisi
     let decision = crate::with_tx!(db, |tx| claim_in(tx, source, claim))?;
     if let Decision::Accepted { forward_jobs, .. } = &decision
         && *forward_jobs > 0
-        && db.dialect() == Dialect::Postgres
     {
-        db.execute(
-            &format!("NOTIFY {}", crate::store::postgres::tx::JOBS_CHANNEL),
-            &[],
-        )?;
+        crate::store::jobs::wake_workers(db)?;
     }
     Ok(decision)
 }

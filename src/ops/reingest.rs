@@ -25,7 +25,7 @@ use super::rejected::{MAX_LIST, not_found, since_ms};
 use super::text::{clean, fmt_time, stdout};
 use crate::config::{Config, Source};
 use crate::receive::ingest::{Claim, Decision, claim_in};
-use crate::store::db::{Db, Dialect};
+use crate::store::db::Db;
 use crate::store::open::CommandDb;
 use crate::store::rejected::{self, KeptRequest};
 use crate::time::{ms_to_secs, now_ms};
@@ -153,12 +153,9 @@ pub fn one(
         &source.name,
         if any_new { "accepted" } else { "duplicate" },
     )?;
-    if forward_jobs > 0 && db.dialect() == Dialect::Postgres {
+    if forward_jobs > 0 {
         // Delivered with the commit: every instance's workers wake.
-        db.execute(
-            &format!("NOTIFY {}", crate::store::postgres::tx::JOBS_CHANNEL),
-            &[],
-        )?;
+        crate::store::jobs::wake_workers(db)?;
     }
     out["events"] = Value::Array(events);
     Ok(out)

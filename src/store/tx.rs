@@ -192,18 +192,7 @@ pub trait Tx {
         remote: &str,
         detail: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.run(
-            deliveries::INSERT,
-            &[
-                source.into(),
-                event_id.into(),
-                received_at.into(),
-                outcome.into(),
-                remote.into(),
-                detail.into(),
-            ],
-        )?;
-        Ok(())
+        insert_delivery_now(self, source, event_id, received_at, outcome, remote, detail)
     }
 
     /// Inserts a job and returns its id.
@@ -398,6 +387,32 @@ pub struct CheckRow<'a> {
 
 /// The storage steps of the outbox (take, complete, release), in an open
 /// transaction of a backend. The decisions are `outbox/`'s.
+/// Writes a delivery row at once: [`Tx::insert_delivery`]'s default, and
+/// what a backend that gathers rows for a group does outside one.
+#[allow(clippy::too_many_arguments)]
+pub fn insert_delivery_now<T: Tx + ?Sized>(
+    tx: &mut T,
+    source: &str,
+    event_id: Option<&str>,
+    received_at: i64,
+    outcome: &str,
+    remote: &str,
+    detail: Option<&str>,
+) -> Result<(), StoreError> {
+    tx.run(
+        deliveries::INSERT,
+        &[
+            source.into(),
+            event_id.into(),
+            received_at.into(),
+            outcome.into(),
+            remote.into(),
+            detail.into(),
+        ],
+    )?;
+    Ok(())
+}
+
 pub trait OutboxTx: Tx {
     /// The open transaction as the operator side's query layer, for the
     /// steps written once for both backends (`outbox::control`).

@@ -10,7 +10,7 @@
 
 use std::io::{self, Read};
 use std::net::TcpStream;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TrySendError};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -52,12 +52,6 @@ pub(super) fn linger(
             Some(back.slot)
         }
     }
-}
-
-/// The lingering thread's channel, holding at most `capacity` sockets
-/// not yet taken in.
-pub(super) fn channel(capacity: usize) -> (SyncSender<Lingering>, Receiver<Lingering>) {
-    std::sync::mpsc::sync_channel(capacity)
 }
 
 /// How long a poll waits before new sockets are taken in.

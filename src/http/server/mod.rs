@@ -476,7 +476,7 @@ impl Server {
         let (tarpit, held) = std::sync::mpsc::sync_channel(tarpit_size(&limits));
         // Each socket handed over keeps its connection's slot.
         let most_lingering = limits.max_connections;
-        let (lingering, to_drain) = linger::channel(most_lingering);
+        let (lingering, to_drain) = std::sync::mpsc::sync_channel(most_lingering);
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tls,

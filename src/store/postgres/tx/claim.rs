@@ -166,18 +166,15 @@ impl Tx for PgTx<'_> {
             });
             return Ok(());
         }
-        self.run(
-            crate::store::deliveries::INSERT,
-            &[
-                source.into(),
-                event_id.into(),
-                received_at.into(),
-                outcome.into(),
-                remote.into(),
-                detail.into(),
-            ],
-        )?;
-        Ok(())
+        crate::store::tx::insert_delivery_now(
+            self,
+            source,
+            event_id,
+            received_at,
+            outcome,
+            remote,
+            detail,
+        )
     }
 
     fn insert_job(&mut self, j: &NewJob<'_>) -> Result<i64, StoreError> {
