@@ -29,7 +29,10 @@ impl Brokers {
             Dest::Http => return Err("an HTTP forward has no broker".into()),
             Dest::Redis => {
                 if self.redis.is_none() {
-                    self.redis = Some(Redis::start(WHY).ok_or_else(|| missing("redis-server"))?);
+                    self.redis = Some(
+                        cores::for_downstream(|| Redis::start(WHY))
+                            .ok_or_else(|| missing("redis-server"))?,
+                    );
                 }
                 self.redis
                     .as_ref()
@@ -38,7 +41,10 @@ impl Brokers {
             }
             Dest::Nats => {
                 if self.nats.is_none() {
-                    self.nats = Some(Nats::start(WHY).ok_or_else(|| missing("nats-server"))?);
+                    self.nats = Some(
+                        cores::for_downstream(|| Nats::start(WHY))
+                            .ok_or_else(|| missing("nats-server"))?,
+                    );
                 }
                 self.nats
                     .as_ref()
@@ -47,8 +53,10 @@ impl Brokers {
             }
             Dest::Amqp => {
                 if self.rabbit.is_none() {
-                    self.rabbit =
-                        Some(Rabbit::start(WHY).ok_or_else(|| missing("rabbitmq-server"))?);
+                    self.rabbit = Some(
+                        cores::for_downstream(|| Rabbit::start(WHY))
+                            .ok_or_else(|| missing("rabbitmq-server"))?,
+                    );
                 }
                 self.rabbit
                     .as_ref()

@@ -48,6 +48,7 @@ use rusqlite::{Connection, OpenFlags, params};
 use sha2::{Digest, Sha256};
 
 mod brokers;
+mod cores;
 mod growth;
 mod instance;
 mod load;
@@ -122,6 +123,9 @@ struct Opts {
     /// W1 per source kind (stripe, twilio, discord) and a 1,000-event
     /// Adyen batch instead of the workloads.
     providers: bool,
+    /// idemhook and the load on half the CPUs, the downstream on the
+    /// other half (`cores.rs`).
+    split_cores: bool,
 }
 
 const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
@@ -142,6 +146,8 @@ const USAGE: &str = "usage: cargo bench --bench bench [-- OPTIONS]
   --providers       W1 with a stripe, a twilio and a discord source in turn, and a 1,000-event Adyen batch
   --postgres        W1 and W2 on a local PostgreSQL cluster: the classic one-transaction-per-event
                     design, one idemhook instance and two (needs initdb and postgres)
+  --split-cores     idemhook and the load generator on half the CPUs, the forward's downstream (W4's no-op server,
+                    W4R/W4N/W4A's broker) on the other half: each destination's own work off idemhook's CPUs
   --force           run even without cargo bench's --bench flag";
 
 impl Opts {
@@ -162,6 +168,7 @@ impl Opts {
             force: false,
             postgres: false,
             providers: false,
+            split_cores: false,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -175,6 +182,7 @@ impl Opts {
                 "--force" => o.force = true,
                 "--postgres" => o.postgres = true,
                 "--providers" => o.providers = true,
+                "--split-cores" => o.split_cores = true,
                 "--growth" => o.growth = true,
                 "--growth-10m" => {
                     o.growth = true;
@@ -366,6 +374,15 @@ fn main() -> ExitCode {
     println!("date:     {}", date());
     println!("machine:  {}", machine());
     println!("load avg: {} (1/5/15 min) at the start", loadavg());
+    if opts.split_cores {
+        match cores::split() {
+            Ok(how) => println!("cores:    {how}"),
+            Err(e) => {
+                eprintln!("bench: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     println!(
         "setup:    idemhook serve (durability {}, stripe source, {} http workers, prune_interval 0s) vs a no-op tiny_http 0.12 server ({HTTP_WORKERS} workers) in the bench process;",
         opts.durability, opts.idem_workers

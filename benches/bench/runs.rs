@@ -60,7 +60,7 @@ impl IdemRun {
 }
 
 pub(crate) fn run_noop(reqs: &Requests, w: &Workload, hz: f64) -> Result<NoopRun, String> {
-    let server = NoopServer::start(None)?;
+    let server = cores::for_downstream(|| NoopServer::start(None))?;
     let probe = CpuProbe::start(None);
     let load = run_load(server.addr, &reqs.bytes, w.conns);
     let cpu = probe.finish(hz);
@@ -115,7 +115,7 @@ pub(crate) fn run_idemhook(
             .map_err(|e| format!("sync {}: {e}", db.display()))?;
     }
     let downstream = if w.forward && setup.forward_url.is_none() {
-        Some(NoopServer::start(Some(w.events))?)
+        Some(cores::for_downstream(|| NoopServer::start(Some(w.events)))?)
     } else {
         None
     };
