@@ -302,6 +302,21 @@ fn redis_batch_fails_only_the_refused_job(backend: Backend) {
 }
 both_backends!(redis_batch_fails_only_the_refused_job);
 
+/// With every destination a broker, a backlog goes out in whole batches
+/// even while other workers are free (sharing it out over the three
+/// would only mean more round trips): a take's sixteen jobs, one batch.
+fn a_broker_backlog_goes_in_whole_batches_with_workers_free(backend: Backend) {
+    let Some(redis) = Redis::start("dest_brokers::whole_batches") else {
+        return;
+    };
+    // Three forward workers, all idle when the backlog falls due.
+    let server = Server::start_on(backend, &config(&redis.url("0/events-{source}")), &[]);
+    post_as_one_backlog(&server, &backlog("evt_wb", 16));
+    wait_until(WAIT, "all sixteen are done", || done(&server) == 16);
+    assert_sent_together(&server, 16);
+}
+both_backends!(a_broker_backlog_goes_in_whole_batches_with_workers_free);
+
 /// Jobs due together go to JetStream as one batch (every message
 /// published, then every ack awaited): the stream holds each once, with
 /// its `Nats-Msg-Id`.

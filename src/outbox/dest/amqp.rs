@@ -217,8 +217,12 @@ impl AmqpDest {
             ))
         };
         handle.block_on(async {
-            let mut sent = Vec::with_capacity(messages.len());
-            for m in messages {
+            // Polled together: each publish hands its frames to lapin's
+            // connection loop on its first poll, in order (so the delivery
+            // tags follow the messages), and the loop writes them out
+            // together; one publish awaited after another would wait for
+            // a write, and the broker a read, per message.
+            let sent = futures_util::future::join_all(messages.iter().map(|m| {
                 let (routing_key, properties) = self.prepare(m);
                 let publish = channel.basic_publish(
                     ShortString::from(self.target.exchange.clone()),
@@ -230,12 +234,15 @@ impl AmqpDest {
                     m.body,
                     properties,
                 );
-                sent.push((
-                    routing_key,
-                    m.body.len(),
-                    tokio::time::timeout_at(deadline, publish).await,
-                ));
-            }
+                async move {
+                    (
+                        routing_key,
+                        m.body.len(),
+                        tokio::time::timeout_at(deadline, publish).await,
+                    )
+                }
+            }))
+            .await;
             let mut answers = Vec::with_capacity(sent.len());
             for (routing_key, size, sent) in sent {
                 answers.push(match sent {

@@ -113,6 +113,8 @@ pub(crate) struct Destinations {
     by_action: HashMap<(String, String), Arc<dyn Destination>>,
     clients: HashMap<(String, String), Arc<HttpClient>>,
     signers: HashMap<(String, String), Verifier>,
+    /// Every forward action's destination pipelines (brokers only).
+    all_pipeline: bool,
 }
 
 impl Destinations {
@@ -155,11 +157,20 @@ impl Destinations {
                 }
             }
         }
+        let all_pipeline = !by_action.is_empty() && by_action.values().all(|d| d.pipelines());
         Ok(Destinations {
             by_action,
             clients,
             signers: signers.clone(),
+            all_pipeline,
         })
+    }
+
+    /// Whether every forward action's destination sends a batch in one
+    /// round trip: then a worker's whole take goes out at once, and
+    /// sharing a backlog out over the workers gains nothing.
+    pub fn all_pipeline(&self) -> bool {
+        self.all_pipeline
     }
 
     pub fn get(&self, source: &str, action: &str) -> Option<&Arc<dyn Destination>> {
