@@ -8,6 +8,7 @@
 //! cargo bench --bench bench -- --providers        # W1 per source kind, a 1,000-event Adyen batch
 //! cargo bench --bench bench -- --growth-10m       # + W1 on 10,000,000 stored events (slow)
 //! cargo bench --bench bench -- --only W1,W4 --scale 0.25 --log-level warn --perf /tmp/perf
+//! cargo bench --bench bench -- --only W4,W4R,W4N,W4A --split-cores   # the brokers on a CPU of their own
 //! ```
 //!
 //! What it does, per workload and run: a fresh temp dir and database, a
@@ -28,7 +29,8 @@
 //! (the load generator), `noop` (the no-op server, also W4's downstream),
 //! `instance` (an `idemhook serve` process), `procfs` (CPU and memory from
 //! /proc), `runs` (one run against each), `growth` (prefilled databases and
-//! the prune case), `report` (the tables), `pg` (the `--postgres` mode).
+//! the prune case), `report` (the tables), `pg` (the `--postgres` mode),
+//! `brokers` (W4's broker variants), `cores` (`--split-cores`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
